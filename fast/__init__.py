@@ -1,0 +1,18 @@
+"""Optimized Triton kernels with the same public functions as :mod:`oracle` (CONTRACT section 1)."""
+from .sdpa import scaled_dot_product_attention
+from .dsa import (
+    dsa_sparse_attention,
+    dsa_sparse_attention_nope,
+    dsa_sparse_attention_nope_varlen,
+    dsa_sparse_attention_varlen,
+)
+from .index import offset_gather_kv_indices
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "dsa_sparse_attention_nope",
+    "dsa_sparse_attention",
+    "dsa_sparse_attention_nope_varlen",
+    "dsa_sparse_attention_varlen",
+    "offset_gather_kv_indices",
+]
