@@ -1,6 +1,92 @@
-"""Placeholder: the Triton index preparation lands here (issue 5)."""
+"""Varlen index preparation as one Triton launch (CONTRACT section 4).
+
+``offset_gather_kv_indices`` turns per-document local key indices into global key rows:
+document lookup (binary search over ``cu_seqlens_q`` inside the kernel), ``topk_length``
+cut, key-range and causal cuts, optional stable compaction, and per-row lengths. It never
+synchronises with the host: no ``.item()``, no data-dependent shapes.
+"""
+import torch
+import triton
+
+from .kernels.index_offset import offset_gather_kernel
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+_MAX_BLOCK_K = 4096
+
+
+def _check_index_tensor(name, x, ndim):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64, got {x.dtype}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(x.shape)}")
+
+
+def _check_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, out):
+    _check_index_tensor("gather_kv_indices", gather_kv_indices, 2)
+    _check_index_tensor("cu_seqlens_q", cu_seqlens_q, 1)
+    _check_index_tensor("cu_seqlens_k", cu_seqlens_k, 1)
+    T, K = gather_kv_indices.shape
+    if cu_seqlens_q.numel() < 1:
+        raise ValueError("cu_seqlens_q must hold at least one entry (the leading 0)")
+    if cu_seqlens_k.shape != cu_seqlens_q.shape:
+        raise ValueError(f"cu_seqlens_k must have the shape of cu_seqlens_q "
+                         f"{tuple(cu_seqlens_q.shape)}, got {tuple(cu_seqlens_k.shape)}")
+    device = gather_kv_indices.device
+    named = [("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)]
+    if topk_length is not None:
+        _check_index_tensor("topk_length", topk_length, 1)
+        if topk_length.shape[0] != T:
+            raise ValueError(f"topk_length must have shape ({T},), got {tuple(topk_length.shape)}")
+        named.append(("topk_length", topk_length))
+    if out is not None:
+        _check_index_tensor("out", out, 2)
+        if tuple(out.shape) != (T, K):
+            raise ValueError(f"out must have shape {(T, K)}, got {tuple(out.shape)}")
+        named.append(("out", out))
+    for name, x in named:
+        if x.device != device:
+            raise ValueError(f"{name} is on {x.device}, gather_kv_indices on {device}")
 
 
 def offset_gather_kv_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False,
                              out=None, return_topk_length=False, compact=False, topk_length=None):
-    raise NotImplementedError("fast offset_gather_kv_indices not implemented yet")
+    """Per-document local indices -> global key rows, invalid slots -1.
+
+    gather_kv_indices: [T, K] int32/int64, local to each token's document (any strides).
+    cu_seqlens_q, cu_seqlens_k: [n_docs + 1] int32/int64 cumulative segment starts.
+    topk_length: optional [T] int; slots s >= topk_length[t] are invalid (cut first).
+    causal: a local index j is valid only if j <= the token's key position.
+    compact: move valid rows to the front in slot order (stable); the rest is -1.
+    out: optional [T, K] int32/int64 tensor written in place and returned.
+
+    Returns out ([T, K], dtype of ``out`` or of ``gather_kv_indices``), and with
+    ``return_topk_length`` also lengths [T] int32: the count of valid slots when compact,
+    else the last valid slot + 1 (0 for an empty row).
+    """
+    _check_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, out)
+    T, K = gather_kv_indices.shape
+    device = gather_kv_indices.device
+    if out is None:
+        out = torch.empty((T, K), dtype=gather_kv_indices.dtype, device=device)
+    lengths = torch.empty((T,), dtype=torch.int32, device=device)
+    n_docs = cu_seqlens_q.numel() - 1
+    if T > 0 and K > 0 and n_docs > 0:
+        block_k = min(triton.next_power_of_2(K), _MAX_BLOCK_K)
+        offset_gather_kernel[(T,)](
+            gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
+            topk_length if topk_length is not None else lengths, out, lengths,
+            K, n_docs,
+            gather_kv_indices.stride(0), gather_kv_indices.stride(1), out.stride(0), out.stride(1),
+            CAUSAL=bool(causal), COMPACT=bool(compact), HAS_TOPK_LEN=topk_length is not None,
+            SEARCH_STEPS=max(n_docs - 1, 0).bit_length(), BLOCK_K=block_k,
+            SINGLE_BLOCK=K <= block_k, num_warps=4 if block_k <= 1024 else 8,
+        )
+    else:
+        # no slot or no document: every slot is a hole
+        out.fill_(-1)
+        lengths.zero_()
+    if return_topk_length:
+        return out, lengths
+    return out

@@ -1,0 +1,98 @@
+"""Triton kernel behind :func:`fast.index.offset_gather_kv_indices` (CONTRACT section 4).
+
+One program per query row: it finds the row's document by binary search over
+``cu_seqlens_q``, turns local indices into global rows, applies the ``topk_length`` cut,
+the key-range and causal cuts, and either keeps slot positions or compacts the valid
+rows to the front in their original order (a stable partition). It also writes the
+row's length. Everything happens in this one launch.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _find_document(cu_q_ptr, t, n_docs, SEARCH_STEPS: tl.constexpr):
+    """Largest d in [0, n_docs - 1] with cu_seqlens_q[d] <= t (empty documents skipped)."""
+    lo = t * 0
+    hi = n_docs - 1 + lo
+    for _ in tl.static_range(SEARCH_STEPS):
+        mid = (lo + hi + 1) // 2
+        start = tl.load(cu_q_ptr + mid).to(tl.int64)
+        go_up = start <= t
+        lo = tl.where(go_up, mid, lo)
+        hi = tl.where(go_up, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def _valid_global_rows(idx_ptr, row_offset, stride_k, offs, K, limit, seqlen_k, pos, key_start,
+                       CAUSAL: tl.constexpr):
+    """Loads one block of a row; returns (valid flags, global rows)."""
+    in_row = offs < K
+    local = tl.load(idx_ptr + row_offset + offs * stride_k, mask=in_row, other=-1).to(tl.int64)
+    valid = in_row & (offs < limit) & (local >= 0) & (local < seqlen_k)
+    if CAUSAL:
+        valid = valid & (local <= pos)
+    return valid, local + key_start
+
+
+@triton.jit
+def offset_gather_kernel(
+    idx_ptr, cu_q_ptr, cu_k_ptr, topk_len_ptr, out_ptr, len_out_ptr,
+    K, n_docs,
+    stride_it, stride_ik, stride_ot, stride_ok,
+    CAUSAL: tl.constexpr, COMPACT: tl.constexpr, HAS_TOPK_LEN: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_BLOCK: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    doc = _find_document(cu_q_ptr, t, n_docs, SEARCH_STEPS)
+    q_start = tl.load(cu_q_ptr + doc).to(tl.int64)
+    q_end = tl.load(cu_q_ptr + doc + 1).to(tl.int64)
+    k_start = tl.load(cu_k_ptr + doc).to(tl.int64)
+    k_end = tl.load(cu_k_ptr + doc + 1).to(tl.int64)
+    seqlen_k = k_end - k_start
+    pos = (seqlen_k - (q_end - q_start)) + (t - q_start)
+
+    limit = K + t * 0
+    if HAS_TOPK_LEN:
+        limit = tl.minimum(tl.maximum(tl.load(topk_len_ptr + t).to(tl.int64), 0), K)
+    # a token past the last document (T > cu_seqlens_q[-1]) belongs to none: all slots invalid
+    limit = tl.where(t < q_end, limit, 0)
+
+    row_in = t * stride_it
+    row_out = t * stride_ot
+    base = tl.arange(0, BLOCK_K)
+    if COMPACT:
+        # stable partition: valid rows to slots [0, n_valid), -1 to the rest; each slot is
+        # written exactly once, so the output needs no prior fill
+        n_valid = t * 0
+        if not SINGLE_BLOCK:
+            for start in range(0, K, BLOCK_K):
+                valid, _ = _valid_global_rows(idx_ptr, row_in, stride_ik, start + base, K, limit,
+                                              seqlen_k, pos, k_start, CAUSAL)
+                n_valid += tl.sum(valid.to(tl.int64), axis=0)
+        valid_before = t * 0
+        for start in range(0, K, BLOCK_K):
+            offs = start + base
+            valid, rows = _valid_global_rows(idx_ptr, row_in, stride_ik, offs, K, limit,
+                                             seqlen_k, pos, k_start, CAUSAL)
+            flags = valid.to(tl.int64)
+            if SINGLE_BLOCK:
+                n_valid = tl.sum(flags, axis=0)
+            rank_valid = valid_before + tl.cumsum(flags, axis=0) - 1
+            rank_hole = n_valid + offs - (rank_valid + 1)
+            dest = tl.where(valid, rank_valid, rank_hole)
+            tl.store(out_ptr + row_out + dest * stride_ok, tl.where(valid, rows, -1)
+                     .to(out_ptr.dtype.element_ty), mask=offs < K)
+            valid_before += tl.sum(flags, axis=0)
+        length = n_valid
+    else:
+        length = t * 0
+        for start in range(0, K, BLOCK_K):
+            offs = start + base
+            valid, rows = _valid_global_rows(idx_ptr, row_in, stride_ik, offs, K, limit,
+                                             seqlen_k, pos, k_start, CAUSAL)
+            tl.store(out_ptr + row_out + offs * stride_ok, tl.where(valid, rows, -1)
+                     .to(out_ptr.dtype.element_ty), mask=offs < K)
+            length = tl.maximum(length, tl.max(tl.where(valid, offs + 1, 0), axis=0))
+    tl.store(len_out_ptr + t, length.to(tl.int32))
