@@ -1,6 +1,359 @@
-"""Placeholder: the Triton SDPA lands here (issue 4)."""
+"""Triton flash-attention with ``torch.nn.functional.scaled_dot_product_attention`` semantics.
+
+Public functions (CONTRACT section 2):
+
+* ``scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+  is_causal=False, scale=None, enable_gqa=False) -> out``
+* ``scaled_dot_product_attention_with_lse(...) -> (out, lse)`` with ``lse [..., Hq, L]`` float32,
+  natural log, -inf for a row with no key left.
+
+Shapes: ``query [..., Hq, L, E]``, ``key [..., Hkv, S, E]``, ``value [..., Hkv, S, Ev]`` with any
+number (>= 0) of leading batch dims, broadcast against each other; rank 3 ``[N, L, E]`` is
+``Hq = N`` with no batch dim. ``Hkv == Hq`` (or broadcastable) unless ``enable_gqa``, where query
+head h uses kv head ``h // (Hq // Hkv)``. ``attn_mask`` is boolean (True = take part) or
+additive float, broadcastable to ``[..., Hq, L, S]``; it is read through strides (stride 0 on
+broadcast dims), never materialised. ``is_causal`` is top-left: query i sees keys j <= i.
+A query row with no key left gives out = 0 and zero gradients. Output ``[..., Hq, L, Ev]`` in the
+input dtype. Inputs of any strides are read in place; so is the backward's ``dout``.
+
+Precision: fp32 inputs use true fp32 dots (``input_precision="ieee"``); fp16/bf16 use fp32
+accumulation with P and dS rounded to the input dtype for their dots.
+
+The kernels run on CUDA tensors natively and on CPU tensors under ``TRITON_INTERPRET=1``
+(bf16 is wrong in the interpreter; use fp32/fp16 there). Both forward and backward are
+``torch.library`` custom ops (``attention_oracle::sdpa_fwd`` / ``sdpa_bwd``) with fake
+implementations, so ``torch.compile`` traces through them.
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+import triton
+
+from .kernels.sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel, sdpa_bwd_preprocess_kernel
+from .kernels.sdpa_common import LN2, LOG2E, MASK_ADD, MASK_BOOL, MASK_NONE, interpreting, tune_bucket
+from .kernels.sdpa_fwd import sdpa_fwd_kernel
+
+__all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_with_lse"]
+
+MAX_HEAD_DIM = 256
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _check_tensor(name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() < 3:
+        raise ValueError(f"{name} must have rank >= 3 ([..., seq, dim]), got shape {tuple(t.shape)}")
+
+
+def _check_dtypes(query, key, value):
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, "
+                        f"{value.dtype}")
+    if query.dtype not in _SUPPORTED_DTYPES:
+        raise NotImplementedError(f"query dtype {query.dtype} is not supported (fp16, bf16, fp32)")
+
+
+def _check_device(query, key, value, attn_mask):
+    dev = query.device
+    for name, t in (("key", key), ("value", value), ("attn_mask", attn_mask)):
+        if t is not None and t.device != dev:
+            raise ValueError(f"{name} is on {t.device} but query is on {dev}")
+    if dev.type == "cuda" and not interpreting():
+        return
+    if dev.type == "cpu" and interpreting():
+        return
+    raise NotImplementedError(f"tensors on {dev} need "
+                              f"{'a CUDA device' if not interpreting() else 'the CPU'} "
+                              f"({'TRITON_INTERPRET=1 is set' if interpreting() else 'Triton runs on CUDA; set TRITON_INTERPRET=1 for CPU'})")
+
+
+def _check_scalars(dropout_p, is_causal, scale, enable_gqa):
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if dropout_p != 0.0:
+        raise NotImplementedError("dropout_p != 0 is not supported by the fast SDPA kernels")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+        if not math.isfinite(scale):
+            raise ValueError(f"scale must be finite, got {scale}")
+
+
+def _check_mask(attn_mask, is_causal):
+    if attn_mask is None:
+        return
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise TypeError(f"attn_mask must be bool or floating point, got {attn_mask.dtype}")
+    if is_causal:
+        raise ValueError("attn_mask must be None when is_causal=True (as in PyTorch)")
+    if attn_mask.requires_grad and torch.is_grad_enabled():
+        raise NotImplementedError("a gradient with respect to attn_mask is not supported")
+
+
+def _check_shapes(query, key, value, enable_gqa):
+    """Return (batch_shape, Hq, Hkv) after checking the head/sequence/feature dims."""
+    E, Ek, Ev = query.shape[-1], key.shape[-1], value.shape[-1]
+    if Ek != E:
+        raise ValueError(f"key head dim {Ek} differs from query head dim {E}")
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(f"key length {key.shape[-2]} differs from value length {value.shape[-2]}")
+    for name, d in (("query/key head dim", E), ("value head dim", Ev)):
+        if d == 0 or d > MAX_HEAD_DIM:
+            raise NotImplementedError(f"{name} {d} is outside 1..{MAX_HEAD_DIM}")
+    lead = [t.shape[:-3] for t in (query, key, value)]
+    try:
+        batch = torch.broadcast_shapes(*lead)
+    except RuntimeError as exc:
+        raise ValueError(f"batch dims of query/key/value do not broadcast: {lead}") from exc
+    hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
+    if enable_gqa:
+        if hk != hv:
+            raise ValueError(f"enable_gqa: key heads {hk} differ from value heads {hv}")
+        if hk == 0 or hq % hk != 0:
+            raise ValueError(f"enable_gqa: query heads {hq} are not a multiple of key heads {hk}")
+        return batch, hq, hk
+    try:
+        h = torch.broadcast_shapes((hq,), (hk,), (hv,))[0]
+    except RuntimeError as exc:
+        raise ValueError(f"head dims of query/key/value ({hq}, {hk}, {hv}) do not match; "
+                         f"pass enable_gqa=True for grouped-query attention") from exc
+    if hq != h:
+        raise ValueError(f"query heads {hq} must equal key/value heads {h} unless enable_gqa=True")
+    return batch, h, h
+
+
+# ----------------------------------------------------------------------------- layout
+
+def _expand_to(t, batch, heads):
+    """Broadcast ``t [..., h, n, d]`` to ``batch + (heads, n, d)`` (a view; no-op if equal)."""
+    shape = tuple(batch) + (heads,) + tuple(t.shape[-2:])
+    return t if tuple(t.shape) == shape else t.expand(shape)
+
+
+def _to_rank5(t, name):
+    """View ``[..., h, n, d]`` as ``[Z1, Z2, h, n, d]`` without copying.
+
+    unsqueeze/squeeze (not select/reshape) so autograd's backward stays a view too."""
+    r = t.dim()
+    if r == 3:
+        return t.unsqueeze(0).unsqueeze(0)
+    if r == 4:
+        return t.unsqueeze(0)
+    if r == 5:
+        return t
+    try:
+        return t.view((-1,) + tuple(t.shape[r - 4:]))
+    except RuntimeError as exc:
+        raise NotImplementedError(f"{name}: leading batch dims of this rank-{r} view cannot be "
+                                  f"merged without a copy") from exc
+
+
+def _from_rank5(t5, shape):
+    if len(shape) == 3:
+        return t5.squeeze(1).squeeze(0)
+    if len(shape) == 4:
+        return t5.squeeze(0)
+    if len(shape) == 5:
+        return t5
+    return t5.view(shape)
+
+
+def _strides5(t):
+    return tuple(t.stride()) if t is not None else (0, 0, 0, 0, 0)
+
+
+def _block(d):
+    return max(16, triton.next_power_of_2(d))
+
+
+def _precision(dtype):
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _mask_kind_and_arg(mask):
+    """Kernel view of the mask: bool is passed as uint8 (same bytes, no copy)."""
+    if mask is None:
+        return MASK_NONE, None
+    if mask.dtype == torch.bool:
+        return MASK_BOOL, mask.view(torch.uint8)
+    return MASK_ADD, mask
+
+
+# ----------------------------------------------------------------------------- launches
+
+def _launch_fwd(q, k, v, mask, is_causal, scale):
+    """q [Z1,Z2,Hq,L,E], k [Z1,Z2,Hkv,S,E], v [Z1,Z2,Hkv,S,Ev], mask None or [Z1,Z2,Hq,L,S]."""
+    Z1, Z2, HQ, L, E = q.shape
+    HKV, S, EV = k.shape[2], k.shape[3], v.shape[4]
+    out = torch.empty((Z1, Z2, HQ, L, EV), dtype=q.dtype, device=q.device)
+    lse2 = torch.empty((Z1, Z2, HQ, L), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse2
+    if S == 0:
+        return out.zero_(), lse2.fill_(float("-inf"))
+    kind, mask_arg = _mask_kind_and_arg(mask)
+
+    def grid(meta):
+        return (triton.cdiv(L, meta["BLOCK_M"]), Z1 * Z2 * HQ)
+
+    sdpa_fwd_kernel[grid](
+        q, k, v, mask_arg if mask_arg is not None else q, out, lse2,
+        *q.stride(), *k.stride(), *v.stride(), *_strides5(mask_arg), *out.stride(),
+        Z2, HQ, HQ // HKV, L, S, E, EV, scale * LOG2E,
+        tune_bucket(L), tune_bucket(S),
+        CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(q.dtype),
+        BLOCK_E=_block(E), BLOCK_EV=_block(EV))
+    return out, lse2
+
+
+def _launch_bwd(dout, q, k, v, mask, out, lse2, is_causal, scale):
+    """Gradients (dq, dk, dv) shaped like q, k, v (rank 5); dout read through its strides."""
+    Z1, Z2, HQ, L, E = q.shape
+    HKV, S, EV = k.shape[2], k.shape[3], v.shape[4]
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if L == 0 or S == 0 or Z1 * Z2 * HQ == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    delta = torch.empty((Z1 * Z2 * HQ, L), dtype=torch.float32, device=q.device)
+    kind, mask_arg = _mask_kind_and_arg(mask)
+    mask_ptr = mask_arg if mask_arg is not None else q
+    common_strides = (*q.stride(), *k.stride(), *v.stride(), *_strides5(mask_arg), *dout.stride())
+    block_e, block_ev = _block(E), _block(EV)
+    pre_block = 64 if interpreting() else max(16, min(128, 8192 // block_ev))
+    sdpa_bwd_preprocess_kernel[(triton.cdiv(L, pre_block), Z1 * Z2 * HQ)](
+        out, dout, delta, *out.stride(), *dout.stride(), Z2, HQ, L, EV,
+        BLOCK_M=pre_block, BLOCK_EV=block_ev)
+    meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(q.dtype),
+                BLOCK_E=block_e, BLOCK_EV=block_ev)
+    scalars = (Z2, HQ, HQ // HKV, L, S, E, EV, scale * LOG2E, scale, tune_bucket(L), tune_bucket(S))
+
+    def grid_kv(m):
+        return (triton.cdiv(S, m["BLOCK_N"]), Z1 * Z2 * HKV)
+
+    sdpa_bwd_dkdv_kernel[grid_kv](q, k, v, mask_ptr, dout, lse2, delta, dk, dv,
+                                  *common_strides, *dk.stride(), *dv.stride(), *scalars, **meta)
+
+    def grid_q(m):
+        return (triton.cdiv(L, m["BLOCK_M"]), Z1 * Z2 * HQ)
+
+    sdpa_bwd_dq_kernel[grid_q](q, k, v, mask_ptr, dout, lse2, delta, dq,
+                               *common_strides, *dq.stride(), *scalars, **meta)
+    return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------- custom ops
+
+@torch.library.custom_op("attention_oracle::sdpa_fwd", mutates_args=())
+def _sdpa_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                 is_causal: bool, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Rank-5 forward: returns (out [Z1,Z2,Hq,L,Ev], lse2 [Z1,Z2,Hq,L] float32, log2 units)."""
+    return _launch_fwd(q, k, v, mask, is_causal, scale)
+
+
+@_sdpa_fwd_op.register_fake
+def _sdpa_fwd_fake(q, k, v, mask, is_causal, scale):
+    out = q.new_empty(tuple(q.shape[:4]) + (v.shape[4],))
+    return out, q.new_empty(tuple(q.shape[:4]), dtype=torch.float32)
+
+
+@torch.library.custom_op("attention_oracle::sdpa_bwd", mutates_args=())
+def _sdpa_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 mask: Optional[torch.Tensor], out: torch.Tensor, lse2: torch.Tensor,
+                 is_causal: bool, scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rank-5 backward: (dq, dk, dv) shaped like (q, k, v), contiguous."""
+    return _launch_bwd(dout, q, k, v, mask, out, lse2, is_causal, scale)
+
+
+@_sdpa_bwd_op.register_fake
+def _sdpa_bwd_fake(dout, q, k, v, mask, out, lse2, is_causal, scale):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, mask, is_causal, scale = inputs
+    out, lse2 = output
+    ctx.save_for_backward(q, k, v, mask, out, lse2)
+    ctx.is_causal, ctx.scale = is_causal, scale
+    ctx.mark_non_differentiable(lse2)
+
+
+def _backward(ctx, dout, _dlse2):
+    q, k, v, mask, out, lse2 = ctx.saved_tensors
+    if dout is None:
+        return None, None, None, None, None, None
+    dq, dk, dv = _sdpa_bwd_op(dout, q, k, v, mask, out, lse2, ctx.is_causal, ctx.scale)
+    return dq, dk, dv, None, None, None
+
+
+_sdpa_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ----------------------------------------------------------------------------- public API
+
+def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0,
+                                          is_causal=False, scale=None, enable_gqa=False):
+    """Like :func:`scaled_dot_product_attention`, also returning ``lse [..., Hq, L]`` (float32,
+    natural log of the row sum of exp(scaled, masked scores), -inf for a row with no key).
+    lse is not differentiable."""
+    _check_scalars(dropout_p, is_causal, scale, enable_gqa)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _check_tensor(name, t)
+    _check_mask(attn_mask, is_causal)
+    _check_dtypes(query, key, value)
+    _check_device(query, key, value, attn_mask)
+    batch, hq, hkv = _check_shapes(query, key, value, enable_gqa)
+    L, S, E = query.shape[-2], key.shape[-2], query.shape[-1]
+    q = _expand_to(query, batch, hq)
+    k = _expand_to(key, batch, hkv)
+    v = _expand_to(value, batch, hkv)
+    mask5 = None
+    if attn_mask is not None:
+        full = tuple(batch) + (hq, L, S)
+        try:
+            mask = attn_mask.expand(full) if attn_mask.dim() <= len(full) else None
+        except RuntimeError:
+            mask = None
+        if mask is None:
+            raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {full}")
+        mask5 = _to_rank5(mask, "attn_mask")
+    scale = float(1.0 / math.sqrt(E) if scale is None else scale)
+    out5, lse2 = _sdpa_fwd_op(_to_rank5(q, "query"), _to_rank5(k, "key"), _to_rank5(v, "value"),
+                              mask5, is_causal, scale)
+    out_shape = tuple(q.shape[:-1]) + (value.shape[-1],)
+    return _from_rank5(out5, out_shape), _lse_view(lse2, out_shape)
+
+
+def _lse_view(lse2, out_shape):
+    lse = lse2 * LN2
+    if len(out_shape) == 3:
+        return lse.squeeze(1).squeeze(0)
+    if len(out_shape) == 4:
+        return lse.squeeze(0)
+    if len(out_shape) == 5:
+        return lse
+    return lse.view(out_shape[:-1])
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
-    raise NotImplementedError("fast SDPA not implemented yet")
+    """Triton flash attention with exactly PyTorch's SDPA semantics (dropout_p must be 0).
+
+    query [..., Hq, L, E], key [..., Hkv, S, E], value [..., Hkv, S, Ev] -> out [..., Hq, L, Ev].
+    See the module docstring for masks, GQA, causal alignment and empty-row conventions."""
+    out, _ = scaled_dot_product_attention_with_lse(query, key, value, attn_mask, dropout_p,
+                                                   is_causal, scale, enable_gqa)
+    return out

@@ -1,0 +1,290 @@
+"""Flash-attention backward kernels: Delta preprocess, dK/dV (loop over queries), dQ (loop over keys).
+
+With P = softmax(S) recomputed from the forward's log2 logsumexp, dP = dO V^T,
+Delta = rowsum(dO * O) and dS = P * (dP - Delta):
+dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K. A row with no key (lse2 = -inf) is
+treated as lse2 = +inf, so its P, dS and every contribution are exactly 0.
+
+``dO`` is read through its own strides (head-major, sliced or stride-0 views work in place).
+The dK/dV program owns one key block of one kv head and loops over every query head of its
+GQA group, so no atomics are needed.
+"""
+import triton
+import triton.language as tl
+
+from .sdpa_common import (SMEM_LIMIT, apply_attn_mask, autotune_enabled, batch_offset, load_tile,
+                          smem_bytes)
+
+
+@triton.jit
+def sdpa_bwd_preprocess_kernel(O, DO, Delta,
+                               s_oz1, s_oz2, s_oh, s_om, s_oe,
+                               s_dz1, s_dz2, s_dh, s_dm, s_de,
+                               Z2, HQ, L, EV,
+                               BLOCK_M: tl.constexpr, BLOCK_EV: tl.constexpr):
+    """Delta[bh, i] = sum_e dO[i, e] * O[i, e] in fp32."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_ev = tl.arange(0, BLOCK_EV)
+    o_base = O + batch_offset(pid_bh, HQ, 1, Z2, s_oz1, s_oz2, s_oh, False)
+    do_base = DO + batch_offset(pid_bh, HQ, 1, Z2, s_dz1, s_dz2, s_dh, False)
+    o = load_tile(o_base, offs_m, offs_ev, s_om, s_oe, L, EV, True, True).to(tl.float32)
+    do = load_tile(do_base, offs_m, offs_ev, s_dm, s_de, L, EV, True, True).to(tl.float32)
+    tl.store(Delta + pid_bh.to(tl.int64) * L + offs_m, tl.sum(o * do, 1), mask=offs_m < L)
+
+
+def _dkdv_configs():
+    if not autotune_enabled():
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=2)]
+    shapes = [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3), (32, 64, 4, 2)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+            for bm, bn, w, s in shapes]
+
+
+def _dq_configs():
+    if not autotune_enabled():
+        return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)]
+    shapes = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+            for bm, bn, w, s in shapes]
+
+
+def _make_prune(pipelined, resident, fp32_shape):
+    """Config pruning on shared memory (``pipelined`` names the streamed block dim, ``resident``
+    the block dim held across the loop) and registers (two fp32 accumulators per program)."""
+    def prune(configs, named_args, **kwargs):
+        if len(configs) == 1:
+            return configs
+        be, bev = named_args["BLOCK_E"], named_args["BLOCK_EV"]
+        elsize = named_args["Q"].element_size()
+        kept = []
+        for c in configs:
+            rows_p, rows_r = c.kwargs[pipelined], c.kwargs[resident]
+            if smem_bytes(rows_p, rows_r, be, bev, elsize, c.num_stages) > SMEM_LIMIT:
+                continue
+            if rows_r * (be + bev) / (c.num_warps * 32) > 160:
+                continue
+            if elsize == 4 and (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) != fp32_shape:
+                continue
+            kept.append(c)
+        return kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+    return prune
+
+
+@triton.jit
+def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
+                     offs_n, lo, hi, L, S, E, EV,
+                     s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale2,
+                     MASK_KIND: tl.constexpr, DIAG: tl.constexpr,
+                     CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+                     PREC: tl.constexpr):
+    """Accumulate dK (unscaled) and dV of one key block over query blocks [lo, hi)."""
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_ev = tl.arange(0, BLOCK_EV)
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        # rows past L load as q = dO = 0 and lse2 = +inf, so their P is exactly 0
+        q = load_tile(q_base, offs_m, offs_e, s_qm, s_qe, L, E, True, CHECK_E)
+        lse2 = tl.load(lse_ptr + offs_m, mask=offs_m < L, other=float("inf"))
+        lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
+        sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale2
+        if MASK_KIND != 0:
+            sT = apply_attn_mask(sT, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, True)
+        pT = tl.math.exp2(sT - lse2[None, :])
+        if DIAG:
+            pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
+        do = load_tile(do_base, offs_m, offs_ev, s_dm, s_de, L, EV, True, CHECK_EV)
+        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PREC)
+        delta = tl.load(delta_ptr + offs_m, mask=offs_m < L, other=0.0)
+        dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+        dsT = pT * (dpT - delta[None, :])
+        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
+    return dk, dv
+
+
+@triton.autotune(configs=_dkdv_configs(), key=["TUNE_L", "TUNE_S", "BLOCK_E", "BLOCK_EV", "CAUSAL",
+                                                "MASK_KIND", "GROUP"],
+                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_M", "BLOCK_N", (32, 64))})
+@triton.heuristics({
+    "CHECK_N": lambda a: a["S"] % a["BLOCK_N"] != 0,
+    "CHECK_E": lambda a: a["E"] != a["BLOCK_E"],
+    "CHECK_EV": lambda a: a["EV"] != a["BLOCK_EV"],
+})
+@triton.jit
+def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, Delta, DK, DV,
+                         s_qz1, s_qz2, s_qh, s_qm, s_qe,
+                         s_kz1, s_kz2, s_kh, s_kn, s_ke,
+                         s_vz1, s_vz2, s_vh, s_vn, s_ve,
+                         s_mz1, s_mz2, s_mh, s_mm, s_mn,
+                         s_dz1, s_dz2, s_dh, s_dm, s_de,
+                         s_gkz1, s_gkz2, s_gkh, s_gkn, s_gke,
+                         s_gvz1, s_gvz2, s_gvh, s_gvn, s_gve,
+                         Z2, HQ, GROUP, L, S, E, EV, qk_scale2, scale,
+                         TUNE_L, TUNE_S,
+                         CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PREC: tl.constexpr,
+                         BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_bkv = tl.program_id(1)  # over [Z1, Z2, HKV]
+    HKV = HQ // GROUP
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_ev = tl.arange(0, BLOCK_EV)
+    k_base = K + batch_offset(pid_bkv, HKV, 1, Z2, s_kz1, s_kz2, s_kh, False)
+    v_base = V + batch_offset(pid_bkv, HKV, 1, Z2, s_vz1, s_vz2, s_vh, False)
+    k = load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E)
+    v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
+    dk = tl.zeros([BLOCK_N, BLOCK_E], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_EV], dtype=tl.float32)
+
+    # query blocks that can see this key block under the causal (top-left) mask
+    diag_lo = (start_n // BLOCK_M) * BLOCK_M
+    diag_hi = tl.minimum(tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M, L)
+    for g in range(GROUP):
+        pid_bh = (pid_bkv // HKV) * HQ + (pid_bkv % HKV) * GROUP + g
+        q_base = Q + batch_offset(pid_bh, HQ, 1, Z2, s_qz1, s_qz2, s_qh, False)
+        do_base = DO + batch_offset(pid_bh, HQ, 1, Z2, s_dz1, s_dz2, s_dh, False)
+        mask_base = Mask
+        if MASK_KIND != 0:
+            mask_base = Mask + batch_offset(pid_bh, HQ, 1, Z2, s_mz1, s_mz2, s_mh, False)
+        lse_ptr = LSE + pid_bh.to(tl.int64) * L
+        delta_ptr = Delta + pid_bh.to(tl.int64) * L
+        if CAUSAL:
+            dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
+                                      offs_n, diag_lo, diag_hi, L, S, E, EV,
+                                      s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale2,
+                                      MASK_KIND, True, CHECK_E, CHECK_EV,
+                                      BLOCK_M, BLOCK_E, BLOCK_EV, PREC)
+            dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
+                                      offs_n, diag_hi, L, L, S, E, EV,
+                                      s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale2,
+                                      MASK_KIND, False, CHECK_E, CHECK_EV,
+                                      BLOCK_M, BLOCK_E, BLOCK_EV, PREC)
+        else:
+            dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
+                                      offs_n, 0, L, L, S, E, EV,
+                                      s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale2,
+                                      MASK_KIND, False, CHECK_E, CHECK_EV,
+                                      BLOCK_M, BLOCK_E, BLOCK_EV, PREC)
+
+    dk = dk * scale
+    gk_base = DK + batch_offset(pid_bkv, HKV, 1, Z2, s_gkz1, s_gkz2, s_gkh, False)
+    gv_base = DV + batch_offset(pid_bkv, HKV, 1, Z2, s_gvz1, s_gvz2, s_gvh, False)
+    gk_ptrs = gk_base + offs_n[:, None] * s_gkn + offs_e[None, :] * s_gke
+    gv_ptrs = gv_base + offs_n[:, None] * s_gvn + offs_ev[None, :] * s_gve
+    if CHECK_N or CHECK_E:
+        tl.store(gk_ptrs, dk.to(DK.dtype.element_ty), mask=(offs_n[:, None] < S) & (offs_e[None, :] < E))
+    else:
+        tl.store(gk_ptrs, dk.to(DK.dtype.element_ty))
+    if CHECK_N or CHECK_EV:
+        tl.store(gv_ptrs, dv.to(DV.dtype.element_ty),
+                 mask=(offs_n[:, None] < S) & (offs_ev[None, :] < EV))
+    else:
+        tl.store(gv_ptrs, dv.to(DV.dtype.element_ty))
+
+
+@triton.jit
+def _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, mask_base,
+                 offs_m, lo, hi, L, S, E, EV,
+                 s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale2,
+                 MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_N: tl.constexpr,
+                 CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+                 PREC: tl.constexpr):
+    """Accumulate dQ (unscaled) of one query block over key blocks [lo, hi).
+
+    Keys past S load as k = v = 0 and get P = 0."""
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_ev = tl.arange(0, BLOCK_EV)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E)
+        v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
+        s2 = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale2
+        if MASK_KIND != 0:
+            s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, False)
+        p = tl.math.exp2(s2 - lse2[:, None])
+        if DIAG:
+            p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+        if CHECK_N:  # an out-of-range key's P could overflow (inf * 0 = nan in the dot)
+            p = tl.where(offs_n[None, :] < S, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
+    return dq
+
+
+@triton.autotune(configs=_dq_configs(), key=["TUNE_L", "TUNE_S", "BLOCK_E", "BLOCK_EV", "CAUSAL",
+                                              "MASK_KIND"],
+                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_N", "BLOCK_M", (64, 32))})
+@triton.heuristics({
+    "CHECK_M": lambda a: a["L"] % a["BLOCK_M"] != 0,
+    "CHECK_N": lambda a: a["S"] % a["BLOCK_N"] != 0,
+    "CHECK_E": lambda a: a["E"] != a["BLOCK_E"],
+    "CHECK_EV": lambda a: a["EV"] != a["BLOCK_EV"],
+})
+@triton.jit
+def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, LSE, Delta, DQ,
+                       s_qz1, s_qz2, s_qh, s_qm, s_qe,
+                       s_kz1, s_kz2, s_kh, s_kn, s_ke,
+                       s_vz1, s_vz2, s_vh, s_vn, s_ve,
+                       s_mz1, s_mz2, s_mh, s_mm, s_mn,
+                       s_dz1, s_dz2, s_dh, s_dm, s_de,
+                       s_gqz1, s_gqz2, s_gqh, s_gqm, s_gqe,
+                       Z2, HQ, GROUP, L, S, E, EV, qk_scale2, scale,
+                       TUNE_L, TUNE_S,
+                       CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PREC: tl.constexpr,
+                       BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
+                       CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr):
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_ev = tl.arange(0, BLOCK_EV)
+    q_base = Q + batch_offset(pid_bh, HQ, GROUP, Z2, s_qz1, s_qz2, s_qh, False)
+    k_base = K + batch_offset(pid_bh, HQ, GROUP, Z2, s_kz1, s_kz2, s_kh, True)
+    v_base = V + batch_offset(pid_bh, HQ, GROUP, Z2, s_vz1, s_vz2, s_vh, True)
+    do_base = DO + batch_offset(pid_bh, HQ, GROUP, Z2, s_dz1, s_dz2, s_dh, False)
+    mask_base = Mask
+    if MASK_KIND != 0:
+        mask_base = Mask + batch_offset(pid_bh, HQ, GROUP, Z2, s_mz1, s_mz2, s_mh, False)
+    q = load_tile(q_base, offs_m, offs_e, s_qm, s_qe, L, E, CHECK_M, CHECK_E)
+    do = load_tile(do_base, offs_m, offs_ev, s_dm, s_de, L, EV, CHECK_M, CHECK_EV)
+    lse2 = tl.load(LSE + pid_bh.to(tl.int64) * L + offs_m, mask=offs_m < L, other=float("inf"))
+    lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
+    delta = tl.load(Delta + pid_bh.to(tl.int64) * L + offs_m, mask=offs_m < L, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_E], dtype=tl.float32)
+    if CAUSAL:
+        free_hi = tl.minimum(start_m, S)
+        dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, mask_base, offs_m, 0, free_hi,
+                          L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale2,
+                          MASK_KIND, False, CHECK_N, CHECK_E, CHECK_EV,
+                          BLOCK_N, BLOCK_E, BLOCK_EV, PREC)
+        diag_hi = tl.minimum(start_m + BLOCK_M, S)
+        dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, mask_base, offs_m, free_hi,
+                          diag_hi, L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale2,
+                          MASK_KIND, True, CHECK_N, CHECK_E, CHECK_EV,
+                          BLOCK_N, BLOCK_E, BLOCK_EV, PREC)
+    else:
+        dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, mask_base, offs_m, 0, S,
+                          L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale2,
+                          MASK_KIND, False, CHECK_N, CHECK_E, CHECK_EV,
+                          BLOCK_N, BLOCK_E, BLOCK_EV, PREC)
+    dq = dq * scale
+    gq_base = DQ + batch_offset(pid_bh, HQ, GROUP, Z2, s_gqz1, s_gqz2, s_gqh, False)
+    gq_ptrs = gq_base + offs_m[:, None] * s_gqm + offs_e[None, :] * s_gqe
+    if CHECK_M or CHECK_E:
+        tl.store(gq_ptrs, dq.to(DQ.dtype.element_ty), mask=(offs_m[:, None] < L) & (offs_e[None, :] < E))
+    else:
+        tl.store(gq_ptrs, dq.to(DQ.dtype.element_ty))

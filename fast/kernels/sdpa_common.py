@@ -1,0 +1,94 @@
+"""Shared pieces of the SDPA Triton kernels: batch decomposition, masks, autotune helpers.
+
+Every SDPA kernel sees its tensors as rank-5 views ``[Z1, Z2, H, rows, cols]`` described by
+five strides each; any stride may be 0 (broadcast) and none needs to be 1. Scores are kept in
+log2 units (``s2 = scale * log2(e) * q.k + log2(e) * additive_mask``) so the softmax uses exp2.
+"""
+import os
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+MASK_NONE = 0
+MASK_BOOL = 1
+MASK_ADD = 2
+
+
+def interpreting() -> bool:
+    """True under Triton's CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def autotune_enabled() -> bool:
+    """Autotune on GPU unless SDPA_AUTOTUNE=0; the interpreter always uses one config."""
+    return not interpreting() and os.environ.get("SDPA_AUTOTUNE", "1") != "0"
+
+
+def tune_bucket(n: int) -> int:
+    """Sequence-length bucket used as autotune key (powers of two, capped), so that
+    every distinct length does not trigger a fresh tuning run."""
+    return min(triton.next_power_of_2(max(int(n), 1)), 16384)
+
+
+def smem_bytes(block_rows_pipelined, block_rows_resident, block_e, block_ev, elsize, stages):
+    """Rough shared-memory need of a flash-attention tile loop (for config pruning)."""
+    streamed = block_rows_pipelined * (block_e + block_ev) * elsize * stages
+    resident = block_rows_resident * max(block_e, block_ev) * elsize
+    return streamed + resident
+
+
+SMEM_LIMIT = 220 * 1024
+
+
+@triton.jit
+def batch_offset(pid_bh, HQ, GROUP, Z2, s_z1, s_z2, s_h, KV_HEAD: tl.constexpr):
+    """Element offset (int64) of head ``pid_bh`` of the flattened ``[Z1, Z2, HQ]`` grid in a
+    tensor with batch strides (s_z1, s_z2, s_h); KV_HEAD maps a query head to its GQA kv head."""
+    h = pid_bh % HQ
+    z = pid_bh // HQ
+    z2 = z % Z2
+    z1 = z // Z2
+    if KV_HEAD:
+        h = h // GROUP
+    return z1.to(tl.int64) * s_z1 + z2.to(tl.int64) * s_z2 + h.to(tl.int64) * s_h
+
+
+@triton.jit
+def load_tile(ptr, offs_r, offs_c, s_r, s_c, n_r, n_c,
+              CHECK_R: tl.constexpr, CHECK_C: tl.constexpr):
+    """Load a [len(offs_r), len(offs_c)] tile through strides, zero-filled out of bounds."""
+    ptrs = ptr + offs_r[:, None] * s_r + offs_c[None, :] * s_c
+    if CHECK_R and CHECK_C:
+        return tl.load(ptrs, mask=(offs_r[:, None] < n_r) & (offs_c[None, :] < n_c), other=0.0)
+    elif CHECK_R:
+        return tl.load(ptrs, mask=offs_r[:, None] < n_r, other=0.0)
+    elif CHECK_C:
+        return tl.load(ptrs, mask=offs_c[None, :] < n_c, other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def apply_attn_mask(s2, mask_ptr, offs_m, offs_n, s_mm, s_mn, L, S,
+                    MASK_KIND: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """Apply an attention mask tile to scores ``s2`` (log2 units).
+
+    ``s2`` is [M, N] (query rows, key cols) or, when TRANSPOSED, [N, M]. Boolean masks set
+    excluded scores to -inf; additive masks add ``log2(e) * mask``. Out-of-range entries load
+    as "keep" / 0 and are handled by the callers' bounds logic."""
+    if TRANSPOSED:
+        ptrs = mask_ptr + offs_n[:, None] * s_mn + offs_m[None, :] * s_mm
+        inb = (offs_n[:, None] < S) & (offs_m[None, :] < L)
+    else:
+        ptrs = mask_ptr + offs_m[:, None] * s_mm + offs_n[None, :] * s_mn
+        inb = (offs_m[:, None] < L) & (offs_n[None, :] < S)
+    if MASK_KIND == 1:
+        keep = tl.load(ptrs, mask=inb, other=1)
+        s2 = tl.where(keep != 0, s2, float("-inf"))
+    elif MASK_KIND == 2:
+        add = tl.load(ptrs, mask=inb, other=0.0).to(tl.float32)
+        s2 = s2 + add * 1.4426950408889634
+    return s2

@@ -1,0 +1,154 @@
+"""Flash-attention forward kernel (online softmax, one program per query block and head).
+
+Writes ``out [Z1, Z2, HQ, L, EV]`` in the input dtype and ``lse2 [Z1*Z2*HQ, L]`` float32: the
+row logsumexp of the scaled, masked scores in log2 units, -inf for a row with no key left
+(whose output is 0). See :mod:`fast.kernels.sdpa_common` for the layout conventions.
+"""
+import triton
+import triton.language as tl
+
+from .sdpa_common import (SMEM_LIMIT, apply_attn_mask, autotune_enabled, batch_offset, load_tile,
+                          smem_bytes)
+
+
+def _fwd_configs():
+    if not autotune_enabled():
+        return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)]
+    shapes = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2),
+              (64, 64, 4, 3), (64, 32, 4, 2)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+            for bm, bn, w, s in shapes]
+
+
+def _prune_fwd(configs, named_args, **kwargs):
+    """Drop configs whose tiles overflow shared memory or registers for this head dim/dtype."""
+    if len(configs) == 1:
+        return configs
+    be, bev = named_args["BLOCK_E"], named_args["BLOCK_EV"]
+    elsize = named_args["Q"].element_size()
+    kept = []
+    for c in configs:
+        bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+        if smem_bytes(bn, bm, be, bev, elsize, c.num_stages) > SMEM_LIMIT:
+            continue
+        # accumulator registers: BM x BEV fp32 spread over the warps
+        if bm * bev / (c.num_warps * 32) > 128:
+            continue
+        if elsize == 4 and (bm, bn) != (64, 32):
+            continue  # fp32 (ieee, no tensor cores): small tiles only
+        kept.append(c)
+    return kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+
+
+@triton.jit
+def _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base,
+                   offs_m, lo, hi, L, S, E, EV,
+                   s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale2,
+                   MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_N: tl.constexpr,
+                   CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+                   PREC: tl.constexpr):
+    """Online-softmax accumulation over key blocks [lo, hi). DIAG applies the causal mask."""
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_ev = tl.arange(0, BLOCK_EV)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E)
+        s2 = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale2
+        if MASK_KIND != 0:
+            s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, False)
+        if DIAG:
+            s2 = tl.where(offs_m[:, None] >= offs_n[None, :], s2, float("-inf"))
+        if CHECK_N:
+            s2 = tl.where(offs_n[None, :] < S, s2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s2, 1))
+        # a row that has seen only -inf so far keeps m = -inf; shift by 0 to avoid inf - inf
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s2 - m_shift[:, None])
+        alpha = tl.math.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.autotune(configs=_fwd_configs(), key=["TUNE_L", "TUNE_S", "BLOCK_E", "BLOCK_EV", "CAUSAL",
+                                               "MASK_KIND"],
+                 prune_configs_by={"early_config_prune": _prune_fwd})
+@triton.heuristics({
+    "CHECK_M": lambda a: a["L"] % a["BLOCK_M"] != 0,
+    "CHECK_N": lambda a: a["S"] % a["BLOCK_N"] != 0,
+    "CHECK_E": lambda a: a["E"] != a["BLOCK_E"],
+    "CHECK_EV": lambda a: a["EV"] != a["BLOCK_EV"],
+})
+@triton.jit
+def sdpa_fwd_kernel(Q, K, V, Mask, Out, LSE,
+                    s_qz1, s_qz2, s_qh, s_qm, s_qe,
+                    s_kz1, s_kz2, s_kh, s_kn, s_ke,
+                    s_vz1, s_vz2, s_vh, s_vn, s_ve,
+                    s_mz1, s_mz2, s_mh, s_mm, s_mn,
+                    s_oz1, s_oz2, s_oh, s_om, s_oe,
+                    Z2, HQ, GROUP, L, S, E, EV, qk_scale2,
+                    TUNE_L, TUNE_S,
+                    CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PREC: tl.constexpr,
+                    BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
+                    CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr):
+    pid_m = tl.program_id(0)
+    if CAUSAL:  # heaviest query blocks first: better tail balance
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    start_m = pid_m * BLOCK_M
+    q_base = Q + batch_offset(pid_bh, HQ, GROUP, Z2, s_qz1, s_qz2, s_qh, False)
+    k_base = K + batch_offset(pid_bh, HQ, GROUP, Z2, s_kz1, s_kz2, s_kh, True)
+    v_base = V + batch_offset(pid_bh, HQ, GROUP, Z2, s_vz1, s_vz2, s_vh, True)
+    o_base = Out + batch_offset(pid_bh, HQ, GROUP, Z2, s_oz1, s_oz2, s_oh, False)
+    mask_base = Mask
+    if MASK_KIND != 0:
+        mask_base = Mask + batch_offset(pid_bh, HQ, GROUP, Z2, s_mz1, s_mz2, s_mh, False)
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_ev = tl.arange(0, BLOCK_EV)
+    q = load_tile(q_base, offs_m, offs_e, s_qm, s_qe, L, E, CHECK_M, CHECK_E)
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_EV], dtype=tl.float32)
+
+    if CAUSAL:
+        # keys below the block's first query need no causal mask; the diagonal band does
+        free_hi = tl.minimum(start_m, S)
+        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m,
+                                       0, free_hi, L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn,
+                                       qk_scale2, MASK_KIND, False, CHECK_N, CHECK_E, CHECK_EV,
+                                       BLOCK_N, BLOCK_E, BLOCK_EV, PREC)
+        diag_hi = tl.minimum(start_m + BLOCK_M, S)
+        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m,
+                                       free_hi, diag_hi, L, S, E, EV, s_kn, s_ke, s_vn, s_ve,
+                                       s_mm, s_mn, qk_scale2, MASK_KIND, True, CHECK_N, CHECK_E,
+                                       CHECK_EV, BLOCK_N, BLOCK_E, BLOCK_EV, PREC)
+    else:
+        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m,
+                                       0, S, L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn,
+                                       qk_scale2, MASK_KIND, False, CHECK_N, CHECK_E, CHECK_EV,
+                                       BLOCK_N, BLOCK_E, BLOCK_EV, PREC)
+
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+    o_ptrs = o_base + offs_m[:, None] * s_om + offs_ev[None, :] * s_oe
+    if CHECK_M or CHECK_EV:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty),
+                 mask=(offs_m[:, None] < L) & (offs_ev[None, :] < EV))
+    else:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty))
+    lse_ptrs = LSE + pid_bh.to(tl.int64) * L + offs_m
+    if CHECK_M:
+        tl.store(lse_ptrs, lse2, mask=offs_m < L)
+    else:
+        tl.store(lse_ptrs, lse2)
