@@ -1,0 +1,159 @@
+"""Suite configuration: options, profiles, the interpreter switch, GPU placement, the report.
+
+This is the only module that reads the environment:
+- ``ORACLE_IMPL`` (comma-separated) or ``--impl NAME`` (repeatable): the implementations checked;
+- no CUDA device: ``TRITON_INTERPRET=1`` is set before any Triton kernel module is imported;
+- ``CI``: the default Hypothesis profile becomes ``ci``;
+- ``PYTEST_XDIST_WORKER``: one torch thread per worker, workers spread over the GPUs.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Must precede any import of a module defining @triton.jit kernels (FACTS.md).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from properties import known_failures, profiles, report, targets  # noqa: E402
+
+profiles.register()
+
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+_TABLE = report.Table()
+_OUTCOMES: dict = {}
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("attention-oracle")
+    group.addoption("--impl", action="append", default=[], metavar="NAME",
+                    help="implementation to check: a built-in (" + ", ".join(targets.BUILTINS) +
+                         ") or package.module[:attr]; repeatable; default: every built-in")
+    group.addoption("--oracle-report", metavar="FILE.json", default=None,
+                    help="write the implementation x check table as JSON")
+
+
+def _default_profile() -> str:
+    if os.environ.get("CI"):
+        return "ci"
+    return "gpu" if torch.cuda.is_available() else "dev"
+
+
+def pytest_configure(config):
+    chosen = config.getoption("hypothesis_profile", None) or _default_profile()
+    profiles.activate(chosen, on_gpu=torch.cuda.is_available())
+    if _WORKER:
+        torch.set_num_threads(1)
+        if torch.cuda.is_available() and torch.cuda.device_count() > 1:
+            index = int(_WORKER.lstrip("gw") or 0)
+            torch.cuda.set_device(index % torch.cuda.device_count())
+
+
+def pytest_report_header(config):
+    names = targets.parse_names(config.getoption("impl"), os.environ.get("ORACLE_IMPL"))
+    device = targets.default_device()
+    return [f"attention-oracle: implementations {names}; device {device}; "
+            f"hypothesis profile {profiles.name()} ({profiles.size()} sizes); "
+            f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}; torch {torch.__version__}"]
+
+
+_LOADED: dict = {}
+
+
+def _target(name: str) -> targets.Target:
+    if name not in _LOADED:
+        _LOADED[name] = targets.load(name)
+    return _LOADED[name]
+
+
+def pytest_generate_tests(metafunc):
+    if "impl" in metafunc.fixturenames:
+        names = targets.parse_names(metafunc.config.getoption("impl"), os.environ.get("ORACLE_IMPL"))
+        metafunc.parametrize("impl", names, indirect=True)
+
+
+@pytest.fixture
+def impl(request) -> targets.Target:
+    target = _target(request.param)
+    if target.unavailable:
+        pytest.skip(f"{target.name} unavailable here: {target.unavailable}")
+    return target
+
+
+def _identity(item) -> dict:
+    module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else "?"
+    area = module[len("test_"):] if module.startswith("test_") else module
+    check = f"{area}.{item.originalname[len('test_'):] if item.originalname.startswith('test_') else item.originalname}"
+    impl_name = item.callspec.params.get("impl", "-") if hasattr(item, "callspec") else "-"
+    return {"impl": impl_name, "check": check}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        ident = _identity(item)
+        item.user_properties.append(("oracle_id", ident))
+        reason = known_failures.reason(ident["impl"], ident["check"], targets.default_device())
+        if reason:
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=False))
+
+
+@pytest.fixture(autouse=True)
+def _oracle_sink(request):
+    sink, token = report.open_sink()
+    request.node._oracle_sink = sink
+    yield sink
+    report.close_sink(token)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    sink = getattr(item, "_oracle_sink", None)
+    if call.when == "call" and sink is not None:
+        item.user_properties.append(("oracle_sink", sink.as_dict()))
+    yield
+
+
+def _outcome(rep) -> str:
+    if hasattr(rep, "wasxfail"):
+        return "xfail" if rep.skipped else ("passed" if rep.passed else "failed")
+    if rep.skipped:
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        return "unsupported" if "unsupported" in reason.split(":", 1)[-1][:40] else "skipped"
+    return "passed" if rep.passed else "failed"
+
+
+def pytest_runtest_logreport(report):
+    props = dict(report.user_properties)
+    ident = props.get("oracle_id")
+    if ident is None:
+        return
+    key = report.nodeid
+    if report.when == "setup" and not report.passed:
+        _OUTCOMES[key] = (ident, _outcome(report), None)
+    elif report.when == "call":
+        _OUTCOMES[key] = (ident, _outcome(report), props.get("oracle_sink"))
+    elif report.when == "teardown" and key in _OUTCOMES:
+        ident, outcome, info = _OUTCOMES.pop(key)
+        if report.failed:
+            outcome = "failed"
+        _TABLE.add(ident["impl"], ident["check"], outcome, info)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _WORKER:
+        return
+    terminalreporter.section("attention-oracle report")
+    terminalreporter.write_line(_TABLE.render())
+    path = config.getoption("oracle_report")
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(_TABLE.to_json())
+        terminalreporter.write_line(f"report written to {path}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not _WORKER and _TABLE.verified_nothing() and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

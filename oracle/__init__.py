@@ -1,0 +1,18 @@
+"""Float64 reference implementations: the judge of every kernel (CONTRACT sections 2-4).
+
+Offers the CONTRACT section 1 functions with the exact public signatures; each computes in
+float64 and returns results in the input dtype, with backward passes written out explicitly.
+The ``*_reference`` functions run the same math in any dtype and are what the suite uses
+for the gold (float64) and low-precision results of the agreement rule.
+"""
+from .sdpa import (
+    scaled_dot_product_attention,
+    scaled_dot_product_attention_with_lse,
+    sdpa_reference,
+)
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "scaled_dot_product_attention_with_lse",
+    "sdpa_reference",
+]

@@ -1,0 +1,267 @@
+"""Float64 reference for scaled dot-product attention (CONTRACT section 2).
+
+Semantics are exactly ``torch.nn.functional.scaled_dot_product_attention`` with
+``dropout_p=0``, plus the contract's convention for a query row with no key left
+(fully masked): out = 0, lse = -inf, zero gradients.
+
+Shapes: ``query [*batch, Hq, L, E]``, ``key [*batch, Hkv, S, E]``, ``value [*batch, Hkv, S, Ev]``
+(rank 3 is ``[N, L, E]``: the "head" dim -3 is then N). Without ``enable_gqa`` Hq == Hkv;
+with it, Hq is a multiple of Hkv and query head h uses kv head ``h // (Hq // Hkv)``.
+
+Memory: the work is chunked over queries. Per chunk the float64 intermediates (scores,
+probabilities, dP, dS and their absolute-term twins) take about
+``8 * B * Hq * chunk * S * 8`` bytes; the chunk is chosen so that this stays under
+``chunk_bytes`` (default 1 GiB), at least one query per chunk. Beyond that the oracle holds
+float64 copies of q, k, v (k and v expanded to Hq heads), out, lse and the gradients.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "scaled_dot_product_attention_with_lse",
+    "sdpa_reference",
+    "validate_sdpa_inputs",
+]
+
+DEFAULT_CHUNK_BYTES = 1 << 30
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_float(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"{name} must have a floating dtype, got {t.dtype}")
+
+
+def validate_sdpa_inputs(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                         scale=None, enable_gqa=False) -> None:
+    """Raise TypeError/ValueError naming the offending argument; NotImplementedError for dropout."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _check_float(name, t)
+        if t.dim() < 3:
+            raise ValueError(f"{name} must have rank >= 3 ([.., L, E]), got shape {tuple(t.shape)}")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    if not (query.device == key.device == value.device):
+        raise ValueError(f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}")
+    if not (query.dim() == key.dim() == value.dim()):
+        raise ValueError(f"query, key and value must have the same rank, got {query.dim()}, {key.dim()}, {value.dim()}")
+    if dropout_p != 0.0:
+        raise NotImplementedError("the oracle computes dropout_p=0 only")
+    if key.shape[-1] != query.shape[-1]:
+        raise ValueError(f"key's last dim {key.shape[-1]} must equal query's {query.shape[-1]}")
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(f"key has S={key.shape[-2]} rows but value has {value.shape[-2]}")
+    if key.shape[:-2] != value.shape[:-2]:
+        raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} differ in leading dims")
+    hq, hkv = query.shape[-3], key.shape[-3]
+    if query.shape[:-3] != key.shape[:-3]:
+        raise ValueError(f"query {tuple(query.shape)} and key {tuple(key.shape)} differ in batch dims")
+    if enable_gqa:
+        if hkv == 0 or hq % hkv != 0:
+            raise ValueError(f"enable_gqa: query heads ({hq}) must be a multiple of key heads ({hkv})")
+    elif hq != hkv:
+        raise ValueError(f"query has {hq} heads (dim -3) but key has {hkv}; pass enable_gqa=True for GQA")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError(f"attn_mask must be a tensor or None, got {type(attn_mask).__name__}")
+        if attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point:
+            raise TypeError(f"attn_mask must be bool or floating, got {attn_mask.dtype}")
+        if is_causal:
+            raise ValueError("attn_mask and is_causal=True are exclusive (as in PyTorch)")
+        target = tuple(query.shape[:-1]) + (key.shape[-2],)
+        try:
+            shape = torch.broadcast_shapes(attn_mask.shape, target)
+        except RuntimeError:
+            shape = None
+        if shape != target:
+            raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {target}")
+        if attn_mask.device != query.device:
+            raise ValueError(f"attn_mask is on {attn_mask.device}, query on {query.device}")
+
+
+# ----------------------------------------------------------------------------- the math
+
+
+def _as_bhld(t: torch.Tensor) -> torch.Tensor:
+    """[*batch, H, L, D] (or [N, L, D]) -> [B, H, L, D], B the product of batch dims."""
+    return t.reshape((-1,) + tuple(t.shape[-3:]))
+
+
+def _chunk_rows(b: int, h: int, s: int, chunk_bytes: int) -> int:
+    per_query = 8 * b * h * max(s, 1) * 8
+    return max(1, chunk_bytes // per_query)
+
+
+def _masked_scores(qc, k, mask_c, is_causal, row0, scale):
+    """Scaled scores [B, H, c, S] with -inf where a key does not take part."""
+    s = torch.matmul(qc, k.transpose(-1, -2)) * scale
+    if mask_c is not None:
+        if mask_c.dtype == torch.bool:
+            s = s.masked_fill(~mask_c, float("-inf"))
+        else:
+            s = s + mask_c.to(s.dtype)
+    if is_causal:
+        rows = torch.arange(row0, row0 + qc.shape[-2], device=s.device)[:, None]
+        cols = torch.arange(s.shape[-1], device=s.device)[None, :]
+        s = s.masked_fill(cols > rows, float("-inf"))
+    return s
+
+
+def _softmax_with_lse(s):
+    """P and natural-log lse of masked scores; an all -inf row gives P = 0 and lse = -inf."""
+    m = s.amax(dim=-1, keepdim=True)
+    empty = torch.isneginf(m)
+    m_safe = torch.where(empty, torch.zeros_like(m), m)
+    p = torch.exp(s - m_safe)
+    l = p.sum(dim=-1, keepdim=True)
+    lse = torch.where(empty, m, m_safe + torch.log(torch.where(empty, torch.ones_like(l), l)))
+    p = torch.where(empty, torch.zeros_like(p), p / torch.where(empty, torch.ones_like(l), l))
+    return p, lse.squeeze(-1)
+
+
+def _amax(t: torch.Tensor) -> float:
+    return float(t.abs().max()) if t.numel() else 0.0
+
+
+def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=False, scale=None,
+                   enable_gqa=False, compute_dtype=torch.float64, chunk_bytes=DEFAULT_CHUNK_BYTES,
+                   magnitudes=False) -> dict:
+    """Forward (and, with ``dout``, backward) of SDPA computed entirely in ``compute_dtype``.
+
+    float64 gives the gold result; the input dtype gives the rounding the dtype forces
+    (the ``lp`` of the agreement rule). Returns a dict with ``out`` [*batch, Hq, L, Ev],
+    ``lse`` [*batch, Hq, L] and, with dout, ``dq``, ``dk``, ``dv`` shaped as the inputs.
+    With ``magnitudes=True`` also ``magnitude``: for each output, the largest sum of
+    absolute terms behind one element (used for the agreement rule's absolute floor):
+    out: P @ |V|; dq: scale * (P * (|dP| + |Delta|)) @ |K|; dk: the transpose with |Q|;
+    dv: P^T @ |dO|; lse: max |lse| over finite entries.
+    """
+    validate_sdpa_inputs(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
+    cd = compute_dtype
+    e = query.shape[-1]
+    sc = (1.0 / math.sqrt(e)) if scale is None else float(scale)
+    q = _as_bhld(query).to(cd)
+    k = _as_bhld(key).to(cd)
+    v = _as_bhld(value).to(cd)
+    b, hq, l_q, _ = q.shape
+    hkv, s_k = k.shape[1], k.shape[2]
+    group = hq // hkv
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    mask = None
+    if attn_mask is not None:
+        mask = attn_mask.expand(tuple(query.shape[:-1]) + (s_k,))
+    do = None if dout is None else _as_bhld(dout).to(cd)
+
+    out = q.new_zeros((b, hq, l_q, v.shape[-1]))
+    lse = q.new_zeros((b, hq, l_q))
+    grads = None
+    if do is not None:
+        grads = {"dq": torch.zeros_like(q), "dk": torch.zeros_like(k), "dv": torch.zeros_like(v)}
+    mags = {"out": 0.0, "lse": 0.0, "dq": 0.0}
+    mag_dk = torch.zeros_like(k) if (magnitudes and do is not None) else None
+    mag_dv = torch.zeros_like(v) if (magnitudes and do is not None) else None
+
+    step = _chunk_rows(b, hq, s_k, chunk_bytes)
+    for r0 in range(0, l_q, step):
+        r1 = min(l_q, r0 + step)
+        qc = q[:, :, r0:r1]
+        mask_c = None
+        if mask is not None:
+            mask_c = mask[..., r0:r1, :].reshape(b, hq, r1 - r0, s_k)
+        s = _masked_scores(qc, k, mask_c, is_causal, r0, sc)
+        p, lse_c = _softmax_with_lse(s)
+        oc = torch.matmul(p, v)
+        out[:, :, r0:r1] = oc
+        lse[:, :, r0:r1] = lse_c
+        if magnitudes:
+            mags["out"] = max(mags["out"], _amax(torch.matmul(p, v.abs())))
+            finite = lse_c[torch.isfinite(lse_c)]
+            mags["lse"] = max(mags["lse"], _amax(finite))
+        if do is None:
+            continue
+        doc = do[:, :, r0:r1]
+        dp = torch.matmul(doc, v.transpose(-1, -2))
+        delta = (doc * oc).sum(-1, keepdim=True)
+        ds = p * (dp - delta)
+        grads["dq"][:, :, r0:r1] = torch.matmul(ds, k) * sc
+        grads["dk"] += torch.matmul(ds.transpose(-1, -2), qc) * sc
+        grads["dv"] += torch.matmul(p.transpose(-1, -2), doc)
+        if magnitudes:
+            w = p * (dp.abs() + delta.abs())
+            mags["dq"] = max(mags["dq"], _amax(torch.matmul(w, k.abs()) * sc))
+            mag_dk += torch.matmul(w.transpose(-1, -2), qc.abs()) * sc
+            mag_dv += torch.matmul(p.transpose(-1, -2), doc.abs())
+
+    result = {
+        "out": out.reshape(tuple(query.shape[:-1]) + (v.shape[-1],)),
+        "lse": lse.reshape(tuple(query.shape[:-1])),
+    }
+    if grads is not None:
+        dk, dv = grads["dk"], grads["dv"]
+        if group > 1:  # sum the expanded heads back onto their kv head
+            dk = dk.reshape(b, hkv, group, s_k, -1).sum(2)
+            dv = dv.reshape(b, hkv, group, s_k, -1).sum(2)
+            if mag_dk is not None:
+                mag_dk = mag_dk.reshape(b, hkv, group, s_k, -1).sum(2)
+                mag_dv = mag_dv.reshape(b, hkv, group, s_k, -1).sum(2)
+        result["dq"] = grads["dq"].reshape(query.shape)
+        result["dk"] = dk.reshape(key.shape)
+        result["dv"] = dv.reshape(value.shape)
+        if magnitudes:
+            mags["dk"] = _amax(mag_dk)
+            mags["dv"] = _amax(mag_dv)
+    if magnitudes:
+        result["magnitude"] = mags
+    return result
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+class _OracleSDPA(torch.autograd.Function):
+    """Forward in float64; backward written out (sdpa_reference with dout), not autograd."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, attn_mask, is_causal, scale, enable_gqa):
+        ref = sdpa_reference(query, key, value, attn_mask=attn_mask, is_causal=is_causal,
+                             scale=scale, enable_gqa=enable_gqa)
+        ctx.save_for_backward(query, key, value, attn_mask)
+        ctx.flags = (is_causal, scale, enable_gqa)
+        ctx.mark_non_differentiable(ref["lse"])
+        return ref["out"].to(query.dtype), ref["lse"].to(torch.float32)
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        query, key, value, attn_mask = ctx.saved_tensors
+        is_causal, scale, enable_gqa = ctx.flags
+        ref = sdpa_reference(query, key, value, dout, attn_mask=attn_mask, is_causal=is_causal,
+                             scale=scale, enable_gqa=enable_gqa)
+        return (ref["dq"].to(query.dtype), ref["dk"].to(key.dtype), ref["dv"].to(value.dtype),
+                None, None, None, None)
+
+
+def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0,
+                                          is_causal=False, scale=None, enable_gqa=False):
+    """Like :func:`scaled_dot_product_attention`, also returning lse [*batch, Hq, L] (float32, ln)."""
+    validate_sdpa_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return _OracleSDPA.apply(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa))
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """PyTorch's signature; out [*batch, Hq, L, Ev] in the input dtype, computed in float64."""
+    out, _ = scaled_dot_product_attention_with_lse(query, key, value, attn_mask, dropout_p,
+                                                   is_causal, scale, enable_gqa)
+    return out

@@ -1,0 +1,1 @@
+"""Hypothesis strategies, layouts, the agreement rule and the checks."""

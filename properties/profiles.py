@@ -1,0 +1,60 @@
+"""Hypothesis profiles and the problem sizes each one draws.
+
+- ``ci``: extends Hypothesis' built-in "ci" profile (derandomized, no database, no deadline,
+  print_blob), sized so ``.ci/run`` finishes well within 20 minutes on 2 CPU cores.
+- ``dev``: quick local runs.
+- ``gpu``: more and larger examples; bf16 included (the fast kernels run natively there).
+- ``fuzz``: thousands of examples, a persistent example database under ``.hypothesis/fuzz``,
+  and targeted search on the error ratio (``target()`` is fed by the agreement rule).
+
+``size()`` tells the strategies how large to draw ("small" for CPU profiles, "large" for gpu
+and fuzz on a GPU). conftest loads the profile; nothing here reads the environment.
+"""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+            HealthCheck.function_scoped_fixture]
+
+PROFILES = ("ci", "dev", "gpu", "fuzz")
+_EXAMPLES = {"ci": 12, "dev": 6, "gpu": 40, "fuzz": 2000}
+_active = {"name": "dev", "size": "small"}
+
+
+def register() -> None:
+    settings.register_profile("ci", settings.get_profile("ci"), max_examples=_EXAMPLES["ci"],
+                              deadline=None, suppress_health_check=_SLOW_OK, print_blob=True)
+    settings.register_profile("dev", max_examples=_EXAMPLES["dev"], deadline=None,
+                              suppress_health_check=_SLOW_OK, print_blob=True)
+    settings.register_profile("gpu", max_examples=_EXAMPLES["gpu"], deadline=None,
+                              suppress_health_check=_SLOW_OK, print_blob=True, derandomize=True,
+                              database=None)
+    settings.register_profile("fuzz", max_examples=_EXAMPLES["fuzz"], deadline=None,
+                              suppress_health_check=_SLOW_OK, print_blob=True,
+                              database=DirectoryBasedExampleDatabase(".hypothesis/fuzz"),
+                              phases=list(Phase))
+
+
+def activate(name: str, on_gpu: bool) -> None:
+    if name not in PROFILES:
+        raise ValueError(f"unknown hypothesis profile {name!r}; expected one of {PROFILES}")
+    register()
+    settings.load_profile(name)
+    _active["name"] = name
+    _active["size"] = "large" if (on_gpu and name in ("gpu", "fuzz")) else "small"
+
+
+def name() -> str:
+    return _active["name"]
+
+
+def size() -> str:
+    return _active["size"]
+
+
+def control_settings(max_examples: int = 40) -> settings:
+    """Settings for negative controls: search without shrinking, stop at the first failure."""
+    return settings(settings(), max_examples=max_examples, phases=[Phase.explicit, Phase.generate],
+                    report_multiple_bugs=False, database=None, derandomize=True)
