@@ -1,9 +1,307 @@
-"""Placeholder: the Triton DSA kernels land here (issue 5)."""
+"""DSA sparse attention as Triton kernels for Hopper and the CPU interpreter (CONTRACT section 3).
+
+Public functions (CONTRACT section 1): ``dsa_sparse_attention_nope``, ``dsa_sparse_attention``
+and their ``_varlen`` forms. Shapes:
+
+- NoPE: q [T, H, D], kv [S, D] or [S, 1, D]; values are the kv rows (Dv = D).
+- RoPE: q_latent [T, H, Dl], q_rope [T, H, Dr], kv_latent [S, Dl] or [S, 1, Dl],
+  k_rope [S, Dr] or [S, 1, Dr]; values are the kv_latent rows (Dv = Dl).
+- indices [T, K] int32/int64 global key rows; slot s of row t is valid iff
+  0 <= indices[t, s] < S and s < topk_length[t] (when given). Duplicates count.
+- out [T, H, Dv] in the input dtype; lse [T, H] float32, natural log, -inf for an empty row.
+
+Every input may be a strided view (q_rope a channel slice of a wider buffer, key rows packed
+in one [S, 576] buffer); the kernels read through strides. Gradients flow through autograd:
+dq (dq_latent, dq_rope) and dkv (dkv_latent, dk_rope) accumulated in fp32, dq deterministic.
+The varlen forms run :func:`fast.index.offset_gather_kv_indices` (one launch, no host sync)
+and then the global kernel with the returned lengths.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .index import offset_gather_kv_indices
+from .kernels.dsa_bwd import dsa_bwd_kernel
+from .kernels.dsa_fwd import dsa_fwd_kernel
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+_ONE_TILE_MAX = 512  # widest latent kept as one register tile (Dl = 512 production path)
+_LOG2E = 1.4426950408889634
 
 
-def _todo(*args, **kwargs):
-    raise NotImplementedError("fast DSA not implemented yet")
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes of one launch; ``block_dv`` is the latent chunk a program owns."""
+    block_h: int
+    block_k: int
+    block_d: int
+    block_dv: int
+    num_warps: int
+    num_stages: int
+
+    def one_tile(self, dl):
+        return self.block_dv >= dl and self.block_d >= dl
 
 
-dsa_sparse_attention_nope = dsa_sparse_attention = _todo
-dsa_sparse_attention_nope_varlen = dsa_sparse_attention_varlen = _todo
+def _pow2(n, lo=16):
+    return max(lo, triton.next_power_of_2(max(int(n), 1)))
+
+
+def default_config(h, dl, *, backward, device_type):
+    """Tile sizes for H heads and latent width dl (the benchmark may pass others)."""
+    block_h = min(64, _pow2(h))
+    latent = _pow2(dl)
+    if latent <= _ONE_TILE_MAX:
+        block_d = block_dv = latent
+    else:
+        block_d, block_dv = 64, 256
+    if device_type != "cuda":
+        return KernelConfig(block_h, 16, block_d, block_dv, 4, 1)
+    if backward:
+        return KernelConfig(block_h, 32, block_d, block_dv, 8, 1)
+    return KernelConfig(block_h, 64, block_d, block_dv, 8, 1)
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _check_float(name, x, ndims):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise NotImplementedError(f"{name}: dtype {x.dtype} is not supported by fast DSA "
+                                  f"(float16, bfloat16, float32)")
+    if x.dim() not in ndims:
+        raise ValueError(f"{name} must have {' or '.join(map(str, ndims))} dimensions, "
+                         f"got shape {tuple(x.shape)}")
+
+
+def _as_key_rows(name, x):
+    """[S, D] or [S, 1, D] -> [S, D] view."""
+    _check_float(name, x, (2, 3))
+    if x.dim() == 3:
+        if x.shape[1] != 1:
+            raise ValueError(f"{name} of rank 3 must be [S, 1, D] (one kv head), "
+                             f"got shape {tuple(x.shape)}")
+        x = x[:, 0]
+    return x
+
+
+def _check_indices(name, x, T, ndim):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64, got {x.dtype}")
+    if x.dim() != ndim or x.shape[0] != T:
+        want = f"[{T}, K]" if ndim == 2 else f"[{T}]"
+        raise ValueError(f"{name} must have shape {want}, got {tuple(x.shape)}")
+
+
+def _check_same(tensors, attr):
+    first_name, first = tensors[0]
+    for name, x in tensors[1:]:
+        if getattr(x, attr) != getattr(first, attr):
+            err = TypeError if attr == "dtype" else ValueError
+            raise err(f"{name} has {attr} {getattr(x, attr)}, {first_name} has "
+                      f"{getattr(first, attr)}")
+
+
+def _validate(q, q_rope, kv, k_rope, indices, topk_length, softmax_scale):
+    """Checks inputs; returns (kv [S, Dl] view, k_rope [S, Dr] view or None)."""
+    q_name = "q_latent" if q_rope is not None else "q"
+    kv_name = "kv_latent" if q_rope is not None else "kv"
+    _check_float(q_name, q, (3,))
+    kv = _as_key_rows(kv_name, kv)
+    floats = [(q_name, q), (kv_name, kv)]
+    T, H, DL = q.shape
+    if kv.shape[1] != DL:
+        raise ValueError(f"{kv_name} head dim {kv.shape[1]} != {q_name} head dim {DL}")
+    if kv.shape[0] < 1:
+        raise ValueError(f"{kv_name} must hold at least one key row")
+    if q_rope is not None:
+        _check_float("q_rope", q_rope, (3,))
+        k_rope = _as_key_rows("k_rope", k_rope)
+        if tuple(q_rope.shape[:2]) != (T, H):
+            raise ValueError(f"q_rope must be [{T}, {H}, Dr], got {tuple(q_rope.shape)}")
+        if k_rope.shape != (kv.shape[0], q_rope.shape[2]):
+            raise ValueError(f"k_rope must be [{kv.shape[0]}, {q_rope.shape[2]}], "
+                             f"got {tuple(k_rope.shape)}")
+        floats += [("q_rope", q_rope), ("k_rope", k_rope)]
+    _check_same(floats, "dtype")
+    _check_indices("indices", indices, T, 2)
+    tensors = floats + [("indices", indices)]
+    if topk_length is not None:
+        _check_indices("topk_length", topk_length, T, 1)
+        tensors.append(("topk_length", topk_length))
+    _check_same(tensors, "device")
+    if softmax_scale is not None and not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale must be a number or None, got {type(softmax_scale).__name__}")
+    return kv, k_rope
+
+
+# ----------------------------------------------------------------------------- launches
+
+def _precision(dtype):
+    # fp32 inputs: true fp32 products, as the suite's reference does them
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _strides3(x):
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def _rope_args(q_rope, k_rope, q):
+    """Kernel args for the rope operands; NoPE passes q itself with width 0."""
+    if q_rope is None:
+        return q, q, 0, (0, 0, 0), (0, 0)
+    return q_rope, k_rope, q_rope.shape[2], _strides3(q_rope), (k_rope.stride(0), k_rope.stride(1))
+
+
+def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
+    T, H, DL = q.shape
+    out = torch.empty((T, H, DL), dtype=q.dtype, device=q.device)
+    lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
+    if T == 0 or H == 0:
+        return out, lse
+    cfg = config or default_config(H, DL, backward=False, device_type=q.device.type)
+    qr, kr, DR, sqr, skr = _rope_args(q_rope, k_rope, q)
+    grid = (T, triton.cdiv(H, cfg.block_h), triton.cdiv(DL, cfg.block_dv))
+    dsa_fwd_kernel[grid](
+        q, qr, kv, kr, indices, topk_length if topk_length is not None else indices, out, lse,
+        H, kv.shape[0], indices.shape[1], DL, DR,
+        *_strides3(q), *sqr, kv.stride(0), kv.stride(1), *skr,
+        indices.stride(0), indices.stride(1), *_strides3(out),
+        scale * _LOG2E,
+        HAS_ROPE=q_rope is not None, HAS_LEN=topk_length is not None,
+        ONE_TILE=cfg.one_tile(DL), BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
+        BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DV=min(cfg.block_dv, _pow2(DL)),
+        BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out, lse
+
+
+def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale, config=None):
+    """Returns (dq, dq_rope | None, dkv, dk_rope | None); dout is read through its strides."""
+    T, H, DL = q.shape
+    S = kv.shape[0]
+    qr, kr, DR, sqr, skr = _rope_args(q_rope, k_rope, q)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dkv_acc = torch.zeros((S, DL), dtype=torch.float32, device=q.device)
+    if q_rope is None:  # the kernel never touches the rope gradients; pass real buffers
+        dqr, dkr_acc = dq, dkv_acc
+    else:
+        dqr = torch.empty((T, H, DR), dtype=q.dtype, device=q.device)
+        dkr_acc = torch.zeros((S, DR), dtype=torch.float32, device=q.device)
+    if T > 0 and H > 0:
+        cfg = config or default_config(H, DL, backward=True, device_type=q.device.type)
+        grid = (T, triton.cdiv(H, cfg.block_h), triton.cdiv(DL, cfg.block_dv))
+        dsa_bwd_kernel[grid](
+            q, qr, kv, kr, indices, topk_length if topk_length is not None else indices,
+            out, dout, lse, dq, dqr, dkv_acc, dkr_acc,
+            H, S, indices.shape[1], DL, DR,
+            *_strides3(q), *sqr, kv.stride(0), kv.stride(1), *skr,
+            indices.stride(0), indices.stride(1), *_strides3(out), *_strides3(dout),
+            scale, scale * _LOG2E,
+            HAS_ROPE=q_rope is not None, HAS_LEN=topk_length is not None,
+            ONE_TILE=cfg.one_tile(DL), BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
+            BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DC=min(cfg.block_dv, _pow2(DL)),
+            BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    else:
+        dq.zero_()
+    dkv = dkv_acc.to(q.dtype)
+    if q_rope is None:
+        return dq, None, dkv, None
+    return dq, dqr, dkv, dkr_acc.to(q.dtype)
+
+
+class _DsaFunction(torch.autograd.Function):
+    """Autograd wrapper; k_rope/q_rope are None for NoPE."""
+
+    @staticmethod
+    def forward(ctx, q, q_rope, kv, k_rope, indices, topk_length, scale):
+        out, lse = _forward(q, q_rope, kv, k_rope, indices, topk_length, scale)
+        ctx.save_for_backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse)
+        ctx.scale = scale
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, q_rope, kv, k_rope, indices, topk_length, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dqr, dkv, dkr = _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse,
+                                      dout, ctx.scale)
+        return dq, dqr, dkv, dkr, None, None, None
+
+
+def _default_scale(softmax_scale, width):
+    return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(width)
+
+
+def dsa_sparse_attention_nope(q, kv, indices, *, topk_length=None, softmax_scale=None,
+                              return_lse=False):
+    """NoPE DSA: q [T, H, D], kv [S, D] or [S, 1, D], indices [T, K] -> out [T, H, D] (+ lse).
+
+    Scores scale * q . kv[idx] (scale default 1/sqrt(D)); values kv[idx].
+    """
+    kv_rows, _ = _validate(q, None, kv, None, indices, topk_length, softmax_scale)
+    scale = _default_scale(softmax_scale, q.shape[2])
+    out, lse = _DsaFunction.apply(q, None, kv_rows, None, indices, topk_length, scale)
+    return (out, lse) if return_lse else out
+
+
+def dsa_sparse_attention(q_latent, q_rope, kv_latent, k_rope, indices, *, topk_length=None,
+                         softmax_scale=None, return_lse=False):
+    """RoPE DSA: q_latent [T, H, Dl], q_rope [T, H, Dr], kv_latent [S, Dl], k_rope [S, Dr].
+
+    Scores scale * (q_latent . kv_latent[idx] + q_rope . k_rope[idx]) (scale default
+    1/sqrt(Dl + Dr)); values kv_latent[idx]; out [T, H, Dl] (+ lse [T, H] fp32).
+    """
+    if q_rope is None or k_rope is None:
+        raise ValueError("q_rope and k_rope are required (use dsa_sparse_attention_nope)")
+    kv_rows, kr_rows = _validate(q_latent, q_rope, kv_latent, k_rope, indices, topk_length,
+                                 softmax_scale)
+    scale = _default_scale(softmax_scale, q_latent.shape[2] + q_rope.shape[2])
+    out, lse = _DsaFunction.apply(q_latent, q_rope, kv_rows, kr_rows, indices, topk_length, scale)
+    return (out, lse) if return_lse else out
+
+
+def _global_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal, topk_length):
+    # compaction pays off whenever rows have holes; lengths then stop the slot loop early
+    return offset_gather_kv_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal=causal,
+                                    return_topk_length=True, compact=True, topk_length=topk_length)
+
+
+def dsa_sparse_attention_nope_varlen(q, kv, gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
+                                     max_seqlen_q=None, max_seqlen_k=None, *, causal=False,
+                                     topk_length=None, softmax_scale=None, return_lse=False):
+    """Varlen NoPE DSA: per-document local indices (CONTRACT section 4), then the global kernel.
+
+    max_seqlen_q / max_seqlen_k are accepted for signature compatibility and not needed.
+    """
+    rows, lengths = _global_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal,
+                                    topk_length)
+    return dsa_sparse_attention_nope(q, kv, rows, topk_length=lengths,
+                                     softmax_scale=softmax_scale, return_lse=return_lse)
+
+
+def dsa_sparse_attention_varlen(q_latent, q_rope, kv_latent, k_rope, gather_kv_indices,
+                                cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
+                                *, causal=False, topk_length=None, softmax_scale=None,
+                                return_lse=False):
+    """Varlen RoPE DSA: per-document local indices (CONTRACT section 4), then the global kernel.
+
+    max_seqlen_q / max_seqlen_k are accepted for signature compatibility and not needed.
+    """
+    rows, lengths = _global_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal,
+                                    topk_length)
+    return dsa_sparse_attention(q_latent, q_rope, kv_latent, k_rope, rows, topk_length=lengths,
+                                softmax_scale=softmax_scale, return_lse=return_lse)

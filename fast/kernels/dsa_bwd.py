@@ -1,0 +1,126 @@
+"""DSA sparse-attention backward kernel (gather semantics, CONTRACT section 3).
+
+Program (t, head block, latent chunk): one query token, BLOCK_H of its heads, and the
+latent channels [c0, c0 + BLOCK_DC) whose gradients it owns. Per slot block it recomputes
+P = exp(scale * s - lse) from the saved lse, dP = dO . V^T and dS = P * (dP - Delta) * scale,
+with Delta = rowsum(dO * O) computed here (dout is read in place through its strides, never
+copied). Then
+
+- dq chunk += dS . K (registers, fp32; one program owns a dq row chunk, so dq is
+  bitwise deterministic),
+- dkv rows  += dS^T . Q + P^T . dO  (fp32 atomics into a [S, DL] buffer; a duplicate
+  slot adds twice, an invalid slot adds nothing),
+- with RoPE, chunk 0 also owns dq_rope and dk_rope.
+
+ONE_TILE: the chunk is the whole latent width, so one gathered tile serves scores, dP,
+dq and dkv (the production path). Otherwise scores and dP are accumulated over BLOCK_D
+chunks and the owned chunk is gathered again.
+"""
+import triton
+import triton.language as tl
+
+from .dsa_common import gather_rows, load_heads, row_slot_count, slot_block
+
+
+@triton.jit
+def _row_delta(out_ptr, o_off, stride_oh, stride_od, do_ptr, do_off, stride_doh, stride_dod,
+               offs_h, H, DL, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Delta[h] = sum_d dO[h, d] * O[h, d] in fp32."""
+    delta = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for d0 in range(0, DL, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        o = load_heads(out_ptr, o_off, offs_h, stride_oh, H, offs_d, stride_od, DL)
+        do = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_d, stride_dod, DL)
+        delta += tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    return delta
+
+
+@triton.jit
+def _chunked_scores_and_dp(q_ptr, q_off, stride_qh, stride_qd, do_ptr, do_off, stride_doh,
+                           stride_dod, offs_h, H, kv_ptr, rows, stride_kvs, stride_kvd, valid, DL,
+                           BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+                           PRECISION: tl.constexpr):
+    """(q . k, dO . v) over the latent width in BLOCK_D chunks (values are the latent rows)."""
+    s = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
+    dp = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
+    for d0 in range(0, DL, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        kc = tl.trans(gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_d, DL, valid))
+        qc = load_heads(q_ptr, q_off, offs_h, stride_qh, H, offs_d, stride_qd, DL)
+        s = tl.dot(qc, kc, s, input_precision=PRECISION)
+        doc = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_d, stride_dod, DL)
+        dp = tl.dot(doc.to(kc.dtype), kc, dp, input_precision=PRECISION)
+    return s, dp
+
+
+@triton.jit
+def dsa_bwd_kernel(
+    q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, len_ptr, out_ptr, do_ptr, lse_ptr,
+    dq_ptr, dqr_ptr, dkv_ptr, dkr_ptr,
+    H, S, K, DL, DR,
+    stride_qt, stride_qh, stride_qd, stride_qrt, stride_qrh, stride_qrd,
+    stride_kvs, stride_kvd, stride_krs, stride_krd, stride_it, stride_ik,
+    stride_ot, stride_oh, stride_od, stride_dot, stride_doh, stride_dod,
+    scale, scale_log2,
+    HAS_ROPE: tl.constexpr, HAS_LEN: tl.constexpr, ONE_TILE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DC: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    cb = tl.program_id(2)
+    offs_c = cb * BLOCK_DC + tl.arange(0, BLOCK_DC)
+    offs_r = tl.arange(0, BLOCK_DR)
+    n_slots = row_slot_count(len_ptr, t, K, HAS_LEN)
+    q_off = t * stride_qt
+    do_off = t * stride_dot
+
+    lse = tl.load(lse_ptr + t * H + offs_h, mask=offs_h < H, other=float("inf"))
+    # an empty row (lse = -inf) and padding heads get P = exp2(s - inf) = 0
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    delta = _row_delta(out_ptr, t * stride_ot, stride_oh, stride_od, do_ptr, do_off, stride_doh,
+                       stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D)
+
+    q = load_heads(q_ptr, q_off, offs_h, stride_qh, H, offs_c, stride_qd, DL)
+    do = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_c, stride_dod, DL).to(q.dtype)
+    if HAS_ROPE:
+        qr = load_heads(qr_ptr, t * stride_qrt, offs_h, stride_qrh, H, offs_r, stride_qrd, DR)
+    dq = tl.zeros([BLOCK_H, BLOCK_DC], dtype=tl.float32)
+    dqr = tl.zeros([BLOCK_H, BLOCK_DR], dtype=tl.float32)
+    c_mask = offs_c[None, :] < DL
+    r_mask = (offs_r[None, :] < DR) & ((offs_r[None, :] * 0 + cb) == 0)  # chunk 0 owns rope
+    for start in range(0, n_slots, BLOCK_K):
+        offs_k = start + tl.arange(0, BLOCK_K)
+        valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S)
+        kc = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_c, DL, valid)
+        if ONE_TILE:
+            s = tl.dot(q, tl.trans(kc), input_precision=PRECISION)
+            dp = tl.dot(do, tl.trans(kc), input_precision=PRECISION)
+        else:
+            s, dp = _chunked_scores_and_dp(q_ptr, q_off, stride_qh, stride_qd, do_ptr, do_off,
+                                           stride_doh, stride_dod, offs_h, H, kv_ptr, rows,
+                                           stride_kvs, stride_kvd, valid, DL, BLOCK_H, BLOCK_K,
+                                           BLOCK_D, PRECISION)
+        if HAS_ROPE:
+            kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
+            s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
+        p = tl.exp2(s * scale_log2 - lse2[:, None])
+        p = tl.where(valid[None, :], p, 0.0)
+        ds = (p * (dp - delta[:, None]) * scale).to(kc.dtype)
+        dq = tl.dot(ds, kc, dq, input_precision=PRECISION)
+        dkv = tl.dot(tl.trans(ds), q, input_precision=PRECISION)
+        dkv = tl.dot(tl.trans(p.to(kc.dtype)), do, dkv, input_precision=PRECISION)
+        tl.atomic_add(dkv_ptr + rows[:, None] * DL + offs_c[None, :], dkv,
+                      mask=valid[:, None] & c_mask, sem="relaxed")
+        if HAS_ROPE:
+            dqr = tl.dot(ds, kr, dqr, input_precision=PRECISION)
+            dkr = tl.dot(tl.trans(ds), qr, input_precision=PRECISION)
+            tl.atomic_add(dkr_ptr + rows[:, None] * DR + offs_r[None, :], dkr,
+                          mask=valid[:, None] & r_mask, sem="relaxed")
+
+    h_mask = offs_h[:, None] < H
+    tl.store(dq_ptr + t * H * DL + offs_h[:, None] * DL + offs_c[None, :],
+             dq.to(dq_ptr.dtype.element_ty), mask=h_mask & c_mask)
+    if HAS_ROPE:
+        tl.store(dqr_ptr + t * H * DR + offs_h[:, None] * DR + offs_r[None, :],
+                 dqr.to(dqr_ptr.dtype.element_ty), mask=h_mask & r_mask)

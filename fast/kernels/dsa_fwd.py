@@ -1,0 +1,90 @@
+"""DSA sparse-attention forward kernel (gather semantics, CONTRACT section 3).
+
+Program (t, head block, value block): one query token, BLOCK_H of its heads, BLOCK_DV
+value channels. With ONE_TILE (the whole latent width in one tile, the production path)
+each gathered key row is loaded once and serves as K for the scores and as V for the
+output, for all heads of the block. Otherwise the scores are accumulated over BLOCK_D
+chunks of the latent width and the value chunk is gathered separately (any head dim).
+
+Online softmax in base 2 on fp32 scores; out = acc / l, lse = ln(sum exp) (natural log),
+an empty row gives out 0 and lse -inf. The slot loop stops at the row's slot count, so
+rows compacted with ``topk_length`` skip their tail of holes.
+"""
+import triton
+import triton.language as tl
+
+from .dsa_common import gather_rows, load_heads, row_slot_count, slot_block
+
+@triton.jit
+def _chunked_scores(q_ptr, q_off, offs_h, stride_qh, stride_qd, H, kv_ptr, rows, stride_kvs,
+                    stride_kvd, valid, DL, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+                    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """q . k over the latent width in BLOCK_D chunks: [BLOCK_H, BLOCK_K] fp32."""
+    s = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
+    for d0 in range(0, DL, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        qc = load_heads(q_ptr, q_off, offs_h, stride_qh, H, offs_d, stride_qd, DL)
+        kc = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_d, DL, valid)
+        s = tl.dot(qc, tl.trans(kc), s, input_precision=PRECISION)
+    return s
+
+
+@triton.jit
+def dsa_fwd_kernel(
+    q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, len_ptr, out_ptr, lse_ptr,
+    H, S, K, DL, DR,
+    stride_qt, stride_qh, stride_qd, stride_qrt, stride_qrh, stride_qrd,
+    stride_kvs, stride_kvd, stride_krs, stride_krd, stride_it, stride_ik,
+    stride_ot, stride_oh, stride_od,
+    scale_log2,
+    HAS_ROPE: tl.constexpr, HAS_LEN: tl.constexpr, ONE_TILE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    vb = tl.program_id(2)
+    offs_v = vb * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    offs_r = tl.arange(0, BLOCK_DR)
+    n_slots = row_slot_count(len_ptr, t, K, HAS_LEN)
+
+    if ONE_TILE:
+        q = load_heads(q_ptr, t * stride_qt, offs_h, stride_qh, H, offs_v, stride_qd, DL)
+    if HAS_ROPE:
+        qr = load_heads(qr_ptr, t * stride_qrt, offs_h, stride_qrh, H, offs_r, stride_qrd, DR)
+
+    m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    for start in range(0, n_slots, BLOCK_K):
+        offs_k = start + tl.arange(0, BLOCK_K)
+        valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S)
+        if ONE_TILE:
+            v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
+            s = tl.dot(q, tl.trans(v), input_precision=PRECISION)
+        else:
+            s = _chunked_scores(q_ptr, t * stride_qt, offs_h, stride_qh, stride_qd, H, kv_ptr,
+                                rows, stride_kvs, stride_kvd, valid, DL, BLOCK_H, BLOCK_K,
+                                BLOCK_D, PRECISION)
+            v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
+        if HAS_ROPE:
+            kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
+            s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
+        s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        # a row with no valid slot yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_shift[:, None])
+        alpha = tl.exp2(m - m_shift)
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        m = m_new
+
+    nonempty = l > 0
+    l_safe = tl.where(nonempty, l, 1.0)
+    out = acc / l_safe[:, None]
+    o_ptrs = out_ptr + t * stride_ot + offs_h[:, None] * stride_oh + offs_v[None, :] * stride_od
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty),
+             mask=(offs_h[:, None] < H) & (offs_v[None, :] < DL))
+    lse = tl.where(nonempty, (m + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    tl.store(lse_ptr + t * H + offs_h, lse, mask=(offs_h < H) & ((offs_h * 0 + vb) == 0))
