@@ -23,6 +23,21 @@ def _check_index_tensor(name, x, ndim):
         raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(x.shape)}")
 
 
+def _needs_scratch(out, idx, compact, K):
+    """True when the kernel cannot write its result straight into ``out``.
+
+    In place is safe when out is exactly idx (same start and strides): each program reads
+    its whole row before writing it, except multi-block compaction, which scatters into
+    blocks it has not read yet. Any other overlap goes through a scratch buffer.
+    """
+    if out is None:
+        return True
+    if out.untyped_storage().data_ptr() != idx.untyped_storage().data_ptr():
+        return False
+    same_view = out.data_ptr() == idx.data_ptr() and out.stride() == idx.stride()
+    return not same_view or (compact and K > _MAX_BLOCK_K)
+
+
 def _check_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, out):
     _check_index_tensor("gather_kv_indices", gather_kv_indices, 2)
     _check_index_tensor("cu_seqlens_q", cu_seqlens_q, 1)
@@ -41,7 +56,10 @@ def _check_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, ou
             raise ValueError(f"topk_length must have shape ({T},), got {tuple(topk_length.shape)}")
         named.append(("topk_length", topk_length))
     if out is not None:
-        _check_index_tensor("out", out, 2)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if out.dtype != torch.int32:
+            raise TypeError(f"out must be int32, got {out.dtype}")
         if tuple(out.shape) != (T, K):
             raise ValueError(f"out must have shape {(T, K)}, got {tuple(out.shape)}")
         named.append(("out", out))
@@ -59,34 +77,39 @@ def offset_gather_kv_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, c
     topk_length: optional [T] int; slots s >= topk_length[t] are invalid (cut first).
     causal: a local index j is valid only if j <= the token's key position.
     compact: move valid rows to the front in slot order (stable); the rest is -1.
-    out: optional [T, K] int32/int64 tensor written in place and returned.
+    out: optional [T, K] int32 tensor written in place and returned; it may alias
+    gather_kv_indices.
 
-    Returns out ([T, K], dtype of ``out`` or of ``gather_kv_indices``), and with
+    Returns int32 rows [T, K] (``out`` when given), and with
     ``return_topk_length`` also lengths [T] int32: the count of valid slots when compact,
     else the last valid slot + 1 (0 for an empty row).
     """
     _check_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, out)
     T, K = gather_kv_indices.shape
     device = gather_kv_indices.device
-    if out is None:
-        out = torch.empty((T, K), dtype=gather_kv_indices.dtype, device=device)
+    result = out
+    if _needs_scratch(out, gather_kv_indices, compact, K):
+        result = torch.empty((T, K), dtype=torch.int32, device=device)
     lengths = torch.empty((T,), dtype=torch.int32, device=device)
     n_docs = cu_seqlens_q.numel() - 1
     if T > 0 and K > 0 and n_docs > 0:
         block_k = min(triton.next_power_of_2(K), _MAX_BLOCK_K)
         offset_gather_kernel[(T,)](
             gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
-            topk_length if topk_length is not None else lengths, out, lengths,
+            topk_length if topk_length is not None else lengths, result, lengths,
             K, n_docs,
-            gather_kv_indices.stride(0), gather_kv_indices.stride(1), out.stride(0), out.stride(1),
+            gather_kv_indices.stride(0), gather_kv_indices.stride(1), result.stride(0), result.stride(1),
             CAUSAL=bool(causal), COMPACT=bool(compact), HAS_TOPK_LEN=topk_length is not None,
             SEARCH_STEPS=max(n_docs - 1, 0).bit_length(), BLOCK_K=block_k,
             SINGLE_BLOCK=K <= block_k, num_warps=4 if block_k <= 1024 else 8,
         )
     else:
         # no slot or no document: every slot is a hole
-        out.fill_(-1)
+        result.fill_(-1)
         lengths.zero_()
+    if out is not None and result is not out:
+        out.copy_(result)
+        result = out
     if return_topk_length:
-        return out, lengths
-    return out
+        return result, lengths
+    return result

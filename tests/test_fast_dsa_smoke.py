@@ -267,6 +267,7 @@ def test_offset_gather_matches_naive(causal, compact, K):
             topk_length=None if tl_ is None else tl_.to(DEVICE), out=out, return_topk_length=True)
         ref, ref_len = naive_offset(idx, cuq, cuk, causal, compact, tl_)
         assert res is out
+        assert res.dtype == torch.int32
         assert torch.equal(res.cpu().long(), ref) and torch.equal(lengths.cpu(), ref_len)
 
 
@@ -283,3 +284,16 @@ def test_varlen_equals_offset_then_global():
     rows = offset_gather_kv_indices(local, cuq, cuk, causal=True)
     want = fdsa.dsa_sparse_attention_nope(q, kv, rows, softmax_scale=0.3)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("K", [6, 4100])
+def test_offset_gather_in_place(K):
+    g = torch.Generator().manual_seed(11)
+    cuq = torch.tensor([0, 4, 9], dtype=torch.int32, device=DEVICE)
+    cuk = torch.tensor([0, 6, 12], dtype=torch.int32, device=DEVICE)
+    idx = torch.randint(-1, 7, (9, K), generator=g, dtype=torch.int32).to(DEVICE)
+    for compact in [False, True]:
+        want = offset_gather_kv_indices(idx, cuq, cuk, causal=True, compact=compact)
+        buf = idx.clone()
+        got = offset_gather_kv_indices(buf, cuq, cuk, causal=True, compact=compact, out=buf)
+        assert got is buf and torch.equal(got, want)
