@@ -130,8 +130,6 @@ def _check_shapes(query, key, value, enable_gqa):
     except RuntimeError as exc:
         raise ValueError(f"head dims of query/key/value ({hq}, {hk}, {hv}) do not match; "
                          f"pass enable_gqa=True for grouped-query attention") from exc
-    if hq != h:
-        raise ValueError(f"query heads {hq} must equal key/value heads {h} unless enable_gqa=True")
     return batch, h, h
 
 
