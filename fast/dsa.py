@@ -65,6 +65,19 @@ def default_config(h, dl, *, backward, device_type):
     return KernelConfig(block_h, 64, block_d, block_dv, 8, 1)
 
 
+_OVERRIDES = {"forward": None, "backward": None}
+
+
+def set_configs(*, forward=None, backward=None):
+    """Replaces the default tile configs of later launches (None restores the default)."""
+    _OVERRIDES["forward"], _OVERRIDES["backward"] = forward, backward
+
+
+def _config(kind, h, dl, device_type):
+    return _OVERRIDES[kind] or default_config(h, dl, backward=kind == "backward",
+                                              device_type=device_type)
+
+
 # ----------------------------------------------------------------------------- validation
 
 def _check_float(name, x, ndims):
@@ -167,7 +180,7 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
     lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
     if T == 0 or H == 0:
         return out, lse
-    cfg = config or default_config(H, DL, backward=False, device_type=q.device.type)
+    cfg = config or _config("forward", H, DL, q.device.type)
     qr, kr, DR, sqr, skr = _rope_args(q_rope, k_rope, q)
     grid = (T, triton.cdiv(H, cfg.block_h), triton.cdiv(DL, cfg.block_dv))
     dsa_fwd_kernel[grid](
@@ -198,7 +211,7 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
         dqr = torch.empty((T, H, DR), dtype=q.dtype, device=q.device)
         dkr_acc = torch.zeros((S, DR), dtype=torch.float32, device=q.device)
     if T > 0 and H > 0:
-        cfg = config or default_config(H, DL, backward=True, device_type=q.device.type)
+        cfg = config or _config("backward", H, DL, q.device.type)
         grid = (T, triton.cdiv(H, cfg.block_h), triton.cdiv(DL, cfg.block_dv))
         dsa_bwd_kernel[grid](
             q, qr, kv, kr, indices, topk_length if topk_length is not None else indices,

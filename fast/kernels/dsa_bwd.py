@@ -104,8 +104,7 @@ def dsa_bwd_kernel(
         if HAS_ROPE:
             kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
             s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
-        p = tl.exp2(s * scale_log2 - lse2[:, None])
-        p = tl.where(valid[None, :], p, 0.0)
+        p = tl.exp2(tl.where(valid[None, :], s * scale_log2, float("-inf")) - lse2[:, None])
         ds = (p * (dp - delta[:, None]) * scale).to(kc.dtype)
         dq = tl.dot(ds, kc, dq, input_precision=PRECISION)
         dkv = tl.dot(tl.trans(ds), q, input_precision=PRECISION)

@@ -1,0 +1,346 @@
+"""Benchmark of the Triton DSA kernels (fast/dsa.py, fast/index.py) on one GPU.
+
+    python -m benchmarks.dsa [--quick] [--out out/bench_dsa.json]
+
+Everything is measured in one run, side by side: H=64, latent 512 + rope 64, value 512,
+top-k 2048, bf16, trainer layouts (q_rope the 192:256 slice of a [T, 64, 256] buffer, key
+rows packed in one [S, 576] buffer, head-major dout).
+
+- tile configurations tried on doc_4096; the fastest forward and backward are used after;
+- forward / backward / step TFLOP/s on doc_4096, doc_16384 (one causal document each) and
+  packed_glm_a (FACTS.md); FLOPs count valid slots only: forward 2*H*(Dqk+Dv), backward
+  2*H*(3*Dqk+2*Dv) per valid slot;
+- a hole sweep (0, 50, 75.8, 100 % holes) with compaction on and off;
+- a plain PyTorch gather baseline (bf16 matmuls, fp32 softmax, 512-query chunks);
+- index preparation against torch (stable sort + gather) and a device copy of the same bytes;
+- peak backward memory with a contiguous and a head-major dout.
+
+The JSON is rewritten after every section, so a run cut short keeps what it measured.
+"""
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+
+import fast.dsa as fdsa
+from fast.index import offset_gather_kv_indices
+
+H, DL, DR, TOPK = 64, 512, 64, 2048
+DQK, DV = DL + DR, DL
+FWD_FLOP = 2 * H * (DQK + DV)
+BWD_FLOP = 2 * H * (3 * DQK + 2 * DV)
+SCALE = 1.0 / math.sqrt(DQK)
+DEVICE = "cuda"  # a CPU dry run of the logic may set "cpu"
+PACKED_GLM_A = ([0, 1777, 3532, 5655, 7765, 9888, 11998, 14121, 16231],
+                [0, 1777, 58619, 60742, 128665, 130788, 198711, 200834, 268757])
+
+
+# ----------------------------------------------------------------------------- timing
+
+def bench_ms(fn, reps, warmup=1):
+    """Median milliseconds of fn() over reps runs (CUDA events)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    if DEVICE != "cuda":
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return sorted(times)[len(times) // 2]
+    for _ in range(reps):
+        start, end = (torch.cuda.Event(enable_timing=True),
+                      torch.cuda.Event(enable_timing=True))
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def tflops(flop, ms):
+    return flop / (ms * 1e-3) / 1e12 if ms > 0 else float("nan")
+
+
+# ----------------------------------------------------------------------------- problems
+
+def causal_local_indices(cu_q, cu_k, gen):
+    """Per-document local top-k: TOPK distinct random keys j <= pos, -1 where fewer exist."""
+    rows = []
+    for d in range(len(cu_q) - 1):
+        sq, sk = cu_q[d + 1] - cu_q[d], cu_k[d + 1] - cu_k[d]
+        if sq == 0:
+            continue
+        pos = torch.arange(sk - sq, sk, device=DEVICE)[:, None]
+        for c0 in range(0, sq, 2048):
+            p = pos[c0:c0 + 2048]
+            score = torch.rand(p.shape[0], sk, device=DEVICE, generator=gen)
+            score = score.masked_fill(torch.arange(sk, device=DEVICE)[None, :] > p, -1.0)
+            val, idx = score.topk(min(TOPK, sk), dim=1)
+            idx = torch.where(val >= 0, idx, -1).int()
+            if idx.shape[1] < TOPK:
+                idx = torch.cat([idx, idx.new_full((idx.shape[0], TOPK - idx.shape[1]), -1)], 1)
+            rows.append(idx)
+    return torch.cat(rows)
+
+
+def make_problem(name, cu_q, cu_k, gen, causal=True, local=None):
+    T, S = cu_q[-1], cu_k[-1]
+    qbuf = torch.randn(T, H, 4 * DR, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+    kvbuf = torch.randn(S, DQK, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+    dout = torch.randn(H, T, DV, device=DEVICE, dtype=torch.bfloat16, generator=gen).transpose(0, 1)
+    cu_q_t = torch.tensor(cu_q, dtype=torch.int32, device=DEVICE)
+    cu_k_t = torch.tensor(cu_k, dtype=torch.int32, device=DEVICE)
+    if local is None:
+        local = causal_local_indices(cu_q, cu_k, gen)
+    rows, lengths = offset_gather_kv_indices(local, cu_q_t, cu_k_t, causal=causal, compact=True,
+                                             return_topk_length=True)
+    return dict(name=name, T=T, S=S, causal=causal,
+                q_latent=torch.randn(T, H, DL, device=DEVICE, dtype=torch.bfloat16, generator=gen),
+                q_rope=qbuf[:, :, 3 * DR:4 * DR], kv_latent=kvbuf[:, :DL], k_rope=kvbuf[:, DL:DQK],
+                dout=dout, cu_q=cu_q_t, cu_k=cu_k_t, local=local, rows=rows, lengths=lengths,
+                valid=int(lengths.sum()))
+
+
+def leaves(p):
+    return [p[k].detach().requires_grad_(True) for k in ("q_latent", "q_rope", "kv_latent", "k_rope")]
+
+
+def fast_forward(p, xs, rows=None, lengths=None):
+    rows = p["rows"] if rows is None else rows
+    lengths = p["lengths"] if lengths is None else lengths
+    return fdsa.dsa_sparse_attention(*xs, rows, topk_length=lengths, softmax_scale=SCALE)
+
+
+def fast_varlen_forward(p, xs):
+    return fdsa.dsa_sparse_attention_varlen(*xs, p["local"], p["cu_q"], p["cu_k"],
+                                            causal=p["causal"], softmax_scale=SCALE)
+
+
+def measure_fast(p, reps):
+    """Forward, backward and step timings of the fast kernels on one problem."""
+    xs = leaves(p)
+    with torch.no_grad():
+        fwd = bench_ms(lambda: fast_forward(p, xs), reps)
+    out = fast_forward(p, xs)
+    bwd = bench_ms(lambda: torch.autograd.grad(out, xs, p["dout"], retain_graph=True), reps)
+    step = bench_ms(lambda: torch.autograd.grad(fast_varlen_forward(p, xs), xs, p["dout"]), reps)
+    v = p["valid"]
+    return dict(T=p["T"], S=p["S"], valid_slots=v, fwd_ms=fwd, bwd_ms=bwd, step_ms=step,
+                fwd_tflops=tflops(FWD_FLOP * v, fwd), bwd_tflops=tflops(BWD_FLOP * v, bwd),
+                step_tflops=tflops((FWD_FLOP + BWD_FLOP) * v, step))
+
+
+# ----------------------------------------------------------------------------- sections
+
+FWD_CANDIDATES = [fdsa.KernelConfig(64, 64, 512, 512, 8, 1), fdsa.KernelConfig(64, 64, 512, 512, 8, 2),
+                  fdsa.KernelConfig(64, 32, 512, 512, 8, 2), fdsa.KernelConfig(64, 64, 512, 512, 16, 1)]
+BWD_CANDIDATES = [fdsa.KernelConfig(64, 32, 512, 512, 8, 1), fdsa.KernelConfig(64, 16, 512, 512, 8, 1),
+                  fdsa.KernelConfig(64, 32, 512, 512, 16, 1), fdsa.KernelConfig(64, 32, 64, 256, 8, 1)]
+
+
+def sweep_configs(p, reps, quick):
+    """Times each candidate on p directly through the launchers; returns (table, best pair)."""
+    q, qr, kv, kr = (p[k] for k in ("q_latent", "q_rope", "kv_latent", "k_rope"))
+    table, best = {"forward": [], "backward": []}, {}
+    for cfg in FWD_CANDIDATES[:3] if quick else FWD_CANDIDATES:
+        try:
+            ms = bench_ms(lambda: fdsa._forward(q, qr, kv, kr, p["rows"], p["lengths"], SCALE, cfg), reps)
+            table["forward"].append(dict(config=cfg.__dict__, ms=ms, tflops=tflops(FWD_FLOP * p["valid"], ms)))
+        except Exception as e:  # a config that does not compile (shared memory) is reported
+            table["forward"].append(dict(config=cfg.__dict__, error=repr(e)[:300]))
+    out, lse = fdsa._forward(q, qr, kv, kr, p["rows"], p["lengths"], SCALE)
+    for cfg in BWD_CANDIDATES[:3] if quick else BWD_CANDIDATES:
+        try:
+            ms = bench_ms(lambda: fdsa._backward(q, qr, kv, kr, p["rows"], p["lengths"], out, lse,
+                                                 p["dout"], SCALE, cfg), reps)
+            table["backward"].append(dict(config=cfg.__dict__, ms=ms, tflops=tflops(BWD_FLOP * p["valid"], ms)))
+        except Exception as e:
+            table["backward"].append(dict(config=cfg.__dict__, error=repr(e)[:300]))
+    for kind in ("forward", "backward"):
+        ok = [r for r in table[kind] if "ms" in r]
+        if ok:
+            best[kind] = fdsa.KernelConfig(**min(ok, key=lambda r: r["ms"])["config"])
+    return table, best
+
+
+def hole_sweep(gen, reps, T=4096, S=8192):
+    """One non-causal document, T queries over S keys, every row TOPK distinct keys."""
+    full = torch.rand(T, S, device=DEVICE, generator=gen).topk(TOPK, dim=1).indices.int()
+    base = make_problem("holes", [0, T], [0, S], gen, causal=False, local=full)
+    xs = leaves(base)
+    results = []
+    for rate in (0.0, 0.5, 0.758, 1.0):
+        holes = torch.rand(T, TOPK, device=DEVICE, generator=gen) < rate
+        local = torch.where(holes, -1, full)
+        row = dict(hole_rate=rate)
+        for compact in (False, True):
+            rows, lengths = offset_gather_kv_indices(local, base["cu_q"], base["cu_k"],
+                                                     compact=compact, return_topk_length=True)
+            ms = bench_ms(lambda: torch.autograd.grad(fast_forward(base, xs, rows, lengths), xs,
+                                                      base["dout"]), reps)
+            row["step_ms_compact" if compact else "step_ms_holey"] = ms
+        results.append(row)
+    zero = results[0]["step_ms_holey"]
+    for r in results:
+        r["compact_over_0pct"] = r["step_ms_compact"] / zero
+        r["holey_over_0pct"] = r["step_ms_holey"] / zero
+    return results
+
+
+def torch_gather_attention(p, xs, chunk=512):
+    """Plain PyTorch baseline: gather, bf16 matmuls, fp32 softmax, 512 queries at a time."""
+    q, qr, kv, kr = xs
+    outs = []
+    for c0 in range(0, p["T"], chunk):
+        rows = p["rows"][c0:c0 + chunk]
+        valid = rows >= 0
+        r = rows.clamp_min(0).long()
+        keys = kv[r]
+        s = torch.einsum("chd,ckd->chk", q[c0:c0 + chunk], keys)
+        s = s + torch.einsum("chd,ckd->chk", qr[c0:c0 + chunk], kr[r])
+        s = (s.float() * SCALE).masked_fill(~valid[:, None, :], float("-inf"))
+        prob = torch.softmax(s, -1).nan_to_num(0.0)
+        outs.append(torch.einsum("chk,ckd->chd", prob.to(q.dtype), keys))
+    return torch.cat(outs)
+
+
+def baseline(p, reps, with_step):
+    xs = leaves(p)
+    with torch.no_grad():
+        fwd = bench_ms(lambda: torch_gather_attention(p, xs), reps)
+    row = dict(fwd_ms=fwd, fwd_tflops=tflops(FWD_FLOP * p["valid"], fwd))
+    if with_step:
+        torch.cuda.reset_peak_memory_stats()
+        step = bench_ms(lambda: torch.autograd.grad(torch_gather_attention(p, xs), xs, p["dout"]),
+                        1, warmup=0)
+        row.update(step_ms=step, step_tflops=tflops((FWD_FLOP + BWD_FLOP) * p["valid"], step),
+                   step_peak_gib=torch.cuda.max_memory_allocated() / 2**30)
+    return row
+
+
+def torch_offset_gather(local, cu_q, cu_k, causal):
+    """Index preparation in plain torch: validity, offsets, stable sort to compact, lengths."""
+    T, K = local.shape
+    tokens = torch.arange(T, device=local.device)
+    doc = torch.searchsorted(cu_q[1:].long(), tokens, right=True)
+    q0, k0 = cu_q.long()[doc], cu_k.long()[doc]
+    seqlen_k = cu_k.long()[doc + 1] - k0
+    pos = (seqlen_k - (cu_q.long()[doc + 1] - q0)) + (tokens - q0)
+    j = local.long()
+    valid = (j >= 0) & (j < seqlen_k[:, None])
+    if causal:
+        valid &= j <= pos[:, None]
+    rows = torch.where(valid, j + k0[:, None], -1)
+    order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
+    return torch.gather(rows, 1, order).int(), valid.sum(1).int()
+
+
+def index_prep(p, reps):
+    args = (p["local"], p["cu_q"], p["cu_k"])
+    fast_ms = bench_ms(lambda: offset_gather_kv_indices(*args, causal=True, compact=True,
+                                                        return_topk_length=True), reps)
+    torch_ms = bench_ms(lambda: torch_offset_gather(*args, True), reps)
+    src, dst = p["local"].clone(), torch.empty_like(p["local"])
+    copy_ms = bench_ms(lambda: dst.copy_(src), reps)
+    a = offset_gather_kv_indices(*args, causal=True, compact=True, return_topk_length=True)
+    b = torch_offset_gather(*args, True)
+    return dict(T=p["T"], K=TOPK, fast_us=fast_ms * 1e3, torch_sort_us=torch_ms * 1e3,
+                copy_us=copy_ms * 1e3, fast_over_copy=fast_ms / copy_ms,
+                torch_over_fast=torch_ms / fast_ms,
+                agrees_with_torch=bool(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])))
+
+
+def backward_memory(p):
+    """Peak memory of the backward above what is live before it, per dout layout."""
+    xs = leaves(p)
+    out = fast_forward(p, xs)
+    res = {}
+    for layout, dout in (("contiguous", p["dout"].contiguous()), ("head_major", p["dout"])):
+        torch.autograd.grad(out, xs, dout, retain_graph=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        grads = torch.autograd.grad(out, xs, dout, retain_graph=True)
+        torch.cuda.synchronize()
+        res[layout + "_extra_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+        del grads
+    res["dout_mib"] = p["dout"].numel() * 2 / 2**20
+    res["head_major_minus_contiguous_mib"] = res["head_major_extra_mib"] - res["contiguous_extra_mib"]
+    return res
+
+
+# ----------------------------------------------------------------------------- driver
+
+def print_table(results):
+    print(f"\n{'problem':14s} {'valid':>10s} {'fwd ms':>8s} {'TF/s':>6s} {'bwd ms':>8s} {'TF/s':>6s} "
+          f"{'step ms':>8s} {'TF/s':>6s}")
+    for name, r in results.get("fast", {}).items():
+        print(f"{name:14s} {r['valid_slots']:10d} {r['fwd_ms']:8.3f} {r['fwd_tflops']:6.1f} "
+              f"{r['bwd_ms']:8.3f} {r['bwd_tflops']:6.1f} {r['step_ms']:8.3f} {r['step_tflops']:6.1f}")
+    for name, r in results.get("torch_gather_baseline", {}).items():
+        print(f"torch {name:8s} fwd {r['fwd_ms']:.2f} ms ({r['fwd_tflops']:.1f} TF/s)"
+              + (f", step {r['step_ms']:.1f} ms ({r['step_tflops']:.2f} TF/s)" if "step_ms" in r else ""))
+    for r in results.get("hole_sweep", []):
+        print(f"holes {100 * r['hole_rate']:5.1f}%: holey {r['step_ms_holey']:.3f} ms, compact "
+              f"{r['step_ms_compact']:.3f} ms ({r['compact_over_0pct']:.2f}x of 0%)")
+    for r in results.get("index_prep", []):
+        print(f"index T={r['T']}: fast {r['fast_us']:.1f} us, copy {r['copy_us']:.1f} us "
+              f"({r['fast_over_copy']:.2f}x), torch {r['torch_sort_us']:.1f} us "
+              f"({r['torch_over_fast']:.1f}x slower)")
+    if "backward_memory" in results:
+        print("backward memory:", results["backward_memory"])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer reps and configs, a few minutes")
+    ap.add_argument("--out", default="out/bench_dsa.json")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.dsa needs a CUDA device")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    reps = 3 if args.quick else 10
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    results = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                   triton=__import__("triton").__version__, quick=args.quick,
+                   geometry=dict(H=H, Dl=DL, Dr=DR, Dv=DV, topk=TOPK, dtype="bfloat16"))
+
+    def save(section, value):
+        results[section] = value
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"[{time.strftime('%H:%M:%S')}] {section}: done", flush=True)
+
+    problems = {"doc_4096": make_problem("doc_4096", [0, 4096], [0, 4096], gen)}
+    table, best = sweep_configs(problems["doc_4096"], reps, args.quick)
+    save("config_sweep", table)
+    fdsa.set_configs(forward=best.get("forward"), backward=best.get("backward"))
+    save("chosen_configs", {k: v.__dict__ for k, v in best.items()})
+
+    fast_rows = {"doc_4096": measure_fast(problems["doc_4096"], reps)}
+    save("fast", fast_rows)
+    problems["doc_16384"] = make_problem("doc_16384", [0, 16384], [0, 16384], gen)
+    fast_rows["doc_16384"] = measure_fast(problems["doc_16384"], reps)
+    save("fast", fast_rows)
+    save("index_prep", [index_prep(problems["doc_16384"], reps)])
+    del problems["doc_16384"]
+    problems["packed_glm_a"] = make_problem("packed_glm_a", *PACKED_GLM_A, gen)
+    fast_rows["packed_glm_a"] = measure_fast(problems["packed_glm_a"], reps)
+    save("fast", fast_rows)
+    del problems["packed_glm_a"]
+
+    save("hole_sweep", hole_sweep(gen, reps))
+    save("backward_memory", backward_memory(problems["doc_4096"]))
+    save("index_prep", results["index_prep"] + [index_prep(problems["doc_4096"], reps)])
+    save("torch_gather_baseline", {"doc_4096": baseline(problems["doc_4096"], reps, with_step=True)})
+    print_table(results)
+
+
+if __name__ == "__main__":
+    main()
