@@ -490,3 +490,45 @@ def test_devices_must_match_checked_with_meta_tensors():
         dsa_sparse_attention(meta[0], meta[1], kv_latent, meta[3], idx.to("meta"))
     with pytest.raises(ValueError, match="topk_length"):
         dsa_sparse_attention(*meta, idx.to("meta"), topk_length=torch.zeros(6, dtype=torch.int32))
+
+
+PACKED_GLM_A_CU_Q = [0, 1777, 3532, 5655, 7765, 9888, 11998, 14121, 16231]
+PACKED_GLM_A_CU_K = [0, 1777, 58619, 60742, 128665, 130788, 198711, 200834, 268757]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_packed_glm_a_full_size_fits_budget():
+    """Gold forward + backward + magnitudes at the real geometry: <= 16 GiB extra, < 60 s."""
+    import time
+    from oracle.index import key_position
+
+    dev, GiB = "cuda", 2**30
+    cu_q = torch.tensor(PACKED_GLM_A_CU_Q, dtype=torch.int32, device=dev)
+    cu_k = torch.tensor(PACKED_GLM_A_CU_K, dtype=torch.int32, device=dev)
+    T, S, H, Dl, Dr, K = 16231, 268757, 64, 512, 64, 2048
+    g = torch.Generator(device=dev).manual_seed(0)
+    pos = key_position(cu_q, cu_k, T)
+    local = (torch.rand(T, K, device=dev, generator=g) * (pos[:, None] + 1)).long()
+    local = torch.where(torch.arange(K, device=dev)[None] <= pos[:, None], local, -1)
+    idx = offset_gather_kv_indices(local.to(torch.int32), cu_q, cu_k, causal=True)
+    del local, pos
+    q_rope = torch.randn(T, H, 256, device=dev, generator=g).to(torch.bfloat16)[:, :, 192:]
+    q_latent = torch.randn(T, H, Dl, device=dev, generator=g).to(torch.bfloat16)
+    keys = torch.randn(S, 576, device=dev, generator=g).to(torch.bfloat16)
+    dout = torch.randn(H, T, Dl, device=dev, generator=g).to(torch.bfloat16).transpose(0, 1)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    res = dsa_reference(q_latent, q_rope, keys[:, :Dl], keys[:, Dl:], idx, dout,
+                        softmax_scale=1 / 24)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    extra = (torch.cuda.max_memory_allocated() - base) / GiB
+    print(f"packed_glm_a gold fwd+bwd+magnitudes: {seconds:.2f} s, peak extra {extra:.2f} GiB")
+    assert extra <= 16, extra
+    assert seconds < 60, seconds
+    for key in ("out", "dq_latent", "dq_rope", "dkv_latent", "dk_rope"):
+        assert res[key].dtype == torch.float64 and bool(torch.isfinite(res[key]).all()), key
