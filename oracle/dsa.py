@@ -27,13 +27,13 @@ is always processed even if it alone exceeds the budget. Beyond that, memory hol
 (``(S + 1) x (Dl + Dr)`` in the compute dtype, plus the same again in float64 for magnitudes).
 Everything runs on the device of the inputs.
 
-Measured on one H200 (torch 2.11, ``out/helper_dsa/bench.py`` of the oracle session, and
-``test_packed_glm_a_full_size_fits_budget``): the full packed_glm_a geometry (T 16231,
-S 268757, H 64, Dl 512, Dr 64, top-k 2048, bf16 inputs) takes 2.7 s for the float64 gold
-forward + backward + magnitudes with the default 2 GiB budget, peak extra memory 11.6 GiB
-(9.6 GiB of float64 results, 2.0 GiB transient including 1.15 GiB of magnitude accumulators);
-the public bf16 autograd forward + backward takes 3.4 s with a 4.5 GiB peak. The per-chunk
-estimate is conservative: the measured chunk transient is about half of ``chunk_bytes``.
+Measured on one H200 (torch 2.11): the full packed_glm_a geometry (T 16231, S 268757, H 64,
+Dl 512, Dr 64, top-k 2048, bf16 inputs) takes 2.4-2.7 s for the float64 gold forward +
+backward + magnitudes with the default 2 GiB budget, peak extra memory 11.6 GiB (9.6 GiB of
+float64 results, 2.0 GiB transient including 1.15 GiB of magnitude accumulators); the public
+bf16 autograd forward + backward takes 3.4 s with a 4.5 GiB peak. The per-chunk estimate is
+conservative: the measured chunk transient is about half of ``chunk_bytes``. The gold figure
+is reproduced by ``tests/test_oracle_dsa.py::test_packed_glm_a_full_size_fits_budget``.
 """
 
 from __future__ import annotations
@@ -540,12 +540,12 @@ def dsa_sparse_attention(q_latent, q_rope, kv_latent, k_rope, indices, *, topk_l
 
 def _global_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal, topk_length,
                     key_rows: int, kv_name: str):
-    if isinstance(cu_seqlens_k, torch.Tensor) and cu_seqlens_k.numel() > 0:
-        total = int(cu_seqlens_k[-1])
-        if total > key_rows:
-            raise ValueError(f"cu_seqlens_k[-1] = {total} exceeds the {key_rows} rows of {kv_name}")
-    return offset_gather_kv_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
+    rows = offset_gather_kv_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
                                     causal=causal, topk_length=topk_length)
+    total = int(cu_seqlens_k[-1])
+    if total > key_rows:
+        raise ValueError(f"cu_seqlens_k[-1] = {total} exceeds the {key_rows} rows of {kv_name}")
+    return rows
 
 
 def _key_row_count(name: str, kv) -> int:
