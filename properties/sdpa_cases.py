@@ -5,8 +5,6 @@ mostly-constant tensors, useless for attention).
 """
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass
 
 import torch
@@ -150,12 +148,12 @@ def sdpa_cases(draw, dtypes, *, rank=None, empty_rows=None, layouts=True, dout_l
     )
 
 
-def as_rank4(case: SdpaCase) -> SdpaCase:
-    """The same data as a rank-3 case, with a leading batch dim of 1."""
-    return dataclasses.replace(case, batch=(1,) + tuple(case.batch))
-
-
-def flops_forward(case: SdpaCase) -> float:
-    b = math.prod(case.batch) if case.batch else 1
-    f = 2.0 * b * case.hq * case.L * case.S * (case.E + case.Ev)
-    return f / 2 if case.causal else f
+def strategy_for(check: str, dtypes):
+    """The cases each SDPA check is run on (shared by tests and negative controls)."""
+    if check == "strided_dout":
+        return sdpa_cases(dtypes, dout_layouts=("transposed", "sliced", "broadcast"))
+    if check == "rank3_equals_rank4":
+        return sdpa_cases(dtypes, rank=3)
+    if check == "fully_masked_rows":
+        return sdpa_cases(dtypes, empty_rows=True)
+    return sdpa_cases(dtypes)

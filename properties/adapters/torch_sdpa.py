@@ -20,6 +20,14 @@ BACKENDS = {
 }
 
 
+REFUSALS = ("No available kernel", "No viable backend")
+
+
+def refused(exc: RuntimeError) -> bool:
+    """PyTorch's own way of saying a forced backend cannot take this input."""
+    return any(r in str(exc) for r in REFUSALS)
+
+
 class TorchSDPA:
     """Namespace offering ``scaled_dot_product_attention`` through one backend (None: default)."""
 
@@ -42,7 +50,7 @@ class TorchSDPA:
                                                       dropout_p=dropout_p, is_causal=is_causal,
                                                       scale=scale, enable_gqa=enable_gqa)
         except RuntimeError as exc:
-            if "No available kernel" in str(exc):
+            if refused(exc):
                 raise NotImplementedError(f"torch {self.backend} backend refused: {exc}") from exc
             raise
 
