@@ -5,6 +5,14 @@ float64 and returns results in the input dtype, with backward passes written out
 The ``*_reference`` functions run the same math in any dtype and are what the suite uses
 for the gold (float64) and low-precision results of the agreement rule.
 """
+from .dsa import (
+    dsa_reference,
+    dsa_sparse_attention,
+    dsa_sparse_attention_nope,
+    dsa_sparse_attention_nope_varlen,
+    dsa_sparse_attention_varlen,
+)
+from .index import offset_gather_kv_indices
 from .sdpa import (
     scaled_dot_product_attention,
     scaled_dot_product_attention_with_lse,
@@ -15,4 +23,10 @@ __all__ = [
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_with_lse",
     "sdpa_reference",
+    "dsa_sparse_attention_nope",
+    "dsa_sparse_attention",
+    "dsa_sparse_attention_nope_varlen",
+    "dsa_sparse_attention_varlen",
+    "dsa_reference",
+    "offset_gather_kv_indices",
 ]
