@@ -2,12 +2,15 @@
 
 Runs the check once on the named implementation (built-in or ``package.module[:attr]``) and
 prints the verdict; exit status 1 on a mismatch. Also replays a regression-corpus file
-(``--file fixtures/regressions/X.json``).
+(``--file fixtures/regressions/X.json``), and ``--save NAME`` adds the case to that corpus
+(``fixtures/regressions/NAME.json``, plain JSON: never pickle), which ``tests/test_regressions.py``
+replays on every selected implementation from then on.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from . import registry
@@ -34,13 +37,44 @@ def replay(impl: str, check: str, case_dict: dict) -> int:
     return 0
 
 
+CORPUS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "regressions")
+
+
+def save(name: str, check: str, case_dict: dict, note: str = "") -> str:
+    """Write one corpus entry; the case is validated by rebuilding it first."""
+    load_case(case_dict)
+    registry.check(check)
+    os.makedirs(CORPUS, exist_ok=True)
+    path = os.path.join(CORPUS, f"{name}.json")
+    with open(path, "w") as f:
+        json.dump({"check": check, "note": note, "case": case_dict}, f, indent=2, sort_keys=True)
+        f.write("\n")
+    return path
+
+
+def corpus() -> list[tuple[str, dict]]:
+    """(name, entry) for every file of the regression corpus."""
+    if not os.path.isdir(CORPUS):
+        return []
+    out = []
+    for fname in sorted(os.listdir(CORPUS)):
+        if fname.endswith(".json"):
+            with open(os.path.join(CORPUS, fname)) as f:
+                out.append((fname[:-5], json.load(f)))
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--impl", default="oracle")
     p.add_argument("--check", help="AREA.CHECK, e.g. sdpa.forward_agreement")
     p.add_argument("--file", help="a regression-corpus JSON file (holds check and case)")
+    p.add_argument("--save", metavar="NAME", help="add the case to fixtures/regressions/NAME.json")
+    p.add_argument("--note", default="", help="with --save: what the case found")
     p.add_argument("case", nargs="?", help="the case JSON printed by a failure")
     a = p.parse_args(argv)
+    if a.save:
+        print(save(a.save, a.check, json.loads(a.case), a.note))
     if a.file:
         with open(a.file) as f:
             entry = json.load(f)

@@ -1,0 +1,27 @@
+"""The regression corpus: every case saved under fixtures/regressions/ is replayed on every
+selected implementation (``python -m properties.replay --save NAME`` adds one)."""
+import pytest
+
+from properties import registry
+from properties.case import load_case
+from properties.replay import corpus
+from properties.runner import run_check
+
+ENTRIES = corpus()
+
+
+@pytest.mark.parametrize("name,entry", ENTRIES, ids=[n for n, _ in ENTRIES])
+def test_regression(impl, name, entry):
+    check = registry.check(entry["check"])
+    function = {"sdpa": "scaled_dot_product_attention"}.get(entry["case"]["area"])
+    fn = getattr(check, "FUNCTION", None) or function
+    if fn and not impl.offers(fn):
+        pytest.skip(f"{impl.name} does not offer {fn}")
+    if not run_check(check, impl, load_case(entry["case"])):
+        pytest.skip(f"unsupported: {impl.name} refused regression {name}")
+
+
+def test_corpus_round_trips():
+    for name, entry in ENTRIES:
+        case = load_case(entry["case"])
+        assert load_case(__import__("json").loads(case.to_json())) == case, name
