@@ -357,6 +357,16 @@ class _Magnitudes:
 
 # --------------------------------------------------------------------------- driver
 
+def _accumulator_dtype(compute_dtype: torch.dtype) -> torch.dtype:
+    """The key-gradient scatter-add accumulates 16-bit terms in float32 and rounds once.
+
+    That is how torch's own reductions (sum, matmul) treat fp16/bf16 inputs, and how every
+    kernel accumulates dK/dV; rounding at each of thousands of additions would measure an
+    error the dtype does not force and widen the agreement rule's bound for dkv.
+    """
+    return torch.float32 if compute_dtype in (torch.float16, torch.bfloat16) else compute_dtype
+
+
 def _attend(ops: _Operands, dout: torch.Tensor | None, *, compute_dtype: torch.dtype,
             result_dtype: torch.dtype, magnitudes: bool, chunk_bytes: int,
             want_forward: bool = True) -> dict:
@@ -372,8 +382,9 @@ def _attend(ops: _Operands, dout: torch.Tensor | None, *, compute_dtype: torch.d
         result["dq_latent"] = torch.empty(T, H, Dl, dtype=result_dtype, device=device)
         result["dq_rope"] = (torch.empty(T, H, Dr, dtype=result_dtype, device=device)
                              if ops.q_rope is not None else None)
-        dkv_acc = torch.zeros(S + 1, Dl, dtype=compute_dtype, device=device)   # row S: spill
-        dkr_acc = (torch.zeros(S + 1, Dr, dtype=compute_dtype, device=device)
+        acc = _accumulator_dtype(compute_dtype)
+        dkv_acc = torch.zeros(S + 1, Dl, dtype=acc, device=device)   # row S: spill
+        dkr_acc = (torch.zeros(S + 1, Dr, dtype=acc, device=device)
                    if ops.q_rope is not None else None)
     tally = _Magnitudes(ops, grads) if magnitudes else None
     for start in range(0, T, chunk):
@@ -390,16 +401,17 @@ def _attend(ops: _Operands, dout: torch.Tensor | None, *, compute_dtype: torch.d
         g = _backward_chunk(ch, dout_c, ops.scale)
         result["dq_latent"][start:stop] = g.dq_latent
         route = ch.route.reshape(-1)
-        dkv_acc.index_add_(0, route, g.dkv_slots.reshape(-1, Dl))
+        dkv_acc.index_add_(0, route, g.dkv_slots.reshape(-1, Dl).to(dkv_acc.dtype))
         if dkr_acc is not None:
             result["dq_rope"][start:stop] = g.dq_rope
-            dkr_acc.index_add_(0, route, g.dkr_slots.reshape(-1, Dr))
+            dkr_acc.index_add_(0, route, g.dkr_slots.reshape(-1, Dr).to(dkr_acc.dtype))
         if tally is not None:
             tally.add_backward(ch, g, dout_c, ops.scale)
         del ch, g, dout_c
     if grads:
-        result["dkv_latent"] = dkv_acc[:S].to(result_dtype)
-        result["dk_rope"] = dkr_acc[:S].to(result_dtype) if dkr_acc is not None else None
+        result["dkv_latent"] = dkv_acc[:S].to(compute_dtype).to(result_dtype)
+        result["dk_rope"] = (dkr_acc[:S].to(compute_dtype).to(result_dtype)
+                             if dkr_acc is not None else None)
     if tally is not None:
         result["magnitude"] = tally.finish()
     return result
@@ -423,8 +435,9 @@ def dsa_reference(q_latent, q_rope, kv_latent, k_rope, indices, dout=None, *, to
         q_latent ``[T, H, Dl]``, q_rope ``[T, H, Dr]`` or None (NoPE), kv_latent ``[S, Dl]`` or
         ``[S, 1, Dl]``, k_rope ``[S, Dr]`` / ``[S, 1, Dr]`` or None, indices int ``[T, K]``,
         dout ``[T, H, Dl]`` (any strides; never modified) or None for forward only.
-        compute_dtype: every operation (gathers, matmuls, exp, sums, the ``index_add_``
-            accumulation) runs in it; inputs are cast to it chunk by chunk.
+        compute_dtype: every operation (gathers, matmuls, exp, sums) runs in it; inputs are
+            cast to it chunk by chunk. The key-gradient ``index_add_`` accumulates 16-bit terms
+            in float32 and rounds once to the dtype, as torch's reductions do.
         chunk_bytes: budget for one chunk's transient memory (see the module docstring).
         magnitudes: also return the absolute-term magnitudes (computed in float64 from the
             compute-dtype intermediates).
