@@ -131,7 +131,7 @@ def gen():
 
 # ----------------------------------------------------------------------------- cases
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("L,S", [(64, 64), (37, 53), (70, 20)])
 def test_rank4_basic(dtype, is_causal, L, S, gen):
@@ -141,7 +141,7 @@ def test_rank4_basic(dtype, is_causal, L, S, gen):
     check_case(q, k, v, is_causal=is_causal)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 def test_rank3_and_rank5(dtype, gen):
     q, k, v = (randn(3, 33, 16, dtype=dtype, gen=gen) for _ in range(3))
     check_case(q, k, v, is_causal=True)
@@ -151,7 +151,7 @@ def test_rank3_and_rank5(dtype, gen):
     check_case(q5, k5, v5)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 @pytest.mark.parametrize("E,Ev", [(72, 72), (200, 40), (8, 130)])
 def test_head_dims(dtype, E, Ev, gen):
     q = randn(1, 2, 24, E, dtype=dtype, gen=gen)
@@ -160,7 +160,7 @@ def test_head_dims(dtype, E, Ev, gen):
     check_case(q, k, v, is_causal=True, scale=0.3)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_gqa(dtype, is_causal, gen):
     q = randn(2, 6, 40, 32, dtype=dtype, gen=gen)
@@ -169,7 +169,7 @@ def test_gqa(dtype, is_causal, gen):
     check_case(q, k, v, is_causal=is_causal, enable_gqa=True)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 def test_bool_masks_with_empty_rows(dtype, gen):
     L, S = 40, 36
     q, k, v = randn(2, 2, L, 32, dtype=dtype, gen=gen), randn(2, 2, S, 32, dtype=dtype, gen=gen), \
@@ -189,7 +189,7 @@ def test_bool_masks_with_empty_rows(dtype, gen):
     check_case(q, k, v, mask=keypad)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 def test_additive_masks(dtype, gen):
     L, S = 33, 45
     q, k, v = randn(2, 3, L, 16, dtype=dtype, gen=gen), randn(2, 3, S, 16, dtype=dtype, gen=gen), \
@@ -203,7 +203,7 @@ def test_additive_masks(dtype, gen):
     check_case(q, k, v, mask=torch.randn(3, 1, S, generator=g).to(DEVICE, dtype), scale=0.5)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 def test_strided_inputs_and_douts(dtype, gen):
     B, H, L, S, E = 2, 3, 36, 40, 32
     # head-major q (a [B, L, H, E] buffer), k sliced from a wider buffer, v with non-unit last stride

@@ -12,11 +12,11 @@ GQA group, so no atomics are needed.
 import triton
 import triton.language as tl
 
-from .sdpa_common import (SMEM_LIMIT, apply_attn_mask, autotune_enabled, batch_offset, load_tile,
-                          smem_bytes)
+from .sdpa_common import (SMEM_LIMIT, TUNE_KW, apply_attn_mask, autotune_enabled, batch_offset,
+                          forced_choice, load_tile, smem_bytes)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Z2", "HQ"])
 def sdpa_bwd_preprocess_kernel(O, DO, Delta,
                                s_oz1, s_oz2, s_oh, s_om, s_oe,
                                s_dz1, s_dz2, s_dh, s_dm, s_de,
@@ -68,7 +68,10 @@ def _make_prune(pipelined, resident, fp32_shape):
             if elsize == 4 and (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) != fp32_shape:
                 continue
             kept.append(c)
-        return kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+        if elsize < 4:  # 16-bit: small tiles only when nothing larger fits
+            kept = [c for c in kept if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] >= 64 * 64] or kept
+        kept = kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+        return forced_choice(kept)
     return prune
 
 
@@ -76,7 +79,7 @@ def _make_prune(pipelined, resident, fp32_shape):
 def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
                      offs_n, lo, hi, L, S, E, EV,
                      s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale2,
-                     MASK_KIND: tl.constexpr, DIAG: tl.constexpr,
+                     MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_M: tl.constexpr,
                      CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                      PREC: tl.constexpr):
@@ -87,8 +90,11 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_pt
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         # rows past L load as q = dO = 0 and lse2 = +inf, so their P is exactly 0
-        q = load_tile(q_base, offs_m, offs_e, s_qm, s_qe, L, E, True, CHECK_E)
-        lse2 = tl.load(lse_ptr + offs_m, mask=offs_m < L, other=float("inf"))
+        q = load_tile(q_base, offs_m, offs_e, s_qm, s_qe, L, E, CHECK_M, CHECK_E)
+        if CHECK_M:
+            lse2 = tl.load(lse_ptr + offs_m, mask=offs_m < L, other=float("inf"))
+        else:
+            lse2 = tl.load(lse_ptr + offs_m)
         lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
         sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale2
         if MASK_KIND != 0:
@@ -96,9 +102,12 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_pt
         pT = tl.math.exp2(sT - lse2[None, :])
         if DIAG:
             pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
-        do = load_tile(do_base, offs_m, offs_ev, s_dm, s_de, L, EV, True, CHECK_EV)
+        do = load_tile(do_base, offs_m, offs_ev, s_dm, s_de, L, EV, CHECK_M, CHECK_EV)
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PREC)
-        delta = tl.load(delta_ptr + offs_m, mask=offs_m < L, other=0.0)
+        if CHECK_M:
+            delta = tl.load(delta_ptr + offs_m, mask=offs_m < L, other=0.0)
+        else:
+            delta = tl.load(delta_ptr + offs_m)
         dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
         dsT = pT * (dpT - delta[None, :])
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
@@ -107,13 +116,15 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_pt
 
 @triton.autotune(configs=_dkdv_configs(), key=["TUNE_L", "TUNE_S", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                                 "MASK_KIND", "GROUP"],
-                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_M", "BLOCK_N", (32, 64))})
+                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_M", "BLOCK_N", (32, 64))},
+                 **TUNE_KW)
 @triton.heuristics({
+    "CHECK_M": lambda a: a["L"] % a["BLOCK_M"] != 0,
     "CHECK_N": lambda a: a["S"] % a["BLOCK_N"] != 0,
     "CHECK_E": lambda a: a["E"] != a["BLOCK_E"],
     "CHECK_EV": lambda a: a["EV"] != a["BLOCK_EV"],
 })
-@triton.jit
+@triton.jit(do_not_specialize=["Z2", "HQ"])
 def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, Delta, DK, DV,
                          s_qz1, s_qz2, s_qh, s_qm, s_qe,
                          s_kz1, s_kz2, s_kh, s_kn, s_ke,
@@ -127,7 +138,8 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, Delta, DK, DV,
                          CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PREC: tl.constexpr,
                          BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr):
+                         CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
+                         CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_bkv = tl.program_id(1)  # over [Z1, Z2, HKV]
     HKV = HQ // GROUP
@@ -158,18 +170,18 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, Delta, DK, DV,
             dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
                                       offs_n, diag_lo, diag_hi, L, S, E, EV,
                                       s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale2,
-                                      MASK_KIND, True, CHECK_E, CHECK_EV,
+                                      MASK_KIND, True, CHECK_M, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_E, BLOCK_EV, PREC)
             dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
                                       offs_n, diag_hi, L, L, S, E, EV,
                                       s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale2,
-                                      MASK_KIND, False, CHECK_E, CHECK_EV,
+                                      MASK_KIND, False, CHECK_M, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_E, BLOCK_EV, PREC)
         else:
             dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
                                       offs_n, 0, L, L, S, E, EV,
                                       s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale2,
-                                      MASK_KIND, False, CHECK_E, CHECK_EV,
+                                      MASK_KIND, False, CHECK_M, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_E, BLOCK_EV, PREC)
 
     dk = dk * scale
@@ -222,14 +234,15 @@ def _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, mask_base,
 
 @triton.autotune(configs=_dq_configs(), key=["TUNE_L", "TUNE_S", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                               "MASK_KIND"],
-                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_N", "BLOCK_M", (64, 32))})
+                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_N", "BLOCK_M", (64, 32))},
+                 **TUNE_KW)
 @triton.heuristics({
     "CHECK_M": lambda a: a["L"] % a["BLOCK_M"] != 0,
     "CHECK_N": lambda a: a["S"] % a["BLOCK_N"] != 0,
     "CHECK_E": lambda a: a["E"] != a["BLOCK_E"],
     "CHECK_EV": lambda a: a["EV"] != a["BLOCK_EV"],
 })
-@triton.jit
+@triton.jit(do_not_specialize=["Z2", "HQ"])
 def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, LSE, Delta, DQ,
                        s_qz1, s_qz2, s_qh, s_qm, s_qe,
                        s_kz1, s_kz2, s_kh, s_kn, s_ke,

@@ -7,6 +7,7 @@ log2 units (``s2 = scale * log2(e) * q.k + log2(e) * additive_mask``) so the sof
 import os
 
 import triton
+import triton.testing
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
@@ -92,3 +93,21 @@ def apply_attn_mask(s2, mask_ptr, offs_m, offs_n, s_mm, s_mn, L, S,
         add = tl.load(ptrs, mask=inb, other=0.0).to(tl.float32)
         s2 = s2 + add * 1.4426950408889634
     return s2
+
+
+def _quick_bench(fn, quantiles=None):
+    """Short timing for autotuning (the default 25+100 ms per config is too slow here)."""
+    return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+
+
+# cache_results: tuning results land in Triton's cache dir and survive the process
+TUNE_KW = dict(do_bench=_quick_bench, cache_results=True) if autotune_enabled() else {}
+
+
+def forced_choice(configs):
+    """SDPA_FORCE_CONFIG=i keeps only the i-th surviving config (used to pre-compile every
+    config in parallel processes before the benchmark tunes)."""
+    force = os.environ.get("SDPA_FORCE_CONFIG")
+    if force is None or len(configs) <= 1:
+        return configs
+    return [configs[int(force) % len(configs)]]

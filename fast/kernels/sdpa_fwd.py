@@ -7,14 +7,14 @@ row logsumexp of the scaled, masked scores in log2 units, -inf for a row with no
 import triton
 import triton.language as tl
 
-from .sdpa_common import (SMEM_LIMIT, apply_attn_mask, autotune_enabled, batch_offset, load_tile,
-                          smem_bytes)
+from .sdpa_common import (SMEM_LIMIT, TUNE_KW, apply_attn_mask, autotune_enabled, batch_offset,
+                          forced_choice, load_tile, smem_bytes)
 
 
 def _fwd_configs():
     if not autotune_enabled():
         return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)]
-    shapes = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2),
+    shapes = [(128, 64, 4, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 128, 8, 3),
               (64, 64, 4, 3), (64, 32, 4, 2)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
             for bm, bn, w, s in shapes]
@@ -37,7 +37,10 @@ def _prune_fwd(configs, named_args, **kwargs):
         if elsize == 4 and (bm, bn) != (64, 32):
             continue  # fp32 (ieee, no tensor cores): small tiles only
         kept.append(c)
-    return kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+    if elsize < 4:  # 16-bit: small tiles only when nothing larger fits
+        kept = [c for c in kept if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] >= 128 * 64] or kept
+    kept = kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+    return forced_choice(kept)
 
 
 @triton.jit
@@ -77,14 +80,14 @@ def _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base,
 
 @triton.autotune(configs=_fwd_configs(), key=["TUNE_L", "TUNE_S", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                                "MASK_KIND"],
-                 prune_configs_by={"early_config_prune": _prune_fwd})
+                 prune_configs_by={"early_config_prune": _prune_fwd}, **TUNE_KW)
 @triton.heuristics({
     "CHECK_M": lambda a: a["L"] % a["BLOCK_M"] != 0,
     "CHECK_N": lambda a: a["S"] % a["BLOCK_N"] != 0,
     "CHECK_E": lambda a: a["E"] != a["BLOCK_E"],
     "CHECK_EV": lambda a: a["EV"] != a["BLOCK_EV"],
 })
-@triton.jit
+@triton.jit(do_not_specialize=["Z2", "HQ"])
 def sdpa_fwd_kernel(Q, K, V, Mask, Out, LSE,
                     s_qz1, s_qz2, s_qh, s_qm, s_qe,
                     s_kz1, s_kz2, s_kh, s_kn, s_ke,

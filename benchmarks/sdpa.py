@@ -1,0 +1,298 @@
+"""Benchmark the Triton SDPA (fast/sdpa.py) against PyTorch's SDPA backends on one GPU.
+
+    python -m benchmarks.sdpa [--quick] [--out out/bench_sdpa.json] [--lengths 1024,4096]
+                              [--dims 64,128] [--heads 32] [--tokens 16384] [--precompile 12]
+
+In one run, on the same bf16 inputs ``[B, H, L, D]`` (B = tokens // L): forward and
+forward+backward TFLOP/s of fast vs torch default dispatch (cuDNN on H200) vs torch
+FLASH_ATTENTION, causal and not. FLOPs: forward 4*B*H*L*S*D (halved when causal),
+forward+backward 3.5x that. Then rank-3 ``[H, L, D]`` inputs (fast vs torch's own rank-3
+call), and the backward's peak memory with a head-major vs a contiguous ``dout``.
+Every timing is ``triton.testing.do_bench`` (median). Each point also records the largest
+difference of fast's outputs and gradients from cuDNN's (and cuDNN's from FLASH's, for scale).
+
+``--precompile N`` first compiles every autotune config of the swept kernel variants in N
+parallel processes (they share Triton's file cache), so the timed run only tunes.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from fast.sdpa import scaled_dot_product_attention as fast_sdpa
+
+N_FORCED_CONFIGS = 4  # the most configs any kernel keeps after pruning (bf16, D <= 128)
+
+
+def flops(B, H, L, S, D, causal, backward):
+    f = 4.0 * B * H * L * S * D * (0.5 if causal else 1.0)
+    return f * (3.5 if backward else 1.0)
+
+
+def bench_ms(fn, rep):
+    return triton.testing.do_bench(fn, warmup=max(5, rep // 4), rep=rep, return_mode="median")
+
+
+def torch_default(q, k, v, causal):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def torch_flash(q, k, v, causal):
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def fast(q, k, v, causal):
+    return fast_sdpa(q, k, v, is_causal=causal)
+
+
+IMPLS = {"fast": fast, "cudnn": torch_default, "flash": torch_flash}
+
+
+def make_inputs(B, H, L, D, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, dout = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16, generator=g)
+                     for _ in range(4))
+    return [t.requires_grad_() for t in (q, k, v)], dout
+
+
+def fwd_fn(impl, q, k, v, causal):
+    def run():
+        with torch.no_grad():
+            return impl(q, k, v, causal)
+    return run
+
+
+def fwdbwd_fn(impl, q, k, v, dout, causal):
+    def run():
+        out = impl(q, k, v, causal)
+        return torch.autograd.grad(out, (q, k, v), dout)
+    return run
+
+
+def max_diff(a, b):
+    return (a.float() - b.float()).abs().max().item()
+
+
+def compare(q, k, v, dout, causal):
+    """Largest |fast - cudnn| and |flash - cudnn| for out, dq, dk, dv."""
+    res = {}
+    outs = {}
+    for name, impl in IMPLS.items():
+        out = impl(q, k, v, causal)
+        outs[name] = (out.detach(),) + tuple(torch.autograd.grad(out, (q, k, v), dout))
+    for name in ("fast", "flash"):
+        res[name + "_vs_cudnn"] = {t: max_diff(a, b) for t, a, b in
+                                   zip(("out", "dq", "dk", "dv"), outs[name], outs["cudnn"])}
+    return res
+
+
+def bench_point(B, H, L, D, causal, rep, backward):
+    (q, k, v), dout = make_inputs(B, H, L, D)
+    point = {"B": B, "H": H, "L": L, "S": L, "D": D, "causal": causal,
+             "default_backend": int(torch._fused_sdp_choice(q, k, v, is_causal=causal))}
+    point["check"] = compare(q, k, v, dout, causal)
+    for phase, make in (("fwd", False), ("fwdbwd", True)):
+        if make and not backward:
+            continue
+        fl = flops(B, H, L, L, D, causal, make)
+        res = {}
+        for name, impl in IMPLS.items():
+            fn = fwdbwd_fn(impl, q, k, v, dout, causal) if make else fwd_fn(impl, q, k, v, causal)
+            ms = bench_ms(fn, rep)
+            res[name] = {"ms": ms, "tflops": fl / ms / 1e9}
+        res["ratio_vs_cudnn"] = res["fast"]["tflops"] / res["cudnn"]["tflops"]
+        res["ratio_vs_flash"] = res["fast"]["tflops"] / res["flash"]["tflops"]
+        point[phase] = res
+    if backward:
+        bwd = {}
+        for name in IMPLS:
+            t_bwd = point["fwdbwd"][name]["ms"] - point["fwd"][name]["ms"]
+            bwd[name] = flops(B, H, L, L, D, causal, False) * 2.5 / max(t_bwd, 1e-6) / 1e9
+        point["bwd_only_tflops_estimate"] = bwd
+    del q, k, v, dout
+    torch.cuda.empty_cache()
+    return point
+
+
+def bench_rank3(H, L, D, rep):
+    """Fast on [H, L, D] vs torch's own rank-3 call (which backend it takes is recorded)."""
+    rows = []
+    (q4, k4, v4), dout4 = make_inputs(1, H, L, D, seed=1)
+    q, k, v = (t.detach()[0].requires_grad_() for t in (q4, k4, v4))
+    dout = dout4[0]
+    backend = int(torch._fused_sdp_choice(q, k, v))
+    for causal in (False, True):
+        row = {"H": H, "L": L, "D": D, "causal": causal, "torch_backend_rank3": backend}
+        with torch.no_grad():
+            row["max_diff_out"] = max_diff(fast(q, k, v, causal), torch_default(q, k, v, causal))
+        for phase, make in (("fwd", False), ("fwdbwd", True)):
+            fl = flops(1, H, L, L, D, causal, make)
+            for name, impl in (("fast", fast), ("torch_rank3", torch_default)):
+                fn = fwdbwd_fn(impl, q, k, v, dout, causal) if make else fwd_fn(impl, q, k, v, causal)
+                ms = bench_ms(fn, rep)
+                row[f"{phase}_{name}_ms"] = ms
+                row[f"{phase}_{name}_tflops"] = fl / ms / 1e9
+            row[f"{phase}_speedup"] = row[f"{phase}_torch_rank3_ms"] / row[f"{phase}_fast_ms"]
+        rows.append(row)
+    return rows
+
+
+def peak_backward_bytes(impl, q, k, v, dout, causal):
+    out = impl(q, k, v, causal)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del grads, out
+    return peak
+
+
+def bench_memory(B, H, L, D):
+    """Backward peak memory above the forward's state: head-major vs contiguous dout."""
+    (q, k, v), dout_c = make_inputs(B, H, L, D, seed=2)
+    dout_hm = dout_c.transpose(1, 2).contiguous().transpose(1, 2)  # [B, H, L, D] with L*H strides
+    res = {"B": B, "H": H, "L": L, "D": D}
+    for name, impl in (("fast", fast), ("cudnn", torch_default)):
+        for causal in (False,):
+            c = peak_backward_bytes(impl, q, k, v, dout_c, causal)
+            hm = peak_backward_bytes(impl, q, k, v, dout_hm, causal)
+            res[name] = {"contiguous_dout_peak_bytes": c, "head_major_dout_peak_bytes": hm,
+                         "ratio": hm / max(c, 1)}
+    return res
+
+
+# ----------------------------------------------------------------------------- precompile
+
+def _warm_one(D, causal):
+    """Run fast fwd+bwd once on a small shape with the same specialisations as the sweep."""
+    (q, k, v), dout = make_inputs(2, 4, 512, D)
+    out = fast(q, k, v, causal)
+    torch.autograd.grad(out, (q, k, v), dout)
+    torch.cuda.synchronize()
+
+
+def precompile(dims, causals, jobs):
+    t0 = time.time()
+    procs, failures = [], 0
+    tasks = [(D, c, i) for D in dims for c in causals for i in range(N_FORCED_CONFIGS)]
+    pending = list(tasks)
+    while pending or procs:
+        while pending and len(procs) < jobs:
+            D, c, i = pending.pop(0)
+            env = dict(os.environ, SDPA_FORCE_CONFIG=str(i))
+            cmd = [sys.executable, "-m", "benchmarks.sdpa", "--_warm", f"{D},{int(c)}"]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE))
+        time.sleep(0.2)
+        for p in list(procs):
+            if p.poll() is not None:
+                procs.remove(p)
+                if p.returncode != 0:
+                    failures += 1
+                    print("precompile task failed:", p.stderr.read().decode()[-800:], file=sys.stderr)
+    print(f"precompiled {len(tasks)} tasks in {time.time() - t0:.1f}s ({failures} failed)", flush=True)
+    return {"tasks": len(tasks), "seconds": time.time() - t0, "failures": failures}
+
+
+# ----------------------------------------------------------------------------- report
+
+def print_table(points):
+    head = (f"{'D':>4} {'L':>6} {'causal':>6} | {'fwd fast':>8} {'cudnn':>6} {'flash':>6} "
+            f"{'x cudnn':>7} {'x flash':>7} | {'f+b fast':>8} {'cudnn':>6} {'flash':>6} "
+            f"{'x cudnn':>7} {'x flash':>7} | {'maxdiff out/dq':>15}")
+    print(head)
+    print("-" * len(head))
+    for p in points:
+        f, fb = p["fwd"], p.get("fwdbwd")
+        line = (f"{p['D']:>4} {p['L']:>6} {str(p['causal']):>6} | {f['fast']['tflops']:8.1f} "
+                f"{f['cudnn']['tflops']:6.1f} {f['flash']['tflops']:6.1f} {f['ratio_vs_cudnn']:7.2f} "
+                f"{f['ratio_vs_flash']:7.2f} |")
+        if fb:
+            line += (f" {fb['fast']['tflops']:8.1f} {fb['cudnn']['tflops']:6.1f} "
+                     f"{fb['flash']['tflops']:6.1f} {fb['ratio_vs_cudnn']:7.2f} {fb['ratio_vs_flash']:7.2f} |")
+        ck = p["check"]["fast_vs_cudnn"]
+        line += f" {ck['out']:.1e}/{ck['dq']:.1e}"
+        print(line, flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="out/bench_sdpa.json")
+    ap.add_argument("--quick", action="store_true", help="L = 4096 only")
+    ap.add_argument("--lengths", default="4096,1024,2048,8192,16384")
+    ap.add_argument("--dims", default="128,64")
+    ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=16384, help="B = tokens // L")
+    ap.add_argument("--rep", type=int, default=60, help="do_bench rep (ms)")
+    ap.add_argument("--no-bwd", action="store_true")
+    ap.add_argument("--no-rank3", action="store_true")
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new points after this")
+    ap.add_argument("--precompile", type=int, default=0, help="parallel compile processes (0: off)")
+    ap.add_argument("--_warm", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args._warm:
+        D, c = args._warm.split(",")
+        _warm_one(int(D), bool(int(c)))
+        return
+    t0 = time.time()
+    dims = [int(x) for x in args.dims.split(",")]
+    causals = [bool(int(x)) for x in args.causal.split(",")]
+    lengths = [4096] if args.quick else [int(x) for x in args.lengths.split(",")]
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "triton": triton.__version__, "dtype": "bfloat16", "heads": args.heads,
+              "tokens": args.tokens, "rep_ms": args.rep, "points": []}
+    if args.precompile:
+        result["precompile"] = precompile(dims, causals, args.precompile)
+
+    def save():
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        result["wall_s"] = time.time() - t0
+        with open(args.out, "w") as fh:
+            json.dump(result, fh, indent=1)
+
+    for L in lengths:
+        for D in dims:
+            for causal in causals:
+                if time.time() - t0 > args.budget_s:
+                    result["truncated"] = True
+                    continue
+                B = max(1, args.tokens // L)
+                p = bench_point(B, args.heads, L, D, causal, args.rep, not args.no_bwd)
+                p["elapsed_s"] = time.time() - t0
+                result["points"].append(p)
+                print_table([p])
+                save()
+    if not args.no_rank3 and time.time() - t0 < args.budget_s:
+        result["rank3"] = bench_rank3(args.heads, 4096, 128, args.rep)
+        for r in result["rank3"]:
+            print(f"rank3 H={r['H']} L={r['L']} D={r['D']} causal={r['causal']}: fwd x{r['fwd_speedup']:.1f} "
+                  f"f+b x{r['fwdbwd_speedup']:.1f} vs torch rank-3 (backend {r['torch_backend_rank3']}),"
+                  f" fast fwd {r['fwd_fast_tflops']:.0f} TFLOP/s, maxdiff {r['max_diff_out']:.1e}", flush=True)
+        save()
+    if not args.no_memory and time.time() - t0 < args.budget_s:
+        result["memory"] = bench_memory(4, args.heads, 4096, 128)
+        for name in ("fast", "cudnn"):
+            m = result["memory"][name]
+            print(f"memory {name}: bwd peak contiguous dout {m['contiguous_dout_peak_bytes'] / 2**20:.1f} MiB, "
+                  f"head-major {m['head_major_dout_peak_bytes'] / 2**20:.1f} MiB, ratio {m['ratio']:.4f}")
+        save()
+    save()
+    print(f"wrote {args.out} ({time.time() - t0:.0f}s)")
+
+
+if __name__ == "__main__":
+    main()
