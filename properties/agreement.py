@@ -70,8 +70,8 @@ def _header(check: str, impl: str, name: str) -> str:
     return f"[{check}] implementation={impl} output={name}"
 
 
-def _fail(check, impl, name, body, repro):
-    report.record_ratio(check, impl, float("inf"))
+def _fail(check, impl, name, body, repro, ratio=float("inf")):
+    report.record_ratio(check, impl, ratio)
     raise OracleMismatch(f"{_header(check, impl, name)}: {body}\n  reproduce: {repro}")
 
 
@@ -118,7 +118,7 @@ def assert_agrees(x_impl: torch.Tensor, x_gold: torch.Tensor, x_lp: torch.Tensor
                 f" = {_fmt(floor)}\n"
                 f"  worst at {at}: impl={impl64[at].item():.6g} gold={gold[at].item():.6g} "
                 f"lp={lp[at].item():.6g}")
-        _fail(check, impl, name, body, repro)
+        _fail(check, impl, name, body, repro, ratio)
     return Verdict(err, bound, floor, ratio)
 
 

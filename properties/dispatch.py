@@ -64,6 +64,14 @@ def claims_rank3_fusion() -> bool:
     return torch_version() >= (2, 14)
 
 
+def rank3_verdict(chosen3: str, chosen4: str, claims_fusion: bool) -> str:
+    """"ok" unless rank 3 falls back to MATH where rank 4 is fused: then "expected" on a torch
+    that does not claim rank-3 fusion, "fail" on one that does."""
+    if not (chosen3 == "MATH" and chosen4 != "MATH"):
+        return "ok"
+    return "fail" if claims_fusion else "expected"
+
+
 def chosen_backend(cfg: Config) -> str:
     q, k, v, mask = cfg.tensors()
     choice = torch._fused_sdp_choice(q, k, v, mask, 0.0, cfg.causal and mask is None)

@@ -37,12 +37,24 @@ def test_chosen_backend_is_one_that_accepts(cfg):
 def test_rank3_takes_a_fused_backend_like_rank4(cfg):
     rank4 = dispatch.Config(**{**cfg.__dict__, "rank": 4})
     chosen3, chosen4 = dispatch.chosen_backend(cfg), dispatch.chosen_backend(rank4)
-    if not (chosen3 == "MATH" and chosen4 != "MATH"):
-        return  # rank 3 is fused (or neither is): nothing to flag
+    verdict = dispatch.rank3_verdict(chosen3, chosen4, dispatch.claims_rank3_fusion())
+    if verdict == "ok":
+        return
     slowdown = dispatch.rank3_slowdown(cfg)
     message = (f"torch {torch.__version__}: rank-3 input {cfg.heads}x{cfg.length}x{cfg.head_dim} "
                f"{cfg.dtype} on {cfg.device} falls back to MATH while the same data as rank 4 takes "
                f"{chosen4}; the rank-3 call is {slowdown:.1f}x slower (measured now)")
-    if not dispatch.claims_rank3_fusion():
+    if verdict == "expected":
         pytest.xfail(message + " [expected before torch 2.14]")
     pytest.fail(message + " [torch >= 2.14 claims fused rank-3 backends]")
+
+
+@pytest.mark.parametrize("chosen3,chosen4,claims,expected", [
+    ("MATH", "FLASH_ATTENTION", False, "expected"),   # torch 2.13 on CPU, 2.11 on GPU
+    ("MATH", "CUDNN_ATTENTION", True, "fail"),        # a regression on a torch claiming fusion
+    ("FLASH_ATTENTION", "FLASH_ATTENTION", True, "ok"),
+    ("MATH", "MATH", False, "ok"),                    # neither fused (e.g. float64): no gap
+])
+def test_rank3_verdict_control(chosen3, chosen4, claims, expected):
+    """Negative control of the dispatch check: the fallback is flagged, and fails on >= 2.14."""
+    assert dispatch.rank3_verdict(chosen3, chosen4, claims) == expected

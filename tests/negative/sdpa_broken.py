@@ -161,3 +161,11 @@ CONTROLS = {
     "Nondeterministic": "determinism",
     "Rank3ScaleHalved": "rank3_equals_rank4",
 }
+
+
+class RefusesEverything(_Base):
+    """Offers SDPA but raises NotImplementedError for every input: verifies nothing."""
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        raise NotImplementedError("refuses everything")

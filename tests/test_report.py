@@ -1,0 +1,44 @@
+"""The end-of-run report, exercised through real pytest runs in a subprocess.
+
+Negative controls of the report itself: a broken implementation shows up as failed in the
+table with its worst ratio, and a function that refuses every input fails the run.
+"""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _pytest(*args, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env.pop("ORACLE_IMPL", None)
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                           "--hypothesis-profile", "dev", "--oracle-report", str(report), *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return proc, json.loads(report.read_text()) if report.exists() else None
+
+
+def test_refusing_everything_fails_the_run(tmp_path):
+    proc, rep = _pytest("tests/test_sdpa.py::test_forward_agreement",
+                        "--impl", "tests.negative.sdpa_broken:RefusesEverything", tmp_path=tmp_path)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "verified nothing" in proc.stdout
+    assert rep["verified_nothing"] == ["tests.negative.sdpa_broken:RefusesEverything.scaled_dot_product_attention"]
+    (row,) = rep["rows"]
+    assert row["unsupported"] == 1 and row["passed"] == 0
+
+
+def test_broken_implementation_is_reported_failed_with_message(tmp_path):
+    proc, rep = _pytest("tests/test_sdpa.py::test_forward_agreement", "--impl", "oracle",
+                        "--impl", "tests.negative.sdpa_broken:WrongScale", tmp_path=tmp_path)
+    assert proc.returncode == 1
+    rows = {r["implementation"]: r for r in rep["rows"]}
+    assert rows["oracle"]["passed"] == 1 and rows["oracle"]["worst_ratio"] < 1
+    broken = rows["tests.negative.sdpa_broken:WrongScale"]
+    assert broken["failed"] == 1
+    assert broken["worst_ratio"] == "inf" or broken["worst_ratio"] > 1
+    for piece in ("[sdpa.forward_agreement]", "max|impl-gold|", "worst at", "python -m properties.replay"):
+        assert piece in proc.stdout, piece
