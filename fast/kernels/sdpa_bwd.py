@@ -56,6 +56,7 @@ def _make_prune(pipelined, resident, fp32_shape):
     def prune(configs, named_args, **kwargs):
         if len(configs) == 1:
             return configs
+        named_args = {**named_args, **kwargs}
         be, bev = named_args["BLOCK_E"], named_args["BLOCK_EV"]
         elsize = named_args["Q"].element_size()
         kept = []
@@ -80,7 +81,7 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_pt
                      offs_n, lo, hi, L, S, E, EV,
                      s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale2,
                      MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_M: tl.constexpr,
-                     CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
+                     CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                      PREC: tl.constexpr):
     """Accumulate dK (unscaled) and dV of one key block over query blocks [lo, hi)."""
@@ -102,6 +103,8 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_pt
         pT = tl.math.exp2(sT - lse2[None, :])
         if DIAG:
             pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
+        if CHECK_N:  # rows past S are never stored, but keep them finite (no inf * 0 = nan)
+            pT = tl.where(offs_n[:, None] < S, pT, 0.0)
         do = load_tile(do_base, offs_m, offs_ev, s_dm, s_de, L, EV, CHECK_M, CHECK_EV)
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PREC)
         if CHECK_M:
@@ -170,18 +173,18 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, Delta, DK, DV,
             dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
                                       offs_n, diag_lo, diag_hi, L, S, E, EV,
                                       s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale2,
-                                      MASK_KIND, True, CHECK_M, CHECK_E, CHECK_EV,
+                                      MASK_KIND, True, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_E, BLOCK_EV, PREC)
             dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
                                       offs_n, diag_hi, L, L, S, E, EV,
                                       s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale2,
-                                      MASK_KIND, False, CHECK_M, CHECK_E, CHECK_EV,
+                                      MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_E, BLOCK_EV, PREC)
         else:
             dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
                                       offs_n, 0, L, L, S, E, EV,
                                       s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale2,
-                                      MASK_KIND, False, CHECK_M, CHECK_E, CHECK_EV,
+                                      MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_E, BLOCK_EV, PREC)
 
     dk = dk * scale

@@ -24,6 +24,7 @@ def _prune_fwd(configs, named_args, **kwargs):
     """Drop configs whose tiles overflow shared memory or registers for this head dim/dtype."""
     if len(configs) == 1:
         return configs
+    named_args = {**named_args, **kwargs}
     be, bev = named_args["BLOCK_E"], named_args["BLOCK_EV"]
     elsize = named_args["Q"].element_size()
     kept = []
