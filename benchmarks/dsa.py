@@ -138,24 +138,26 @@ def measure_fast(p, reps):
 
 # ----------------------------------------------------------------------------- sections
 
-FWD_CANDIDATES = [fdsa.KernelConfig(64, 64, 512, 512, 8, 1), fdsa.KernelConfig(64, 64, 512, 512, 8, 2),
-                  fdsa.KernelConfig(64, 32, 512, 512, 8, 2), fdsa.KernelConfig(64, 64, 512, 512, 16, 1)]
-BWD_CANDIDATES = [fdsa.KernelConfig(64, 32, 512, 512, 8, 1), fdsa.KernelConfig(64, 16, 512, 512, 8, 1),
-                  fdsa.KernelConfig(64, 32, 512, 512, 16, 1), fdsa.KernelConfig(64, 32, 64, 256, 8, 1)]
+C = fdsa.KernelConfig  # (block_h, block_k, block_d, block_dv, num_warps, num_stages)
+FWD_CANDIDATES = [C(64, 64, 512, 512, 8, 2), C(64, 32, 512, 512, 8, 3), C(64, 64, 512, 512, 16, 2),
+                  C(64, 128, 512, 512, 8, 1), C(64, 32, 512, 512, 8, 4)]
+BWD_CANDIDATES = [C(32, 32, 512, 512, 8, 1, True), C(32, 32, 512, 512, 8, 1),
+                  C(64, 32, 64, 256, 8, 1, True), C(64, 32, 64, 256, 8, 1),
+                  C(64, 32, 512, 512, 8, 1, True), C(64, 64, 128, 256, 8, 1, True)]
 
 
-def sweep_configs(p, reps, quick):
+def sweep_configs(p, reps):
     """Times each candidate on p directly through the launchers; returns (table, best pair)."""
     q, qr, kv, kr = (p[k] for k in ("q_latent", "q_rope", "kv_latent", "k_rope"))
     table, best = {"forward": [], "backward": []}, {}
-    for cfg in FWD_CANDIDATES[:3] if quick else FWD_CANDIDATES:
+    for cfg in FWD_CANDIDATES:
         try:
             ms = bench_ms(lambda: fdsa._forward(q, qr, kv, kr, p["rows"], p["lengths"], SCALE, cfg), reps)
             table["forward"].append(dict(config=cfg.__dict__, ms=ms, tflops=tflops(FWD_FLOP * p["valid"], ms)))
         except Exception as e:  # a config that does not compile (shared memory) is reported
             table["forward"].append(dict(config=cfg.__dict__, error=repr(e)[:300]))
     out, lse = fdsa._forward(q, qr, kv, kr, p["rows"], p["lengths"], SCALE)
-    for cfg in BWD_CANDIDATES[:3] if quick else BWD_CANDIDATES:
+    for cfg in BWD_CANDIDATES:
         try:
             ms = bench_ms(lambda: fdsa._backward(q, qr, kv, kr, p["rows"], p["lengths"], out, lse,
                                                  p["dout"], SCALE, cfg), reps)
@@ -318,7 +320,7 @@ def main():
         print(f"[{time.strftime('%H:%M:%S')}] {section}: done", flush=True)
 
     problems = {"doc_4096": make_problem("doc_4096", [0, 4096], [0, 4096], gen)}
-    table, best = sweep_configs(problems["doc_4096"], reps, args.quick)
+    table, best = sweep_configs(problems["doc_4096"], reps)
     save("config_sweep", table)
     fdsa.set_configs(forward=best.get("forward"), backward=best.get("backward"))
     save("chosen_configs", {k: v.__dict__ for k, v in best.items()})

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 from .index import offset_gather_kv_indices
 from .kernels.dsa_bwd import dsa_bwd_kernel
@@ -41,6 +42,7 @@ class KernelConfig:
     block_dv: int
     num_warps: int
     num_stages: int
+    dkv_transposed: bool = False  # backward: compute dkv^T = q^T dS + dO^T P (less shared memory)
 
     def one_tile(self, dl):
         return self.block_dv >= dl and self.block_d >= dl
@@ -50,32 +52,63 @@ def _pow2(n, lo=16):
     return max(lo, triton.next_power_of_2(max(int(n), 1)))
 
 
-def default_config(h, dl, *, backward, device_type):
-    """Tile sizes for H heads and latent width dl (the benchmark may pass others)."""
+def candidate_configs(h, dl, *, backward, device_type):
+    """Tile configs to try in order for H heads and latent width dl.
+
+    The first that fits the GPU's shared memory is used (and remembered); the CPU
+    interpreter takes small tiles. ONE_TILE configs (whole latent in one tile) come first
+    for dl <= 512; the chunked ones work for any width.
+    """
     block_h = min(64, _pow2(h))
     latent = _pow2(dl)
-    if latent <= _ONE_TILE_MAX:
-        block_d = block_dv = latent
-    else:
-        block_d, block_dv = 64, 256
+    one = latent <= _ONE_TILE_MAX
     if device_type != "cuda":
-        return KernelConfig(block_h, 16, block_d, block_dv, 4, 1)
+        chunk = latent if one else 256
+        return [KernelConfig(block_h, 16, latent if one else 64, chunk, 4, 1)]
     if backward:
-        return KernelConfig(block_h, 32, block_d, block_dv, 8, 1)
-    return KernelConfig(block_h, 64, block_d, block_dv, 8, 1)
+        first = [KernelConfig(min(block_h, 32), 32, latent, latent, 8, 1, True),
+                 KernelConfig(min(block_h, 32), 32, latent, latent, 8, 1)] if one else []
+        return first + [KernelConfig(block_h, 32, 64, 256, 8, 1, True),
+                        KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
+                        KernelConfig(16, 16, 32, 64, 4, 1)]
+    first = [KernelConfig(block_h, 64, latent, latent, 8, 2),
+             KernelConfig(block_h, 32, latent, latent, 8, 1)] if one else []
+    return first + [KernelConfig(block_h, 32, 64, 256, 8, 1),
+                    KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
+                    KernelConfig(16, 16, 32, 64, 4, 1)]
 
 
 _OVERRIDES = {"forward": None, "backward": None}
+_FITTING = {}  # (kind, device, dtype, H, DL, DR) -> index of the first candidate that launched
 
 
 def set_configs(*, forward=None, backward=None):
-    """Replaces the default tile configs of later launches (None restores the default)."""
+    """Tries these tile configs first in later launches (None restores the defaults)."""
     _OVERRIDES["forward"], _OVERRIDES["backward"] = forward, backward
+    _FITTING.clear()
 
 
-def _config(kind, h, dl, device_type):
-    return _OVERRIDES[kind] or default_config(h, dl, backward=kind == "backward",
-                                              device_type=device_type)
+def _launch_first_fitting(kind, q, dr, launch, config):
+    """Runs launch(cfg) for the first candidate whose kernel fits this GPU.
+
+    Triton raises OutOfResources before the kernel starts, so a refused config wrote nothing.
+    """
+    T, H, DL = q.shape
+    if config is not None:
+        return launch(config)
+    candidates = candidate_configs(H, DL, backward=kind == "backward", device_type=q.device.type)
+    if _OVERRIDES[kind] is not None:
+        candidates = [_OVERRIDES[kind]] + candidates
+    key = (kind, str(q.device), q.dtype, H, DL, dr)
+    for i in range(_FITTING.get(key, 0), len(candidates)):
+        try:
+            launch(candidates[i])
+        except OutOfResources:
+            continue
+        _FITTING[key] = i
+        return
+    raise NotImplementedError(f"fast DSA {kind}: no tile config fits this GPU for H={H}, "
+                              f"Dl={DL}, Dr={dr}")
 
 
 # ----------------------------------------------------------------------------- validation
@@ -180,21 +213,24 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
     lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
     if T == 0 or H == 0:
         return out, lse
-    cfg = config or _config("forward", H, DL, q.device.type)
     qr, kr, DR, sqr, skr = _rope_args(q_rope, k_rope, q)
-    grid = (T, triton.cdiv(H, cfg.block_h), triton.cdiv(DL, cfg.block_dv))
-    dsa_fwd_kernel[grid](
-        q, qr, kv, kr, indices, topk_length if topk_length is not None else indices, out, lse,
-        H, kv.shape[0], indices.shape[1], DL, DR,
-        *_strides3(q), *sqr, kv.stride(0), kv.stride(1), *skr,
-        indices.stride(0), indices.stride(1), *_strides3(out),
-        scale * _LOG2E,
-        HAS_ROPE=q_rope is not None, HAS_LEN=topk_length is not None,
-        ONE_TILE=cfg.one_tile(DL), BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
-        BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DV=min(cfg.block_dv, _pow2(DL)),
-        BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+
+    def launch(cfg):
+        grid = (T, triton.cdiv(H, cfg.block_h), triton.cdiv(DL, cfg.block_dv))
+        dsa_fwd_kernel[grid](
+            q, qr, kv, kr, indices, topk_length if topk_length is not None else indices, out, lse,
+            H, kv.shape[0], indices.shape[1], DL, DR,
+            *_strides3(q), *sqr, kv.stride(0), kv.stride(1), *skr,
+            indices.stride(0), indices.stride(1), *_strides3(out),
+            scale * _LOG2E,
+            HAS_ROPE=q_rope is not None, HAS_LEN=topk_length is not None,
+            ONE_TILE=cfg.one_tile(DL), BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
+            BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DV=min(cfg.block_dv, _pow2(DL)),
+            BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+
+    _launch_first_fitting("forward", q, DR, launch, config)
     return out, lse
 
 
@@ -211,21 +247,24 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
         dqr = torch.empty((T, H, DR), dtype=q.dtype, device=q.device)
         dkr_acc = torch.zeros((S, DR), dtype=torch.float32, device=q.device)
     if T > 0 and H > 0:
-        cfg = config or _config("backward", H, DL, q.device.type)
-        grid = (T, triton.cdiv(H, cfg.block_h), triton.cdiv(DL, cfg.block_dv))
-        dsa_bwd_kernel[grid](
-            q, qr, kv, kr, indices, topk_length if topk_length is not None else indices,
-            out, dout, lse, dq, dqr, dkv_acc, dkr_acc,
-            H, S, indices.shape[1], DL, DR,
-            *_strides3(q), *sqr, kv.stride(0), kv.stride(1), *skr,
-            indices.stride(0), indices.stride(1), *_strides3(out), *_strides3(dout),
-            scale, scale * _LOG2E,
-            HAS_ROPE=q_rope is not None, HAS_LEN=topk_length is not None,
-            ONE_TILE=cfg.one_tile(DL), BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
-            BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DC=min(cfg.block_dv, _pow2(DL)),
-            BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+
+        def launch(cfg):
+            grid = (T, triton.cdiv(H, cfg.block_h), triton.cdiv(DL, cfg.block_dv))
+            dsa_bwd_kernel[grid](
+                q, qr, kv, kr, indices, topk_length if topk_length is not None else indices,
+                out, dout, lse, dq, dqr, dkv_acc, dkr_acc,
+                H, S, indices.shape[1], DL, DR,
+                *_strides3(q), *sqr, kv.stride(0), kv.stride(1), *skr,
+                indices.stride(0), indices.stride(1), *_strides3(out), *_strides3(dout),
+                scale, scale * _LOG2E,
+                HAS_ROPE=q_rope is not None, HAS_LEN=topk_length is not None,
+                ONE_TILE=cfg.one_tile(DL), BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
+                BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DC=min(cfg.block_dv, _pow2(DL)),
+                BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype), DKV_T=cfg.dkv_transposed,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )
+
+        _launch_first_fitting("backward", q, DR, launch, config)
     else:
         dq.zero_()
     dkv = dkv_acc.to(q.dtype)

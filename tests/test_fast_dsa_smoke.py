@@ -297,3 +297,29 @@ def test_offset_gather_in_place(K):
         buf = idx.clone()
         got = offset_gather_kv_indices(buf, cuq, cuk, causal=True, compact=compact, out=buf)
         assert got is buf and torch.equal(got, want)
+
+
+def test_chunked_configs_agree():
+    """The chunked tiles (the GPU's fallback when one tile does not fit) on small dims."""
+    chunked = fdsa.KernelConfig(16, 16, 16, 32, 4, 1)
+    fdsa.set_configs(forward=chunked, backward=chunked)
+    try:
+        c = make_case(T=4, H=5, DL=40, DR=8, S=13, K=21, dtype=torch.float32, seed=6)
+        check_case(c, dout_layout="head_major")
+    finally:
+        fdsa.set_configs()
+
+
+@pytest.mark.parametrize("tile", ["one", "chunked"])
+def test_transposed_dkv_agrees(tile):
+    """Backward with dkv^T = q^T dS + dO^T P, one tile and chunked."""
+    cfg = (fdsa.KernelConfig(16, 16, 64, 64, 4, 1, True) if tile == "one"
+           else fdsa.KernelConfig(16, 16, 16, 32, 4, 1, True))
+    fdsa.set_configs(backward=cfg)
+    try:
+        c = make_case(T=4, H=5, DL=40, DR=8, S=13, K=21, dtype=torch.float32, seed=7)
+        check_case(c, dout_layout="head_major")
+        c = make_case(T=3, H=2, DL=24, DR=0, S=9, K=12, dtype=torch.float16, seed=8)
+        check_case(c)
+    finally:
+        fdsa.set_configs()

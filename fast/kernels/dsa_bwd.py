@@ -65,6 +65,7 @@ def dsa_bwd_kernel(
     HAS_ROPE: tl.constexpr, HAS_LEN: tl.constexpr, ONE_TILE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DC: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
+    DKV_T: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -107,15 +108,28 @@ def dsa_bwd_kernel(
         p = tl.exp2(tl.where(valid[None, :], s * scale_log2, float("-inf")) - lse2[:, None])
         ds = (p * (dp - delta[:, None]) * scale).to(kc.dtype)
         dq = tl.dot(ds, kc, dq, input_precision=PRECISION)
-        dkv = tl.dot(tl.trans(ds), q, input_precision=PRECISION)
-        dkv = tl.dot(tl.trans(p.to(kc.dtype)), do, dkv, input_precision=PRECISION)
-        tl.atomic_add(dkv_ptr + rows[:, None] * DL + offs_c[None, :], dkv,
-                      mask=valid[:, None] & c_mask, sem="relaxed")
+        if DKV_T:
+            # dkv^T = q^T . dS + dO^T . P: the wide latent is the M side of the products,
+            # and q / dO serve both products from one shared-memory copy each
+            dkv_t = tl.dot(tl.trans(q), ds, input_precision=PRECISION)
+            dkv_t = tl.dot(tl.trans(do), p.to(kc.dtype), dkv_t, input_precision=PRECISION)
+            tl.atomic_add(dkv_ptr + rows[None, :] * DL + offs_c[:, None], dkv_t,
+                          mask=valid[None, :] & (offs_c[:, None] < DL), sem="relaxed")
+        else:
+            dkv = tl.dot(tl.trans(ds), q, input_precision=PRECISION)
+            dkv = tl.dot(tl.trans(p.to(kc.dtype)), do, dkv, input_precision=PRECISION)
+            tl.atomic_add(dkv_ptr + rows[:, None] * DL + offs_c[None, :], dkv,
+                          mask=valid[:, None] & c_mask, sem="relaxed")
         if HAS_ROPE:
             dqr = tl.dot(ds, kr, dqr, input_precision=PRECISION)
-            dkr = tl.dot(tl.trans(ds), qr, input_precision=PRECISION)
-            tl.atomic_add(dkr_ptr + rows[:, None] * DR + offs_r[None, :], dkr,
-                          mask=valid[:, None] & r_mask, sem="relaxed")
+            if DKV_T:
+                dkr_t = tl.dot(tl.trans(qr), ds, input_precision=PRECISION)
+                tl.atomic_add(dkr_ptr + rows[None, :] * DR + offs_r[:, None], dkr_t,
+                              mask=valid[None, :] & (tl.trans(r_mask)), sem="relaxed")
+            else:
+                dkr = tl.dot(tl.trans(ds), qr, input_precision=PRECISION)
+                tl.atomic_add(dkr_ptr + rows[:, None] * DR + offs_r[None, :], dkr,
+                              mask=valid[:, None] & r_mask, sem="relaxed")
 
     h_mask = offs_h[:, None] < H
     tl.store(dq_ptr + t * H * DL + offs_h[:, None] * DL + offs_c[None, :],
