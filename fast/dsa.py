@@ -71,7 +71,8 @@ def candidate_configs(h, dl, *, backward, device_type):
         return first + [KernelConfig(block_h, 32, 64, 256, 8, 1, True),
                         KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
                         KernelConfig(16, 16, 32, 64, 4, 1)]
-    first = [KernelConfig(block_h, 64, latent, latent, 8, 2),
+    first = [KernelConfig(block_h, 64, latent, latent, 8, 3),
+             KernelConfig(block_h, 64, latent, latent, 8, 2),
              KernelConfig(block_h, 32, latent, latent, 8, 1)] if one else []
     return first + [KernelConfig(block_h, 32, 64, 256, 8, 1),
                     KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
