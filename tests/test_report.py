@@ -16,7 +16,7 @@ def _pytest(*args, tmp_path):
     env.pop("ORACLE_IMPL", None)
     report = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                           "--hypothesis-profile", "dev", "--oracle-report", str(report), *args],
+                           "--hypothesis-profile", "ci", "--oracle-report", str(report), *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     return proc, json.loads(report.read_text()) if report.exists() else None
 
