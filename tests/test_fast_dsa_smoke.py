@@ -323,3 +323,25 @@ def test_transposed_dkv_agrees(tile):
         check_case(c)
     finally:
         fdsa.set_configs()
+
+
+def _gpu_candidates():
+    if DEVICE != "cuda":
+        return []
+    from benchmarks.dsa import BWD_CANDIDATES, FWD_CANDIDATES
+    return ([("forward", c) for c in FWD_CANDIDATES] + [("backward", c) for c in BWD_CANDIDATES]
+            + [("default", None)])
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="production tiles need a GPU")
+@pytest.mark.parametrize("kind,cfg", _gpu_candidates())
+def test_production_geometry_bf16(kind, cfg):
+    """H=64, 512+64/512, K=2048, bf16, trainer layouts, under every benchmarked tile config."""
+    fdsa.set_configs(**({kind: cfg} if cfg is not None else {}))
+    try:
+        c = make_case(T=24, H=64, DL=512, DR=64, S=3000, K=2048, dtype=torch.bfloat16, seed=10,
+                      hole_rate=0.3, with_len=True)
+        out, lse, grads = check_case(c, dout_layout="head_major", packed=True)
+        assert_empty_rows_exact(c, out, lse, grads)
+    finally:
+        fdsa.set_configs()
