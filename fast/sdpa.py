@@ -173,6 +173,21 @@ def _strides5(t):
     return tuple(t.stride()) if t is not None else (0, 0, 0, 0, 0)
 
 
+_INT32_MAX = 2**31 - 1
+
+
+def _check_tile_offsets(named):
+    """The kernels address rows/cols inside one head with int32 arithmetic (batch offsets are
+    int64): refuse views whose in-head span would overflow rather than read wrong memory."""
+    for name, t in named:
+        if t is None or t.numel() == 0:
+            continue
+        span = sum((n - 1) * abs(st) for n, st in zip(t.shape[-2:], t.stride()[-2:]))
+        if span > _INT32_MAX:
+            raise NotImplementedError(f"{name}: one head spans {span} elements (rows x strides), "
+                                      f"beyond the kernels' int32 in-head addressing")
+
+
 def _block(d):
     return max(16, triton.next_power_of_2(d))
 
@@ -328,6 +343,7 @@ def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dro
         if mask is None:
             raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {full}")
         mask5 = _to_rank5(mask, "attn_mask")
+    _check_tile_offsets((("query", q), ("key", k), ("value", v), ("attn_mask", mask5)))
     scale = float(1.0 / math.sqrt(E) if scale is None else scale)
     out5, lse2 = _sdpa_fwd_op(_to_rank5(q, "query"), _to_rank5(k, "key"), _to_rank5(v, "value"),
                               mask5, is_causal, scale)

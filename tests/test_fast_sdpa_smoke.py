@@ -299,3 +299,11 @@ def test_head_broadcast_and_rank6(gen):
     assert out.shape == (2, 2, 12, 16)
     q6, k6, v6 = (randn(2, 1, 2, 2, 9, 16, dtype=torch.float32, gen=gen) for _ in range(3))
     check_case(q6, k6, v6, is_causal=True)
+
+
+def test_refuses_int32_overflowing_head_span():
+    from fast.sdpa import _check_tile_offsets
+    huge = torch.empty_strided((1, 1, 2, 16), (0, 0, 2**31, 1), device="meta")  # never allocated
+    with pytest.raises(NotImplementedError, match="int32"):
+        _check_tile_offsets([("key", huge)])
+    _check_tile_offsets([("key", torch.empty_strided((1, 1, 2, 16), (0, 0, 2**30, 1), device="meta"))])
