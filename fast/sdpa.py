@@ -241,6 +241,7 @@ def _launch_bwd(dout, q, k, v, mask, out, lse2, is_causal, scale):
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if L == 0 or S == 0 or Z1 * Z2 * HQ == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
+    _check_tile_offsets((("dout", dout),))
     delta = torch.empty((Z1 * Z2 * HQ, L), dtype=torch.float32, device=q.device)
     kind, mask_arg = _mask_kind_and_arg(mask)
     mask_ptr = mask_arg if mask_arg is not None else q
@@ -344,6 +345,9 @@ def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dro
             raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {full}")
         mask5 = _to_rank5(mask, "attn_mask")
     _check_tile_offsets((("query", q), ("key", k), ("value", v), ("attn_mask", mask5)))
+    if max(L, S) * max(E, value.shape[-1]) > _INT32_MAX:  # the outputs/gradients are contiguous
+        raise NotImplementedError(f"query/key: {max(L, S)} rows x head dim overflow the kernels' "
+                                  f"int32 in-head addressing")
     scale = float(1.0 / math.sqrt(E) if scale is None else scale)
     out5, lse2 = _sdpa_fwd_op(_to_rank5(q, "query"), _to_rank5(k, "key"), _to_rank5(v, "value"),
                               mask5, is_causal, scale)
