@@ -5,6 +5,8 @@ import importlib
 
 _AREAS = {
     "sdpa": ("properties.sdpa_cases:SdpaCase", "properties.sdpa_checks"),
+    "dsa": ("properties.dsa_cases:DsaCase", "properties.dsa_checks"),
+    "index": ("properties.index_cases:IndexCase", "properties.index_checks"),
 }
 
 

@@ -1,0 +1,34 @@
+"""Varlen index preparation checks (CONTRACT section 4) on every selected implementation."""
+import pytest
+
+from properties import index_checks as checks
+from properties.index_cases import strategy_for
+from properties.runner import run_property
+
+FN = checks.FN
+
+
+def test_offset_equals_oracle(impl):
+    run_property(checks.offset_equals_oracle, impl, strategy_for("offset_equals_oracle", impl.dtypes),
+                 function=FN)
+
+
+def test_compaction_stable(impl):
+    run_property(checks.compaction_stable, impl, strategy_for("compaction_stable", impl.dtypes),
+                 function=FN)
+
+
+def test_compaction_idempotent(impl):
+    run_property(checks.compaction_idempotent, impl, strategy_for("compaction_idempotent", impl.dtypes),
+                 function=FN)
+
+
+def test_lengths_right(impl):
+    run_property(checks.lengths_right, impl, strategy_for("lengths_right", impl.dtypes), function=FN)
+
+
+def test_compacted_attention(impl):
+    if not impl.offers(checks.ATTN_FN):
+        pytest.skip(f"{impl.name} does not offer {checks.ATTN_FN}")
+    run_property(checks.compacted_attention, impl, strategy_for("compacted_attention", impl.dtypes),
+                 function=FN)
