@@ -1,5 +1,5 @@
 """Optimized Triton kernels with the same public functions as :mod:`oracle` (CONTRACT section 1)."""
-from .sdpa import scaled_dot_product_attention
+from .sdpa import scaled_dot_product_attention, scaled_dot_product_attention_with_lse
 from .dsa import (
     dsa_sparse_attention,
     dsa_sparse_attention_nope,
@@ -10,6 +10,7 @@ from .index import offset_gather_kv_indices
 
 __all__ = [
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_with_lse",
     "dsa_sparse_attention_nope",
     "dsa_sparse_attention",
     "dsa_sparse_attention_nope_varlen",
