@@ -302,14 +302,16 @@ def dsa_cases(draw, dtypes, *, rope: bool, varlen: bool = False, empty_rows=None
     poison_doc = -1
     if poison:
         with_queries = [d for d, (q, _) in enumerate(docs) if q > 0]
-        poison_doc = draw(st.sampled_from(with_queries))
+        # prefer a document followed by keys: a leak past its end lands in them
+        followed = [d for d in with_queries if any(k for _, k in docs[d + 1:])]
+        poison_doc = draw(st.sampled_from(followed or with_queries))
     q_rope_layouts = ("contiguous", "channel_slice", "transposed") if rope else ("contiguous",)
     kv_layouts = KV_LAYOUTS if rope else ("contiguous", "kv3d", "packed_filler", "sliced")
     return DsaCase(
         rope=rope, T=T, S=S, H=H, K=K, Dl=dl, Dr=dr,
         dtype=dtype_name(draw(st.sampled_from(tuple(dtypes)))),
         docs=docs, causal=(draw(st.booleans()) if causal is None else causal) if varlen else False,
-        holes=pattern, density=density, invalid=draw(st.sampled_from(("minus_one", "mixed"))),
+        holes=pattern, density=density, invalid=draw(st.sampled_from(("minus_one", "mixed", "mixed"))),
         empty_rows=n_empty, duplicates=n_dup,
         topk=draw(st.sampled_from(("none", "random", "zeros", "full"))) if topk is None else topk,
         scale=draw(st.one_of(st.none(), st.floats(0.05, 1.0).map(lambda x: round(x, 4)))),

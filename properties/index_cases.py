@@ -25,7 +25,7 @@ from . import profiles
 from .case import CaseMixin, dtype_name
 
 HOLE_PATTERNS = ("none", "head", "middle", "tail", "interleaved", "random")
-DENSITIES = (0.0, 0.1, 0.25, 0.5, 0.758, 0.9, 1.0)
+DENSITIES = (0.1, 0.25, 0.5, 0.758, 0.9, 1.0)   # pattern "none" is the 0% case
 TOPK_MODES = ("none", "random", "zeros", "full")
 INT32_MIN = -(2 ** 31)
 
@@ -61,8 +61,9 @@ def token_documents(docs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def hole_mask(T: int, K: int, pattern: str, density: float, g: torch.Generator) -> torch.Tensor:
-    """Bool ``[T, K]``: True where the slot is a hole (same count ``round(density*K)`` per row)."""
-    n = 0 if pattern == "none" else int(round(density * K))
+    """Bool ``[T, K]``: True where the slot is a hole (``round(density*K)`` per row, at least
+    one when ``density > 0``)."""
+    n = 0 if pattern == "none" or density <= 0 else max(1, int(round(density * K)))
     mask = torch.zeros(T, K, dtype=torch.bool)
     if n == 0 or T == 0:
         return mask
@@ -91,13 +92,13 @@ def invalid_values(shape, invalid: str, limit: torch.Tensor, g: torch.Generator)
     """
     if invalid == "minus_one":
         return torch.full(shape, -1, dtype=torch.int64)
-    kind = torch.randint(0, 5, shape, generator=g)
+    kind = torch.randint(0, 6, shape, generator=g)
     limit = torch.as_tensor(limit, dtype=torch.int64).expand(shape)
     past = limit + torch.randint(0, 4, shape, generator=g)
     choices = torch.stack([torch.full(shape, -1, dtype=torch.int64),
                            torch.full(shape, INT32_MIN, dtype=torch.int64),
                            -torch.randint(2, 1000, shape, generator=g),
-                           limit.clone(), past])
+                           limit.clone(), limit.clone(), past])  # the boundary twice: off-by-ones
     return choices.gather(0, kind[None]).squeeze(0)
 
 
@@ -117,20 +118,25 @@ def local_rows(docs, K: int, *, causal: bool, g: torch.Generator) -> torch.Tenso
     """int64 ``[T, K]`` local indices, all inside their document (``0 <= j < seqlen_k``).
 
     Causal rows draw mostly from ``0..pos`` (with a few future keys, which the causal cut
-    must drop); others from the whole document. Documents without keys give -1.
+    must drop); others from the whole document. A quarter of the slots hold a boundary
+    value (0, pos, pos + 1, seqlen_k - 1) where off-by-one errors show. Documents without
+    keys give -1.
     """
     _, seqlen_k, pos = token_documents(docs)
     T = seqlen_k.numel()
     u = torch.rand(T, K, generator=g, dtype=torch.float64)
-    span = seqlen_k.clone()
     if causal:
         visible = (pos + 1).clamp(min=0)
         future = torch.rand(T, K, generator=g) < 0.2
         span = torch.where(future, seqlen_k[:, None], visible[:, None])
     else:
-        span = span[:, None].expand(T, K)
+        span = seqlen_k[:, None].expand(T, K)
     rows = torch.floor(u * span).to(torch.int64)
-    return torch.where(span > 0, rows, -1)
+    boundary = torch.stack([torch.zeros_like(pos), pos, pos + 1, seqlen_k - 1], dim=1)
+    pick = boundary.gather(1, torch.randint(0, 4, (T, K), generator=g))
+    pick = torch.minimum(pick.clamp(min=0), (seqlen_k - 1).clamp(min=0)[:, None])
+    rows = torch.where(torch.rand(T, K, generator=g) < 0.25, pick, rows)
+    return torch.where(seqlen_k[:, None] > 0, rows, -1)
 
 
 # ----------------------------------------------------------------------------- the case
@@ -270,7 +276,7 @@ def index_cases(draw, *, compact=None, causal=None, dtypes=(torch.float32,), max
         topk=draw(st.sampled_from(TOPK_MODES)),
         return_topk_length=draw(st.booleans()),
         out=out, index_dtype=index_dtype, holes=pattern, density=density,
-        invalid=draw(st.sampled_from(("minus_one", "mixed"))),
+        invalid=draw(st.sampled_from(("minus_one", "mixed", "mixed"))),
         layout=draw(st.sampled_from(("contiguous", "transposed"))),
         H=draw(st.integers(1, 3)), D=draw(st.sampled_from((4, 8, 16))),
         dtype=dtype_name(draw(st.sampled_from(tuple(dtypes)))),

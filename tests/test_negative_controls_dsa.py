@@ -1,0 +1,50 @@
+"""Negative controls for DSA and varlen index preparation: deliberately broken namespaces
+(``tests/negative/dsa_broken.py``, ``tests/negative/index_broken.py``) that the checks must
+catch. Each control runs the check named in its module's ``CONTROLS`` table under
+``profiles.control_settings()`` (no shrinking, first failure wins) and must raise
+OracleMismatch naming that check and the control.
+"""
+import pytest
+import torch
+from hypothesis import given
+
+from properties import dsa_checks, index_checks, profiles, report
+from properties.agreement import OracleMismatch
+from properties.dsa_cases import strategy_for as dsa_strategy
+from properties.index_cases import strategy_for as index_strategy
+from properties.runner import run_check
+from properties.targets import load
+from tests.negative import dsa_broken, index_broken
+
+DTYPES = (torch.float32, torch.float16)
+VARLEN_CHECKS = ("varlen_agreement", "varlen_isolation")
+
+
+def _assert_caught(check, target, cases, check_name):
+    @profiles.control_settings()
+    @given(case=cases)
+    def search(case):
+        run_check(check, target, case)
+
+    with report.silenced(), pytest.raises(OracleMismatch) as caught:
+        search()
+    assert check_name in str(caught.value)
+    assert target.name in str(caught.value)
+
+
+@pytest.mark.parametrize("control", sorted(dsa_broken.CONTROLS))
+def test_dsa_control_is_caught(control):
+    check_name = dsa_broken.CONTROLS[control]
+    target = load(f"tests.negative.dsa_broken:{control}", torch.device("cpu"))
+    assert not target.unavailable, target.unavailable
+    _assert_caught(dsa_checks.CHECKS[check_name], target,
+                   dsa_strategy(check_name, DTYPES, rope=True), f"dsa.{check_name}")
+
+
+@pytest.mark.parametrize("control", sorted(index_broken.CONTROLS))
+def test_index_control_is_caught(control):
+    check_name = index_broken.CONTROLS[control]
+    target = load(f"tests.negative.index_broken:{control}", torch.device("cpu"))
+    assert not target.unavailable, target.unavailable
+    _assert_caught(index_checks.CHECKS[check_name], target, index_strategy(check_name),
+                   f"index.{check_name}")
