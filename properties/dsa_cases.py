@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from . import profiles
 from .case import CaseMixin, dtype_name
 from .index_cases import (_as_pairs, cu_seqlens, documents, hole_mask, holes,
-                          holey_local_indices, invalid_values, token_documents, topk_lengths)
+                          holey_local_indices, invalid_values, token_documents, topk_lengths,
+                          topk_like_rows)
 from .layouts import fresh, lay_out
 
 FUNCTIONS = {(False, False): "dsa_sparse_attention_nope", (True, False): "dsa_sparse_attention",
@@ -64,10 +65,13 @@ class DsaCase(CaseMixin):
     value_scale: float = 1.0
     q_chunk: int = 0             # query chunk of the chunked-backward check (0: T)
     poison_doc: int = -1         # varlen isolation: keep this document's keys, poison the rest
+    selection: str = "random"    # varlen: random local rows, or "topk" (a causal indexer's rows)
+    gap: tuple = ()              # (start, stop): query rows made fully empty (100% holes)
     seed: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "docs", _as_pairs(self.docs))
+        object.__setattr__(self, "gap", tuple(int(x) for x in self.gap))
         if self.docs:
             object.__setattr__(self, "T", sum(q for q, _ in self.docs))
             object.__setattr__(self, "S", sum(k for _, k in self.docs))
@@ -122,6 +126,8 @@ def _gen(seed: int) -> torch.Generator:
 
 def _plant_duplicates(idx: torch.Tensor, valid: torch.Tensor, n: int, g: torch.Generator) -> None:
     """In ``n`` rows with >= 2 valid slots, copy one valid slot's index into another."""
+    if n == 0:
+        return
     rows = [t for t in range(idx.shape[0]) if int(valid[t].sum()) >= 2]
     for r in torch.randperm(len(rows), generator=g)[:n].tolist():
         t = rows[r]
@@ -151,16 +157,28 @@ def _global_indices(case: DsaCase, g: torch.Generator, topk) -> torch.Tensor:
     mask = hole_mask(case.T, case.K, case.holes, case.density, g)
     idx = torch.where(mask, invalid_values((case.T, case.K), case.invalid, case.S, g), idx)
     _empty_out_rows(idx, case.empty_rows, case.S, g)
+    _punch_gap(idx, case.gap)
     valid = (idx >= 0) & (idx < case.S) & _slot_in_topk(case.T, case.K, topk)
     _plant_duplicates(idx, valid, case.duplicates, g)
     return idx
 
 
+def _punch_gap(idx: torch.Tensor, gap: tuple) -> None:
+    if gap:
+        idx[gap[0]:gap[1]] = -1
+
+
 def _local_indices(case: DsaCase, g: torch.Generator, topk) -> torch.Tensor:
-    idx = holey_local_indices(case.docs, case.K, causal=case.causal, holes=case.holes,
-                              density=case.density, invalid=case.invalid, g=g)
+    if case.selection == "topk":
+        idx = topk_like_rows(case.docs, case.K, g)
+        if case.holes != "none":
+            idx[hole_mask(case.T, case.K, case.holes, case.density, g)] = -1
+    else:
+        idx = holey_local_indices(case.docs, case.K, causal=case.causal, holes=case.holes,
+                                  density=case.density, invalid=case.invalid, g=g)
     _, seqlen_k, pos = token_documents(case.docs)
     _empty_out_rows(idx, case.empty_rows, seqlen_k, g)
+    _punch_gap(idx, case.gap)
     valid = (idx >= 0) & (idx < seqlen_k[:, None]) & _slot_in_topk(case.T, case.K, topk)
     if case.causal:
         valid &= idx <= pos[:, None]
@@ -208,17 +226,28 @@ def poison_other_documents(kv: torch.Tensor, docs, keep: int, g: torch.Generator
     return torch.where(outside[:, None], signs, kv)
 
 
-def build(case: DsaCase, device: torch.device) -> DsaInputs:
-    """Tensors of the case on ``device`` in their layouts; q/kv tensors require grad."""
+def build(case: DsaCase, device: torch.device, *, values_on_device: bool = False) -> DsaInputs:
+    """Tensors of the case on ``device`` in their layouts; q/kv tensors require grad.
+
+    Indices always come from the CPU generator (reproducible anywhere). With
+    ``values_on_device`` the float values are drawn by a generator on ``device`` directly
+    in the case dtype (full-size fixtures: no host copy of GBs of float32); they then
+    differ from the CPU-drawn values of the same seed.
+    """
     g = _gen(case.seed)
     dt, T, S, H = case.torch_dtype, case.T, case.S, case.H
     topk = topk_lengths(T, case.K, case.topk, g)
     idx = _local_indices(case, g, topk) if case.varlen else _global_indices(case, g, topk)
-    ql = torch.randn(T, H, case.Dl, generator=g) * case.value_scale
-    qr = torch.randn(T, H, case.Dr, generator=g) * case.value_scale if case.rope else None
-    kl = torch.randn(S, case.Dl, generator=g)
-    kr = torch.randn(S, case.Dr, generator=g) if case.rope else None
-    dout = torch.randn(T, H, case.Dl, generator=g)
+    if values_on_device:
+        gv = torch.Generator(device=device).manual_seed(case.seed)
+        randn = lambda *shape: torch.randn(*shape, generator=gv, device=device, dtype=dt)  # noqa: E731
+    else:
+        randn = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+    ql = randn(T, H, case.Dl) * case.value_scale
+    qr = randn(T, H, case.Dr) * case.value_scale if case.rope else None
+    kl = randn(S, case.Dl)
+    kr = randn(S, case.Dr) if case.rope else None
+    dout = randn(T, H, case.Dl)
     if case.varlen and case.poison_doc >= 0:
         kl = poison_other_documents(kl, case.docs, case.poison_doc, g)
         kr = None if kr is None else poison_other_documents(kr, case.docs, case.poison_doc, g)

@@ -188,7 +188,7 @@ def empty_rows(target, case: DsaCase) -> None:
     named[rows[valid].to(torch.int64)] = True
     for name in ("dkv_latent", "dk_rope"):
         if name in got:
-            x = got[name].reshape(case.S, -1)[~named]
+            x = got[name].flatten(1)[~named]
             assert_exact(x, torch.zeros_like(x), check=check, impl=target.name, name=name,
                          what=f"{name} on key rows no valid slot names", repro=repro)
     lse = _lse_or_none(target, inp, check)
@@ -326,7 +326,7 @@ def varlen_isolation(target, case: DsaCase) -> None:
         if name.startswith("dq"):
             agree(name, g, gold, lp, case, target, check, gradient=True, select=queries)
         else:
-            outside = g.reshape(case.S, -1)[~keys]
+            outside = g.flatten(1)[~keys]
             assert_exact(outside, torch.zeros_like(outside), check=check, impl=target.name, name=name,
                          what=f"gradient reached key rows outside document {case.poison_doc}",
                          repro=repro)

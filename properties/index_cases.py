@@ -139,6 +139,25 @@ def local_rows(docs, K: int, *, causal: bool, g: torch.Generator) -> torch.Tenso
     return torch.where(seqlen_k[:, None] > 0, rows, -1)
 
 
+def topk_like_rows(docs, K: int, g: torch.Generator) -> torch.Tensor:
+    """int64 ``[T, K]`` rows as a causal top-k indexer gives them: ``min(pos + 1, K)``
+    distinct local keys ``<= pos`` (spread over ``0..pos``, ascending), then -1 holes.
+
+    A causal document shorter than K thus has its natural hole rate: 992-token documents
+    with K = 2048 give 1 - 496.5/2048 = 75.8% holes.
+    """
+    _, _, pos = token_documents(docs)
+    T = pos.numel()
+    visible = (pos + 1).clamp(min=0)
+    n = visible.clamp(max=K)
+    step = visible.double() / n.clamp(min=1).double()               # >= 1
+    slots = torch.arange(K, dtype=torch.float64)
+    jitter = torch.rand(T, K, generator=g, dtype=torch.float64) * (step[:, None] - 1)
+    # s*step + jitter lies in [s*step, (s+1)*step - 1): floors strictly increase, <= pos
+    rows = torch.floor(slots[None, :] * step[:, None] + jitter).to(torch.int64)
+    return torch.where(slots[None, :] < n[:, None].double(), rows, -1)
+
+
 # ----------------------------------------------------------------------------- the case
 
 

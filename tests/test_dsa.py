@@ -70,6 +70,7 @@ def _edge_cases(dtype: str):
         "topk_all_zero": DsaCase(T=5, S=9, K=6, topk="zeros", empty_rows=5, **base),
         "varlen_empty_docs": DsaCase(docs=((0, 0), (3, 7), (0, 4), (0, 0), (2, 2)), K=5,
                                      causal=True, holes="head", density=0.758, **base),
+        "varlen_all_docs_empty": DsaCase(docs=((0, 0), (0, 0)), K=3, causal=True, **base),
     }
 
 
@@ -86,3 +87,22 @@ def test_edge_cases(impl, variant, edge):
         ran += run_check(check, impl, case)
     if ran == 0:
         pytest.skip(f"unsupported: {impl.name} refused the {edge} case")
+
+
+def test_cases_round_trip():
+    """Drawn DSA cases rebuild exactly from their JSON (replay and the regression corpus)."""
+    import json
+
+    import torch
+    from hypothesis import given, settings
+
+    from properties.case import load_case
+    from properties.dsa_cases import dsa_cases
+
+    @settings(max_examples=30, database=None)
+    @given(case=dsa_cases((torch.float32, torch.float16), rope=True, varlen=True, poison=True)
+           | dsa_cases((torch.float32,), rope=False, empty_rows=True, duplicates=True))
+    def round_trip(case):
+        again = load_case(json.loads(case.to_json()))
+        assert again == case and again.to_json() == case.to_json()
+    round_trip()

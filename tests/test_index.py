@@ -32,3 +32,20 @@ def test_compacted_attention(impl):
         pytest.skip(f"{impl.name} does not offer {checks.ATTN_FN}")
     run_property(checks.compacted_attention, impl, strategy_for("compacted_attention", impl.dtypes),
                  function=FN)
+
+
+def test_cases_round_trip():
+    """Drawn index cases rebuild exactly from their JSON (replay and the regression corpus)."""
+    import json
+
+    from hypothesis import given, settings
+
+    from properties.case import load_case
+    from properties.index_cases import index_cases
+
+    @settings(max_examples=30, database=None)
+    @given(case=index_cases())
+    def round_trip(case):
+        again = load_case(json.loads(case.to_json()))
+        assert again == case and again.to_json() == case.to_json()
+    round_trip()
