@@ -146,6 +146,19 @@ def _empty_out_rows(idx: torch.Tensor, n: int, limit, g: torch.Generator) -> Non
                                else "mixed", lim, g)
 
 
+def _only_future_keys(idx: torch.Tensor, n: int, seqlen_k, pos, g: torch.Generator) -> None:
+    """Empty up to ``n`` rows by the causal cut alone: every slot names a key of the
+    document after the query's position (rows at their document's last key are skipped)."""
+    T, K = idx.shape
+    candidates = torch.nonzero(pos + 1 < seqlen_k).flatten()
+    if n == 0 or K == 0 or candidates.numel() == 0:
+        return
+    rows = candidates[torch.randperm(candidates.numel(), generator=g)[:n]]
+    first, span = pos[rows] + 1, seqlen_k[rows] - pos[rows] - 1
+    u = torch.rand(rows.numel(), K, generator=g, dtype=torch.float64)
+    idx[rows] = first[:, None] + torch.floor(u * span[:, None]).to(torch.int64)
+
+
 def _slot_in_topk(T: int, K: int, topk: torch.Tensor | None) -> torch.Tensor:
     if topk is None:
         return torch.ones(T, K, dtype=torch.bool)
@@ -178,6 +191,8 @@ def _local_indices(case: DsaCase, g: torch.Generator, topk) -> torch.Tensor:
                                   density=case.density, invalid=case.invalid, g=g)
     _, seqlen_k, pos = token_documents(case.docs)
     _empty_out_rows(idx, case.empty_rows, seqlen_k, g)
+    if case.causal:
+        _only_future_keys(idx, case.empty_rows, seqlen_k, pos, g)
     _punch_gap(idx, case.gap)
     valid = (idx >= 0) & (idx < seqlen_k[:, None]) & _slot_in_topk(case.T, case.K, topk)
     if case.causal:

@@ -1,6 +1,7 @@
 """Named DSA fixtures (fixtures/dsa.py) on every selected implementation.
 
-The CPU form of each fixture runs always; the full-size form only on CUDA (``gpu`` mark).
+The CPU form of each fixture runs always; the full-size form only on CUDA under the gpu or
+fuzz profile (marks ``gpu``, ``slow``; run with ``-s`` to see the oracle's figures).
 Both go through the same path, chosen so that full size never computes anything twice and
 never holds a float64 copy of a whole output:
 
@@ -28,7 +29,7 @@ import torch
 
 from fixtures.dsa import FIXTURES
 from oracle.dsa import dsa_reference
-from properties import report
+from properties import profiles, report
 from properties.agreement import FLOOR_ULPS, K_FORWARD, K_GRADIENT, OracleMismatch, eps
 from properties.case import dtype_name, load_case
 from properties.dsa_checks import call, global_rows, grads
@@ -183,6 +184,8 @@ def test_fixture_cpu_form(impl, name):
 def test_fixture_full_size(impl, name):
     if not torch.cuda.is_available():
         pytest.skip("full-size fixtures need a CUDA device")
+    if profiles.size() != "large":
+        pytest.skip(f"full-size fixtures run under the gpu/fuzz profiles (active: {profiles.name()})")
     fn = FIXTURES[name].gpu.function
     if not impl.offers(fn):
         pytest.skip(f"{impl.name} does not offer {fn}")

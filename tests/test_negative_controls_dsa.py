@@ -48,3 +48,17 @@ def test_index_control_is_caught(control):
     assert not target.unavailable, target.unavailable
     _assert_caught(index_checks.CHECKS[check_name], target, index_strategy(check_name),
                    f"index.{check_name}")
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float16", "bfloat16"))
+def test_floor_catches_ten_floors_where_dq_cancels(dtype):
+    """One valid slot per row: dq is 0 by cancellation and the rule's bound collapses; the
+    absolute floor still catches a dq error of 10 floors and admits half a floor."""
+    from properties.dsa_cases import DsaCase
+    from properties.targets import Target
+
+    case = DsaCase(T=6, S=9, K=1, H=2, Dl=16, Dr=8, dtype=dtype, seed=1)
+    with report.silenced():
+        dsa_checks.gradient_agreement(Target("half-floor", dsa_broken.DqOffByFloors(0.5)), case)
+        with pytest.raises(OracleMismatch, match="dq_latent"):
+            dsa_checks.gradient_agreement(Target("ten-floors", dsa_broken.DqOffByFloors(10.0)), case)

@@ -210,3 +210,24 @@ class DoutModified(_BrokenBackward):
         if 0 not in dout.stride():
             dout.mul_(0.5)
         return g
+
+
+class DqOffByFloors(_BrokenBackward):
+    """dq shifted by ``floors`` times the agreement rule's absolute floor (CONTRACT section 5).
+
+    With one valid slot per row the exact dq is 0 by cancellation (P = 1, dS = dP - Delta = 0)
+    and the rule's bound collapses; the floor must still catch 10 floors and admit half of one.
+    """
+
+    def __init__(self, floors: float = 10.0):
+        self.floors = floors
+
+    def __repr__(self):
+        return f"DqOffByFloors({self.floors})"
+
+    def backward(self, ql, qr, kv, kr, idx, topk, scale, dout):
+        from properties.agreement import FLOOR_ULPS, eps
+        g = dsa_reference(ql, qr, kv, kr, idx, dout, topk_length=topk, softmax_scale=scale)
+        floor = FLOOR_ULPS * eps(ql.dtype) * g["magnitude"]["dq_latent"]
+        g["dq_latent"] = g["dq_latent"] + self.floors * floor
+        return g
