@@ -66,13 +66,16 @@ def candidate_configs(h, dl, *, backward, device_type):
         chunk = latent if one else 256
         return [KernelConfig(block_h, 16, latent if one else 64, chunk, 4, 1)]
     if backward:
-        first = [KernelConfig(min(block_h, 32), 32, latent, latent, 8, 1, True),
-                 KernelConfig(min(block_h, 32), 32, latent, latent, 8, 1)] if one else []
-        return first + [KernelConfig(block_h, 32, 64, 256, 8, 1, True),
-                        KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
-                        KernelConfig(16, 16, 32, 64, 4, 1)]
-    first = [KernelConfig(block_h, 64, latent, latent, 8, 3),
-             KernelConfig(block_h, 64, latent, latent, 8, 2),
+        # measured on H200 (NOTES.md, fast DSA): the 64-head latent split in two 256-wide
+        # chunks with transposed dkv is fastest; 32-head one-tile is close. The 64-head
+        # one-tile config with transposed dkv gave wrong dkv and an illegal address
+        # (Triton 3.6, heavy spills): it is not offered.
+        return [KernelConfig(block_h, 32, 64, 256, 8, 3, True),
+                KernelConfig(min(block_h, 32), 32, latent, latent, 8, 3, True) if one else
+                KernelConfig(min(block_h, 32), 32, 64, 128, 8, 3, True),
+                KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
+                KernelConfig(16, 16, 32, 64, 4, 1)]
+    first = [KernelConfig(block_h, 64, latent, latent, 8, 2),
              KernelConfig(block_h, 32, latent, latent, 8, 1)] if one else []
     return first + [KernelConfig(block_h, 32, 64, 256, 8, 1),
                     KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
