@@ -5,7 +5,10 @@
   ``[B, L, H, E]`` buffer seen as ``[B, H, L, E]``; DSA's head-major ``dout``
   ``[H, T, Dv]`` seen as ``[T, H, Dv]`` with strides ``(Dv, T*Dv, 1)``).
 - ``sliced``: a window of a larger buffer (extra rows and channels). The rest of the buffer
-  is poisoned with NaN, so a kernel that reads outside its view produces NaN.
+  is poisoned with NaN, so a kernel that reads outside its view produces NaN. Row strides and
+  the start stay multiples of 8 elements (16-byte aligned), as in a trainer's channel slices.
+- ``misaligned``: like ``sliced`` but the row stride and the start are odd element counts
+  (not 16-byte aligned): legal strides that vectorised kernels must handle or refuse.
 - ``broadcast``: stride 0 along one dim (the values are made constant along it first).
 
 A layout never changes values except ``broadcast``, whose values callers take from the
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-LAYOUTS = ("contiguous", "transposed", "sliced", "broadcast")
+LAYOUTS = ("contiguous", "transposed", "sliced", "misaligned", "broadcast")
 
 
 def _poisoned(shape, like: torch.Tensor) -> torch.Tensor:
@@ -38,19 +41,31 @@ def lay_out(values: torch.Tensor, layout: str, dims: tuple[int, int] = (-3, -2))
         if values.dim() < 3:
             a, b = 0, 1
         return values.transpose(a, b).contiguous().transpose(a, b)
-    if layout == "sliced":
-        n = values.dim()
-        padded = {d % n for d in (dims if n >= 3 else (0,))} | {n - 1}
-        shape = [size + (3 if d in padded else 0) for d, size in enumerate(values.shape)]
-        buf = _poisoned(shape, values)
-        window = buf[tuple(slice(1 if d in padded else 0, (1 if d in padded else 0) + size)
-                           for d, size in enumerate(values.shape))]
-        window.copy_(values)
-        return window
+    if layout in ("sliced", "misaligned"):
+        return _window(values, dims, aligned=layout == "sliced")
     if layout == "broadcast":
         d = dims[1] if values.dim() >= 3 else 0
         return values.narrow(d, 0, 1).expand(values.shape)
     raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
+
+
+def _window(values: torch.Tensor, dims, aligned: bool) -> torch.Tensor:
+    """``values`` copied into a NaN-poisoned larger buffer: rows padded by 3 (start 1) in the
+    ``dims``; channels padded to a multiple of 8 plus 8, starting at 8 (``aligned``), or to an
+    odd count, starting at 1."""
+    n = values.dim()
+    rows = {d % n for d in (dims if n >= 3 else (0,))} - {n - 1}
+    c = values.shape[-1]
+    if aligned:
+        c_pad, c_start = (-c) % 8 + 8, 8
+    else:
+        c_pad, c_start = (3 if (c + 3) % 2 else 4), 1
+    pads = [c_pad if d == n - 1 else (3 if d in rows else 0) for d in range(n)]
+    starts = [c_start if d == n - 1 else (1 if d in rows else 0) for d in range(n)]
+    buf = _poisoned([size + pad for size, pad in zip(values.shape, pads)], values)
+    window = buf[tuple(slice(b, b + size) for b, size in zip(starts, values.shape))]
+    window.copy_(values)
+    return window
 
 
 def fresh(values: torch.Tensor, layout: str, dims=(-3, -2), requires_grad=False) -> torch.Tensor:

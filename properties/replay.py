@@ -33,6 +33,11 @@ def replay(impl: str, check: str, case_dict: dict) -> int:
     except OracleMismatch as exc:
         print(f"FAILED\n{exc}")
         return 1
+    except Exception as exc:  # a crash of the implementation (or of the device) is a failure too
+        import traceback
+        traceback.print_exc()
+        print(f"ERROR {type(exc).__name__}: {exc}")
+        return 3
     print(f"passed: {check} on {impl}")
     return 0
 

@@ -7,20 +7,51 @@ skipped as "unsupported"; the report turns a function refused everywhere into a 
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given, note, settings
 
 from . import report
+from .agreement import OracleMismatch
 from .targets import Refused, Target
+
+
+ISOLATED_EXAMPLES = 8  # each isolated example pays a process start and CUDA initialisation
 
 
 def run_check(check, target: Target, case) -> bool:
     """Run one case; False if the implementation refused it."""
+    if getattr(check, "ISOLATE_ON_CUDA", False) and target.device.type == "cuda":
+        return run_isolated(check, target, case)
     try:
         check(target, case)
     except Refused:
         return False
     return True
+
+
+def run_isolated(check, target: Target, case) -> bool:
+    """Run one case in a fresh process (``python -m properties.replay``), so that a kernel
+    that faults on the device cannot poison this process' CUDA context."""
+    name = f"{case.AREA}.{check.__name__}"
+    proc = subprocess.run([sys.executable, "-m", "properties.replay", "--impl", target.name,
+                           "--check", name, case.to_json()],
+                          capture_output=True, text=True, timeout=600,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    text = (proc.stdout + proc.stderr).strip()
+    if proc.returncode == 0:
+        if text.startswith("unsupported"):
+            report.record_call(name, refused=True, reason=text[:200])
+            return False
+        report.record_call(name, refused=False)
+        return True
+    report.record_ratio(name, target.name, float("inf"))
+    raise OracleMismatch(f"[{name}] implementation={target.name}: isolated run failed "
+                         f"(exit {proc.returncode}):\n{text[-3000:]}\n  reproduce: "
+                         f"{case.repro(name, target.name)}")
 
 
 def run_property(check, target: Target, cases, *, function: str,
@@ -38,6 +69,8 @@ def run_property(check, target: Target, cases, *, function: str,
         ran["ok" if run_check(check, target, case) else "refused"] += 1
 
     test = given(case=cases)(one)
+    if settings_ is None and getattr(check, "ISOLATE_ON_CUDA", False) and target.device.type == "cuda":
+        settings_ = settings(max_examples=min(settings().max_examples, ISOLATED_EXAMPLES))
     if settings_ is not None:
         test = settings_(test)
     test()

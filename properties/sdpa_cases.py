@@ -156,4 +156,6 @@ def strategy_for(check: str, dtypes):
         return sdpa_cases(dtypes, rank=3)
     if check == "fully_masked_rows":
         return sdpa_cases(dtypes, empty_rows=True)
+    if check == "misaligned_inputs":
+        return sdpa_cases(dtypes, layouts=False, dout_layouts=("contiguous",))
     return sdpa_cases(dtypes)

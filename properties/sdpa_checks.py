@@ -6,8 +6,14 @@ strided_dout: gradients for a strided ``dout`` equal those for ``dout.contiguous
 rank3_equals_rank4: ``[N, L, E]`` inputs give what the same data as ``[1, N, L, E]`` gives.
 fully_masked_rows: out = 0 exactly, zero gradients, nothing non-finite, lse = -inf.
 determinism: the same call twice gives bitwise-equal outputs and gradients.
+misaligned_inputs: q, k, v and dout at odd row strides and offsets (legal strides that
+    16-byte vector loads cannot take): outputs and gradients agree, or the call is refused.
+    On CUDA it runs each example in a subprocess: a kernel that faults on misaligned
+    addresses poisons its CUDA context, and must not take the rest of the run with it.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -46,8 +52,7 @@ def _agree(name, x, gold, lp, case, target, check, gradient):
                          magnitude=gold["magnitude"][name], repro=case.repro(check, target.name))
 
 
-def forward_agreement(target, case: SdpaCase) -> None:
-    check = "sdpa.forward_agreement"
+def forward_agreement(target, case: SdpaCase, check: str = "sdpa.forward_agreement") -> None:
     inp = build(case, target.device, requires_grad=False)
     out = _call(target, inp)
     gold, lp = _references(inp, case)
@@ -60,8 +65,7 @@ def forward_agreement(target, case: SdpaCase) -> None:
         _agree("lse", lse, gold, lp, case, target, check, gradient=False)
 
 
-def gradient_agreement(target, case: SdpaCase) -> None:
-    check = "sdpa.gradient_agreement"
+def gradient_agreement(target, case: SdpaCase, check: str = "sdpa.gradient_agreement") -> None:
     inp = build(case, target.device)
     dout = inp.dout.contiguous()
     grads = _grads(_call(target, inp), inp, dout)
@@ -155,5 +159,16 @@ def determinism(target, case: SdpaCase) -> None:
                      what="second identical call differs", repro=case.repro(check, target.name))
 
 
+def misaligned_inputs(target, case: SdpaCase) -> None:
+    check = "sdpa.misaligned_inputs"
+    case = dataclasses.replace(case, layout_q="misaligned", layout_k="misaligned",
+                               layout_v="misaligned", layout_dout="misaligned")
+    forward_agreement(target, case, check)
+    gradient_agreement(target, case, check)
+
+
+misaligned_inputs.ISOLATE_ON_CUDA = True
+
 CHECKS = {f.__name__: f for f in (forward_agreement, gradient_agreement, strided_dout,
-                                   rank3_equals_rank4, fully_masked_rows, determinism)}
+                                   rank3_equals_rank4, fully_masked_rows, determinism,
+                                   misaligned_inputs)}

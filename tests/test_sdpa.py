@@ -32,3 +32,7 @@ def test_fully_masked_rows(impl):
 
 def test_determinism(impl):
     _run("determinism", impl)
+
+
+def test_misaligned_inputs(impl):
+    _run("misaligned_inputs", impl)

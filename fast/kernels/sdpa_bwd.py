@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .sdpa_common import (SMEM_LIMIT, TUNE_KW, apply_attn_mask, autotune_enabled, batch_offset,
-                          forced_choice, load_tile, smem_bytes)
+                          forced_choice, load_tile, smem_bytes, validated_only)
 
 
 @triton.jit(do_not_specialize=["Z2", "HQ"])
@@ -34,9 +34,13 @@ def sdpa_bwd_preprocess_kernel(O, DO, Delta,
     tl.store(Delta + pid_bh.to(tl.int64) * L + offs_m, tl.sum(o * do, 1), mask=offs_m < L)
 
 
+_DKDV_SAFE = triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=2)
+_DQ_SAFE = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)
+
+
 def _dkdv_configs():
     if not autotune_enabled():
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=2)]
+        return [_DKDV_SAFE]
     shapes = [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3), (32, 64, 4, 2)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
             for bm, bn, w, s in shapes]
@@ -44,19 +48,21 @@ def _dkdv_configs():
 
 def _dq_configs():
     if not autotune_enabled():
-        return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)]
+        return [_DQ_SAFE]
     shapes = [(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
             for bm, bn, w, s in shapes]
 
 
-def _make_prune(pipelined, resident, fp32_shape):
+def _make_prune(pipelined, resident, fp32_shape, safe):
     """Config pruning on shared memory (``pipelined`` names the streamed block dim, ``resident``
     the block dim held across the loop) and registers (two fp32 accumulators per program)."""
     def prune(configs, named_args, **kwargs):
         if len(configs) == 1:
             return configs
         named_args = {**named_args, **kwargs}
+        if validated_only(named_args):
+            return [safe]
         be, bev = named_args["BLOCK_E"], named_args["BLOCK_EV"]
         elsize = named_args["Q"].element_size()
         kept = []
@@ -117,9 +123,9 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_pt
     return dk, dv
 
 
-@triton.autotune(configs=_dkdv_configs(), key=["TUNE_L", "TUNE_S", "BLOCK_E", "BLOCK_EV", "CAUSAL",
+@triton.autotune(configs=_dkdv_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                                 "MASK_KIND", "GROUP"],
-                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_M", "BLOCK_N", (32, 64))},
+                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_M", "BLOCK_N", (32, 64), _DKDV_SAFE)},
                  **TUNE_KW)
 @triton.heuristics({
     "CHECK_M": lambda a: a["L"] % a["BLOCK_M"] != 0,
@@ -235,9 +241,9 @@ def _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, mask_base,
     return dq
 
 
-@triton.autotune(configs=_dq_configs(), key=["TUNE_L", "TUNE_S", "BLOCK_E", "BLOCK_EV", "CAUSAL",
+@triton.autotune(configs=_dq_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                               "MASK_KIND"],
-                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_N", "BLOCK_M", (64, 32))},
+                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_N", "BLOCK_M", (64, 32), _DQ_SAFE)},
                  **TUNE_KW)
 @triton.heuristics({
     "CHECK_M": lambda a: a["L"] % a["BLOCK_M"] != 0,

@@ -8,12 +8,15 @@ import triton
 import triton.language as tl
 
 from .sdpa_common import (SMEM_LIMIT, TUNE_KW, apply_attn_mask, autotune_enabled, batch_offset,
-                          forced_choice, load_tile, smem_bytes)
+                          forced_choice, load_tile, smem_bytes, validated_only)
+
+
+_FWD_SAFE = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)
 
 
 def _fwd_configs():
     if not autotune_enabled():
-        return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)]
+        return [_FWD_SAFE]
     shapes = [(128, 64, 4, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 128, 8, 3),
               (64, 64, 4, 3), (64, 32, 4, 2)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
@@ -25,6 +28,8 @@ def _prune_fwd(configs, named_args, **kwargs):
     if len(configs) == 1:
         return configs
     named_args = {**named_args, **kwargs}
+    if validated_only(named_args):
+        return [_FWD_SAFE]
     be, bev = named_args["BLOCK_E"], named_args["BLOCK_EV"]
     elsize = named_args["Q"].element_size()
     kept = []
@@ -79,7 +84,7 @@ def _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base,
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=_fwd_configs(), key=["TUNE_L", "TUNE_S", "BLOCK_E", "BLOCK_EV", "CAUSAL",
+@triton.autotune(configs=_fwd_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                                "MASK_KIND"],
                  prune_configs_by={"early_config_prune": _prune_fwd}, **TUNE_KW)
 @triton.heuristics({

@@ -150,6 +150,25 @@ class Rank3ScaleHalved(_Base):
                                                    is_causal, scale, enable_gqa)
 
 
+def _as_if_contiguous(t):
+    """The storage read from the view's start with contiguous strides (ignores the strides)."""
+    if t.is_contiguous():
+        return t
+    n = t.numel()
+    flat = torch.as_strided(t.detach(), (n,), (1,))
+    return flat.reshape(t.shape).requires_grad_(t.requires_grad)
+
+
+class InputsAssumedContiguous(_Base):
+    """Reads q, k, v as if contiguous (a kernel that ignores the strides it is given)."""
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        return oracle.scaled_dot_product_attention(_as_if_contiguous(query), _as_if_contiguous(key),
+                                                   _as_if_contiguous(value), attn_mask, dropout_p,
+                                                   is_causal, scale, enable_gqa)
+
+
 CONTROLS = {
     # control -> the check that must catch it
     "WrongScale": "forward_agreement",
@@ -160,6 +179,7 @@ CONTROLS = {
     "NanOnEmptyRows": "fully_masked_rows",
     "Nondeterministic": "determinism",
     "Rank3ScaleHalved": "rank3_equals_rank4",
+    "InputsAssumedContiguous": "misaligned_inputs",
 }
 
 
