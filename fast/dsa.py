@@ -170,8 +170,6 @@ def _validate(q, q_rope, kv, k_rope, indices, topk_length, softmax_scale):
     T, H, DL = q.shape
     if kv.shape[1] != DL:
         raise ValueError(f"{kv_name} head dim {kv.shape[1]} != {q_name} head dim {DL}")
-    if kv.shape[0] < 1:
-        raise ValueError(f"{kv_name} must hold at least one key row")
     if q_rope is not None:
         _check_float("q_rope", q_rope, (3,))
         k_rope = _as_key_rows("k_rope", k_rope)
@@ -217,6 +215,8 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
     lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
     if T == 0 or H == 0:
         return out, lse
+    if kv.shape[0] == 0 or indices.shape[1] == 0:  # no key: every row is empty
+        return out.zero_(), lse.fill_(float("-inf"))
     qr, kr, DR, sqr, skr = _rope_args(q_rope, k_rope, q)
 
     def launch(cfg):
@@ -250,7 +250,7 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
     else:
         dqr = torch.empty((T, H, DR), dtype=q.dtype, device=q.device)
         dkr_acc = torch.zeros((S, DR), dtype=torch.float32, device=q.device)
-    if T > 0 and H > 0:
+    if T > 0 and H > 0 and S > 0 and indices.shape[1] > 0:
 
         def launch(cfg):
             grid = (T, triton.cdiv(H, cfg.block_h), triton.cdiv(DL, cfg.block_dv))

@@ -345,3 +345,15 @@ def test_production_geometry_bf16(kind, cfg):
         assert_empty_rows_exact(c, out, lse, grads)
     finally:
         fdsa.set_configs()
+
+
+def test_no_keys_or_no_slots():
+    """S = 0 (all documents empty) or K = 0: every row is empty, gradients zero."""
+    for S, K in [(0, 3), (4, 0)]:
+        q = torch.randn(3, 2, 8, device=DEVICE, requires_grad=True)
+        kv = torch.randn(S, 8, device=DEVICE, requires_grad=True)
+        idx = torch.full((3, K), -1, dtype=torch.int32, device=DEVICE)
+        out, lse = fdsa.dsa_sparse_attention_nope(q, kv, idx, return_lse=True)
+        assert (out == 0).all() and (lse == float("-inf")).all()
+        dq, dkv = torch.autograd.grad(out, [q, kv], torch.ones_like(out))
+        assert (dq == 0).all() and dkv.shape == kv.shape and (dkv == 0).all()
