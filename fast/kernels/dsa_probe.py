@@ -1,0 +1,104 @@
+"""Offline probe: compile the DSA kernels for sm_90a on a machine without a GPU.
+
+    python -m fast.kernels.dsa_probe fwd 64,64,512,512,8,2 [more configs...]
+    python -m fast.kernels.dsa_probe bwd 64,32,64,256,8,3,1
+
+A config is block_h,block_k,block_d,block_dv,num_warps,num_stages[,dkv_transposed]. The
+production geometry is assumed (bf16, H=64, Dl=512, Dr=64, K=2048, packed [S, 576] keys):
+integer arguments that Triton would specialise as divisible by 16 on the GPU are marked so,
+unit strides are constants. Prints the shared memory the kernel needs (the H200 allows
+232448 bytes) and, from the ptxas bundled with Triton, registers and spill bytes. On the H200
+(Triton 3.6) the shared-memory figures matched what the GPU run reported (315392 for the
+refused 64-head one-tile backward), so configs can be screened before spending device time.
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from .dsa_bwd import dsa_bwd_kernel
+from .dsa_fwd import dsa_fwd_kernel
+
+_POINTERS = {
+    "fwd": dict(q_ptr="*bf16", qr_ptr="*bf16", kv_ptr="*bf16", kr_ptr="*bf16", idx_ptr="*i32",
+                len_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32"),
+    "bwd": dict(q_ptr="*bf16", qr_ptr="*bf16", kv_ptr="*bf16", kr_ptr="*bf16", idx_ptr="*i32",
+                len_ptr="*i32", out_ptr="*bf16", do_ptr="*bf16", lse_ptr="*fp32", dq_ptr="*bf16",
+                dqr_ptr="*bf16", dkv_ptr="*fp32", dkr_ptr="*fp32"),
+}
+_FLOATS = {"scale", "scale_log2"}
+_UNIT = {"stride_qd", "stride_qrd", "stride_kvd", "stride_krd", "stride_ik", "stride_od",
+         "stride_dod"}
+_DIV16 = {"H", "K", "DL", "DR", "stride_qt", "stride_qh", "stride_qrt", "stride_qrh", "stride_kvs",
+          "stride_krs", "stride_it", "stride_ot", "stride_oh", "stride_dot", "stride_doh"}
+
+
+def compile_for_sm90(which, cfg):
+    """Returns (shared bytes, registers, spill-store bytes) of one config."""
+    bh, bk, bd, bdv, warps, stages = cfg[:6]
+    kernel = dsa_fwd_kernel if which == "fwd" else dsa_bwd_kernel
+    consts = dict(HAS_ROPE=True, HAS_LEN=True, ONE_TILE=bd >= 512 and bdv >= 512, BLOCK_H=bh,
+                  BLOCK_K=bk, BLOCK_D=bd, BLOCK_DR=64, PRECISION="tf32")
+    consts["BLOCK_DV" if which == "fwd" else "BLOCK_DC"] = bdv
+    if which == "bwd":
+        consts["DKV_T"] = bool(cfg[6]) if len(cfg) > 6 else False
+    consts.update({n: 1 for n in _UNIT if n in kernel.arg_names})
+    pointers = _POINTERS[which]
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in consts:
+            signature[name] = "constexpr"
+        elif name in pointers:
+            signature[name] = pointers[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32" if name in _FLOATS else "i32"
+            if name in _DIV16:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=kernel, signature=signature, attrs=attrs,
+                    constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=warps, num_stages=stages))
+    return (compiled.metadata.shared,) + _ptxas_usage(compiled.asm["ptx"])
+
+
+def _ptxas_usage(ptx):
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    # the newer of Triton's bundled assemblers reads the PTX version Triton emits
+    ptxas = next((os.path.join(bin_dir, n) for n in ("ptxas-blackwell", "ptxas")
+                  if os.path.exists(os.path.join(bin_dir, n))), None)
+    if ptxas is None:
+        return None, None
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        r = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                           capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    text = r.stdout + r.stderr
+    regs = re.findall(r"Used (\d+) registers", text)
+    spills = re.findall(r"(\d+) bytes spill stores", text)
+    return (int(regs[0]) if regs else None), (int(spills[0]) if spills else None)
+
+
+def main(argv):
+    if len(argv) < 2 or argv[0] not in ("fwd", "bwd"):
+        raise SystemExit(__doc__)
+    for text in argv[1:]:
+        cfg = tuple(int(x) for x in text.split(","))
+        try:
+            shared, regs, spills = compile_for_sm90(argv[0], cfg)
+            print(f"{argv[0]} {cfg}: shared {shared} B, {regs} registers, {spills} B spilled",
+                  flush=True)
+        except Exception as e:  # noqa: BLE001  (a config the compiler rejects is reported)
+            print(f"{argv[0]} {cfg}: error {e!r}"[:300], flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
