@@ -315,16 +315,18 @@ def _limits() -> dict:
 
 @st.composite
 def dsa_cases(draw, dtypes, *, rope: bool, varlen: bool = False, empty_rows=None,
-              duplicates=None, dout_layouts=DOUT_LAYOUTS, topk=None, holey=None,
-              min_T: int = 0, poison: bool = False, causal=None):
+              duplicates=None, dout_layouts=DOUT_LAYOUTS, topk=None, min_T: int = 0,
+              poison: bool = False, causal=None):
     """Draw a DsaCase.
 
     ``empty_rows``/``duplicates``: force (True) or forbid (False) them; ``topk``: force a
-    ``topk_length`` mode; ``holey``: force holes; ``min_T``: at least that many queries;
+    ``topk_length`` mode; ``causal``: force the varlen causal flag; ``min_T``: at least that
+    many queries;
     ``poison``: choose a document with queries for the isolation check.
     """
     lim = _limits()
-    dl, dr = draw(st.sampled_from(lim["dims"]))
+    dims = lim["dims"] if not rope else tuple(d for d in lim["dims"] if d[1] > 0)
+    dl, dr = draw(st.sampled_from(dims))
     if not rope:
         dr = 0
     H = draw(st.sampled_from(lim["H"]))
@@ -336,8 +338,6 @@ def dsa_cases(draw, dtypes, *, rope: bool, varlen: bool = False, empty_rows=None
         T = max(draw(st.sampled_from(lim["T"])), min_T)
         S = draw(st.sampled_from(lim["S"]))
     pattern, density = holes(draw)
-    if holey and pattern == "none":
-        pattern, density = "random", 0.5
     n_tok = sum(q for q, _ in docs) if varlen else T
     want_empty = draw(st.booleans()) if empty_rows is None else empty_rows
     n_empty = draw(st.integers(1, max(1, n_tok // 2))) if want_empty and n_tok else 0
@@ -378,9 +378,7 @@ def strategy_for(check: str, dtypes, *, rope: bool = True):
         return dsa_cases(dtypes, rope=rope, empty_rows=True)
     if check == "duplicates_counted":
         return dsa_cases(dtypes, rope=rope, duplicates=True, min_T=1)
-    if check == "topk_length":
-        return dsa_cases(dtypes, rope=rope, topk="random", min_T=1)
-    if check in ("varlen_agreement",):
+    if check == "varlen_agreement":
         return dsa_cases(dtypes, rope=rope, varlen=True)
     if check == "varlen_isolation":
         return dsa_cases(dtypes, rope=rope, varlen=True, poison=True)

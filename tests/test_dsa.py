@@ -4,12 +4,14 @@ Each check runs on NoPE and RoPE cases (``variant``); the varlen checks on the `
 forms. A target lacking the function is skipped by ``run_property``. Fixed edge cases
 (T = 0, K = 1, every slot a hole, every row cut to length 0) run as plain examples.
 """
+import dataclasses
+
 import pytest
 
 from properties import dsa_checks as checks
-from properties.dsa_cases import DsaCase, strategy_for
+from properties.case import dtype_name
+from properties.dsa_cases import FUNCTIONS, DsaCase, strategy_for
 from properties.runner import run_check, run_property
-from properties.targets import Refused
 
 VARIANTS = {"nope": False, "rope": True}
 
@@ -17,8 +19,7 @@ VARIANTS = {"nope": False, "rope": True}
 def _run(check, impl, variant, *, varlen=False):
     rope = VARIANTS[variant]
     cases = strategy_for(check.__name__, impl.dtypes, rope=rope)
-    function = DsaCase(rope=rope, docs=((1, 1),) if varlen else ()).function
-    run_property(check, impl, cases, function=function)
+    run_property(check, impl, cases, function=FUNCTIONS[(rope, varlen)])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -77,9 +78,7 @@ def _edge_cases(dtype: str):
 @pytest.mark.parametrize("edge", sorted(_edge_cases("float32")))
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_edge_cases(impl, variant, edge):
-    import dataclasses
-    case = dataclasses.replace(_edge_cases(str(impl.dtypes[0]).replace("torch.", ""))[edge],
-                               rope=VARIANTS[variant])
+    case = dataclasses.replace(_edge_cases(dtype_name(impl.dtypes[0]))[edge], rope=VARIANTS[variant])
     if not impl.offers(case.function):
         pytest.skip(f"{impl.name} does not offer {case.function}")
     ran = 0
