@@ -16,7 +16,14 @@ chunked_backward: the trainer's pattern: forward+backward per query chunk over t
 varlen_agreement: the ``_varlen`` form against the oracle's index preparation + global math,
     and against the implementation's own ``offset_gather_kv_indices`` + global function.
 varlen_isolation: keys outside one document are poisoned with +-64 and dout is zero outside
-    its queries: its outputs still agree, and no key row outside it gets any gradient.
+    its queries: its outputs still agree, and no key row outside it gets any gradient. (The
+    rule's floor there comes from the whole problem, poison included, so it is loose; the
+    exact zero gradient outside the document is the sharp part: a leaked slot gets
+    P * dout != 0.)
+
+Where two results of the implementation must agree with each other (chunked vs one-shot,
+varlen vs composed), each is first held to the rule against the gold; their gap is then
+bounded by the sum of the two allowances (2 * allowed).
 """
 from __future__ import annotations
 
