@@ -218,7 +218,8 @@ def _key_rows(latent: torch.Tensor, rope: torch.Tensor | None, layout: str):
     if layout in ("packed", "packed_filler"):
         S, Dl = latent.shape
         Dr = 0 if rope is None else rope.shape[1]
-        filler = max(1, Dl // 4) if layout == "packed_filler" else 0
+        # [S, 704] at production size: filler up to a multiple of 8 columns, at least Dl/4
+        filler = (-(Dl + Dr + Dl // 4) % 8) + max(1, Dl // 4) if layout == "packed_filler" else 0
         buf = torch.full((S, Dl + Dr + filler), float("nan"), dtype=latent.dtype, device=latent.device)
         buf[:, :Dl] = latent
         if rope is not None:

@@ -15,6 +15,9 @@ chunked_backward: the trainer's pattern: forward+backward per query chunk over t
     row, gradients summed, equals the one-shot backward (both under the rule).
 varlen_agreement: the ``_varlen`` form against the oracle's index preparation + global math,
     and against the implementation's own ``offset_gather_kv_indices`` + global function.
+misaligned_inputs: q, q_rope, key rows and dout at odd row strides and offsets (legal strides
+    that 16-byte vector loads cannot take): forward and gradients agree, or the call is
+    refused. On CUDA each example runs in a subprocess (a faulting kernel poisons its context).
 varlen_isolation: keys outside one document are poisoned with +-64 and dout is zero outside
     its queries: its outputs still agree, and no key row outside it gets any gradient. (The
     rule's floor there comes from the whole problem, poison included, so it is loose; the
@@ -26,6 +29,8 @@ varlen vs composed), each is first held to the rule against the gold; their gap 
 bounded by the sum of the two allowances (2 * allowed).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -153,8 +158,7 @@ def _out_and_lse(target, inp: DsaInputs, check: str, *, recompute_out=True, **kw
 # ----------------------------------------------------------------------------- checks
 
 
-def forward_agreement(target, case: DsaCase) -> None:
-    check = "dsa.forward_agreement"
+def forward_agreement(target, case: DsaCase, check: str = "dsa.forward_agreement") -> None:
     inp = build(case, target.device)
     out = call(target, inp)
     gold, lp = references(inp)
@@ -167,8 +171,7 @@ def forward_agreement(target, case: DsaCase) -> None:
         agree("lse", lse, gold, lp, case, target, check, gradient=False)
 
 
-def gradient_agreement(target, case: DsaCase) -> None:
-    check = "dsa.gradient_agreement"
+def gradient_agreement(target, case: DsaCase, check: str = "dsa.gradient_agreement") -> None:
     inp = build(case, target.device)
     dout = inp.dout.contiguous()
     got = grads(call(target, inp), inp, dout)
@@ -345,6 +348,17 @@ def varlen_isolation(target, case: DsaCase) -> None:
             agree(name, g, gold, lp, case, target, check, gradient=True)
 
 
+def misaligned_inputs(target, case: DsaCase) -> None:
+    """q, q_rope, key rows and dout at odd row strides and offsets: agree, or refuse."""
+    check = "dsa.misaligned_inputs"
+    case = dataclasses.replace(case, layout_q="misaligned", layout_q_rope="misaligned",
+                               layout_kv="misaligned", layout_dout="misaligned")
+    forward_agreement(target, case, check)
+    gradient_agreement(target, case, check)
+
+
+misaligned_inputs.ISOLATE_ON_CUDA = True  # a faulting kernel must not poison the run's context
+
 CHECKS = {f.__name__: f for f in (forward_agreement, gradient_agreement, empty_rows,
                                    duplicates_counted, strided_dout, chunked_backward,
-                                   varlen_agreement, varlen_isolation)}
+                                   varlen_agreement, varlen_isolation, misaligned_inputs)}

@@ -62,6 +62,11 @@ def test_varlen_isolation(impl, variant):
     _run(checks.varlen_isolation, impl, variant, varlen=True)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_misaligned_inputs(impl, variant):
+    _run(checks.misaligned_inputs, impl, variant)
+
+
 def _edge_cases(dtype: str):
     base = dict(H=2, Dl=8, Dr=4, dtype=dtype, seed=7)
     return {
