@@ -33,6 +33,9 @@ def pytest_addoption(parser):
                          ") or package.module[:attr]; repeatable; default: every built-in")
     group.addoption("--oracle-report", metavar="FILE.json", default=None,
                     help="write the implementation x check table as JSON")
+    group.addoption("--oracle-failures", metavar="FILE", default=None,
+                    help="append every failure (full text) and skip reason to FILE as it "
+                         "happens: survives an interrupted run")
 
 
 def _default_profile() -> str:
@@ -41,7 +44,11 @@ def _default_profile() -> str:
     return "gpu" if torch.cuda.is_available() else "dev"
 
 
+_CONFIG: list = []
+
+
 def pytest_configure(config):
+    _CONFIG.append(config)
     chosen = config.getoption("hypothesis_profile", None) or _default_profile()
     profiles.activate(chosen, on_gpu=torch.cuda.is_available())
     if _WORKER:
@@ -142,7 +149,22 @@ def _outcome(rep) -> str:
     return "passed" if rep.passed else "failed"
 
 
+def _stream_failure(config, rep) -> None:
+    path = config.getoption("oracle_failures")
+    if not path or rep.passed or (rep.when == "teardown" and not rep.failed):
+        return
+    if rep.skipped:
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        text = f"SKIPPED {rep.nodeid}: {reason}\n"
+    else:
+        text = f"FAILED {rep.nodeid} [{rep.when}]\n{rep.longreprtext}\n\n"
+    with open(path, "a") as f:
+        f.write(text)
+
+
 def pytest_runtest_logreport(report):
+    if not _WORKER and _CONFIG:
+        _stream_failure(_CONFIG[0], report)
     props = dict(report.user_properties)
     ident = props.get("oracle_id")
     if ident is None:
