@@ -239,6 +239,7 @@ class _Chunk:
     P: torch.Tensor           # [c, H, K] probabilities, 0 at invalid slots
     out: torch.Tensor         # [c, H, Dl]
     lse: torch.Tensor         # [c, H]
+    lse_terms: torch.Tensor   # [c, H]: |row max| + |log(sum of weights)|, the terms lse adds
 
 
 def _gather_rows(source: torch.Tensor, safe: torch.Tensor, valid: torch.Tensor,
@@ -272,10 +273,12 @@ def _forward_chunk(ops: _Operands, start: int, stop: int, cd: torch.dtype) -> _C
     row_max = torch.where(torch.isfinite(row_max), row_max, 0)   # empty rows: all -inf
     weights = torch.exp_(scores.sub_(row_max))                    # 0 at invalid slots
     total = weights.sum(dim=2, keepdim=True)
-    lse = (row_max + torch.log(total)).squeeze(2)                 # log(0) = -inf for empty rows
+    log_total = torch.log(total)
+    lse = (row_max + log_total).squeeze(2)                        # log(0) = -inf for empty rows
+    lse_terms = (row_max.abs() + log_total.abs()).squeeze(2)
     P = weights.div_(torch.where(total > 0, total, 1))
     out = torch.matmul(P, kl)
-    return _Chunk(valid, route, ql, qr, kl, kr, P, out, lse)
+    return _Chunk(valid, route, ql, qr, kl, kr, P, out, lse, lse_terms)
 
 
 @dataclass
@@ -307,7 +310,7 @@ class _Magnitudes:
     """Running maxima of the sums of absolute terms behind each output element (float64).
 
     They give the suite an absolute error floor where a result cancels to (near) zero:
-    out: sum_s P |V|; dq: scale sum_s P (|dP| + |Delta|) |K|; dkv row r:
+    out: sum_s P |V|; lse: |row max| + |log sum|; dq: scale sum_s P (|dP| + |Delta|) |K|; dkv row r:
     scale sum_{(t,h,s) -> r} P (|dP| + |Delta|) |q| + sum P |dout|.
     """
 
@@ -330,8 +333,9 @@ class _Magnitudes:
         md = _MAGNITUDE_DTYPE
         P = ch.P.to(md)
         self._raise("out", torch.matmul(P, ch.kl.to(md).abs()))
-        finite = ch.lse[torch.isfinite(ch.lse)]
-        self._raise("lse", finite.to(md).abs())
+        # lse = row max + log(sum): the floor scales with those terms (they can cancel)
+        finite = ch.lse_terms[torch.isfinite(ch.lse)]
+        self._raise("lse", finite.to(md))
 
     def add_backward(self, ch: _Chunk, g: _ChunkGrads, dout: torch.Tensor, scale: float) -> None:
         md = _MAGNITUDE_DTYPE

@@ -118,15 +118,18 @@ def _masked_scores(qc, k, mask_c, is_causal, row0, scale):
 
 
 def _softmax_with_lse(s):
-    """P and natural-log lse of masked scores; an all -inf row gives P = 0 and lse = -inf."""
+    """P, natural-log lse and lse's terms (|row max| + |log sum|, 0 on empty rows) of masked
+    scores; an all -inf row gives P = 0 and lse = -inf."""
     m = s.amax(dim=-1, keepdim=True)
     empty = torch.isneginf(m)
     m_safe = torch.where(empty, torch.zeros_like(m), m)
     p = torch.exp(s - m_safe)
     l = p.sum(dim=-1, keepdim=True)
-    lse = torch.where(empty, m, m_safe + torch.log(torch.where(empty, torch.ones_like(l), l)))
+    log_l = torch.log(torch.where(empty, torch.ones_like(l), l))
+    lse = torch.where(empty, m, m_safe + log_l)
+    terms = m_safe.abs() + log_l.abs()
     p = torch.where(empty, torch.zeros_like(p), p / torch.where(empty, torch.ones_like(l), l))
-    return p, lse.squeeze(-1)
+    return p, lse.squeeze(-1), terms.squeeze(-1)
 
 
 def _amax(t: torch.Tensor) -> float:
@@ -144,7 +147,7 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
     With ``magnitudes=True`` also ``magnitude``: for each output, the largest sum of
     absolute terms behind one element (used for the agreement rule's absolute floor):
     out: P @ |V|; dq: scale * (P * (|dP| + |Delta|)) @ |K|; dk: the transpose with |Q|;
-    dv: P^T @ |dO|; lse: max |lse| over finite entries.
+    dv: P^T @ |dO|; lse: |row max| + |log sum of weights| (the two terms lse adds).
     """
     validate_sdpa_inputs(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
     cd = compute_dtype
@@ -181,14 +184,13 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
         if mask is not None:
             mask_c = mask[..., r0:r1, :].reshape(b, hq, r1 - r0, s_k)
         s = _masked_scores(qc, k, mask_c, is_causal, r0, sc)
-        p, lse_c = _softmax_with_lse(s)
+        p, lse_c, lse_terms = _softmax_with_lse(s)
         oc = torch.matmul(p, v)
         out[:, :, r0:r1] = oc
         lse[:, :, r0:r1] = lse_c
         if magnitudes:
             mags["out"] = max(mags["out"], _amax(torch.matmul(p, v.abs())))
-            finite = lse_c[torch.isfinite(lse_c)]
-            mags["lse"] = max(mags["lse"], _amax(finite))
+            mags["lse"] = max(mags["lse"], _amax(lse_terms))
         if do is None:
             continue
         doc = do[:, :, r0:r1]

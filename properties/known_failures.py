@@ -10,7 +10,13 @@ _MISALIGNED = ("PyTorch's fused CUDA backends fault or raise on legal strides th
                "16-byte aligned (CUDA 'misaligned address', 'key is not correctly aligned "
                "(strideM)', 'cutlassF: no kernel found'): NOTES.md, Findings, F1")
 
+_PRESCALED = ("PyTorch's math SDPA multiplies q and k by sqrt(scale) before the product "
+              "(bitwise-confirmed); with an exactly representable scale and large scores that "
+              "rounding exceeds 2x the naive fp32 math's error: NOTES.md, Findings, F3")
+
 KNOWN: dict[tuple[str, str, str], str] = {
+    ("torch-math", "sdpa.forward_agreement", "cpu"): _PRESCALED,
+    ("torch", "sdpa.forward_agreement", "cpu"): _PRESCALED,  # the CPU default is MATH there
     ("torch", "sdpa.misaligned_inputs", "cuda"): _MISALIGNED,
     ("torch-flash", "sdpa.misaligned_inputs", "cuda"): _MISALIGNED,
     ("torch-efficient", "sdpa.misaligned_inputs", "cuda"): _MISALIGNED,
