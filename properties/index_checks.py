@@ -23,6 +23,7 @@ from oracle.index import offset_gather_kv_indices as oracle_offset
 
 from .agreement import assert_agrees, assert_exact, assert_true
 from .index_cases import IndexCase, IndexInputs, build_index
+from .targets import Refused
 
 FN = "offset_gather_kv_indices"
 ATTN_FN = "dsa_sparse_attention_nope"
@@ -149,8 +150,8 @@ def _attention_values(case: IndexCase, device):
 
 def compacted_attention(target, case: IndexCase) -> None:
     check = "index.compacted_attention"
-    if not target.offers(ATTN_FN):
-        return
+    if not target.offers(ATTN_FN):  # counted as not run (skipped), never as a vacuous pass
+        raise Refused(f"{target.name} does not offer {ATTN_FN}, needed to attend over its rows")
     inp = build_index(case, target.device)
     q, kv = _attention_values(case, target.device)
     holey, holey_len = _rows_and_lengths(target, inp, case, check, compact=False)

@@ -32,19 +32,22 @@ def _assert_caught(check, target, cases, check_name):
     assert target.name in str(caught.value)
 
 
-@pytest.mark.parametrize("control", sorted(dsa_broken.CONTROLS))
-def test_dsa_control_is_caught(control):
-    check_name = dsa_broken.CONTROLS[control]
+DSA_PAIRS = sorted(dsa_broken.CONTROLS.items()) + dsa_broken.MORE_CONTROLS
+INDEX_PAIRS = sorted(index_broken.CONTROLS.items()) + index_broken.MORE_CONTROLS
+
+
+@pytest.mark.parametrize("control,check_name", DSA_PAIRS, ids=[f"{c}-{k}" for c, k in DSA_PAIRS])
+def test_dsa_control_is_caught(control, check_name):
     target = load(f"tests.negative.dsa_broken:{control}", torch.device("cpu"))
     assert not target.unavailable, target.unavailable
     _assert_caught(dsa_checks.CHECKS[check_name], target,
                    dsa_strategy(check_name, DTYPES, rope=True), f"dsa.{check_name}")
 
 
-@pytest.mark.parametrize("control", sorted(index_broken.CONTROLS))
-def test_index_control_is_caught(control):
-    check_name = index_broken.CONTROLS[control]
-    target = load(f"tests.negative.index_broken:{control}", torch.device("cpu"))
+@pytest.mark.parametrize("control,check_name", INDEX_PAIRS, ids=[f"{c}-{k}" for c, k in INDEX_PAIRS])
+def test_index_control_is_caught(control, check_name):
+    where = control if ":" in control else f"index_broken:{control}"
+    target = load(f"tests.negative.{where}", torch.device("cpu"))
     assert not target.unavailable, target.unavailable
     _assert_caught(index_checks.CHECKS[check_name], target, index_strategy(check_name),
                    f"index.{check_name}")

@@ -29,6 +29,14 @@ CONTROLS = {
     "DoutModified": "strided_dout",
 }
 
+# Further (control, check) pairs: every DSA check has a control it must catch.
+MORE_CONTROLS = [
+    ("GradientsForInvalidSlots", "chunked_backward"),
+    ("DocumentLeak", "varlen_agreement"),
+    ("TopkLengthOffByOne", "forward_agreement"),
+    ("MinusOneReadAsRowZero", "misaligned_inputs"),
+]
+
 
 def _valid(indices, topk_length, S):
     valid = (indices >= 0) & (indices < S)
@@ -133,6 +141,15 @@ class TopkLengthIgnored(_Base):
 
     def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest):
         return super().attend(q_latent, q_rope, kv_latent, k_rope, indices, None, *rest)
+
+
+class TopkLengthOffByOne(_Base):
+    """Slot s is used only while s < topk_length - 1: the last slot of every cut row is lost."""
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest):
+        if topk_length is not None:
+            topk_length = (topk_length - 1).clamp(min=0)
+        return super().attend(q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest)
 
 
 class DocumentLeak(_Base):

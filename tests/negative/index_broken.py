@@ -15,7 +15,15 @@ CONTROLS = {
     "CausalOffByOne": "offset_equals_oracle",
     "DocumentLeak": "offset_equals_oracle",
     "UnstableCompaction": "compaction_stable",
+    "LengthsCountValidSlots": "lengths_right",
 }
+
+# Further (control, check) pairs: every index check has a control it must catch.
+MORE_CONTROLS = [
+    ("UnstableCompaction", "compaction_idempotent"),
+    # the attention kernel behind compacted_attention loses the last slot of each cut row
+    ("dsa_broken:TopkLengthOffByOne", "compacted_attention"),
+]
 
 
 class _Prepare:
@@ -80,3 +88,14 @@ class UnstableCompaction(_Prepare):
 
     def compact_row(self, row):
         return row[row >= 0].flip(0)
+
+
+class LengthsCountValidSlots(_Prepare):
+    """Without compaction, the length is the count of valid slots, not the last valid slot + 1."""
+
+    def offset_gather_kv_indices(self, *args, return_topk_length=False, compact=False, **kwargs):
+        rows, lengths = super().offset_gather_kv_indices(*args, return_topk_length=True,
+                                                         compact=compact, **kwargs)
+        if not compact:
+            lengths = (rows >= 0).sum(dim=1).to(torch.int32)
+        return (rows, lengths) if return_topk_length else rows

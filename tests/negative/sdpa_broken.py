@@ -97,6 +97,33 @@ def _modify_in_place(dout):
     return dout
 
 
+class _ForgetsKeyGradScale(torch.autograd.Function):
+    """Oracle forward; backward returns dk without the softmax scale (dS^T Q, not scale dS^T Q)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, kwargs):
+        ctx.save_for_backward(q, k, v)
+        ctx.mask, ctx.kwargs = mask, kwargs
+        return sdpa_reference(q, k, v, attn_mask=mask, **kwargs)["out"].to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        ref = sdpa_reference(q, k, v, dout, attn_mask=ctx.mask, **ctx.kwargs)
+        scale = ctx.kwargs["scale"] or 1.0 / math.sqrt(q.shape[-1])
+        return (ref["dq"].to(q.dtype), (ref["dk"] / scale).to(k.dtype), ref["dv"].to(v.dtype),
+                None, None)
+
+
+class KeyGradientMissesScale(_Base):
+    """dK lacks the softmax scale factor (the forward and dq, dv are right)."""
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        kw = dict(is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        return _ForgetsKeyGradScale.apply(query, key, value, attn_mask, kw)
+
+
 class StridedDoutMisread(_Base):
     def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
                                      is_causal=False, scale=None, enable_gqa=False):
@@ -180,6 +207,7 @@ CONTROLS = {
     "Nondeterministic": "determinism",
     "Rank3ScaleHalved": "rank3_equals_rank4",
     "InputsAssumedContiguous": "misaligned_inputs",
+    "KeyGradientMissesScale": "gradient_agreement",
 }
 
 
