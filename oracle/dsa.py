@@ -24,7 +24,8 @@ memory of one chunk (gathered key rows, scores, probabilities, per-slot key grad
 when asked, the magnitude terms) stays below ``chunk_bytes`` (default 2 GiB); a single query
 is always processed even if it alone exceeds the budget. Beyond that, memory holds the results
 (``out``, ``lse``, ``dq*`` in the result dtype) and the key-gradient accumulators
-(``(S + 1) x (Dl + Dr)`` in the compute dtype, plus the same again in float64 for magnitudes).
+(``(S + 1) x (Dl + Dr)`` in the compute dtype, float32 for 16-bit compute dtypes, plus the
+same again in float64 for magnitudes).
 Everything runs on the device of the inputs.
 
 Measured on one H200 (torch 2.11): the full packed_glm_a geometry (T 16231, S 268757, H 64,
