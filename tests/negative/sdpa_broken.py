@@ -156,14 +156,21 @@ class NanOnEmptyRows(_Base):
 
 
 class Nondeterministic(_Base):
-    """Adds output noise of one part in 1e4 of the output's rounding, fresh on every call."""
+    """Every other call returns the output one ulp higher (an accumulation order that changes
+    between calls): invisible to the agreement rule, visible to the determinism check."""
+
+    def __init__(self):
+        self.calls = 0
 
     def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
                                      is_causal=False, scale=None, enable_gqa=False):
         out = oracle.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
                                                   is_causal, scale, enable_gqa)
-        noise = torch.randn(out.shape, device=out.device, dtype=torch.float64)
-        return (out.double() * (1 + 4 * torch.finfo(out.dtype).eps * noise)).to(out.dtype)
+        self.calls += 1
+        if self.calls % 2 == 0:
+            up = torch.nextafter(out.detach(), torch.full_like(out.detach(), float("inf")))
+            out = out + (up - out.detach())  # gradients flow as through out itself
+        return out
 
 
 class Rank3ScaleHalved(_Base):
