@@ -153,7 +153,10 @@ def _stream_failure(config, rep) -> None:
     path = config.getoption("oracle_failures")
     if not path or rep.passed or (rep.when == "teardown" and not rep.failed):
         return
-    if rep.skipped:
+    if hasattr(rep, "wasxfail"):
+        text = f"XFAIL {rep.nodeid}: {rep.wasxfail}\n{rep.longreprtext}\n\n" if rep.skipped else \
+            f"XPASS {rep.nodeid}: {rep.wasxfail}\n"
+    elif rep.skipped:
         reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
         text = f"SKIPPED {rep.nodeid}: {reason}\n"
     else:
