@@ -8,6 +8,7 @@ from properties.replay import corpus
 from properties.runner import run_check
 
 ENTRIES = corpus()
+AREA_FUNCTIONS = {"sdpa": "scaled_dot_product_attention", "index": "offset_gather_kv_indices"}
 
 
 def _known_failure(entry: dict, impl_name: str, device: str) -> str:
@@ -22,11 +23,11 @@ def test_regression(request, impl, name, entry):
     if reason:
         request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
     check = registry.check(entry["check"])
-    function = {"sdpa": "scaled_dot_product_attention"}.get(entry["case"]["area"])
-    fn = getattr(check, "FUNCTION", None) or function
-    if fn and not impl.offers(fn):
+    case = load_case(entry["case"])
+    fn = getattr(case, "function", None) or AREA_FUNCTIONS[case.AREA]
+    if not impl.offers(fn):
         pytest.skip(f"{impl.name} does not offer {fn}")
-    if not run_check(check, impl, load_case(entry["case"])):
+    if not run_check(check, impl, case):
         pytest.skip(f"unsupported: {impl.name} refused regression {name}")
 
 
