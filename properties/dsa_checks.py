@@ -213,7 +213,7 @@ def empty_rows(target, case: DsaCase) -> None:
                      impl=target.name, name="lse", what="lse on empty rows", repro=repro)
 
 
-def _without_duplicates(indices: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def without_duplicates(indices: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices with every repeated valid index (after its first slot) made a hole; the rows touched."""
     once = indices.clone()
     touched = torch.zeros(indices.shape[0], dtype=torch.bool)
@@ -240,7 +240,7 @@ def duplicates_counted(target, case: DsaCase) -> None:
     v_twice = agree("out", out, gold, lp, case, target, check, gradient=False)
     for name, g in got.items():
         agree(name, g, gold, lp, case, target, check, gradient=True)
-    once_idx, touched = _without_duplicates(inp.indices.cpu(), valid_slots(inp).cpu())
+    once_idx, touched = without_duplicates(inp.indices.cpu(), valid_slots(inp).cpu())
     if not bool(touched.any()):
         return
     once_idx = once_idx.to(inp.indices.device)

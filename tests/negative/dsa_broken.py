@@ -13,6 +13,7 @@ import torch
 import oracle.dsa as dsa
 from oracle.dsa import dsa_reference
 from oracle.index import offset_gather_kv_indices
+from properties.dsa_checks import without_duplicates
 
 from .index_broken import DocumentLeak as _LeakyIndex
 
@@ -124,15 +125,7 @@ class DuplicatesCollapsed(_Base):
     """A repeated valid index counts once (later slots naming it become holes)."""
 
     def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest):
-        valid = _valid(indices, topk_length, kv_latent.shape[0])
-        once = indices.clone()
-        for t in range(indices.shape[0]):
-            seen = set()
-            for s in torch.nonzero(valid[t]).flatten().tolist():
-                j = int(indices[t, s])
-                if j in seen:
-                    once[t, s] = -1
-                seen.add(j)
+        once, _ = without_duplicates(indices, _valid(indices, topk_length, kv_latent.shape[0]))
         return super().attend(q_latent, q_rope, kv_latent, k_rope, once, topk_length, *rest)
 
 
