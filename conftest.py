@@ -5,6 +5,11 @@ This is the only module that reads the environment:
 - no CUDA device: ``TRITON_INTERPRET=1`` is set before any Triton kernel module is imported;
 - ``CI``: the default Hypothesis profile becomes ``ci``;
 - ``PYTEST_XDIST_WORKER``: one torch thread per worker, workers spread over the GPUs.
+
+GPU memory. Workers share each device. Every test on a CUDA machine holds a shared lock on the
+device for its duration and hands its cached memory back to the driver when it ends; a test
+marked ``full_size`` (problems that need most of the device) takes the lock exclusively, so it
+runs alone on the device (``properties.gpu_lock``).
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ if not torch.cuda.is_available():
     # Must precede any import of a module defining @triton.jit kernels (FACTS.md).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from properties import known_failures, profiles, report, targets  # noqa: E402
+from properties import gpu_lock, known_failures, profiles, report, targets  # noqa: E402
 
 profiles.register()
 
@@ -120,7 +125,19 @@ def _cuda_broken() -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _oracle_sink(request):
+def _device_share(request):
+    """Shared use of the GPU by ordinary tests, exclusive use by ``full_size`` ones."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    exclusive = request.node.get_closest_marker("full_size") is not None
+    with gpu_lock.hold(exclusive=exclusive):
+        yield
+        gpu_lock.release_cached_memory()
+
+
+@pytest.fixture(autouse=True)
+def _oracle_sink(request, _device_share):
     if _POISONED:
         pytest.skip(f"CUDA context of this worker broke during {_POISONED[0]} (a device fault "
                     f"in the implementation under test); see that test's failure")
@@ -151,7 +168,14 @@ def _outcome(rep) -> str:
 
 def _stream_failure(config, rep) -> None:
     path = config.getoption("oracle_failures")
-    if not path or rep.passed or (rep.when == "teardown" and not rep.failed):
+    if not path:
+        return
+    sink = dict(rep.user_properties).get("oracle_sink") or {}
+    if rep.when == "call" and sink.get("known"):
+        with open(path, "a") as f:
+            f.write(f"KNOWN {rep.nodeid}: {sink['known']} example(s) in a known failure class; "
+                    f"the first:\n{sink['known_first']}\n\n")
+    if rep.passed or (rep.when == "teardown" and not rep.failed):
         return
     if hasattr(rep, "wasxfail"):
         text = f"XFAIL {rep.nodeid}: {rep.wasxfail}\n{rep.longreprtext}\n\n" if rep.skipped else \

@@ -3,7 +3,8 @@
 During a test, the checks record the error ratios they see and the examples an
 implementation refused. The records travel with pytest's ``user_properties`` (so they
 survive pytest-xdist), and conftest aggregates them on the controller into a table:
-passed / failed / skipped / unsupported / known failures (xfail) and the worst error ratio.
+passed / failed / skipped / unsupported / known failures (xfail: whole tests; known: examples
+in a known failure class) and the worst error ratio.
 """
 from __future__ import annotations
 
@@ -25,10 +26,13 @@ class Sink:
         self.refused = 0
         self.functions: set[str] = set()
         self.refusal = ""
+        self.known = 0
+        self.known_first = ""
 
     def as_dict(self) -> dict:
         return {"worst": self.worst, "examples": self.examples, "refused": self.refused,
-                "functions": sorted(self.functions), "refusal": self.refusal}
+                "functions": sorted(self.functions), "refusal": self.refusal,
+                "known": self.known, "known_first": self.known_first}
 
 
 def open_sink() -> tuple[Sink, contextvars.Token]:
@@ -60,6 +64,17 @@ def record_ratio(check: str, impl: str, ratio: float) -> None:
         sink.worst = max(sink.worst, ratio)
 
 
+def record_known(reason: str, failure: str, worst_before: float) -> None:
+    """An example failed in a known failure class: count it, keep the first failure's text, and
+    leave the worst ratio as it was (that column is for examples judged by the rule)."""
+    sink = _sink.get()
+    if sink is None:
+        return
+    sink.worst = worst_before
+    sink.known += 1
+    sink.known_first = sink.known_first or f"{failure}\n  known: {reason}"
+
+
 def record_call(function: str, refused: bool, reason: str = "") -> None:
     sink = _sink.get()
     if sink is None:
@@ -81,7 +96,8 @@ class Table:
 
     def __init__(self):
         self.rows: dict = defaultdict(lambda: {**{o: 0 for o in OUTCOMES}, "worst_ratio": 0.0,
-                                               "examples": 0, "refused": 0})
+                                               "examples": 0, "refused": 0, "known": 0,
+                                               "known_first": ""})
         # (impl, function) -> [tests that verified something, tests fully refused]
         self.functions: dict = defaultdict(lambda: [0, 0])
 
@@ -92,6 +108,8 @@ class Table:
             row["worst_ratio"] = max(row["worst_ratio"], info.get("worst", 0.0))
             row["examples"] += info.get("examples", 0)
             row["refused"] += info.get("refused", 0)
+            row["known"] += info.get("known", 0)
+            row["known_first"] = row["known_first"] or info.get("known_first", "")
             for fn in info.get("functions", []):
                 entry = self.functions[(impl, fn)]
                 if outcome in ("passed", "failed", "xfail"):
@@ -106,12 +124,13 @@ class Table:
     def render(self) -> str:
         if not self.rows:
             return "(no oracle checks ran)"
-        head = ("implementation", "check", "pass", "fail", "skip", "unsup", "xfail", "worst ratio")
+        head = ("implementation", "check", "pass", "fail", "skip", "unsup", "xfail", "known",
+                "worst ratio")
         lines = [head]
         for (impl, check), r in sorted(self.rows.items()):
             worst = r["worst_ratio"]
             lines.append((impl, check, str(r["passed"]), str(r["failed"]), str(r["skipped"]),
-                          str(r["unsupported"]), str(r["xfail"]),
+                          str(r["unsupported"]), str(r["xfail"]), str(r["known"]),
                           "inf" if math.isinf(worst) else f"{worst:.3f}"))
         widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
         out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in lines]

@@ -120,3 +120,22 @@ def test_adapters_offer_only_what_the_inner_namespace_offers():
         assert not t.offers("dsa_sparse_attention")
         assert not t.offers("scaled_dot_product_attention")
     assert Target("y", LseBase2(oracle.dsa)).offers("offset_gather_kv_indices")
+
+
+def test_flex_refusal_is_unwrapped_from_inductor_errors():
+    """On CUDA flex compiles; its "NYI" refusals arrive as InductorError(LoweringException)
+    (seen on the H200, torch 2.11: E < 16). They count as unsupported; other errors do not."""
+    from torch._inductor.exc import InductorError, LoweringException
+
+    from properties.adapters.torch_flex import _refusal
+
+    try:
+        try:
+            raise NotImplementedError("NYI: embedding dimension must be at least 16 but got E=8")
+        except NotImplementedError as nyi:
+            raise LoweringException(nyi, "flex_attention", [], {}) from None
+    except LoweringException as lowering:
+        wrapped = InductorError(lowering, None)
+    assert "NYI: embedding dimension" in _refusal(wrapped)
+    assert _refusal(InductorError(RuntimeError("CUDA error: an illegal memory access"), None)) is None
+    assert _refusal(ValueError("wrong shape")) is None

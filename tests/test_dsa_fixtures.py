@@ -178,15 +178,16 @@ def test_fixture_cpu_form(impl, name):
         pytest.skip(f"unsupported: {exc}")
 
 
+# Skipped by marks, before any fixture: a full_size test takes the device exclusively in setup.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="full-size fixtures need a CUDA device")
+@pytest.mark.skipif(profiles.size() != "large", reason="full-size fixtures run under the gpu/fuzz "
+                                                       f"profiles (active: {profiles.name()})")
 @pytest.mark.gpu
 @pytest.mark.slow
-@pytest.mark.xdist_group("gpu_full_size")  # one at a time: each may need most of the device
+@pytest.mark.full_size
+@pytest.mark.xdist_group("gpu_full_size")  # one worker runs them, each alone on the device
 @pytest.mark.parametrize("name", sorted(FIXTURES))
 def test_fixture_full_size(impl, name):
-    if not torch.cuda.is_available():
-        pytest.skip("full-size fixtures need a CUDA device")
-    if profiles.size() != "large":
-        pytest.skip(f"full-size fixtures run under the gpu/fuzz profiles (active: {profiles.name()})")
     fn = FIXTURES[name].gpu.function
     if not impl.offers(fn):
         pytest.skip(f"{impl.name} does not offer {fn}")

@@ -501,6 +501,7 @@ PACKED_GLM_A_CU_K = [0, 1777, 58619, 60742, 128665, 130788, 198711, 200834, 2687
 @pytest.mark.xdist_group("gpu_full_size")
 @pytest.mark.gpu
 @pytest.mark.slow
+@pytest.mark.full_size
 def test_packed_glm_a_full_size_fits_budget():
     """Gold forward + backward + magnitudes at the real geometry: <= 16 GiB extra device memory.
 

@@ -45,5 +45,25 @@ class TorchFlex:
                 return torch.where(ki <= qi, score, -float("inf"))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return _flex(query.is_cuda)(query, key, value, score_mod=score_mod, scale=scale,
-                                        enable_gqa=enable_gqa)
+            try:
+                return _flex(query.is_cuda)(query, key, value, score_mod=score_mod, scale=scale,
+                                            enable_gqa=enable_gqa)
+            except Exception as exc:
+                refusal = _refusal(exc)
+                if refusal is None:
+                    raise
+                raise NotImplementedError(f"flex_attention refused: {refusal}") from exc
+
+
+def _refusal(exc: BaseException) -> str | None:
+    """flex's own "not implemented" (e.g. "NYI: embedding dimension ... must be at least 16"),
+    which under torch.compile arrives wrapped in InductorError(LoweringException(...)): the
+    library refusing an input, not a wrong result. Any other exception is not a refusal."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, NotImplementedError):
+            return str(exc).strip().splitlines()[0][:200]
+        inner = getattr(exc, "inner_exception", None)
+        exc = inner if inner is not None else (exc.__cause__ or exc.__context__)
+    return None
