@@ -30,6 +30,11 @@ _CUDNN_MASKED_ROWS = ("cuDNN SDPA does not give 0 for a fully masked query row (
                       "the contract's value is 0, dq nonzero; H200, torch 2.11): NOTES.md, "
                       "Findings, F2")
 
+_EFFICIENT_SINGLE_KEY = ("PyTorch's CUDA EFFICIENT_ATTENTION backward (torch's fp32 default on CUDA) "
+                         "gives dv off by 1.13x the rule's floor where one key is visible (P = 1 "
+                         "exactly, dv = dout; fp32, E 72; torch-math and fast pass): NOTES.md, "
+                         "Findings, F7")
+
 KNOWN: dict[tuple[str, str, str], str] = {
     ("torch", "sdpa.misaligned_inputs", "cuda"): _MISALIGNED,
     ("torch-flash", "sdpa.misaligned_inputs", "cuda"): _MISALIGNED,
@@ -68,6 +73,8 @@ KNOWN_CASES: tuple[KnownCase, ...] = (
     KnownCase(("torch-cudnn",), ("sdpa.forward_agreement", "sdpa.gradient_agreement",
                                  "sdpa.strided_dout", "sdpa.rank3_equals_rank4"),
               ("cuda",), _has_fully_masked_rows, _CUDNN_MASKED_ROWS),
+    KnownCase(("torch-efficient", "torch"), ("sdpa.gradient_agreement", "sdpa.strided_dout"),
+              ("cuda",), _fp32, _EFFICIENT_SINGLE_KEY),
 )
 
 
