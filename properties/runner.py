@@ -19,7 +19,7 @@ from .agreement import OracleMismatch
 from .targets import Refused, Target
 
 
-ISOLATED_EXAMPLES = 8  # each isolated example pays a process start and CUDA initialisation
+ISOLATED_EXAMPLES = 5  # each isolated example pays a process start, CUDA initialisation and compiles
 
 
 def run_check(check, target: Target, case) -> bool:
