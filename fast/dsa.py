@@ -226,7 +226,7 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
             H, kv.shape[0], indices.shape[1], DL, DR,
             *_strides3(q), *sqr, kv.stride(0), kv.stride(1), *skr,
             indices.stride(0), indices.stride(1), *_strides3(out),
-            scale * _LOG2E,
+            scale, scale * _LOG2E,
             HAS_ROPE=q_rope is not None, HAS_LEN=topk_length is not None,
             ONE_TILE=cfg.one_tile(DL), BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
             BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DV=min(cfg.block_dv, _pow2(DL)),

@@ -2,7 +2,8 @@
 
 Program (t, head block, latent chunk): one query token, BLOCK_H of its heads, and the
 latent channels [c0, c0 + BLOCK_DC) whose gradients it owns. Per slot block it recomputes
-P = exp(scale * s - lse) from the saved lse, dP = dO . V^T and dS = P * (dP - Delta) * scale,
+P = exp(scale * s - lse) from the saved lse (natural units and an accurate exponential
+for fp32 inputs, base 2 with tl.exp2 for 16-bit inputs, as in the forward), dP = dO . V^T and dS = P * (dP - Delta) * scale,
 with Delta = rowsum(dO * O) computed here (dout is read in place through its strides, never
 copied). Then
 
@@ -19,7 +20,7 @@ chunks and the owned chunk is gathered again.
 import triton
 import triton.language as tl
 
-from .dsa_common import gather_rows, load_heads, row_slot_count, slot_block
+from .dsa_common import exp_accurate, gather_rows, load_heads, row_slot_count, slot_block
 
 
 @triton.jit
@@ -73,12 +74,16 @@ def dsa_bwd_kernel(
     offs_c = cb * BLOCK_DC + tl.arange(0, BLOCK_DC)
     offs_r = tl.arange(0, BLOCK_DR)
     n_slots = row_slot_count(len_ptr, t, K, HAS_LEN)
+    NATURAL: tl.constexpr = q_ptr.dtype.element_ty == tl.float32  # fp32: natural-unit scores
     q_off = t * stride_qt
     do_off = t * stride_dot
 
     lse = tl.load(lse_ptr + t * H + offs_h, mask=offs_h < H, other=float("inf"))
-    # an empty row (lse = -inf) and padding heads get P = exp2(s - inf) = 0
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    # an empty row (lse = -inf) and padding heads get P = exp(s - inf) = 0
+    if NATURAL:
+        lse_sub = tl.where(lse == float("-inf"), float("inf"), lse)
+    else:
+        lse_sub = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
     delta = _row_delta(out_ptr, t * stride_ot, stride_oh, stride_od, do_ptr, do_off, stride_doh,
                        stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D)
 
@@ -105,7 +110,10 @@ def dsa_bwd_kernel(
         if HAS_ROPE:
             kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
             s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
-        p = tl.exp2(tl.where(valid[None, :], s * scale_log2, float("-inf")) - lse2[:, None])
+        if NATURAL:
+            p = exp_accurate(tl.where(valid[None, :], s * scale, float("-inf")) - lse_sub[:, None])
+        else:
+            p = tl.exp2(tl.where(valid[None, :], s * scale_log2, float("-inf")) - lse_sub[:, None])
         ds = (p * (dp - delta[:, None]) * scale).to(kc.dtype)
         dq = tl.dot(ds, kc, dq, input_precision=PRECISION)
         if DKV_T:

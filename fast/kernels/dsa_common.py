@@ -3,9 +3,47 @@
 Conventions: a *slot block* is BLOCK_K consecutive slots of one query row; a slot is valid iff
 it lies before the row's slot count (``topk_length`` clamped to [0, K]) and its index is in
 [0, S). Invalid slots gather row 0 under a false mask, so they cost no memory traffic.
+
+Score units: with fp32 inputs the kernels keep scores in natural units (dot * scale, rounded
+once as the naive fp32 math does), take the raw row max, an accurate exponential and
+lse = m + log(l) (NOTES.md, F6). With 16-bit inputs they keep base-2 units
+(dot * fl(scale * log2e)) and tl.exp2: that extra rounding and ex2.approx's error are far below
+the 16-bit rounding the rule allows. The switch is a compile-time test on the q pointer's
+element type inside each kernel (``q_ptr.dtype.element_ty == tl.float32``).
 """
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+from triton.runtime.interpreter import InterpretedFunction
+
+
+@triton.jit
+def _exp_libdevice(x):
+    return libdevice.exp(x)
+
+
+@triton.jit
+def _log_libdevice(x):
+    return libdevice.log(x)
+
+
+@triton.jit
+def _exp_interpreted(x):
+    return tl.exp(x)
+
+
+@triton.jit
+def _log_interpreted(x):
+    return tl.log(x)
+
+
+# Natively tl.exp lowers fp32 to a multiply by log2(e) and ex2.approx (a few ulps); libdevice's
+# __nv_expf / __nv_logf are accurate to ~1 ulp. Triton's CPU interpreter cannot run libdevice
+# (extern_elementwise), but there tl.exp / tl.log are numpy's, accurate as well. Which one is
+# used follows what @triton.jit made of these functions (no environment read here).
+_INTERPRETED = isinstance(_exp_libdevice, InterpretedFunction)
+exp_accurate = _exp_interpreted if _INTERPRETED else _exp_libdevice
+log_accurate = _log_interpreted if _INTERPRETED else _log_libdevice
 
 
 @triton.jit

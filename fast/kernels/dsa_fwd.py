@@ -6,14 +6,16 @@ each gathered key row is loaded once and serves as K for the scores and as V for
 output, for all heads of the block. Otherwise the scores are accumulated over BLOCK_D
 chunks of the latent width and the value chunk is gathered separately (any head dim).
 
-Online softmax in base 2 on fp32 scores; out = acc / l, lse = ln(sum exp) (natural log),
-an empty row gives out 0 and lse -inf. The slot loop stops at the row's slot count, so
+Online softmax on fp32 scores: in natural units with an accurate exponential for fp32
+inputs, in base 2 (scale folded with log2e, tl.exp2) for 16-bit inputs (dsa_common, "Score
+units"); out = acc / l, lse = ln(sum exp) (natural log), an empty row gives out 0 and lse -inf. The slot loop stops at the row's slot count, so
 rows compacted with ``topk_length`` skip their tail of holes.
 """
 import triton
 import triton.language as tl
 
-from .dsa_common import gather_rows, load_heads, row_slot_count, slot_block
+from .dsa_common import (exp_accurate, gather_rows, load_heads, log_accurate, row_slot_count,
+                         slot_block)
 
 @triton.jit
 def _chunked_scores(q_ptr, q_off, offs_h, stride_qh, stride_qd, H, kv_ptr, rows, stride_kvs,
@@ -36,7 +38,7 @@ def dsa_fwd_kernel(
     stride_qt, stride_qh, stride_qd, stride_qrt, stride_qrh, stride_qrd,
     stride_kvs, stride_kvd, stride_krs, stride_krd, stride_it, stride_ik,
     stride_ot, stride_oh, stride_od,
-    scale_log2,
+    scale, scale_log2,
     HAS_ROPE: tl.constexpr, HAS_LEN: tl.constexpr, ONE_TILE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
@@ -47,6 +49,7 @@ def dsa_fwd_kernel(
     offs_v = vb * BLOCK_DV + tl.arange(0, BLOCK_DV)
     offs_r = tl.arange(0, BLOCK_DR)
     n_slots = row_slot_count(len_ptr, t, K, HAS_LEN)
+    NATURAL: tl.constexpr = q_ptr.dtype.element_ty == tl.float32  # fp32: natural-unit scores
 
     if ONE_TILE:
         q = load_heads(q_ptr, t * stride_qt, offs_h, stride_qh, H, offs_v, stride_qd, DL)
@@ -70,12 +73,19 @@ def dsa_fwd_kernel(
         if HAS_ROPE:
             kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
             s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
-        s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
+        if NATURAL:
+            s = tl.where(valid[None, :], s * scale, float("-inf"))
+        else:
+            s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
-        # a row with no valid slot yet keeps m = -inf; shift by 0 so exp2 gives 0, not NaN
+        # a row with no valid slot yet keeps m = -inf; shift by 0 so exp gives 0, not NaN
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_shift[:, None])
-        alpha = tl.exp2(m - m_shift)
+        if NATURAL:
+            p = exp_accurate(s - m_shift[:, None])
+            alpha = exp_accurate(m - m_shift)
+        else:
+            p = tl.exp2(s - m_shift[:, None])
+            alpha = tl.exp2(m - m_shift)
         l = l * alpha + tl.sum(p, axis=1)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m = m_new
@@ -86,5 +96,8 @@ def dsa_fwd_kernel(
     o_ptrs = out_ptr + t * stride_ot + offs_h[:, None] * stride_oh + offs_v[None, :] * stride_od
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty),
              mask=(offs_h[:, None] < H) & (offs_v[None, :] < DL))
-    lse = tl.where(nonempty, (m + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    if NATURAL:
+        lse = tl.where(nonempty, m + log_accurate(l_safe), float("-inf"))
+    else:
+        lse = tl.where(nonempty, (m + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     tl.store(lse_ptr + t * H + offs_h, lse, mask=(offs_h < H) & ((offs_h * 0 + vb) == 0))
