@@ -269,8 +269,9 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
             )
 
         _launch_first_fitting("backward", q, DR, launch, config)
-    else:
+    else:  # no kernel ran: every row is empty, so dq (and dq_rope) are zeros
         dq.zero_()
+        dqr.zero_()
     dkv = dkv_acc.to(q.dtype)
     if q_rope is None:
         return dq, None, dkv, None

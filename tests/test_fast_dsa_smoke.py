@@ -357,3 +357,24 @@ def test_no_keys_or_no_slots():
         assert (out == 0).all() and (lse == float("-inf")).all()
         dq, dkv = torch.autograd.grad(out, [q, kv], torch.ones_like(out))
         assert (dq == 0).all() and dkv.shape == kv.shape and (dkv == 0).all()
+
+
+@pytest.mark.parametrize("S,K", [(0, 3), (4, 0)])
+def test_no_keys_or_no_slots_rope(S, K):
+    """RoPE with S = 0 or K = 0: the kernel does not run, and dq_rope must still be zeros.
+
+    A [T, H, Dr] block full of NaN is freed just before the backward, so an uninitialised
+    dq_rope (torch.empty) would likely reuse it (the allocator's choice: without the fix this
+    failed on the CPU with values ~1e15 or NaN)."""
+    T, H, DL, DR = 3, 2, 8, 4
+    ins = [torch.randn(T, H, DL, device=DEVICE), torch.randn(T, H, DR, device=DEVICE),
+           torch.randn(S, DL, device=DEVICE), torch.randn(S, DR, device=DEVICE)]
+    ins = [x.requires_grad_(True) for x in ins]
+    idx = torch.zeros((T, K), dtype=torch.int32, device=DEVICE)
+    out, lse = fdsa.dsa_sparse_attention(*ins, idx, softmax_scale=0.5, return_lse=True)
+    assert (out == 0).all() and (lse == float("-inf")).all()
+    junk = torch.full((T, H, DR), float("nan"), device=DEVICE)
+    del junk
+    grads = torch.autograd.grad(out, ins, torch.ones_like(out))
+    for g, x in zip(grads, ins):
+        assert g.shape == x.shape and (g == 0).all()
