@@ -378,3 +378,37 @@ def test_no_keys_or_no_slots_rope(S, K):
     grads = torch.autograd.grad(out, ins, torch.ones_like(out))
     for g, x in zip(grads, ins):
         assert g.shape == x.shape and (g == 0).all()
+
+
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_fp32_scores_in_natural_units(rope, scale):
+    """fp32 scores are dot * scale, rounded once (NOTES.md, F6): with small-integer inputs and
+    an exact scale every score is exact in fp32, so a row with one valid slot must give
+    lse == its score and out == the key row, bit for bit. Kept in base 2 (dot * fl(scale*log2e),
+    then lse2 * ln2) the lse is off by an ulp or more: that version failed this test."""
+    g = torch.Generator().manual_seed(7)
+    T, H, DL, DR, S, K = 8, 3, 24, 8 if rope else 0, 11, 5
+
+    def ints(*shape):
+        return torch.randint(-3, 4, shape, generator=g).float().to(DEVICE)
+
+    q, kv = ints(T, H, DL), ints(S, DL)
+    qr, kr = (ints(T, H, DR), ints(S, DR)) if rope else (None, None)
+    idx = torch.full((T, K), -1, dtype=torch.int32)
+    key = torch.randint(0, S, (T,), generator=g)
+    idx[torch.arange(T), torch.arange(T) % K] = key.to(torch.int32)
+    idx = idx.to(DEVICE)
+    if rope:
+        out, lse = fdsa.dsa_sparse_attention(q, qr, kv, kr, idx, softmax_scale=scale,
+                                             return_lse=True)
+    else:
+        out, lse = fdsa.dsa_sparse_attention_nope(q, kv, idx, softmax_scale=scale, return_lse=True)
+    rows = key.to(DEVICE)
+    score = torch.einsum("thd,thd->th", q.double(), kv[rows][:, None, :].double())
+    if rope:
+        score = score + torch.einsum("thd,thd->th", qr.double(), kr[rows][:, None, :].double())
+    score = score * scale
+    assert score.abs().max() > 4  # large enough that a log2e round trip moves it
+    assert torch.equal(lse.double(), score), (lse.double() - score).abs().max()
+    assert torch.equal(out, kv[rows][:, None, :].expand(T, H, DL))
