@@ -8,8 +8,9 @@ chunks of the latent width and the value chunk is gathered separately (any head 
 
 Online softmax on fp32 scores: in natural units with an accurate exponential for fp32
 inputs, in base 2 (scale folded with log2e, tl.exp2) for 16-bit inputs (dsa_common, "Score
-units"); out = acc / l, lse = ln(sum exp) (natural log), an empty row gives out 0 and lse -inf. The slot loop stops at the row's slot count, so
-rows compacted with ``topk_length`` skip their tail of holes.
+units"); out = acc / l, lse = ln(sum exp) (natural log), an empty row gives out 0 and
+lse -inf. The slot loop stops at the row's slot count, so rows compacted with ``topk_length``
+skip their tail of holes.
 """
 import triton
 import triton.language as tl
