@@ -4,8 +4,8 @@ Program (t, head block, latent chunk): one query token, BLOCK_H of its heads, an
 latent channels [c0, c0 + BLOCK_DC) whose gradients it owns. Per slot block it recomputes
 P = exp(scale * s - lse) from the saved lse (natural units and an accurate exponential
 for fp32 inputs, base 2 with tl.exp2 for 16-bit inputs, as in the forward),
-dP = dO . V^T and dS = P * (dP - Delta) * scale, with Delta = rowsum(dO * O) computed here (dout is read in place through its strides, never
-copied). Then
+dP = dO . V^T and dS = P * (dP - Delta) * scale, with Delta = rowsum(dO * O) computed
+here (dout is read in place through its strides, never copied). Then
 
 - dq chunk += dS . K (registers, fp32; one program owns a dq row chunk, so dq is
   bitwise deterministic),
