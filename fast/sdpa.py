@@ -16,8 +16,10 @@ broadcast dims), never materialised. ``is_causal`` is top-left: query i sees key
 A query row with no key left gives out = 0 and zero gradients. Output ``[..., Hq, L, Ev]`` in the
 input dtype. Inputs of any strides are read in place; so is the backward's ``dout``.
 
-Precision: fp32 inputs use true fp32 dots (``input_precision="ieee"``); fp16/bf16 use fp32
-accumulation with P and dS rounded to the input dtype for their dots.
+Precision: fp32 inputs use true fp32 dots (``input_precision="ieee"``), scores in natural units
+(``fl(q.k * scale)``, one rounding as the naive math), an accurate exp/log and IEEE division
+(NOTES.md, Findings, F5); fp16/bf16 use fp32 accumulation, scores in log2 units with the fast
+exp2, and P and dS rounded to the input dtype for their dots.
 
 The kernels run on CUDA tensors natively and on CPU tensors under ``TRITON_INTERPRET=1``
 (bf16 is wrong in the interpreter; use fp32/fp16 there). Both forward and backward are
@@ -196,6 +198,17 @@ def _precision(dtype):
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _natural(dtype):
+    """fp32 keeps scores and lse in natural units with an accurate exp (the rule allows about
+    two naive fp32 roundings); 16-bit inputs keep the log2-unit, ex2.approx fast path."""
+    return dtype == torch.float32
+
+
+def _qk_scale(dtype, scale):
+    """The factor the kernels apply to q.k: scale (natural units) or scale*log2(e) (log2)."""
+    return scale if _natural(dtype) else scale * LOG2E
+
+
 def _mask_kind_and_arg(mask):
     """Kernel view of the mask: bool is passed as uint8 (same bytes, no copy)."""
     if mask is None:
@@ -212,28 +225,29 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
     Z1, Z2, HQ, L, E = q.shape
     HKV, S, EV = k.shape[2], k.shape[3], v.shape[4]
     out = torch.empty((Z1, Z2, HQ, L, EV), dtype=q.dtype, device=q.device)
-    lse2 = torch.empty((Z1, Z2, HQ, L), dtype=torch.float32, device=q.device)
+    lse_k = torch.empty((Z1, Z2, HQ, L), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
-        return out, lse2
+        return out, lse_k
     if S == 0:
-        return out.zero_(), lse2.fill_(float("-inf"))
+        return out.zero_(), lse_k.fill_(float("-inf"))
     kind, mask_arg = _mask_kind_and_arg(mask)
 
     def grid(meta):
         return (triton.cdiv(L, meta["BLOCK_M"]), Z1 * Z2 * HQ)
 
     sdpa_fwd_kernel[grid](
-        q, k, v, mask_arg if mask_arg is not None else q, out, lse2,
+        q, k, v, mask_arg if mask_arg is not None else q, out, lse_k,
         *q.stride(), *k.stride(), *v.stride(), *_strides5(mask_arg), *out.stride(),
-        Z2, HQ, HQ // HKV, L, S, E, EV, scale * LOG2E,
+        Z2, HQ, HQ // HKV, L, S, E, EV, _qk_scale(q.dtype, scale),
         tune_bucket(L), tune_bucket(S),
-        CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(q.dtype),
+        CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(q.dtype), NATURAL=_natural(q.dtype),
         BLOCK_E=_block(E), BLOCK_EV=_block(EV))
-    return out, lse2
+    return out, lse_k
 
 
-def _launch_bwd(dout, q, k, v, mask, out, lse2, is_causal, scale):
-    """Gradients (dq, dk, dv) shaped like q, k, v (rank 5); dout read through its strides."""
+def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
+    """Gradients (dq, dk, dv) shaped like q, k, v (rank 5); dout read through its strides.
+    ``lse_k`` is the forward's lse in the kernels' units (natural for fp32, log2 otherwise)."""
     Z1, Z2, HQ, L, E = q.shape
     HKV, S, EV = k.shape[2], k.shape[3], v.shape[4]
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -252,19 +266,20 @@ def _launch_bwd(dout, q, k, v, mask, out, lse2, is_causal, scale):
         out, dout, delta, *out.stride(), *dout.stride(), Z2, HQ, L, EV,
         BLOCK_M=pre_block, BLOCK_EV=block_ev)
     meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(q.dtype),
-                BLOCK_E=block_e, BLOCK_EV=block_ev)
-    scalars = (Z2, HQ, HQ // HKV, L, S, E, EV, scale * LOG2E, scale, tune_bucket(L), tune_bucket(S))
+                NATURAL=_natural(q.dtype), BLOCK_E=block_e, BLOCK_EV=block_ev)
+    scalars = (Z2, HQ, HQ // HKV, L, S, E, EV, _qk_scale(q.dtype, scale), scale,
+               tune_bucket(L), tune_bucket(S))
 
     def grid_kv(m):
         return (triton.cdiv(S, m["BLOCK_N"]), Z1 * Z2 * HKV)
 
-    sdpa_bwd_dkdv_kernel[grid_kv](q, k, v, mask_ptr, dout, lse2, delta, dk, dv,
+    sdpa_bwd_dkdv_kernel[grid_kv](q, k, v, mask_ptr, dout, lse_k, delta, dk, dv,
                                   *common_strides, *dk.stride(), *dv.stride(), *scalars, **meta)
 
     def grid_q(m):
         return (triton.cdiv(L, m["BLOCK_M"]), Z1 * Z2 * HQ)
 
-    sdpa_bwd_dq_kernel[grid_q](q, k, v, mask_ptr, dout, lse2, delta, dq,
+    sdpa_bwd_dq_kernel[grid_q](q, k, v, mask_ptr, dout, lse_k, delta, dq,
                                *common_strides, *dq.stride(), *scalars, **meta)
     return dq, dk, dv
 
@@ -274,7 +289,8 @@ def _launch_bwd(dout, q, k, v, mask, out, lse2, is_causal, scale):
 @torch.library.custom_op("attention_oracle::sdpa_fwd", mutates_args=())
 def _sdpa_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                  is_causal: bool, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Rank-5 forward: returns (out [Z1,Z2,Hq,L,Ev], lse2 [Z1,Z2,Hq,L] float32, log2 units)."""
+    """Rank-5 forward: returns (out [Z1,Z2,Hq,L,Ev], lse [Z1,Z2,Hq,L] float32 in the kernels'
+    units: natural log for fp32, log2 for fp16/bf16)."""
     return _launch_fwd(q, k, v, mask, is_causal, scale)
 
 
@@ -286,30 +302,30 @@ def _sdpa_fwd_fake(q, k, v, mask, is_causal, scale):
 
 @torch.library.custom_op("attention_oracle::sdpa_bwd", mutates_args=())
 def _sdpa_bwd_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 mask: Optional[torch.Tensor], out: torch.Tensor, lse2: torch.Tensor,
+                 mask: Optional[torch.Tensor], out: torch.Tensor, lse_k: torch.Tensor,
                  is_causal: bool, scale: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rank-5 backward: (dq, dk, dv) shaped like (q, k, v), contiguous."""
-    return _launch_bwd(dout, q, k, v, mask, out, lse2, is_causal, scale)
+    return _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale)
 
 
 @_sdpa_bwd_op.register_fake
-def _sdpa_bwd_fake(dout, q, k, v, mask, out, lse2, is_causal, scale):
+def _sdpa_bwd_fake(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, mask, is_causal, scale = inputs
-    out, lse2 = output
-    ctx.save_for_backward(q, k, v, mask, out, lse2)
+    out, lse_k = output
+    ctx.save_for_backward(q, k, v, mask, out, lse_k)
     ctx.is_causal, ctx.scale = is_causal, scale
-    ctx.mark_non_differentiable(lse2)
+    ctx.mark_non_differentiable(lse_k)
 
 
-def _backward(ctx, dout, _dlse2):
-    q, k, v, mask, out, lse2 = ctx.saved_tensors
+def _backward(ctx, dout, _dlse):
+    q, k, v, mask, out, lse_k = ctx.saved_tensors
     if dout is None:
         return None, None, None, None, None, None
-    dq, dk, dv = _sdpa_bwd_op(dout, q, k, v, mask, out, lse2, ctx.is_causal, ctx.scale)
+    dq, dk, dv = _sdpa_bwd_op(dout, q, k, v, mask, out, lse_k, ctx.is_causal, ctx.scale)
     return dq, dk, dv, None, None, None
 
 
@@ -349,14 +365,16 @@ def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dro
         raise NotImplementedError(f"query/key: {max(L, S)} rows x head dim overflow the kernels' "
                                   f"int32 in-head addressing")
     scale = float(1.0 / math.sqrt(E) if scale is None else scale)
-    out5, lse2 = _sdpa_fwd_op(_to_rank5(q, "query"), _to_rank5(k, "key"), _to_rank5(v, "value"),
+    out5, lse_k = _sdpa_fwd_op(_to_rank5(q, "query"), _to_rank5(k, "key"), _to_rank5(v, "value"),
                               mask5, is_causal, scale)
     out_shape = tuple(q.shape[:-1]) + (value.shape[-1],)
-    return _from_rank5(out5, out_shape), _lse_view(lse2, out_shape)
+    return _from_rank5(out5, out_shape), _lse_view(lse_k, out_shape, query.dtype)
 
 
-def _lse_view(lse2, out_shape):
-    lse = lse2 * LN2
+def _lse_view(lse_k, out_shape, dtype):
+    """Natural-log lse shaped [..., Hq, L], a tensor of its own (the kernels' buffer is saved
+    for the backward): fp32's is natural already, 16-bit's is converted from log2 units."""
+    lse = lse_k.clone() if _natural(dtype) else lse_k * LN2
     if len(out_shape) == 3:
         return lse.squeeze(1).squeeze(0)
     if len(out_shape) == 4:

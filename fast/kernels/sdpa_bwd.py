@@ -1,9 +1,13 @@
 """Flash-attention backward kernels: Delta preprocess, dK/dV (loop over queries), dQ (loop over keys).
 
-With P = softmax(S) recomputed from the forward's log2 logsumexp, dP = dO V^T,
+With P = softmax(S) recomputed from the forward's logsumexp, dP = dO V^T,
 Delta = rowsum(dO * O) and dS = P * (dP - Delta):
-dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K. A row with no key (lse2 = -inf) is
-treated as lse2 = +inf, so its P, dS and every contribution are exactly 0.
+dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K. A row with no key (lse = -inf) is
+treated as lse = +inf, so its P, dS and every contribution are exactly 0.
+
+P is recomputed in the forward's units (constexpr ``NATURAL``, see
+:mod:`fast.kernels.sdpa_common`): fp32 ``P = exp(fl(q.k * scale) - lse)`` with the accurate
+exp and the natural-log lse; 16-bit ``P = exp2(fl(scale*log2e) * q.k - lse2)``.
 
 ``dO`` is read through its own strides (head-major, sliced or stride-0 views work in place).
 The dK/dV program owns one key block of one kv head and loops over every query head of its
@@ -13,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .sdpa_common import (SMEM_LIMIT, TUNE_KW, apply_attn_mask, autotune_enabled, batch_offset,
-                          forced_choice, load_tile, smem_bytes, validated_only)
+                          forced_choice, load_tile, smem_bytes, softmax_exp, validated_only)
 
 
 @triton.jit(do_not_specialize=["Z2", "HQ"])
@@ -85,28 +89,29 @@ def _make_prune(pipelined, resident, fp32_shape, safe):
 @triton.jit
 def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
                      offs_n, lo, hi, L, S, E, EV,
-                     s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale2,
+                     s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale,
                      MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_M: tl.constexpr,
                      CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
-                     PREC: tl.constexpr):
+                     PREC: tl.constexpr, NATURAL: tl.constexpr):
     """Accumulate dK (unscaled) and dV of one key block over query blocks [lo, hi)."""
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        # rows past L load as q = dO = 0 and lse2 = +inf, so their P is exactly 0
+        # rows past L load as q = dO = 0 and lse = +inf, so their P is exactly 0
         q = load_tile(q_base, offs_m, offs_e, s_qm, s_qe, L, E, CHECK_M, CHECK_E)
         if CHECK_M:
-            lse2 = tl.load(lse_ptr + offs_m, mask=offs_m < L, other=float("inf"))
+            lse = tl.load(lse_ptr + offs_m, mask=offs_m < L, other=float("inf"))
         else:
-            lse2 = tl.load(lse_ptr + offs_m)
-        lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
-        sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale2
+            lse = tl.load(lse_ptr + offs_m)
+        lse = tl.where(lse == float("-inf"), float("inf"), lse)
+        sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
         if MASK_KIND != 0:
-            sT = apply_attn_mask(sT, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, True)
-        pT = tl.math.exp2(sT - lse2[None, :])
+            sT = apply_attn_mask(sT, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, True,
+                                 NATURAL)
+        pT = softmax_exp(sT - lse[None, :], NATURAL)
         if DIAG:
             pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
         if CHECK_N:  # rows past S are never stored, but keep them finite (no inf * 0 = nan)
@@ -142,9 +147,10 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, Delta, DK, DV,
                          s_dz1, s_dz2, s_dh, s_dm, s_de,
                          s_gkz1, s_gkz2, s_gkh, s_gkn, s_gke,
                          s_gvz1, s_gvz2, s_gvh, s_gvn, s_gve,
-                         Z2, HQ, GROUP, L, S, E, EV, qk_scale2, scale,
+                         Z2, HQ, GROUP, L, S, E, EV, qk_scale, scale,
                          TUNE_L, TUNE_S,
                          CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PREC: tl.constexpr,
+                         NATURAL: tl.constexpr,
                          BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
@@ -178,20 +184,20 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, Delta, DK, DV,
         if CAUSAL:
             dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
                                       offs_n, diag_lo, diag_hi, L, S, E, EV,
-                                      s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale2,
+                                      s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale,
                                       MASK_KIND, True, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                                      BLOCK_M, BLOCK_E, BLOCK_EV, PREC)
+                                      BLOCK_M, BLOCK_E, BLOCK_EV, PREC, NATURAL)
             dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
                                       offs_n, diag_hi, L, L, S, E, EV,
-                                      s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale2,
+                                      s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale,
                                       MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                                      BLOCK_M, BLOCK_E, BLOCK_EV, PREC)
+                                      BLOCK_M, BLOCK_E, BLOCK_EV, PREC, NATURAL)
         else:
             dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
                                       offs_n, 0, L, L, S, E, EV,
-                                      s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale2,
+                                      s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale,
                                       MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                                      BLOCK_M, BLOCK_E, BLOCK_EV, PREC)
+                                      BLOCK_M, BLOCK_E, BLOCK_EV, PREC, NATURAL)
 
     dk = dk * scale
     gk_base = DK + batch_offset(pid_bkv, HKV, 1, Z2, s_gkz1, s_gkz2, s_gkh, False)
@@ -210,13 +216,13 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, Delta, DK, DV,
 
 
 @triton.jit
-def _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, mask_base,
+def _dq_key_loop(dq, q, do, lse, delta, k_base, v_base, mask_base,
                  offs_m, lo, hi, L, S, E, EV,
-                 s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale2,
+                 s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                  MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_N: tl.constexpr,
                  CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
-                 PREC: tl.constexpr):
+                 PREC: tl.constexpr, NATURAL: tl.constexpr):
     """Accumulate dQ (unscaled) of one query block over key blocks [lo, hi).
 
     Keys past S load as k = v = 0 and get P = 0."""
@@ -227,10 +233,11 @@ def _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, mask_base,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E)
         v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
-        s2 = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale2
+        s2 = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         if MASK_KIND != 0:
-            s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, False)
-        p = tl.math.exp2(s2 - lse2[:, None])
+            s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, False,
+                                 NATURAL)
+        p = softmax_exp(s2 - lse[:, None], NATURAL)
         if DIAG:
             p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
         if CHECK_N:  # an out-of-range key's P could overflow (inf * 0 = nan in the dot)
@@ -259,9 +266,10 @@ def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, LSE, Delta, DQ,
                        s_mz1, s_mz2, s_mh, s_mm, s_mn,
                        s_dz1, s_dz2, s_dh, s_dm, s_de,
                        s_gqz1, s_gqz2, s_gqh, s_gqm, s_gqe,
-                       Z2, HQ, GROUP, L, S, E, EV, qk_scale2, scale,
+                       Z2, HQ, GROUP, L, S, E, EV, qk_scale, scale,
                        TUNE_L, TUNE_S,
                        CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PREC: tl.constexpr,
+                       NATURAL: tl.constexpr,
                        BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
@@ -283,26 +291,26 @@ def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, LSE, Delta, DQ,
         mask_base = Mask + batch_offset(pid_bh, HQ, GROUP, Z2, s_mz1, s_mz2, s_mh, False)
     q = load_tile(q_base, offs_m, offs_e, s_qm, s_qe, L, E, CHECK_M, CHECK_E)
     do = load_tile(do_base, offs_m, offs_ev, s_dm, s_de, L, EV, CHECK_M, CHECK_EV)
-    lse2 = tl.load(LSE + pid_bh.to(tl.int64) * L + offs_m, mask=offs_m < L, other=float("inf"))
-    lse2 = tl.where(lse2 == float("-inf"), float("inf"), lse2)
+    lse = tl.load(LSE + pid_bh.to(tl.int64) * L + offs_m, mask=offs_m < L, other=float("inf"))
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
     delta = tl.load(Delta + pid_bh.to(tl.int64) * L + offs_m, mask=offs_m < L, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_E], dtype=tl.float32)
     if CAUSAL:
         free_hi = tl.minimum(start_m, S)
-        dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, mask_base, offs_m, 0, free_hi,
-                          L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale2,
+        dq = _dq_key_loop(dq, q, do, lse, delta, k_base, v_base, mask_base, offs_m, 0, free_hi,
+                          L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, False, CHECK_N, CHECK_E, CHECK_EV,
-                          BLOCK_N, BLOCK_E, BLOCK_EV, PREC)
+                          BLOCK_N, BLOCK_E, BLOCK_EV, PREC, NATURAL)
         diag_hi = tl.minimum(start_m + BLOCK_M, S)
-        dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, mask_base, offs_m, free_hi,
-                          diag_hi, L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale2,
+        dq = _dq_key_loop(dq, q, do, lse, delta, k_base, v_base, mask_base, offs_m, free_hi,
+                          diag_hi, L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, True, CHECK_N, CHECK_E, CHECK_EV,
-                          BLOCK_N, BLOCK_E, BLOCK_EV, PREC)
+                          BLOCK_N, BLOCK_E, BLOCK_EV, PREC, NATURAL)
     else:
-        dq = _dq_key_loop(dq, q, do, lse2, delta, k_base, v_base, mask_base, offs_m, 0, S,
-                          L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale2,
+        dq = _dq_key_loop(dq, q, do, lse, delta, k_base, v_base, mask_base, offs_m, 0, S,
+                          L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, False, CHECK_N, CHECK_E, CHECK_EV,
-                          BLOCK_N, BLOCK_E, BLOCK_EV, PREC)
+                          BLOCK_N, BLOCK_E, BLOCK_EV, PREC, NATURAL)
     dq = dq * scale
     gq_base = DQ + batch_offset(pid_bh, HQ, GROUP, Z2, s_gqz1, s_gqz2, s_gqh, False)
     gq_ptrs = gq_base + offs_m[:, None] * s_gqm + offs_e[None, :] * s_gqe

@@ -1,8 +1,24 @@
 """Shared pieces of the SDPA Triton kernels: batch decomposition, masks, autotune helpers.
 
 Every SDPA kernel sees its tensors as rank-5 views ``[Z1, Z2, H, rows, cols]`` described by
-five strides each; any stride may be 0 (broadcast) and none needs to be 1. Scores are kept in
-log2 units (``s2 = scale * log2(e) * q.k + log2(e) * additive_mask``) so the softmax uses exp2.
+five strides each; any stride may be 0 (broadcast) and none needs to be 1.
+
+Score units (constexpr ``NATURAL``, chosen from the dtype by the launcher):
+
+* fp32 (``NATURAL=True``): scores in natural units, ``s = fl(q.k * scale) + additive_mask``,
+  one rounding exactly as the naive fp32 math; the softmax subtracts the running row max of
+  ``s`` and exponentiates with an accurate ``exp`` (libdevice ``__nv_expf`` on the GPU, numpy
+  under the interpreter); ``lse = m + log(l)`` (libdevice ``log``), and the output is divided
+  with IEEE round-to-nearest (``div_rn``). The lse buffer the backward reads is natural-log.
+* fp16/bf16 (``NATURAL=False``): scores in log2 units (``s2 = fl(scale * log2(e)) * q.k +
+  log2(e) * additive_mask``) and the hardware ``ex2.approx``; the lse buffer is log2 units.
+  Their rule's bound is ~2^13 times looser, and this path is the fast one.
+
+Why (NOTES.md, Findings, F5): in fp32 the rule allows about two of the naive math's roundings.
+The log2 path multiplies by ``fl(scale*log2e)`` (a rounding the naive math does not make when
+the scale is exact), returns ``lse2 * ln2`` (another one), and on the GPU ``ex2.approx.f32``
+(~2 ulp) and the ``x * log2e`` product inside ``tl.exp`` (a relative error of |x| ulps in
+exp(x)) add more; together they exceeded the bound on single-key rows and small head dims.
 """
 import os
 
@@ -44,6 +60,38 @@ def smem_bytes(block_rows_pipelined, block_rows_resident, block_e, block_ev, els
 SMEM_LIMIT = 220 * 1024
 
 
+# Accurate fp32 exponential and logarithm. Triton's interpreter (3.9) does not implement the
+# libdevice stubs (they return None), but its tl.exp / tl.log are numpy's, which are accurate;
+# compiled for the GPU, tl.exp would become ex2.approx(x * log2e), so libdevice is used there.
+if interpreting():
+    @triton.jit
+    def exp_accurate(x):
+        return tl.exp(x)
+
+    @triton.jit
+    def log_accurate(x):
+        return tl.log(x)
+else:
+    from triton.language.extra import libdevice
+
+    @triton.jit
+    def exp_accurate(x):
+        return libdevice.exp(x)
+
+    @triton.jit
+    def log_accurate(x):
+        return libdevice.log(x)
+
+
+@triton.jit
+def softmax_exp(x, NATURAL: tl.constexpr):
+    """exp(x) for natural-unit scores (fp32, accurate), 2**x for log2-unit ones (16-bit, fast)."""
+    if NATURAL:
+        return exp_accurate(x)
+    else:
+        return tl.math.exp2(x)
+
+
 @triton.jit
 def batch_offset(pid_bh, HQ, GROUP, Z2, s_z1, s_z2, s_h, KV_HEAD: tl.constexpr):
     """Element offset (int64) of head ``pid_bh`` of the flattened ``[Z1, Z2, HQ]`` grid in a
@@ -74,12 +122,12 @@ def load_tile(ptr, offs_r, offs_c, s_r, s_c, n_r, n_c,
 
 @triton.jit
 def apply_attn_mask(s2, mask_ptr, offs_m, offs_n, s_mm, s_mn, L, S,
-                    MASK_KIND: tl.constexpr, TRANSPOSED: tl.constexpr):
-    """Apply an attention mask tile to scores ``s2`` (log2 units).
+                    MASK_KIND: tl.constexpr, TRANSPOSED: tl.constexpr, NATURAL: tl.constexpr):
+    """Apply an attention mask tile to scores ``s2`` (natural units if NATURAL, else log2).
 
     ``s2`` is [M, N] (query rows, key cols) or, when TRANSPOSED, [N, M]. Boolean masks set
-    excluded scores to -inf; additive masks add ``log2(e) * mask``. Out-of-range entries load
-    as "keep" / 0 and are handled by the callers' bounds logic."""
+    excluded scores to -inf; additive masks add ``mask`` (natural) or ``log2(e) * mask``.
+    Out-of-range entries load as "keep" / 0 and are handled by the callers' bounds logic."""
     if TRANSPOSED:
         ptrs = mask_ptr + offs_n[:, None] * s_mn + offs_m[None, :] * s_mm
         inb = (offs_n[:, None] < S) & (offs_m[None, :] < L)
@@ -91,7 +139,10 @@ def apply_attn_mask(s2, mask_ptr, offs_m, offs_n, s_mm, s_mn, L, S,
         s2 = tl.where(keep != 0, s2, float("-inf"))
     elif MASK_KIND == 2:
         add = tl.load(ptrs, mask=inb, other=0.0).to(tl.float32)
-        s2 = s2 + add * 1.4426950408889634
+        if NATURAL:
+            s2 = s2 + add
+        else:
+            s2 = s2 + add * 1.4426950408889634
     return s2
 
 

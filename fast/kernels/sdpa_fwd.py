@@ -1,14 +1,16 @@
 """Flash-attention forward kernel (online softmax, one program per query block and head).
 
-Writes ``out [Z1, Z2, HQ, L, EV]`` in the input dtype and ``lse2 [Z1*Z2*HQ, L]`` float32: the
-row logsumexp of the scaled, masked scores in log2 units, -inf for a row with no key left
-(whose output is 0). See :mod:`fast.kernels.sdpa_common` for the layout conventions.
+Writes ``out [Z1, Z2, HQ, L, EV]`` in the input dtype and ``lse [Z1*Z2*HQ, L]`` float32: the
+row logsumexp of the scaled, masked scores, natural log for fp32 (``NATURAL``) and log2 units
+for 16-bit inputs, -inf for a row with no key left (whose output is 0). See
+:mod:`fast.kernels.sdpa_common` for the layout conventions and the choice of units.
 """
 import triton
 import triton.language as tl
 
 from .sdpa_common import (SMEM_LIMIT, TUNE_KW, apply_attn_mask, autotune_enabled, batch_offset,
-                          forced_choice, load_tile, smem_bytes, validated_only)
+                          forced_choice, load_tile, log_accurate, smem_bytes, softmax_exp,
+                          validated_only)
 
 
 _FWD_SAFE = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)
@@ -52,21 +54,25 @@ def _prune_fwd(configs, named_args, **kwargs):
 @triton.jit
 def _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base,
                    offs_m, lo, hi, L, S, E, EV,
-                   s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale2,
+                   s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                    MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_N: tl.constexpr,
                    CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
-                   PREC: tl.constexpr):
-    """Online-softmax accumulation over key blocks [lo, hi). DIAG applies the causal mask."""
+                   PREC: tl.constexpr, NATURAL: tl.constexpr):
+    """Online-softmax accumulation over key blocks [lo, hi). DIAG applies the causal mask.
+
+    ``qk_scale`` is ``scale`` (NATURAL, fp32) or ``scale * log2(e)`` (16-bit); the scores,
+    row max ``m_i`` and exponentials are in the matching units."""
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E)
-        s2 = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale2
+        s2 = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         if MASK_KIND != 0:
-            s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, False)
+            s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, False,
+                                 NATURAL)
         if DIAG:
             s2 = tl.where(offs_m[:, None] >= offs_n[None, :], s2, float("-inf"))
         if CHECK_N:
@@ -74,8 +80,8 @@ def _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base,
         m_new = tl.maximum(m_i, tl.max(s2, 1))
         # a row that has seen only -inf so far keeps m = -inf; shift by 0 to avoid inf - inf
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s2 - m_shift[:, None])
-        alpha = tl.math.exp2(m_i - m_shift)
+        p = softmax_exp(s2 - m_shift[:, None], NATURAL)
+        alpha = softmax_exp(m_i - m_shift, NATURAL)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
         acc = acc * alpha[:, None]
@@ -100,9 +106,10 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, LSE,
                     s_vz1, s_vz2, s_vh, s_vn, s_ve,
                     s_mz1, s_mz2, s_mh, s_mm, s_mn,
                     s_oz1, s_oz2, s_oh, s_om, s_oe,
-                    Z2, HQ, GROUP, L, S, E, EV, qk_scale2,
+                    Z2, HQ, GROUP, L, S, E, EV, qk_scale,
                     TUNE_L, TUNE_S,
                     CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PREC: tl.constexpr,
+                    NATURAL: tl.constexpr,
                     BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
@@ -134,22 +141,27 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, LSE,
         free_hi = tl.minimum(start_m, S)
         acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m,
                                        0, free_hi, L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn,
-                                       qk_scale2, MASK_KIND, False, CHECK_N, CHECK_E, CHECK_EV,
-                                       BLOCK_N, BLOCK_E, BLOCK_EV, PREC)
+                                       qk_scale, MASK_KIND, False, CHECK_N, CHECK_E, CHECK_EV,
+                                       BLOCK_N, BLOCK_E, BLOCK_EV, PREC, NATURAL)
         diag_hi = tl.minimum(start_m + BLOCK_M, S)
         acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m,
                                        free_hi, diag_hi, L, S, E, EV, s_kn, s_ke, s_vn, s_ve,
-                                       s_mm, s_mn, qk_scale2, MASK_KIND, True, CHECK_N, CHECK_E,
-                                       CHECK_EV, BLOCK_N, BLOCK_E, BLOCK_EV, PREC)
+                                       s_mm, s_mn, qk_scale, MASK_KIND, True, CHECK_N, CHECK_E,
+                                       CHECK_EV, BLOCK_N, BLOCK_E, BLOCK_EV, PREC, NATURAL)
     else:
         acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m,
                                        0, S, L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn,
-                                       qk_scale2, MASK_KIND, False, CHECK_N, CHECK_E, CHECK_EV,
-                                       BLOCK_N, BLOCK_E, BLOCK_EV, PREC)
+                                       qk_scale, MASK_KIND, False, CHECK_N, CHECK_E, CHECK_EV,
+                                       BLOCK_N, BLOCK_E, BLOCK_EV, PREC, NATURAL)
 
     empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
+    l_safe = tl.where(empty, 1.0, l_i)
+    if NATURAL:  # fp32: IEEE division (a plain fp32 `/` compiles to div.full.f32, ~2 ulp)
+        out = tl.math.div_rn(acc, l_safe[:, None])
+        lse = tl.where(empty, float("-inf"), m_i + log_accurate(l_safe))
+    else:
+        out = acc / l_safe[:, None]
+        lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_safe))
     o_ptrs = o_base + offs_m[:, None] * s_om + offs_ev[None, :] * s_oe
     if CHECK_M or CHECK_EV:
         tl.store(o_ptrs, out.to(Out.dtype.element_ty),
@@ -158,6 +170,6 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, LSE,
         tl.store(o_ptrs, out.to(Out.dtype.element_ty))
     lse_ptrs = LSE + pid_bh.to(tl.int64) * L + offs_m
     if CHECK_M:
-        tl.store(lse_ptrs, lse2, mask=offs_m < L)
+        tl.store(lse_ptrs, lse, mask=offs_m < L)
     else:
-        tl.store(lse_ptrs, lse2)
+        tl.store(lse_ptrs, lse)
