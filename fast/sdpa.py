@@ -33,7 +33,8 @@ import torch
 import triton
 
 from .kernels.sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel, sdpa_bwd_preprocess_kernel
-from .kernels.sdpa_common import LN2, LOG2E, MASK_ADD, MASK_BOOL, MASK_NONE, interpreting, tune_bucket
+from .kernels.sdpa_common import (LN2, LOG2E, MASK_ADD, MASK_BOOL, MASK_NONE, chunk_of, interpreting,
+                                  tune_bucket)
 from .kernels.sdpa_fwd import sdpa_fwd_kernel
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_with_lse"]
@@ -204,6 +205,19 @@ def _natural(dtype):
     return dtype == torch.float32
 
 
+def _lse_state_shape(q_shape, dtype):
+    """The forward's saved row statistics: ``[Z1, Z2, Hq, L]`` (lse2, log2 units) for 16-bit;
+    for fp32 ``[2, Z1, Z2, Hq, L]``: the natural-log lse ``hi`` and its rounding error ``lo``
+    (lse = hi + lo exactly; the backward forms P = exp((s - hi) - lo))."""
+    rows = tuple(q_shape[:4])
+    return ((2,) + rows) if _natural(dtype) else rows
+
+
+def _lse_parts(lse_k, dtype):
+    """(hi, lo) views of the saved statistics; lo is hi itself (unused) for 16-bit."""
+    return (lse_k[0], lse_k[1]) if _natural(dtype) else (lse_k, lse_k)
+
+
 def _qk_scale(dtype, scale):
     """The factor the kernels apply to q.k: scale (natural units) or scale*log2(e) (log2)."""
     return scale if _natural(dtype) else scale * LOG2E
@@ -225,23 +239,27 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
     Z1, Z2, HQ, L, E = q.shape
     HKV, S, EV = k.shape[2], k.shape[3], v.shape[4]
     out = torch.empty((Z1, Z2, HQ, L, EV), dtype=q.dtype, device=q.device)
-    lse_k = torch.empty((Z1, Z2, HQ, L), dtype=torch.float32, device=q.device)
+    lse_k = torch.empty(_lse_state_shape(q.shape, q.dtype), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse_k
     if S == 0:
-        return out.zero_(), lse_k.fill_(float("-inf"))
+        lse_k.fill_(float("-inf"))
+        if _natural(q.dtype):
+            lse_k[1].zero_()
+        return out.zero_(), lse_k
+    lse_hi, lse_lo = _lse_parts(lse_k, q.dtype)
     kind, mask_arg = _mask_kind_and_arg(mask)
 
     def grid(meta):
         return (triton.cdiv(L, meta["BLOCK_M"]), Z1 * Z2 * HQ)
 
     sdpa_fwd_kernel[grid](
-        q, k, v, mask_arg if mask_arg is not None else q, out, lse_k,
+        q, k, v, mask_arg if mask_arg is not None else q, out, lse_hi, lse_lo,
         *q.stride(), *k.stride(), *v.stride(), *_strides5(mask_arg), *out.stride(),
         Z2, HQ, HQ // HKV, L, S, E, EV, _qk_scale(q.dtype, scale),
         tune_bucket(L), tune_bucket(S),
         CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(q.dtype), NATURAL=_natural(q.dtype),
-        BLOCK_E=_block(E), BLOCK_EV=_block(EV))
+        CHUNK_E=chunk_of(_block(E)), BLOCK_E=_block(E), BLOCK_EV=_block(EV))
     return out, lse_k
 
 
@@ -266,20 +284,22 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
         out, dout, delta, *out.stride(), *dout.stride(), Z2, HQ, L, EV,
         BLOCK_M=pre_block, BLOCK_EV=block_ev)
     meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(q.dtype),
-                NATURAL=_natural(q.dtype), BLOCK_E=block_e, BLOCK_EV=block_ev)
+                NATURAL=_natural(q.dtype), CHUNK_E=chunk_of(block_e), CHUNK_EV=chunk_of(block_ev),
+                BLOCK_E=block_e, BLOCK_EV=block_ev)
+    lse_hi, lse_lo = _lse_parts(lse_k, q.dtype)
     scalars = (Z2, HQ, HQ // HKV, L, S, E, EV, _qk_scale(q.dtype, scale), scale,
                tune_bucket(L), tune_bucket(S))
 
     def grid_kv(m):
         return (triton.cdiv(S, m["BLOCK_N"]), Z1 * Z2 * HKV)
 
-    sdpa_bwd_dkdv_kernel[grid_kv](q, k, v, mask_ptr, dout, lse_k, delta, dk, dv,
+    sdpa_bwd_dkdv_kernel[grid_kv](q, k, v, mask_ptr, dout, lse_hi, lse_lo, delta, dk, dv,
                                   *common_strides, *dk.stride(), *dv.stride(), *scalars, **meta)
 
     def grid_q(m):
         return (triton.cdiv(L, m["BLOCK_M"]), Z1 * Z2 * HQ)
 
-    sdpa_bwd_dq_kernel[grid_q](q, k, v, mask_ptr, dout, lse_k, delta, dq,
+    sdpa_bwd_dq_kernel[grid_q](q, k, v, mask_ptr, dout, lse_hi, lse_lo, delta, dq,
                                *common_strides, *dq.stride(), *scalars, **meta)
     return dq, dk, dv
 
@@ -289,15 +309,16 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
 @torch.library.custom_op("attention_oracle::sdpa_fwd", mutates_args=())
 def _sdpa_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                  is_causal: bool, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Rank-5 forward: returns (out [Z1,Z2,Hq,L,Ev], lse [Z1,Z2,Hq,L] float32 in the kernels'
-    units: natural log for fp32, log2 for fp16/bf16)."""
+    """Rank-5 forward: returns (out [Z1,Z2,Hq,L,Ev], the row statistics of
+    :func:`_lse_state_shape`: float32 lse2 [Z1,Z2,Hq,L] for fp16/bf16, (hi, lo) [2,Z1,Z2,Hq,L]
+    natural log for fp32)."""
     return _launch_fwd(q, k, v, mask, is_causal, scale)
 
 
 @_sdpa_fwd_op.register_fake
 def _sdpa_fwd_fake(q, k, v, mask, is_causal, scale):
     out = q.new_empty(tuple(q.shape[:4]) + (v.shape[4],))
-    return out, q.new_empty(tuple(q.shape[:4]), dtype=torch.float32)
+    return out, q.new_empty(_lse_state_shape(q.shape, q.dtype), dtype=torch.float32)
 
 
 @torch.library.custom_op("attention_oracle::sdpa_bwd", mutates_args=())
@@ -373,8 +394,8 @@ def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dro
 
 def _lse_view(lse_k, out_shape, dtype):
     """Natural-log lse shaped [..., Hq, L], a tensor of its own (the kernels' buffer is saved
-    for the backward): fp32's is natural already, 16-bit's is converted from log2 units."""
-    lse = lse_k.clone() if _natural(dtype) else lse_k * LN2
+    for the backward): fp32's is ``hi`` (natural already), 16-bit's is converted from log2."""
+    lse = lse_k[0].clone() if _natural(dtype) else lse_k * LN2
     if len(out_shape) == 3:
         return lse.squeeze(1).squeeze(0)
     if len(out_shape) == 4:

@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 
 from .sdpa_common import (SMEM_LIMIT, TUNE_KW, apply_attn_mask, autotune_enabled, batch_offset,
-                          forced_choice, load_tile, smem_bytes, softmax_exp, validated_only)
+                          dot_nt_f64, forced_choice, load_tile, smem_bytes, softmax_exp,
+                          validated_only)
 
 
 @triton.jit(do_not_specialize=["Z2", "HQ"])
@@ -87,14 +88,18 @@ def _make_prune(pipelined, resident, fp32_shape, safe):
 
 
 @triton.jit
-def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
-                     offs_n, lo, hi, L, S, E, EV,
-                     s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale,
+def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, lse_ptr, lo_ptr,
+                     delta_ptr, offs_n, lo, hi, L, S, E, EV,
+                     s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale,
                      MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_M: tl.constexpr,
                      CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+                     CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
                      PREC: tl.constexpr, NATURAL: tl.constexpr):
-    """Accumulate dK (unscaled) and dV of one key block over query blocks [lo, hi)."""
+    """Accumulate dK (unscaled) and dV of one key block over query blocks [lo, hi).
+
+    fp32 (NATURAL): scores and dP from chunked dots (k, v re-read), P = exp((s - hi) - lo)
+    with the forward's lse = hi + lo, and each query block's dot added to dK/dV, not chained."""
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     for start_m in range(lo, hi, BLOCK_M):
@@ -107,24 +112,43 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_pt
         else:
             lse = tl.load(lse_ptr + offs_m)
         lse = tl.where(lse == float("-inf"), float("inf"), lse)
-        sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+        if NATURAL:
+            if CHECK_M:
+                lse_lo = tl.load(lo_ptr + offs_m, mask=offs_m < L, other=0.0)
+            else:
+                lse_lo = tl.load(lo_ptr + offs_m)
+            sT = dot_nt_f64(k_base, offs_n, s_kn, s_ke, S, q_base, offs_m, s_qm, s_qe, L, E,
+                                CHECK_N, CHECK_M, CHECK_E, BLOCK_E, CHUNK_E)
+            sT = (sT * qk_scale).to(tl.float32)
+        else:
+            sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
         if MASK_KIND != 0:
             sT = apply_attn_mask(sT, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, True,
                                  NATURAL)
-        pT = softmax_exp(sT - lse[None, :], NATURAL)
+        if NATURAL:
+            pT = softmax_exp((sT - lse[None, :]) - lse_lo[None, :], NATURAL)
+        else:
+            pT = softmax_exp(sT - lse[None, :], NATURAL)
         if DIAG:
             pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
         if CHECK_N:  # rows past S are never stored, but keep them finite (no inf * 0 = nan)
             pT = tl.where(offs_n[:, None] < S, pT, 0.0)
         do = load_tile(do_base, offs_m, offs_ev, s_dm, s_de, L, EV, CHECK_M, CHECK_EV)
-        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PREC)
         if CHECK_M:
             delta = tl.load(delta_ptr + offs_m, mask=offs_m < L, other=0.0)
         else:
             delta = tl.load(delta_ptr + offs_m)
-        dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
-        dsT = pT * (dpT - delta[None, :])
-        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
+        if NATURAL:
+            dv = dv + tl.dot(pT, do, input_precision=PREC)
+            dpT = dot_nt_f64(v_base, offs_n, s_vn, s_ve, S, do_base, offs_m, s_dm, s_de, L, EV,
+                                 CHECK_N, CHECK_M, CHECK_EV, BLOCK_EV, CHUNK_EV)
+            dsT = pT * (dpT - delta[None, :]).to(tl.float32)  # dP - Delta rounded once
+            dk = dk + tl.dot(dsT, q, input_precision=PREC)
+        else:
+            dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PREC)
+            dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+            dsT = pT * (dpT - delta[None, :])
+            dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
     return dk, dv
 
 
@@ -139,7 +163,7 @@ def _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_pt
     "CHECK_EV": lambda a: a["EV"] != a["BLOCK_EV"],
 })
 @triton.jit(do_not_specialize=["Z2", "HQ"])
-def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, Delta, DK, DV,
+def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, LSE_LO, Delta, DK, DV,
                          s_qz1, s_qz2, s_qh, s_qm, s_qe,
                          s_kz1, s_kz2, s_kh, s_kn, s_ke,
                          s_vz1, s_vz2, s_vh, s_vn, s_ve,
@@ -150,7 +174,7 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, Delta, DK, DV,
                          Z2, HQ, GROUP, L, S, E, EV, qk_scale, scale,
                          TUNE_L, TUNE_S,
                          CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PREC: tl.constexpr,
-                         NATURAL: tl.constexpr,
+                         NATURAL: tl.constexpr, CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
                          BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
@@ -180,24 +204,28 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, Delta, DK, DV,
         if MASK_KIND != 0:
             mask_base = Mask + batch_offset(pid_bh, HQ, 1, Z2, s_mz1, s_mz2, s_mh, False)
         lse_ptr = LSE + pid_bh.to(tl.int64) * L
+        lo_ptr = LSE_LO + pid_bh.to(tl.int64) * L
         delta_ptr = Delta + pid_bh.to(tl.int64) * L
         if CAUSAL:
-            dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
-                                      offs_n, diag_lo, diag_hi, L, S, E, EV,
-                                      s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale,
+            dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
+                                      lse_ptr, lo_ptr, delta_ptr, offs_n, diag_lo, diag_hi, L, S, E, EV,
+                                      s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
+                                      qk_scale,
                                       MASK_KIND, True, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                                      BLOCK_M, BLOCK_E, BLOCK_EV, PREC, NATURAL)
-            dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
-                                      offs_n, diag_hi, L, L, S, E, EV,
-                                      s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale,
+                                      BLOCK_M, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
+            dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
+                                      lse_ptr, lo_ptr, delta_ptr, offs_n, diag_hi, L, L, S, E, EV,
+                                      s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
+                                      qk_scale,
                                       MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                                      BLOCK_M, BLOCK_E, BLOCK_EV, PREC, NATURAL)
+                                      BLOCK_M, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
         else:
-            dk, dv = _dkdv_query_loop(dk, dv, k, v, q_base, do_base, mask_base, lse_ptr, delta_ptr,
-                                      offs_n, 0, L, L, S, E, EV,
-                                      s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale,
+            dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
+                                      lse_ptr, lo_ptr, delta_ptr, offs_n, 0, L, L, S, E, EV,
+                                      s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
+                                      qk_scale,
                                       MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                                      BLOCK_M, BLOCK_E, BLOCK_EV, PREC, NATURAL)
+                                      BLOCK_M, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
 
     dk = dk * scale
     gk_base = DK + batch_offset(pid_bkv, HKV, 1, Z2, s_gkz1, s_gkz2, s_gkh, False)
@@ -216,16 +244,17 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, Delta, DK, DV,
 
 
 @triton.jit
-def _dq_key_loop(dq, q, do, lse, delta, k_base, v_base, mask_base,
+def _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base, mask_base,
                  offs_m, lo, hi, L, S, E, EV,
-                 s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
-                 MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_N: tl.constexpr,
-                 CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
+                 s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
+                 MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_M: tl.constexpr,
+                 CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
+                 CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
                  PREC: tl.constexpr, NATURAL: tl.constexpr):
     """Accumulate dQ (unscaled) of one query block over key blocks [lo, hi).
 
-    Keys past S load as k = v = 0 and get P = 0."""
+    Keys past S load as k = v = 0 and get P = 0. fp32 as in ``_dkdv_query_loop``."""
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     for start_n in range(lo, hi, BLOCK_N):
@@ -233,18 +262,32 @@ def _dq_key_loop(dq, q, do, lse, delta, k_base, v_base, mask_base,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E)
         v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
-        s2 = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        if NATURAL:
+            s2 = dot_nt_f64(q_base, offs_m, s_qm, s_qe, L, k_base, offs_n, s_kn, s_ke, S, E,
+                                CHECK_M, CHECK_N, CHECK_E, BLOCK_E, CHUNK_E)
+            s2 = (s2 * qk_scale).to(tl.float32)  # one rounding of the (near-exact) score
+        else:
+            s2 = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         if MASK_KIND != 0:
             s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, False,
                                  NATURAL)
-        p = softmax_exp(s2 - lse[:, None], NATURAL)
+        if NATURAL:
+            p = softmax_exp((s2 - lse[:, None]) - lse_lo[:, None], NATURAL)
+        else:
+            p = softmax_exp(s2 - lse[:, None], NATURAL)
         if DIAG:
             p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
         if CHECK_N:  # an out-of-range key's P could overflow (inf * 0 = nan in the dot)
             p = tl.where(offs_n[None, :] < S, p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-        ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
+        if NATURAL:
+            dp = dot_nt_f64(do_base, offs_m, s_dm, s_de, L, v_base, offs_n, s_vn, s_ve, S, EV,
+                                CHECK_M, CHECK_N, CHECK_EV, BLOCK_EV, CHUNK_EV)
+            ds = p * (dp - delta[:, None]).to(tl.float32)  # dP - Delta rounded once
+            dq = dq + tl.dot(ds, k, input_precision=PREC)
+        else:
+            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+            ds = p * (dp - delta[:, None])
+            dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
     return dq
 
 
@@ -259,7 +302,7 @@ def _dq_key_loop(dq, q, do, lse, delta, k_base, v_base, mask_base,
     "CHECK_EV": lambda a: a["EV"] != a["BLOCK_EV"],
 })
 @triton.jit(do_not_specialize=["Z2", "HQ"])
-def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, LSE, Delta, DQ,
+def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, LSE, LSE_LO, Delta, DQ,
                        s_qz1, s_qz2, s_qh, s_qm, s_qe,
                        s_kz1, s_kz2, s_kh, s_kn, s_ke,
                        s_vz1, s_vz2, s_vh, s_vn, s_ve,
@@ -269,7 +312,7 @@ def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, LSE, Delta, DQ,
                        Z2, HQ, GROUP, L, S, E, EV, qk_scale, scale,
                        TUNE_L, TUNE_S,
                        CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PREC: tl.constexpr,
-                       NATURAL: tl.constexpr,
+                       NATURAL: tl.constexpr, CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
                        BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
@@ -293,24 +336,30 @@ def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, LSE, Delta, DQ,
     do = load_tile(do_base, offs_m, offs_ev, s_dm, s_de, L, EV, CHECK_M, CHECK_EV)
     lse = tl.load(LSE + pid_bh.to(tl.int64) * L + offs_m, mask=offs_m < L, other=float("inf"))
     lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    lse_lo = lse
+    if NATURAL:
+        lse_lo = tl.load(LSE_LO + pid_bh.to(tl.int64) * L + offs_m, mask=offs_m < L, other=0.0)
     delta = tl.load(Delta + pid_bh.to(tl.int64) * L + offs_m, mask=offs_m < L, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_E], dtype=tl.float32)
     if CAUSAL:
         free_hi = tl.minimum(start_m, S)
-        dq = _dq_key_loop(dq, q, do, lse, delta, k_base, v_base, mask_base, offs_m, 0, free_hi,
-                          L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
-                          MASK_KIND, False, CHECK_N, CHECK_E, CHECK_EV,
-                          BLOCK_N, BLOCK_E, BLOCK_EV, PREC, NATURAL)
+        dq = _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base, mask_base,
+                          offs_m, 0, free_hi,
+                          L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
+                          MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
+                          BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
         diag_hi = tl.minimum(start_m + BLOCK_M, S)
-        dq = _dq_key_loop(dq, q, do, lse, delta, k_base, v_base, mask_base, offs_m, free_hi,
-                          diag_hi, L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
-                          MASK_KIND, True, CHECK_N, CHECK_E, CHECK_EV,
-                          BLOCK_N, BLOCK_E, BLOCK_EV, PREC, NATURAL)
+        dq = _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base, mask_base,
+                          offs_m, free_hi,
+                          diag_hi, L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
+                          MASK_KIND, True, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
+                          BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
     else:
-        dq = _dq_key_loop(dq, q, do, lse, delta, k_base, v_base, mask_base, offs_m, 0, S,
-                          L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
-                          MASK_KIND, False, CHECK_N, CHECK_E, CHECK_EV,
-                          BLOCK_N, BLOCK_E, BLOCK_EV, PREC, NATURAL)
+        dq = _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base, mask_base,
+                          offs_m, 0, S,
+                          L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
+                          MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
+                          BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
     dq = dq * scale
     gq_base = DQ + batch_offset(pid_bh, HQ, GROUP, Z2, s_gqz1, s_gqz2, s_gqh, False)
     gq_ptrs = gq_base + offs_m[:, None] * s_gqm + offs_e[None, :] * s_gqe

@@ -121,6 +121,43 @@ def load_tile(ptr, offs_r, offs_c, s_r, s_c, n_r, n_c,
 
 
 @triton.jit
+def dot_nt_f64(a_base, offs_a, s_ar, s_ac, n_a, b_base, offs_b, s_br, s_bc, n_b, K,
+               CHECK_A: tl.constexpr, CHECK_B: tl.constexpr, CHECK_K: tl.constexpr,
+               BLOCK_K: tl.constexpr, CHUNK: tl.constexpr):
+    """``a @ b^T`` of the fp32 tiles at rows ``offs_a`` / ``offs_b`` over K columns, accumulated
+    in fp64 (returned as fp64), loaded through strides in CHUNK-wide pieces (zero past K).
+
+    Why: an fp32 ``tl.dot`` (input_precision="ieee": FMA on the GPU; numpy's sgemm under the
+    interpreter) sums each element as one sequential fp32 chain over K, whose error grows like
+    sqrt(K) ulps of the partial sums: the same size as the naive fp32 math's own matmul error,
+    so the rule (2x that error) failed by chance on rows with few keys (E = 256, one key:
+    lse ratio 1.58, NOTES.md F5; a 2-key row with scale 2: out ratio 2.1). Products of fp32
+    values are exact in fp64 and K <= 256 terms sum with ~2^-45 relative error, so the caller's
+    single rounding to fp32 leaves a score within about half an fp32 ulp of the exact one.
+    CHUNK bounds the fp64 operand tiles (shared memory). Used on the fp32 path only."""
+    offs_c = tl.arange(0, CHUNK)
+    a = load_tile(a_base, offs_a, offs_c, s_ar, s_ac, n_a, K, CHECK_A, CHECK_K)
+    b = load_tile(b_base, offs_b, offs_c, s_br, s_bc, n_b, K, CHECK_B, CHECK_K)
+    acc = tl.dot(a.to(tl.float64), tl.trans(b.to(tl.float64)), input_precision="ieee",
+                 out_dtype=tl.float64)
+    for c in tl.static_range(CHUNK, BLOCK_K, CHUNK):
+        offs_c = c + tl.arange(0, CHUNK)
+        a = load_tile(a_base, offs_a, offs_c, s_ar, s_ac, n_a, K, CHECK_A, CHECK_K)
+        b = load_tile(b_base, offs_b, offs_c, s_br, s_bc, n_b, K, CHECK_B, CHECK_K)
+        acc = tl.dot(a.to(tl.float64), tl.trans(b.to(tl.float64)), acc, input_precision="ieee",
+                     out_dtype=tl.float64)
+    return acc
+
+
+FP32_CHUNK = 32
+
+
+def chunk_of(block: int) -> int:
+    """Width of the pieces ``dot_nt_f64`` loads (at least 16, as tl.dot needs)."""
+    return min(block, FP32_CHUNK)
+
+
+@triton.jit
 def apply_attn_mask(s2, mask_ptr, offs_m, offs_n, s_mm, s_mn, L, S,
                     MASK_KIND: tl.constexpr, TRANSPOSED: tl.constexpr, NATURAL: tl.constexpr):
     """Apply an attention mask tile to scores ``s2`` (natural units if NATURAL, else log2).

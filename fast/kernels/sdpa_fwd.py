@@ -2,15 +2,16 @@
 
 Writes ``out [Z1, Z2, HQ, L, EV]`` in the input dtype and ``lse [Z1*Z2*HQ, L]`` float32: the
 row logsumexp of the scaled, masked scores, natural log for fp32 (``NATURAL``) and log2 units
-for 16-bit inputs, -inf for a row with no key left (whose output is 0). See
+for 16-bit inputs, -inf for a row with no key left (whose output is 0). fp32 also writes
+``LSE_LO``, the rounding error of LSE (lse = LSE + LSE_LO), for the backward. See
 :mod:`fast.kernels.sdpa_common` for the layout conventions and the choice of units.
 """
 import triton
 import triton.language as tl
 
 from .sdpa_common import (SMEM_LIMIT, TUNE_KW, apply_attn_mask, autotune_enabled, batch_offset,
-                          forced_choice, load_tile, log_accurate, smem_bytes, softmax_exp,
-                          validated_only)
+                          dot_nt_f64, forced_choice, load_tile, log_accurate, smem_bytes,
+                          softmax_exp, validated_only)
 
 
 _FWD_SAFE = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)
@@ -52,24 +53,31 @@ def _prune_fwd(configs, named_args, **kwargs):
 
 
 @triton.jit
-def _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base,
+def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
                    offs_m, lo, hi, L, S, E, EV,
-                   s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
-                   MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_N: tl.constexpr,
-                   CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
+                   s_qm, s_qe, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
+                   MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_M: tl.constexpr,
+                   CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
-                   PREC: tl.constexpr, NATURAL: tl.constexpr):
+                   CHUNK_E: tl.constexpr, PREC: tl.constexpr, NATURAL: tl.constexpr):
     """Online-softmax accumulation over key blocks [lo, hi). DIAG applies the causal mask.
 
     ``qk_scale`` is ``scale`` (NATURAL, fp32) or ``scale * log2(e)`` (16-bit); the scores,
-    row max ``m_i`` and exponentials are in the matching units."""
+    row max ``m_i`` and exponentials are in the matching units. fp32 forms the scores from
+    CHUNK_E-wide partial dots (q re-read per key block) and adds each block's P.V to the
+    rescaled accumulator instead of chaining it into one FMA sequence over every key."""
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E)
-        s2 = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        if NATURAL:
+            s2 = dot_nt_f64(q_base, offs_m, s_qm, s_qe, L, k_base, offs_n, s_kn, s_ke, S, E,
+                                CHECK_M, CHECK_N, CHECK_E, BLOCK_E, CHUNK_E)
+            s2 = (s2 * qk_scale).to(tl.float32)  # one rounding of the (near-exact) score
+        else:
+            k = load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E)
+            s2 = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         if MASK_KIND != 0:
             s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, False,
                                  NATURAL)
@@ -85,7 +93,10 @@ def _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base,
         l_i = l_i * alpha + tl.sum(p, 1)
         v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
+        if NATURAL:
+            acc = acc + tl.dot(p, v, input_precision=PREC)
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -100,7 +111,7 @@ def _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base,
     "CHECK_EV": lambda a: a["EV"] != a["BLOCK_EV"],
 })
 @triton.jit(do_not_specialize=["Z2", "HQ"])
-def sdpa_fwd_kernel(Q, K, V, Mask, Out, LSE,
+def sdpa_fwd_kernel(Q, K, V, Mask, Out, LSE, LSE_LO,
                     s_qz1, s_qz2, s_qh, s_qm, s_qe,
                     s_kz1, s_kz2, s_kh, s_kn, s_ke,
                     s_vz1, s_vz2, s_vh, s_vn, s_ve,
@@ -109,7 +120,7 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, LSE,
                     Z2, HQ, GROUP, L, S, E, EV, qk_scale,
                     TUNE_L, TUNE_S,
                     CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PREC: tl.constexpr,
-                    NATURAL: tl.constexpr,
+                    NATURAL: tl.constexpr, CHUNK_E: tl.constexpr,
                     BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
@@ -139,26 +150,42 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, LSE,
     if CAUSAL:
         # keys below the block's first query need no causal mask; the diagonal band does
         free_hi = tl.minimum(start_m, S)
-        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m,
-                                       0, free_hi, L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn,
-                                       qk_scale, MASK_KIND, False, CHECK_N, CHECK_E, CHECK_EV,
-                                       BLOCK_N, BLOCK_E, BLOCK_EV, PREC, NATURAL)
+        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base, offs_m,
+                                       0, free_hi, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn, s_ve,
+                                       s_mm, s_mn, qk_scale, MASK_KIND, False, CHECK_M, CHECK_N,
+                                       CHECK_E, CHECK_EV, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
+                                       NATURAL)
         diag_hi = tl.minimum(start_m + BLOCK_M, S)
-        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m,
-                                       free_hi, diag_hi, L, S, E, EV, s_kn, s_ke, s_vn, s_ve,
-                                       s_mm, s_mn, qk_scale, MASK_KIND, True, CHECK_N, CHECK_E,
-                                       CHECK_EV, BLOCK_N, BLOCK_E, BLOCK_EV, PREC, NATURAL)
+        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base, offs_m,
+                                       free_hi, diag_hi, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn,
+                                       s_ve, s_mm, s_mn, qk_scale, MASK_KIND, True, CHECK_M, CHECK_N,
+                                       CHECK_E, CHECK_EV, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
+                                       NATURAL)
     else:
-        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, k_base, v_base, mask_base, offs_m,
-                                       0, S, L, S, E, EV, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn,
-                                       qk_scale, MASK_KIND, False, CHECK_N, CHECK_E, CHECK_EV,
-                                       BLOCK_N, BLOCK_E, BLOCK_EV, PREC, NATURAL)
+        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base, offs_m,
+                                       0, S, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn, s_ve,
+                                       s_mm, s_mn, qk_scale, MASK_KIND, False, CHECK_M, CHECK_N,
+                                       CHECK_E, CHECK_EV, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
+                                       NATURAL)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     if NATURAL:  # fp32: IEEE division (a plain fp32 `/` compiles to div.full.f32, ~2 ulp)
         out = tl.math.div_rn(acc, l_safe[:, None])
-        lse = tl.where(empty, float("-inf"), m_i + log_accurate(l_safe))
+        # lse = hi + lo exactly (TwoSum of m and log l): the backward forms s - hi (exact where
+        # P matters, Sterbenz) and then subtracts lo, so the rounding of hi (|lse| * 2^-24, a
+        # relative error of every P in the row) is not in P; the public lse is hi
+        m_safe = tl.where(empty, 0.0, m_i)
+        log_l = log_accurate(l_safe)
+        hi = m_safe + log_l
+        b_virtual = hi - m_safe
+        lo = (m_safe - (hi - b_virtual)) + (log_l - b_virtual)
+        lse = tl.where(empty, float("-inf"), hi)
+        lo_ptrs = LSE_LO + pid_bh.to(tl.int64) * L + offs_m
+        if CHECK_M:
+            tl.store(lo_ptrs, lo, mask=offs_m < L)
+        else:
+            tl.store(lo_ptrs, lo)
     else:
         out = acc / l_safe[:, None]
         lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_safe))
