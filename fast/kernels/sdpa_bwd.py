@@ -93,8 +93,8 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, l
                      s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale,
                      MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_M: tl.constexpr,
                      CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
-                     CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+                     BLOCK_EV: tl.constexpr, CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
                      PREC: tl.constexpr, NATURAL: tl.constexpr):
     """Accumulate dK (unscaled) and dV of one key block over query blocks [lo, hi).
 
@@ -118,7 +118,8 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, l
             else:
                 lse_lo = tl.load(lo_ptr + offs_m)
             sT = dot_nt_f64(k_base, offs_n, s_kn, s_ke, S, q_base, offs_m, s_qm, s_qe, L, E,
-                                CHECK_N, CHECK_M, CHECK_E, BLOCK_E, CHUNK_E)
+                                CHECK_N, CHECK_M, CHECK_E, BLOCK_N, BLOCK_M, BLOCK_E,
+                            CHUNK_E)
             sT = (sT * qk_scale).to(tl.float32)
         else:
             sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
@@ -141,7 +142,8 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, l
         if NATURAL:
             dv = dv + tl.dot(pT, do, input_precision=PREC)
             dpT = dot_nt_f64(v_base, offs_n, s_vn, s_ve, S, do_base, offs_m, s_dm, s_de, L, EV,
-                                 CHECK_N, CHECK_M, CHECK_EV, BLOCK_EV, CHUNK_EV)
+                                 CHECK_N, CHECK_M, CHECK_EV, BLOCK_N, BLOCK_M,
+                             BLOCK_EV, CHUNK_EV)
             dsT = pT * (dpT - delta[None, :]).to(tl.float32)  # dP - Delta rounded once
             dk = dk + tl.dot(dsT, q, input_precision=PREC)
         else:
@@ -212,20 +214,23 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, LSE_LO, Delta, DK, DV,
                                       s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
                                       qk_scale,
                                       MASK_KIND, True, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                                      BLOCK_M, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
+                                      BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
+                                      NATURAL)
             dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
                                       lse_ptr, lo_ptr, delta_ptr, offs_n, diag_hi, L, L, S, E, EV,
                                       s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
                                       qk_scale,
                                       MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                                      BLOCK_M, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
+                                      BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
+                                      NATURAL)
         else:
             dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
                                       lse_ptr, lo_ptr, delta_ptr, offs_n, 0, L, L, S, E, EV,
                                       s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
                                       qk_scale,
                                       MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                                      BLOCK_M, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
+                                      BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
+                                      NATURAL)
 
     dk = dk * scale
     gk_base = DK + batch_offset(pid_bkv, HKV, 1, Z2, s_gkz1, s_gkz2, s_gkh, False)
@@ -249,8 +254,8 @@ def _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base,
                  s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                  MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_M: tl.constexpr,
                  CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
-                 CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+                 BLOCK_EV: tl.constexpr, CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
                  PREC: tl.constexpr, NATURAL: tl.constexpr):
     """Accumulate dQ (unscaled) of one query block over key blocks [lo, hi).
 
@@ -264,7 +269,8 @@ def _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base,
         v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
         if NATURAL:
             s2 = dot_nt_f64(q_base, offs_m, s_qm, s_qe, L, k_base, offs_n, s_kn, s_ke, S, E,
-                                CHECK_M, CHECK_N, CHECK_E, BLOCK_E, CHUNK_E)
+                                CHECK_M, CHECK_N, CHECK_E, BLOCK_M, BLOCK_N, BLOCK_E,
+                            CHUNK_E)
             s2 = (s2 * qk_scale).to(tl.float32)  # one rounding of the (near-exact) score
         else:
             s2 = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
@@ -281,7 +287,8 @@ def _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base,
             p = tl.where(offs_n[None, :] < S, p, 0.0)
         if NATURAL:
             dp = dot_nt_f64(do_base, offs_m, s_dm, s_de, L, v_base, offs_n, s_vn, s_ve, S, EV,
-                                CHECK_M, CHECK_N, CHECK_EV, BLOCK_EV, CHUNK_EV)
+                                CHECK_M, CHECK_N, CHECK_EV, BLOCK_M, BLOCK_N,
+                            BLOCK_EV, CHUNK_EV)
             ds = p * (dp - delta[:, None]).to(tl.float32)  # dP - Delta rounded once
             dq = dq + tl.dot(ds, k, input_precision=PREC)
         else:
@@ -347,19 +354,19 @@ def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, LSE, LSE_LO, Delta, DQ,
                           offs_m, 0, free_hi,
                           L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                          BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
+                          BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
         diag_hi = tl.minimum(start_m + BLOCK_M, S)
         dq = _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base, mask_base,
                           offs_m, free_hi,
                           diag_hi, L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, True, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                          BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
+                          BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
     else:
         dq = _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base, mask_base,
                           offs_m, 0, S,
                           L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                          BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
+                          BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
     dq = dq * scale
     gq_base = DQ + batch_offset(pid_bh, HQ, GROUP, Z2, s_gqz1, s_gqz2, s_gqh, False)
     gq_ptrs = gq_base + offs_m[:, None] * s_gqm + offs_e[None, :] * s_gqe

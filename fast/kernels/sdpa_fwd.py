@@ -58,8 +58,9 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
                    s_qm, s_qe, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                    MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_M: tl.constexpr,
                    CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
-                   CHUNK_E: tl.constexpr, PREC: tl.constexpr, NATURAL: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+                   BLOCK_EV: tl.constexpr, CHUNK_E: tl.constexpr, PREC: tl.constexpr,
+                   NATURAL: tl.constexpr):
     """Online-softmax accumulation over key blocks [lo, hi). DIAG applies the causal mask.
 
     ``qk_scale`` is ``scale`` (NATURAL, fp32) or ``scale * log2(e)`` (16-bit); the scores,
@@ -73,7 +74,8 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if NATURAL:
             s2 = dot_nt_f64(q_base, offs_m, s_qm, s_qe, L, k_base, offs_n, s_kn, s_ke, S, E,
-                                CHECK_M, CHECK_N, CHECK_E, BLOCK_E, CHUNK_E)
+                                CHECK_M, CHECK_N, CHECK_E, BLOCK_M, BLOCK_N, BLOCK_E,
+                            CHUNK_E)
             s2 = (s2 * qk_scale).to(tl.float32)  # one rounding of the (near-exact) score
         else:
             k = load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E)
@@ -153,19 +155,19 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, LSE, LSE_LO,
         acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base, offs_m,
                                        0, free_hi, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn, s_ve,
                                        s_mm, s_mn, qk_scale, MASK_KIND, False, CHECK_M, CHECK_N,
-                                       CHECK_E, CHECK_EV, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
+                                       CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
                                        NATURAL)
         diag_hi = tl.minimum(start_m + BLOCK_M, S)
         acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base, offs_m,
                                        free_hi, diag_hi, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn,
                                        s_ve, s_mm, s_mn, qk_scale, MASK_KIND, True, CHECK_M, CHECK_N,
-                                       CHECK_E, CHECK_EV, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
+                                       CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
                                        NATURAL)
     else:
         acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base, offs_m,
                                        0, S, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn, s_ve,
                                        s_mm, s_mn, qk_scale, MASK_KIND, False, CHECK_M, CHECK_N,
-                                       CHECK_E, CHECK_EV, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
+                                       CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
                                        NATURAL)
 
     empty = l_i == 0.0
