@@ -307,3 +307,41 @@ def test_refuses_int32_overflowing_head_span():
     with pytest.raises(NotImplementedError, match="int32"):
         _check_tile_offsets([("key", huge)])
     _check_tile_offsets([("key", torch.empty_strided((1, 1, 2, 16), (0, 0, 2**30, 1), device="meta"))])
+
+
+# ----------------------------------------------------------------------------- fp32 scores (F5)
+
+def rounded_exact_score(q_row, k_row, scale):
+    """fl32(exact q.k * fl32(scale)): what one rounding of the exact score gives."""
+    scale32 = float(torch.tensor(scale, dtype=torch.float32))
+    return ((q_row.double() * k_row.double()).sum(-1) * scale32).float()
+
+
+def assert_bitwise(name, got, expected):
+    differ = got != expected
+    assert not differ.any(), (
+        f"{name}: {int(differ.sum())} element(s) differ from fl32(exact score), first at "
+        f"{differ.nonzero()[0].tolist()}: {got[differ][0].item()!r} vs {expected[differ][0].item()!r}")
+
+
+@pytest.mark.parametrize("E,scale", [(256, None), (72, 2.0), (8, 0.5), (200, 0.125)])
+def test_fp32_single_key_lse_is_the_rounded_exact_score(E, scale, gen):
+    """F5 (NOTES.md): under is_causal, row 0 sees key 0 only, so lse = its score. fp32 forms the
+    score from an fp64-accumulated dot with one rounding, so lse equals fl32(exact score)
+    bitwise. The log2-unit kernel with fp32 dots was 14 ulps off at E = 256 (the F5 case) and
+    fails this test (checked against the pre-fix tree)."""
+    q = randn(2, 3, 4, E, dtype=torch.float32, gen=gen) * 3
+    k = randn(2, 3, 4, E, dtype=torch.float32, gen=gen)
+    v = randn(2, 3, 4, 16, dtype=torch.float32, gen=gen)
+    out, lse = scaled_dot_product_attention_with_lse(q, k, v, is_causal=True, scale=scale)
+    sc = 1.0 / math.sqrt(E) if scale is None else scale
+    assert_bitwise("lse[row 0]", lse[..., 0], rounded_exact_score(q[..., 0, :], k[..., 0, :], sc))
+    assert torch.equal(out[..., 0, :], v[..., 0, :]), "a single-key row's output is its value row"
+
+
+def test_bitwise_score_check_catches_one_ulp():
+    """Negative control for the test above: one ulp off the rounded exact score fails."""
+    exact = torch.tensor([1.5, -2.1768, 30.25, -0.001])
+    with pytest.raises(AssertionError, match="differ"):
+        assert_bitwise("control", torch.nextafter(exact, torch.full_like(exact, math.inf)), exact)
+    assert_bitwise("control", exact.clone(), exact)
