@@ -6,8 +6,8 @@ dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K. A row with no key (lse = -i
 treated as lse = +inf, so its P, dS and every contribution are exactly 0.
 
 P is recomputed in the forward's units (constexpr ``NATURAL``, see
-:mod:`fast.kernels.sdpa_common`): fp32 ``P = exp(fl(q.k * scale) - lse)`` with the accurate
-exp and the natural-log lse; 16-bit ``P = exp2(fl(scale*log2e) * q.k - lse2)``.
+:mod:`fast.kernels.sdpa_common`): fp32 ``P = exp(s - hi - lo)`` evaluated in fp64 with the
+forward's natural-log lse = hi + lo; 16-bit ``P = exp2(fl(scale*log2e) * q.k - lse2)``.
 
 ``dO`` is read through its own strides (head-major, sliced or stride-0 views work in place).
 The dK/dV program owns one key block of one kv head and loops over every query head of its
@@ -126,10 +126,11 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, l
         if MASK_KIND != 0:
             sT = apply_attn_mask(sT, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, True,
                                  NATURAL)
-        if NATURAL:
-            pT = softmax_exp((sT - lse[None, :]) - lse_lo[None, :], NATURAL)
+        if NATURAL:  # exp(s - hi - lo), in fp64
+            pT = softmax_exp(sT.to(tl.float64) - lse[None, :].to(tl.float64), lse_lo[None, :],
+                             NATURAL)
         else:
-            pT = softmax_exp(sT - lse[None, :], NATURAL)
+            pT = softmax_exp(sT, lse[None, :], NATURAL)
         if DIAG:
             pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
         if CHECK_N:  # rows past S are never stored, but keep them finite (no inf * 0 = nan)
@@ -277,10 +278,11 @@ def _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base,
         if MASK_KIND != 0:
             s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, False,
                                  NATURAL)
-        if NATURAL:
-            p = softmax_exp((s2 - lse[:, None]) - lse_lo[:, None], NATURAL)
+        if NATURAL:  # exp(s - hi - lo), in fp64
+            p = softmax_exp(s2.to(tl.float64) - lse[:, None].to(tl.float64), lse_lo[:, None],
+                            NATURAL)
         else:
-            p = softmax_exp(s2 - lse[:, None], NATURAL)
+            p = softmax_exp(s2, lse[:, None], NATURAL)
         if DIAG:
             p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
         if CHECK_N:  # an out-of-range key's P could overflow (inf * 0 = nan in the dot)

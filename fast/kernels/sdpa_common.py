@@ -6,10 +6,10 @@ five strides each; any stride may be 0 (broadcast) and none needs to be 1.
 Score units (constexpr ``NATURAL``, chosen from the dtype by the launcher):
 
 * fp32 (``NATURAL=True``): scores in natural units, ``s = fl(q.k * scale) + additive_mask``,
-  one rounding exactly as the naive fp32 math; the softmax subtracts the running row max of
-  ``s`` and exponentiates with an accurate ``exp`` (libdevice ``__nv_expf`` on the GPU, numpy
-  under the interpreter); ``lse = m + log(l)`` (libdevice ``log``), and the output is divided
-  with IEEE round-to-nearest (``div_rn``). The lse buffer the backward reads is natural-log.
+  one rounding (from an fp64-accumulated dot, see ``dot_nt_f64``); the softmax subtracts the
+  running row max of ``s`` and exponentiates in fp64 (``softmax_exp``), ``lse = m + log(l)`` in
+  fp64 kept as fp32 hi + lo, and the output is divided with IEEE round-to-nearest (``div_rn``).
+  The lse buffers the backward reads are natural-log.
 * fp16/bf16 (``NATURAL=False``): scores in log2 units (``s2 = fl(scale * log2(e)) * q.k +
   log2(e) * additive_mask``) and the hardware ``ex2.approx``; the lse buffer is log2 units.
   Their rule's bound is ~2^13 times looser, and this path is the fast one.
@@ -60,36 +60,41 @@ def smem_bytes(block_rows_pipelined, block_rows_resident, block_e, block_ev, els
 SMEM_LIMIT = 220 * 1024
 
 
-# Accurate fp32 exponential and logarithm. Triton's interpreter (3.9) does not implement the
-# libdevice stubs (they return None), but its tl.exp / tl.log are numpy's, which are accurate;
-# compiled for the GPU, tl.exp would become ex2.approx(x * log2e), so libdevice is used there.
+# Accurate exponential and logarithm for the fp32 path, evaluated in fp64 and rounded once to
+# fp32 (within about half an fp32 ulp). fp32 libraries are not that close: numpy's SIMD float32
+# exp / log (what tl.exp / tl.log run under the interpreter) have errors of a few ulps, which
+# measurably raised the gradient ratios; CUDA's expf is not correctly rounded either; and
+# compiled for the GPU, fp32 tl.exp becomes ex2.approx(x * log2e). Triton's interpreter (3.9)
+# does not implement the libdevice stubs (they return None), but its fp64 tl.exp / tl.log are
+# numpy's double functions; natively libdevice's __nv_exp / __nv_log are used.
 if interpreting():
     @triton.jit
-    def exp_accurate(x):
+    def exp64(x):
         return tl.exp(x)
 
     @triton.jit
-    def log_accurate(x):
+    def log64(x):
         return tl.log(x)
 else:
     from triton.language.extra import libdevice
 
     @triton.jit
-    def exp_accurate(x):
+    def exp64(x):
         return libdevice.exp(x)
 
     @triton.jit
-    def log_accurate(x):
+    def log64(x):
         return libdevice.log(x)
 
 
 @triton.jit
-def softmax_exp(x, NATURAL: tl.constexpr):
-    """exp(x) for natural-unit scores (fp32, accurate), 2**x for log2-unit ones (16-bit, fast)."""
+def softmax_exp(a, b, NATURAL: tl.constexpr):
+    """exp(a - b) for natural-unit scores (fp32 path: difference and exp in fp64, one rounding
+    to fp32), 2**(a - b) for log2-unit ones (16-bit path: fp32 and the fast exp2)."""
     if NATURAL:
-        return exp_accurate(x)
+        return exp64(a.to(tl.float64) - b.to(tl.float64)).to(tl.float32)
     else:
-        return tl.math.exp2(x)
+        return tl.math.exp2(a - b)
 
 
 @triton.jit

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .sdpa_common import (SMEM_LIMIT, TUNE_KW, apply_attn_mask, autotune_enabled, batch_offset,
-                          dot_nt_f64, forced_choice, load_tile, log_accurate, smem_bytes,
+                          dot_nt_f64, forced_choice, load_tile, log64, smem_bytes,
                           softmax_exp, validated_only)
 
 
@@ -90,8 +90,8 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
         m_new = tl.maximum(m_i, tl.max(s2, 1))
         # a row that has seen only -inf so far keeps m = -inf; shift by 0 to avoid inf - inf
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = softmax_exp(s2 - m_shift[:, None], NATURAL)
-        alpha = softmax_exp(m_i - m_shift, NATURAL)
+        p = softmax_exp(s2, m_shift[:, None], NATURAL)
+        alpha = softmax_exp(m_i, m_shift, NATURAL)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
         acc = acc * alpha[:, None]
@@ -174,14 +174,13 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, LSE, LSE_LO,
     l_safe = tl.where(empty, 1.0, l_i)
     if NATURAL:  # fp32: IEEE division (a plain fp32 `/` compiles to div.full.f32, ~2 ulp)
         out = tl.math.div_rn(acc, l_safe[:, None])
-        # lse = hi + lo exactly (TwoSum of m and log l): the backward forms s - hi (exact where
-        # P matters, Sterbenz) and then subtracts lo, so the rounding of hi (|lse| * 2^-24, a
-        # relative error of every P in the row) is not in P; the public lse is hi
+        # lse = m + log(l) in fp64, kept as hi + lo (fp32 each): the backward forms
+        # P = exp(s - hi - lo) in fp64, so the rounding of hi (|lse| * 2^-24, a relative error
+        # of every P in the row) is not in P; the public lse is hi
         m_safe = tl.where(empty, 0.0, m_i)
-        log_l = log_accurate(l_safe)
-        hi = m_safe + log_l
-        b_virtual = hi - m_safe
-        lo = (m_safe - (hi - b_virtual)) + (log_l - b_virtual)
+        lse64 = m_safe.to(tl.float64) + log64(l_safe.to(tl.float64))
+        hi = lse64.to(tl.float32)
+        lo = (lse64 - hi.to(tl.float64)).to(tl.float32)
         lse = tl.where(empty, float("-inf"), hi)
         lo_ptrs = LSE_LO + pid_bh.to(tl.int64) * L + offs_m
         if CHECK_M:
