@@ -208,7 +208,7 @@ def _natural(dtype):
 def _lse_state_shape(q_shape, dtype):
     """The forward's saved row statistics: ``[Z1, Z2, Hq, L]`` (lse2, log2 units) for 16-bit;
     for fp32 ``[2, Z1, Z2, Hq, L]``: the natural-log lse ``hi`` and its rounding error ``lo``
-    (lse = hi + lo exactly; the backward forms P = exp((s - hi) - lo))."""
+    (lse = hi + lo; the backward forms P = exp(s - hi - lo) in fp64)."""
     rows = tuple(q_shape[:4])
     return ((2,) + rows) if _natural(dtype) else rows
 
