@@ -352,6 +352,16 @@ class _Magnitudes:
             slots = torch.matmul(A_t, ch.qr.to(md).abs()).mul_(scale)
             self.dkr.index_add_(0, ch.route.reshape(-1), slots.reshape(-1, slots.shape[2]))
 
+    def key_rows(self) -> dict:
+        """Per-element magnitudes of the key gradients (float64 ``[S, D]``): a caller that runs
+        the oracle in query chunks sums these over chunks before taking the maximum."""
+        rows = {}
+        if self.dkv is not None:
+            rows["dkv_latent"] = self.dkv[:-1]
+        if self.dkr is not None:
+            rows["dk_rope"] = self.dkr[:-1]
+        return rows
+
     def finish(self) -> dict:
         if self.dkv is not None:
             self._raise("dkv_latent", self.dkv[:-1])
@@ -419,6 +429,8 @@ def _attend(ops: _Operands, dout: torch.Tensor | None, *, compute_dtype: torch.d
                              if dkr_acc is not None else None)
     if tally is not None:
         result["magnitude"] = tally.finish()
+        if grads:
+            result["magnitude_rows"] = tally.key_rows()
     return result
 
 
@@ -451,7 +463,9 @@ def dsa_reference(q_latent, q_rope, kv_latent, k_rope, indices, dout=None, *, to
         dict with ``out [T, H, Dl]`` (compute dtype), ``lse [T, H]`` float32, and when ``dout``
         is given ``dq_latent``, ``dq_rope`` (None for NoPE), ``dkv_latent`` (shape of
         ``kv_latent``), ``dk_rope`` (shape of ``k_rope``, None for NoPE), all in compute dtype;
-        plus ``magnitude``: {output name: python float} when ``magnitudes``.
+        plus ``magnitude``: {output name: python float} when ``magnitudes``, and with ``dout``
+        ``magnitude_rows``: {"dkv_latent", "dk_rope": float64 per-element magnitudes, shaped
+        ``[S, D]``} (what a chunked caller sums over query chunks).
     """
     ops = _validate_operands(q_latent, q_rope, kv_latent, k_rope, indices, topk_length,
                              softmax_scale)

@@ -537,3 +537,18 @@ def test_packed_glm_a_full_size_fits_budget():
     assert extra <= 16, extra
     for key in ("out", "dq_latent", "dq_rope", "dkv_latent", "dk_rope"):
         assert res[key].dtype == torch.float64 and bool(torch.isfinite(res[key]).all()), key
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_key_row_magnitudes_sum_over_query_chunks(rope):
+    """What the full-size fixtures rely on: per-row key-gradient magnitudes of query chunks sum
+    to the unchunked ones, so the chunked floor equals the one-shot floor (not an upper bound)."""
+    q_latent, q_rope, kv_latent, k_rope, idx = _make(T=11, S=7, K=6, rope=rope, seed=5)
+    dout = _dout(11, 2, 4)
+    whole = dsa_reference(q_latent, q_rope, kv_latent, k_rope, idx, dout)
+    parts = [dsa_reference(q_latent[sl], None if q_rope is None else q_rope[sl], kv_latent, k_rope,
+                           idx[sl], dout[sl]) for sl in (slice(0, 4), slice(4, 11))]
+    for name, rows in whole["magnitude_rows"].items():
+        summed = sum(p["magnitude_rows"][name] for p in parts)
+        torch.testing.assert_close(summed, rows, rtol=1e-12, atol=0)
+        assert float(summed.max()) == pytest.approx(whole["magnitude"][name], rel=1e-12)
