@@ -20,7 +20,8 @@ chunks and the owned chunk is gathered again.
 import triton
 import triton.language as tl
 
-from .dsa_common import exp_accurate, gather_rows, load_heads, row_slot_count, slot_block
+from .dsa_common import (FP32_CHUNK, dot_gather_f64, exp_accurate, gather_rows, load_heads,
+                         row_slot_count, slot_block)
 
 
 @triton.jit
@@ -33,6 +34,19 @@ def _row_delta(out_ptr, o_off, stride_oh, stride_od, do_ptr, do_off, stride_doh,
         o = load_heads(out_ptr, o_off, offs_h, stride_oh, H, offs_d, stride_od, DL)
         do = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_d, stride_dod, DL)
         delta += tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    return delta
+
+
+@triton.jit
+def _row_delta_f64(out_ptr, o_off, stride_oh, stride_od, do_ptr, do_off, stride_doh, stride_dod,
+                   offs_h, H, DL, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Delta[h] = sum_d dO[h, d] * O[h, d] in fp64 (fp32 path; exact products)."""
+    delta = tl.zeros([BLOCK_H], dtype=tl.float64)
+    for d0 in range(0, DL, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        o = load_heads(out_ptr, o_off, offs_h, stride_oh, H, offs_d, stride_od, DL)
+        do = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_d, stride_dod, DL)
+        delta += tl.sum(o.to(tl.float64) * do.to(tl.float64), axis=1)
     return delta
 
 
@@ -84,8 +98,12 @@ def dsa_bwd_kernel(
         lse_sub = tl.where(lse == float("-inf"), float("inf"), lse)
     else:
         lse_sub = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    delta = _row_delta(out_ptr, t * stride_ot, stride_oh, stride_od, do_ptr, do_off, stride_doh,
-                       stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D)
+    if NATURAL:
+        delta64 = _row_delta_f64(out_ptr, t * stride_ot, stride_oh, stride_od, do_ptr, do_off,
+                                 stride_doh, stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D)
+    else:
+        delta = _row_delta(out_ptr, t * stride_ot, stride_oh, stride_od, do_ptr, do_off,
+                           stride_doh, stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D)
 
     q = load_heads(q_ptr, q_off, offs_h, stride_qh, H, offs_c, stride_qd, DL)
     do = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_c, stride_dod, DL).to(q.dtype)
@@ -99,23 +117,41 @@ def dsa_bwd_kernel(
         offs_k = start + tl.arange(0, BLOCK_K)
         valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S)
         kc = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_c, DL, valid)
-        if ONE_TILE:
-            s = tl.dot(q, tl.trans(kc), input_precision=PRECISION)
-            dp = tl.dot(do, tl.trans(kc), input_precision=PRECISION)
-        else:
-            s, dp = _chunked_scores_and_dp(q_ptr, q_off, stride_qh, stride_qd, do_ptr, do_off,
-                                           stride_doh, stride_dod, offs_h, H, kv_ptr, rows,
-                                           stride_kvs, stride_kvd, valid, DL, BLOCK_H, BLOCK_K,
-                                           BLOCK_D, PRECISION)
-        if HAS_ROPE:
-            kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
-            s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
         if NATURAL:
-            p = exp_accurate(tl.where(valid[None, :], s * scale, float("-inf")) - lse_sub[:, None])
+            # fp32 (dsa_common, "reduction order"): score and dP from fp64-accumulated dots,
+            # the score rounded once as in the forward, P = exp(s - lse) in fp64,
+            # dS = P (dP - Delta) scale in fp64 rounded once; per-block dS.K added to dq
+            s64 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64)
+            s64 = dot_gather_f64(s64, q_ptr, q_off, offs_h, stride_qh, stride_qd, H, kv_ptr, rows,
+                                 stride_kvs, stride_kvd, valid, DL, FP32_CHUNK)
+            dp64 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64)
+            dp64 = dot_gather_f64(dp64, do_ptr, do_off, offs_h, stride_doh, stride_dod, H, kv_ptr,
+                                  rows, stride_kvs, stride_kvd, valid, DL, FP32_CHUNK)
+            if HAS_ROPE:
+                kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
+                s64 = dot_gather_f64(s64, qr_ptr, t * stride_qrt, offs_h, stride_qrh, stride_qrd,
+                                     H, kr_ptr, rows, stride_krs, stride_krd, valid, DR,
+                                     FP32_CHUNK)
+            s = tl.where(valid[None, :], (s64 * scale).to(tl.float32), float("-inf"))
+            p64 = exp_accurate(s.to(tl.float64) - lse_sub.to(tl.float64)[:, None])
+            p = p64.to(tl.float32)
+            ds = (p64 * (dp64 - delta64[:, None]) * scale).to(tl.float32)
+            dq = dq + tl.dot(ds, kc, input_precision=PRECISION)
         else:
+            if ONE_TILE:
+                s = tl.dot(q, tl.trans(kc), input_precision=PRECISION)
+                dp = tl.dot(do, tl.trans(kc), input_precision=PRECISION)
+            else:
+                s, dp = _chunked_scores_and_dp(q_ptr, q_off, stride_qh, stride_qd, do_ptr,
+                                               do_off, stride_doh, stride_dod, offs_h, H, kv_ptr,
+                                               rows, stride_kvs, stride_kvd, valid, DL, BLOCK_H,
+                                               BLOCK_K, BLOCK_D, PRECISION)
+            if HAS_ROPE:
+                kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
+                s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
             p = tl.exp2(tl.where(valid[None, :], s * scale_log2, float("-inf")) - lse_sub[:, None])
-        ds = (p * (dp - delta[:, None]) * scale).to(kc.dtype)
-        dq = tl.dot(ds, kc, dq, input_precision=PRECISION)
+            ds = (p * (dp - delta[:, None]) * scale).to(kc.dtype)
+            dq = tl.dot(ds, kc, dq, input_precision=PRECISION)
         if DKV_T:
             # dkv^T = q^T . dS + dO^T . P: the wide latent is the M side of the products,
             # and q / dO serve both products from one shared-memory copy each
@@ -129,7 +165,10 @@ def dsa_bwd_kernel(
             tl.atomic_add(dkv_ptr + rows[:, None] * DL + offs_c[None, :], dkv,
                           mask=valid[:, None] & c_mask, sem="relaxed")
         if HAS_ROPE:
-            dqr = tl.dot(ds, kr, dqr, input_precision=PRECISION)
+            if NATURAL:
+                dqr = dqr + tl.dot(ds, kr, input_precision=PRECISION)
+            else:
+                dqr = tl.dot(ds, kr, dqr, input_precision=PRECISION)
             if DKV_T:
                 dkr_t = tl.dot(tl.trans(qr), ds, input_precision=PRECISION)
                 tl.atomic_add(dkr_ptr + rows[None, :] * DR + offs_r[:, None], dkr_t,

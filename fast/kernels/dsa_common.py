@@ -76,3 +76,29 @@ def load_heads(base_ptr, row_offset, offs_h, stride_h, h_lim, offs_d, stride_d, 
     """Loads a [BLOCK_H, BLOCK_D] tile of one token's heads, 0 outside."""
     ptrs = base_ptr + row_offset + offs_h[:, None] * stride_h + offs_d[None, :] * stride_d
     return tl.load(ptrs, mask=(offs_h[:, None] < h_lim) & (offs_d[None, :] < d_lim), other=0.0)
+
+
+# fp32 path: the reduction order of the dots (NOTES.md, fast DSA, "fp32 summation order").
+# Natively an fp32 tl.dot (input_precision="ieee") sums each element as ONE sequential FMA chain
+# over the reduction dimension, and tl.dot(a, b, acc) extends that chain through acc across
+# blocks (576 terms for a score, thousands of slots for out / dq). The fp32 kernels therefore
+# take scores and dP from fp64-accumulated dots rounded once (products of fp32 values are exact
+# in fp64), and add each slot block's P.V / dS.K product to the fp32 accumulator as its own dot.
+FP32_CHUNK = 32  # width of the fp64 operand pieces (shared memory: 2 x 64 x 32 x 8 B = 32 KB)
+
+
+@triton.jit
+def dot_gather_f64(acc, a_ptr, a_off, offs_h, stride_ah, stride_ad, H, b_ptr, rows, stride_bs,
+                   stride_bd, valid, D, CHUNK: tl.constexpr):
+    """acc (fp64 [BLOCK_H, BLOCK_K]) + a[heads, :D] . b[rows, :D]^T accumulated in fp64.
+
+    a: one token's heads (load_heads), b: gathered key rows (gather_rows, 0 where invalid).
+    A dynamic loop over CHUNK-wide pieces (an unrolled one lets Triton hoist fp64 copies of
+    loop-invariant operands into shared memory, as found for fast SDPA)."""
+    for d0 in range(0, D, CHUNK):
+        offs_d = d0 + tl.arange(0, CHUNK)
+        a = load_heads(a_ptr, a_off, offs_h, stride_ah, H, offs_d, stride_ad, D)
+        b = gather_rows(b_ptr, rows, stride_bs, stride_bd, offs_d, D, valid)
+        acc = tl.dot(a.to(tl.float64), tl.trans(b.to(tl.float64)), acc, input_precision="ieee",
+                     out_dtype=tl.float64)
+    return acc

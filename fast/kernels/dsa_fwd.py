@@ -15,8 +15,8 @@ skip their tail of holes.
 import triton
 import triton.language as tl
 
-from .dsa_common import (exp_accurate, gather_rows, load_heads, log_accurate, row_slot_count,
-                         slot_block)
+from .dsa_common import (FP32_CHUNK, dot_gather_f64, exp_accurate, gather_rows, load_heads,
+                         log_accurate, row_slot_count, slot_block)
 
 @triton.jit
 def _chunked_scores(q_ptr, q_off, offs_h, stride_qh, stride_qd, H, kv_ptr, rows, stride_kvs,
@@ -59,46 +59,68 @@ def dsa_fwd_kernel(
 
     m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_H], dtype=tl.float32)
+    if NATURAL:
+        l64 = tl.zeros([BLOCK_H], dtype=tl.float64)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     for start in range(0, n_slots, BLOCK_K):
         offs_k = start + tl.arange(0, BLOCK_K)
         valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S)
-        if ONE_TILE:
-            v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
-            s = tl.dot(q, tl.trans(v), input_precision=PRECISION)
-        else:
-            s = _chunked_scores(q_ptr, t * stride_qt, offs_h, stride_qh, stride_qd, H, kv_ptr,
-                                rows, stride_kvs, stride_kvd, valid, DL, BLOCK_H, BLOCK_K,
-                                BLOCK_D, PRECISION)
-            v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
-        if HAS_ROPE:
-            kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
-            s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
         if NATURAL:
-            s = tl.where(valid[None, :], s * scale, float("-inf"))
-        else:
+            # fp32 (dsa_common, "reduction order"): the score from an fp64-accumulated dot,
+            # rounded once; exp and l in fp64; this block's P.V added to acc as its own dot
+            s64 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64)
+            s64 = dot_gather_f64(s64, q_ptr, t * stride_qt, offs_h, stride_qh, stride_qd, H,
+                                 kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, FP32_CHUNK)
+            if HAS_ROPE:
+                s64 = dot_gather_f64(s64, qr_ptr, t * stride_qrt, offs_h, stride_qrh, stride_qrd,
+                                     H, kr_ptr, rows, stride_krs, stride_krd, valid, DR,
+                                     FP32_CHUNK)
+            s = tl.where(valid[None, :], (s64 * scale).to(tl.float32), float("-inf"))
+            v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p64 = exp_accurate(s.to(tl.float64) - m_shift.to(tl.float64)[:, None])
+            alpha64 = exp_accurate(m.to(tl.float64) - m_shift.to(tl.float64))
+            p = p64.to(tl.float32)
+            l64 = l64 * alpha64 + tl.sum(p64, axis=1)
+            acc = acc * alpha64.to(tl.float32)[:, None] + tl.dot(p, v, input_precision=PRECISION)
+            m = m_new
+        else:  # 16-bit inputs: base-2 scores, tl.exp2, P.V chained through acc
+            if ONE_TILE:
+                v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
+                s = tl.dot(q, tl.trans(v), input_precision=PRECISION)
+            else:
+                s = _chunked_scores(q_ptr, t * stride_qt, offs_h, stride_qh, stride_qd, H,
+                                    kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, BLOCK_H,
+                                    BLOCK_K, BLOCK_D, PRECISION)
+                v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
+            if HAS_ROPE:
+                kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
+                s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
             s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        # a row with no valid slot yet keeps m = -inf; shift by 0 so exp gives 0, not NaN
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        if NATURAL:
-            p = exp_accurate(s - m_shift[:, None])
-            alpha = exp_accurate(m - m_shift)
-        else:
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            # a row with no valid slot yet keeps m = -inf; shift by 0 so exp gives 0, not NaN
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.exp2(s - m_shift[:, None])
             alpha = tl.exp2(m - m_shift)
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
-        m = m_new
+            l = l * alpha + tl.sum(p, axis=1)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+            m = m_new
 
-    nonempty = l > 0
-    l_safe = tl.where(nonempty, l, 1.0)
-    out = acc / l_safe[:, None]
+    if NATURAL:  # out = acc / l and lse = m + log(l) in fp64, rounded once
+        nonempty = l64 > 0
+        l64_safe = tl.where(nonempty, l64, 1.0)
+        out = (acc.to(tl.float64) / l64_safe[:, None]).to(tl.float32)
+    else:
+        nonempty = l > 0
+        l_safe = tl.where(nonempty, l, 1.0)
+        out = acc / l_safe[:, None]
     o_ptrs = out_ptr + t * stride_ot + offs_h[:, None] * stride_oh + offs_v[None, :] * stride_od
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty),
              mask=(offs_h[:, None] < H) & (offs_v[None, :] < DL))
     if NATURAL:
-        lse = tl.where(nonempty, m + log_accurate(l_safe), float("-inf"))
+        lse = tl.where(nonempty, (m.to(tl.float64) + log_accurate(l64_safe)).to(tl.float32),
+                       float("-inf"))
     else:
         lse = tl.where(nonempty, (m + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     tl.store(lse_ptr + t * H + offs_h, lse, mask=(offs_h < H) & ((offs_h * 0 + vb) == 0))
