@@ -412,3 +412,38 @@ def test_fp32_scores_in_natural_units(rope, scale):
     assert score.abs().max() > 4  # large enough that a log2e round trip moves it
     assert torch.equal(lse.double(), score), (lse.double() - score).abs().max()
     assert torch.equal(out, kv[rows][:, None, :].expand(T, H, DL))
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_fp32_score_dot_rounded_once(rope):
+    """fp32 scores come from an fp64-accumulated dot rounded once (NOTES.md, fast DSA, "fp32
+    summation order"): a score whose fp32 partial sums cancel (2^25 + 1 - 2^25, exact 1) must
+    give lse == 1 * scale with one valid slot per row. An fp32 dot rounds 2^25 + 1 to 2^25 and
+    returns 0 (main's kernel, rope case: lse 0, every row fails). Backward: with one slot,
+    P = 1 and dS = P (dP - Delta) = 0 exactly in exact arithmetic, so dq must be exactly 0."""
+    T, H, DL, S, K = 4, 2, 16, 5, 3
+    big = float(2 ** 25)
+    q = torch.zeros(T, H, DL)
+    kv = torch.ones(S, DL)
+    q[..., 0], q[..., 1] = big, 1.0
+    if rope:
+        qr, kr = torch.zeros(T, H, 16), torch.ones(S, 16)
+        qr[..., 3] = -big
+    else:
+        q[..., 2] = -big
+    idx = torch.full((T, K), -1, dtype=torch.int32)
+    idx[torch.arange(T), torch.arange(T) % K] = (torch.arange(T) % S).to(torch.int32)
+    q, kv, idx = q.to(DEVICE).requires_grad_(), kv.to(DEVICE), idx.to(DEVICE)
+    scale = 0.5
+    if rope:
+        qr, kr = qr.to(DEVICE).requires_grad_(), kr.to(DEVICE)
+        out, lse = fdsa.dsa_sparse_attention(q, qr, kv, kr, idx, softmax_scale=scale,
+                                             return_lse=True)
+    else:
+        out, lse = fdsa.dsa_sparse_attention_nope(q, kv, idx, softmax_scale=scale,
+                                                  return_lse=True)
+    assert torch.equal(lse, torch.full_like(lse, scale)), lse
+    assert torch.equal(out, torch.ones_like(out))
+    dout = torch.randint(-3, 4, out.shape, generator=torch.Generator().manual_seed(3)).float()
+    out.backward(dout.to(DEVICE))
+    assert torch.equal(q.grad, torch.zeros_like(q)), q.grad.abs().max()
