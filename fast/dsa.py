@@ -52,12 +52,18 @@ def _pow2(n, lo=16):
     return max(lo, triton.next_power_of_2(max(int(n), 1)))
 
 
-def candidate_configs(h, dl, *, backward, device_type):
+def candidate_configs(h, dl, *, backward, device_type, fp32=False):
     """Tile configs to try in order for H heads and latent width dl.
 
     The first that fits the GPU's shared memory is used (and remembered); the CPU
     interpreter takes small tiles. ONE_TILE configs (whole latent in one tile) come first
     for dl <= 512; the chunked ones work for any width.
+
+    fp32 forward: the (64 heads, BLOCK_K 64, 2 stages) one-tile config is not offered. Before
+    the fp64 score dot it needed 311808 B of shared memory, so the H200 refused it and fp32 ran
+    the next config; with the fp64 dot it fits (148480 B) but the offline sm_90a compile shows a
+    23.8 KB stack frame and 49.8 KB of spill stores per thread (NOTES.md, fast DSA, fp32
+    summation order), so fp32 keeps the config it ran before.
     """
     block_h = min(64, _pow2(h))
     latent = _pow2(dl)
@@ -75,8 +81,8 @@ def candidate_configs(h, dl, *, backward, device_type):
                 KernelConfig(min(block_h, 32), 32, 64, 128, 8, 3, True),
                 KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
                 KernelConfig(16, 16, 32, 64, 4, 1)]
-    first = [KernelConfig(block_h, 64, latent, latent, 8, 2),
-             KernelConfig(block_h, 32, latent, latent, 8, 1)] if one else []
+    first = ([] if fp32 else [KernelConfig(block_h, 64, latent, latent, 8, 2)]) + \
+        [KernelConfig(block_h, 32, latent, latent, 8, 1)] if one else []
     return first + [KernelConfig(block_h, 32, 64, 256, 8, 1),
                     KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
                     KernelConfig(16, 16, 32, 64, 4, 1)]
@@ -100,7 +106,8 @@ def _launch_first_fitting(kind, q, dr, launch, config):
     T, H, DL = q.shape
     if config is not None:
         return launch(config)
-    candidates = candidate_configs(H, DL, backward=kind == "backward", device_type=q.device.type)
+    candidates = candidate_configs(H, DL, backward=kind == "backward", device_type=q.device.type,
+                                   fp32=q.dtype == torch.float32)
     if _OVERRIDES[kind] is not None:
         candidates = [_OVERRIDES[kind]] + candidates
     key = (kind, str(q.device), q.dtype, H, DL, dr)
