@@ -20,8 +20,8 @@ chunks and the owned chunk is gathered again.
 import triton
 import triton.language as tl
 
-from .dsa_common import (FP32_CHUNK, dot_gather_f64, exp_accurate, gather_rows, load_heads,
-                         row_slot_count, slot_block)
+from .dsa_common import (FP32_CHUNK, add_block_dot, dot_gather_f64, exp_accurate,
+                         gather_rows, load_heads, row_slot_count, slot_block)
 
 
 @triton.jit
@@ -136,7 +136,7 @@ def dsa_bwd_kernel(
             p64 = exp_accurate(s.to(tl.float64) - lse_sub.to(tl.float64)[:, None])
             p = p64.to(tl.float32)
             ds = (p64 * (dp64 - delta64[:, None]) * scale).to(tl.float32)
-            dq = dq + tl.dot(ds, kc, input_precision=PRECISION)
+            dq = add_block_dot(dq, 1.0, ds, kc, PRECISION)  # no chain over slots
         else:
             if ONE_TILE:
                 s = tl.dot(q, tl.trans(kc), input_precision=PRECISION)
@@ -166,7 +166,7 @@ def dsa_bwd_kernel(
                           mask=valid[:, None] & c_mask, sem="relaxed")
         if HAS_ROPE:
             if NATURAL:
-                dqr = dqr + tl.dot(ds, kr, input_precision=PRECISION)
+                dqr = add_block_dot(dqr, 1.0, ds, kr, PRECISION)
             else:
                 dqr = tl.dot(ds, kr, dqr, input_precision=PRECISION)
             if DKV_T:

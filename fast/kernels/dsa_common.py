@@ -102,3 +102,17 @@ def dot_gather_f64(acc, a_ptr, a_off, offs_h, stride_ah, stride_ad, H, b_ptr, ro
         acc = tl.dot(a.to(tl.float64), tl.trans(b.to(tl.float64)), acc, input_precision="ieee",
                      out_dtype=tl.float64)
     return acc
+
+
+@triton.jit
+def add_block_dot(acc, alpha, a, b, PRECISION: tl.constexpr):
+    """acc * alpha + a.b, with a.b summed as its own dot (its chain starts at 0).
+
+    Written as ``acc * alpha + tl.dot(a, b)`` Triton's combine pass (addf(dot(a, b, 0), d) ->
+    dot(a, b, d)) folds the sum into the dot natively, so an fp32 accumulator becomes ONE
+    sequential FMA chain over every slot of the row (1536 duplicate slots of one key: relative
+    error 1.5e-5; NOTES.md, fast DSA, "holey rows K = 2048"). The interpreter does not fold.
+    math.fma is not an addf, so the pattern does not match; the product acc * alpha + block is
+    rounded once. tests/test_fast_dsa_smoke.py::test_fp32_block_dots_not_folded checks the
+    sm_90 TTIR."""
+    return tl.fma(acc, alpha, tl.dot(a, b, input_precision=PRECISION))

@@ -15,8 +15,8 @@ skip their tail of holes.
 import triton
 import triton.language as tl
 
-from .dsa_common import (FP32_CHUNK, dot_gather_f64, exp_accurate, gather_rows, load_heads,
-                         log_accurate, row_slot_count, slot_block)
+from .dsa_common import (FP32_CHUNK, add_block_dot, dot_gather_f64, exp_accurate,
+                         gather_rows, load_heads, log_accurate, row_slot_count, slot_block)
 
 @triton.jit
 def _chunked_scores(q_ptr, q_off, offs_h, stride_qh, stride_qd, H, kv_ptr, rows, stride_kvs,
@@ -83,7 +83,7 @@ def dsa_fwd_kernel(
             alpha64 = exp_accurate(m.to(tl.float64) - m_shift.to(tl.float64))
             p = p64.to(tl.float32)
             l64 = l64 * alpha64 + tl.sum(p64, axis=1)
-            acc = acc * alpha64.to(tl.float32)[:, None] + tl.dot(p, v, input_precision=PRECISION)
+            acc = add_block_dot(acc, alpha64.to(tl.float32)[:, None], p, v, PRECISION)
             m = m_new
         else:  # 16-bit inputs: base-2 scores, tl.exp2, P.V chained through acc
             if ONE_TILE:
