@@ -13,37 +13,8 @@ element type inside each kernel (``q_ptr.dtype.element_ty == tl.float32``).
 """
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
-from triton.runtime.interpreter import InterpretedFunction
 
-
-@triton.jit
-def _exp_libdevice(x):
-    return libdevice.exp(x)
-
-
-@triton.jit
-def _log_libdevice(x):
-    return libdevice.log(x)
-
-
-@triton.jit
-def _exp_interpreted(x):
-    return tl.exp(x)
-
-
-@triton.jit
-def _log_interpreted(x):
-    return tl.log(x)
-
-
-# Natively tl.exp lowers fp32 to a multiply by log2(e) and ex2.approx (a few ulps); libdevice's
-# __nv_expf / __nv_logf are accurate to ~1 ulp. Triton's CPU interpreter cannot run libdevice
-# (extern_elementwise), but there tl.exp / tl.log are numpy's, accurate as well. Which one is
-# used follows what @triton.jit made of these functions (no environment read here).
-_INTERPRETED = isinstance(_exp_libdevice, InterpretedFunction)
-exp_accurate = _exp_interpreted if _INTERPRETED else _exp_libdevice
-log_accurate = _log_interpreted if _INTERPRETED else _log_libdevice
+from .accurate_math import exp_accurate, log_accurate  # noqa: F401  (re-exported)
 
 
 @triton.jit

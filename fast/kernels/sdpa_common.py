@@ -26,6 +26,8 @@ import triton
 import triton.testing
 import triton.language as tl
 
+from .accurate_math import exp_accurate, log_accurate
+
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
@@ -60,31 +62,11 @@ def smem_bytes(block_rows_pipelined, block_rows_resident, block_e, block_ev, els
 SMEM_LIMIT = 220 * 1024
 
 
-# Accurate exponential and logarithm for the fp32 path, evaluated in fp64 and rounded once to
-# fp32 (within about half an fp32 ulp). fp32 libraries are not that close: numpy's SIMD float32
-# exp / log (what tl.exp / tl.log run under the interpreter) have errors of a few ulps, which
-# measurably raised the gradient ratios; CUDA's expf is not correctly rounded either; and
-# compiled for the GPU, fp32 tl.exp becomes ex2.approx(x * log2e). Triton's interpreter (3.9)
-# does not implement the libdevice stubs (they return None), but its fp64 tl.exp / tl.log are
-# numpy's double functions; natively libdevice's __nv_exp / __nv_log are used.
-if interpreting():
-    @triton.jit
-    def exp64(x):
-        return tl.exp(x)
-
-    @triton.jit
-    def log64(x):
-        return tl.log(x)
-else:
-    from triton.language.extra import libdevice
-
-    @triton.jit
-    def exp64(x):
-        return libdevice.exp(x)
-
-    @triton.jit
-    def log64(x):
-        return libdevice.log(x)
+# The fp32 path evaluates exp and log in fp64 and rounds once to fp32 (within about half an
+# fp32 ulp): fp32 libraries are not that close (numpy's SIMD float32 exp / log under the
+# interpreter, CUDA's expf, fp32 tl.exp's ex2.approx natively). See accurate_math.
+exp64 = exp_accurate
+log64 = log_accurate
 
 
 @triton.jit
