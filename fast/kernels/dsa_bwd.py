@@ -26,27 +26,15 @@ from .dsa_common import (FP32_CHUNK, add_block_dot, dot_gather_f64, exp_accurate
 
 @triton.jit
 def _row_delta(out_ptr, o_off, stride_oh, stride_od, do_ptr, do_off, stride_doh, stride_dod,
-               offs_h, H, DL, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Delta[h] = sum_d dO[h, d] * O[h, d] in fp32."""
-    delta = tl.zeros([BLOCK_H], dtype=tl.float32)
+               offs_h, H, DL, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr):
+    """Delta[h] = sum_d dO[h, d] * O[h, d], accumulated in ACC (fp32 for 16-bit inputs; fp64
+    on the fp32 path, where the products are exact)."""
+    delta = tl.zeros([BLOCK_H], dtype=ACC)
     for d0 in range(0, DL, BLOCK_D):
         offs_d = d0 + tl.arange(0, BLOCK_D)
         o = load_heads(out_ptr, o_off, offs_h, stride_oh, H, offs_d, stride_od, DL)
         do = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_d, stride_dod, DL)
-        delta += tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
-    return delta
-
-
-@triton.jit
-def _row_delta_f64(out_ptr, o_off, stride_oh, stride_od, do_ptr, do_off, stride_doh, stride_dod,
-                   offs_h, H, DL, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Delta[h] = sum_d dO[h, d] * O[h, d] in fp64 (fp32 path; exact products)."""
-    delta = tl.zeros([BLOCK_H], dtype=tl.float64)
-    for d0 in range(0, DL, BLOCK_D):
-        offs_d = d0 + tl.arange(0, BLOCK_D)
-        o = load_heads(out_ptr, o_off, offs_h, stride_oh, H, offs_d, stride_od, DL)
-        do = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_d, stride_dod, DL)
-        delta += tl.sum(o.to(tl.float64) * do.to(tl.float64), axis=1)
+        delta += tl.sum(o.to(ACC) * do.to(ACC), axis=1)
     return delta
 
 
@@ -96,14 +84,12 @@ def dsa_bwd_kernel(
     # an empty row (lse = -inf) and padding heads get P = exp(s - inf) = 0
     if NATURAL:
         lse_sub = tl.where(lse == float("-inf"), float("inf"), lse)
+        delta64 = _row_delta(out_ptr, t * stride_ot, stride_oh, stride_od, do_ptr, do_off,
+                             stride_doh, stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D, tl.float64)
     else:
         lse_sub = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    if NATURAL:
-        delta64 = _row_delta_f64(out_ptr, t * stride_ot, stride_oh, stride_od, do_ptr, do_off,
-                                 stride_doh, stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D)
-    else:
         delta = _row_delta(out_ptr, t * stride_ot, stride_oh, stride_od, do_ptr, do_off,
-                           stride_doh, stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D)
+                           stride_doh, stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D, tl.float32)
 
     q = load_heads(q_ptr, q_off, offs_h, stride_qh, H, offs_c, stride_qd, DL)
     do = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_c, stride_dod, DL).to(q.dtype)

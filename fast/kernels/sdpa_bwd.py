@@ -16,9 +16,8 @@ GQA group, so no atomics are needed.
 import triton
 import triton.language as tl
 
-from .sdpa_common import (SMEM_LIMIT, TUNE_KW, apply_attn_mask, autotune_enabled, batch_offset,
-                          dot_nt_f64, forced_choice, load_tile, smem_bytes, softmax_exp,
-                          validated_only)
+from .sdpa_common import (TUNE_KW, apply_attn_mask, autotune_enabled, batch_offset, dot_nt_f64,
+                          load_tile, make_prune, softmax_exp)
 
 
 @triton.jit(do_not_specialize=["Z2", "HQ"])
@@ -60,31 +59,10 @@ def _dq_configs():
 
 
 def _make_prune(pipelined, resident, fp32_shape, safe):
-    """Config pruning on shared memory (``pipelined`` names the streamed block dim, ``resident``
-    the block dim held across the loop) and registers (two fp32 accumulators per program)."""
-    def prune(configs, named_args, **kwargs):
-        if len(configs) == 1:
-            return configs
-        named_args = {**named_args, **kwargs}
-        if validated_only(named_args):
-            return [safe]
-        be, bev = named_args["BLOCK_E"], named_args["BLOCK_EV"]
-        elsize = named_args["Q"].element_size()
-        kept = []
-        for c in configs:
-            rows_p, rows_r = c.kwargs[pipelined], c.kwargs[resident]
-            if smem_bytes(rows_p, rows_r, be, bev, elsize, c.num_stages) > SMEM_LIMIT:
-                continue
-            if rows_r * (be + bev) / (c.num_warps * 32) > 160:
-                continue
-            if elsize == 4 and (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) != fp32_shape:
-                continue
-            kept.append(c)
-        if elsize < 4:  # 16-bit: small tiles only when nothing larger fits
-            kept = [c for c in kept if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] >= 64 * 64] or kept
-        kept = kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
-        return forced_choice(kept)
-    return prune
+    """Pruning for the backward kernels: two fp32 accumulators (E + EV wide) per program."""
+    return make_prune(pipelined, resident, safe=safe, fp32_shape=fp32_shape,
+                      accumulator_cols=lambda be, bev: be + bev, register_limit=160,
+                      min_16bit_tile=64 * 64)
 
 
 @triton.jit

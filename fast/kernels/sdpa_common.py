@@ -189,6 +189,41 @@ def validated_only(named_args) -> bool:
             or named_args["TUNE_L"] <= 128 or named_args["TUNE_S"] <= 128)
 
 
+def make_prune(pipelined, resident, *, safe, fp32_shape, accumulator_cols, register_limit,
+               min_16bit_tile):
+    """Autotune config pruning on shared memory and registers, for the forward and both
+    backward kernels. ``pipelined`` names the streamed block dim, ``resident`` the block dim
+    held across the loop; ``accumulator_cols(BLOCK_E, BLOCK_EV)`` is the width of the fp32
+    accumulators a program keeps per resident row (forward: EV; dK/dV and dQ: E + EV), whose
+    per-thread share must stay within ``register_limit``. fp32 (ieee dots, no tensor cores)
+    keeps ``fp32_shape`` only; 16-bit keeps tiles of at least ``min_16bit_tile`` elements
+    when any fits. Shapes not validated natively run ``safe`` (``validated_only``)."""
+    def prune(configs, named_args, **kwargs):
+        if len(configs) == 1:
+            return configs
+        named_args = {**named_args, **kwargs}
+        if validated_only(named_args):
+            return [safe]
+        be, bev = named_args["BLOCK_E"], named_args["BLOCK_EV"]
+        elsize = named_args["Q"].element_size()
+        kept = []
+        for c in configs:
+            rows_p, rows_r = c.kwargs[pipelined], c.kwargs[resident]
+            if smem_bytes(rows_p, rows_r, be, bev, elsize, c.num_stages) > SMEM_LIMIT:
+                continue
+            if rows_r * accumulator_cols(be, bev) / (c.num_warps * 32) > register_limit:
+                continue
+            if elsize == 4 and (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) != fp32_shape:
+                continue
+            kept.append(c)
+        if elsize < 4:  # 16-bit: small tiles only when nothing larger fits
+            kept = [c for c in kept
+                    if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] >= min_16bit_tile] or kept
+        kept = kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+        return forced_choice(kept)
+    return prune
+
+
 def forced_choice(configs):
     """SDPA_FORCE_CONFIG=i keeps only the i-th surviving config (used to pre-compile every
     config in parallel processes before the benchmark tunes)."""

@@ -9,9 +9,8 @@ for 16-bit inputs, -inf for a row with no key left (whose output is 0). fp32 als
 import triton
 import triton.language as tl
 
-from .sdpa_common import (SMEM_LIMIT, TUNE_KW, apply_attn_mask, autotune_enabled, batch_offset,
-                          dot_nt_f64, forced_choice, load_tile, log64, smem_bytes,
-                          softmax_exp, validated_only)
+from .sdpa_common import (TUNE_KW, apply_attn_mask, autotune_enabled, batch_offset, dot_nt_f64,
+                          load_tile, log64, make_prune, softmax_exp)
 
 
 _FWD_SAFE = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)
@@ -26,30 +25,10 @@ def _fwd_configs():
             for bm, bn, w, s in shapes]
 
 
-def _prune_fwd(configs, named_args, **kwargs):
-    """Drop configs whose tiles overflow shared memory or registers for this head dim/dtype."""
-    if len(configs) == 1:
-        return configs
-    named_args = {**named_args, **kwargs}
-    if validated_only(named_args):
-        return [_FWD_SAFE]
-    be, bev = named_args["BLOCK_E"], named_args["BLOCK_EV"]
-    elsize = named_args["Q"].element_size()
-    kept = []
-    for c in configs:
-        bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
-        if smem_bytes(bn, bm, be, bev, elsize, c.num_stages) > SMEM_LIMIT:
-            continue
-        # accumulator registers: BM x BEV fp32 spread over the warps
-        if bm * bev / (c.num_warps * 32) > 128:
-            continue
-        if elsize == 4 and (bm, bn) != (64, 32):
-            continue  # fp32 (ieee, no tensor cores): small tiles only
-        kept.append(c)
-    if elsize < 4:  # 16-bit: small tiles only when nothing larger fits
-        kept = [c for c in kept if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] >= 128 * 64] or kept
-    kept = kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
-    return forced_choice(kept)
+# registers: the BM x BEV fp32 accumulator spread over the warps
+_prune_fwd = make_prune("BLOCK_N", "BLOCK_M", safe=_FWD_SAFE, fp32_shape=(64, 32),
+                        accumulator_cols=lambda be, bev: bev, register_limit=128,
+                        min_16bit_tile=128 * 64)
 
 
 @triton.jit
