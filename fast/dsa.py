@@ -12,7 +12,8 @@ and their ``_varlen`` forms. Shapes:
 
 Every input may be a strided view (q_rope a channel slice of a wider buffer, key rows packed
 in one [S, 576] buffer); the kernels read through strides. Gradients flow through autograd:
-dq (dq_latent, dq_rope) and dkv (dkv_latent, dk_rope) accumulated in fp32, dq deterministic.
+dq (dq_latent, dq_rope) and dkv (dkv_latent, dk_rope) accumulated in fp32 (the key gradients
+in fp64 for fp32 inputs), dq deterministic.
 The varlen forms run :func:`fast.index.offset_gather_kv_indices` (one launch, no host sync)
 and then the global kernel with the returned lengths.
 """
@@ -59,11 +60,12 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False):
     interpreter takes small tiles. ONE_TILE configs (whole latent in one tile) come first
     for dl <= 512; the chunked ones work for any width.
 
-    fp32 forward: the (64 heads, BLOCK_K 64, 2 stages) one-tile config is not offered. Before
-    the fp64 score dot it needed 311808 B of shared memory, so the H200 refused it and fp32 ran
-    the next config; with the fp64 dot it fits (148480 B) but the offline sm_90a compile shows a
-    23.8 KB stack frame and 49.8 KB of spill stores per thread (NOTES.md, fast DSA, fp32
-    summation order), so fp32 keeps the config it ran before.
+    fp32 inputs (both kinds) on the GPU take one spill-free config, (16 heads, BLOCK_K 16,
+    32 / 64 latent). With the fp64 score dots and the per-block dot sums of the fp32 path, the
+    16-bit configs spill heavily (offline sm_90a, backward 64 heads one tile: 1104 B stack
+    frame; Dl 512: 13 KB) and the 64-head one-tile backward gave an illegal address on the
+    H200 for H = 128, Dl = 64 (GPU run 17, NOTES.md), as it had in 16-bit before. fp32 is the
+    accuracy path: it has no speed target.
     """
     block_h = min(64, _pow2(h))
     latent = _pow2(dl)
@@ -71,18 +73,22 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False):
     if device_type != "cuda":
         chunk = latent if one else 256
         return [KernelConfig(block_h, 16, latent if one else 64, chunk, 4, 1)]
+    if fp32:
+        return [KernelConfig(16, 16, 32, 64, 4, 1)]
     if backward:
         # measured on H200 (NOTES.md, fast DSA): the 64-head latent split in two 256-wide
         # chunks with transposed dkv is fastest; 32-head one-tile is close. The 64-head
         # one-tile config with transposed dkv gave wrong dkv and an illegal address
-        # (Triton 3.6, heavy spills): it is not offered.
+        # (Triton 3.6, heavy spills): it is not offered. (For Dl <= 256 the first config is one
+        # tile all the same, BLOCK_DC being capped at the latent; in 16-bit it stays under
+        # 500 B of spills there and passed every GPU run.)
         return [KernelConfig(block_h, 32, 64, 256, 8, 3, True),
                 KernelConfig(min(block_h, 32), 32, latent, latent, 8, 3, True) if one else
                 KernelConfig(min(block_h, 32), 32, 64, 128, 8, 3, True),
                 KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
                 KernelConfig(16, 16, 32, 64, 4, 1)]
-    first = ([] if fp32 else [KernelConfig(block_h, 64, latent, latent, 8, 2)]) + \
-        [KernelConfig(block_h, 32, latent, latent, 8, 1)] if one else []
+    first = [KernelConfig(block_h, 64, latent, latent, 8, 2),
+             KernelConfig(block_h, 32, latent, latent, 8, 1)] if one else []
     return first + [KernelConfig(block_h, 32, 64, 256, 8, 1),
                     KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
                     KernelConfig(16, 16, 32, 64, 4, 1)]
@@ -251,12 +257,16 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
     S = kv.shape[0]
     qr, kr, DR, sqr, skr = _rope_args(q_rope, k_rope, q)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    dkv_acc = torch.zeros((S, DL), dtype=torch.float32, device=q.device)
+    # fp32 inputs: the key gradients are summed in fp64 (a key named by many slots, heads and
+    # queries takes thousands of atomic adds; in fp32 their rounding alone exceeded the rule:
+    # H 128, K 512 duplicates of one key, ratio 1.48), rounded once at the end
+    acc_dtype = torch.float64 if q.dtype == torch.float32 else torch.float32
+    dkv_acc = torch.zeros((S, DL), dtype=acc_dtype, device=q.device)
     if q_rope is None:  # the kernel never touches the rope gradients; pass real buffers
         dqr, dkr_acc = dq, dkv_acc
     else:
         dqr = torch.empty((T, H, DR), dtype=q.dtype, device=q.device)
-        dkr_acc = torch.zeros((S, DR), dtype=torch.float32, device=q.device)
+        dkr_acc = torch.zeros((S, DR), dtype=acc_dtype, device=q.device)
     if T > 0 and H > 0 and S > 0 and indices.shape[1] > 0:
 
         def launch(cfg):

@@ -52,3 +52,52 @@ def test_exclusive_waits_for_shared(tmp_path, monkeypatch):
     waited = _time_to_acquire(tmp_path, monkeypatch, exclusive=True)
     proc.wait()
     assert waited >= 0.5, f"an exclusive hold was granted beside a shared one ({waited:.2f} s)"
+
+
+FAULT_THEN_WORK = '''
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _store_far_away(ptr):
+    tl.store(ptr + (1 << 40), 1.0)  # an illegal address: the context is broken from here on
+
+
+def test_a_device_fault():
+    x = torch.zeros(1, device="cuda")
+    _store_far_away[(1,)](x)
+    torch.cuda.synchronize()
+
+
+def test_b_after_the_fault():
+    assert torch.ones(4, device="cuda").sum().item() == 4.0
+'''
+
+
+def test_a_device_fault_does_not_poison_the_next_tests(tmp_path):
+    """GPU run 17: one illegal address in a worker turned its next 109 tests into errors. The
+    worker now ends after the faulting test, and xdist runs the rest in a fresh one. Negative
+    control: without the exit (``-n 0``, one process) the second test cannot pass and is skipped
+    with the reason."""
+    import pytest
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (a real device fault)")
+    (tmp_path / "test_fault.py").write_text(FAULT_THEN_WORK)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+
+    def run(workers: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-n", workers, "-rA",
+                            "-p", "no:cacheprovider", str(tmp_path / "test_fault.py")],
+                           capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+        return r.stdout + r.stderr
+
+    import re
+    out = run("1")
+    assert re.search(r"PASSED \S*test_b_after_the_fault", out), out[-3000:]
+    assert re.search(r"FAILED \S*test_a_device_fault", out), out[-3000:]
+    single = run("0")
+    assert "CUDA context of this worker broke" in single, single[-3000:]

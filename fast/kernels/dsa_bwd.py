@@ -9,8 +9,8 @@ here (dout is read in place through its strides, never copied). Then
 
 - dq chunk += dS . K (registers, fp32; one program owns a dq row chunk, so dq is
   bitwise deterministic),
-- dkv rows  += dS^T . Q + P^T . dO  (fp32 atomics into a [S, DL] buffer; a duplicate
-  slot adds twice, an invalid slot adds nothing),
+- dkv rows  += dS^T . Q + P^T . dO  (atomics into an [S, DL] buffer: fp32, or fp64 for fp32
+  inputs; a duplicate slot adds twice, an invalid slot adds nothing),
 - with RoPE, chunk 0 also owns dq_rope and dk_rope.
 
 ONE_TILE: the chunk is the whole latent width, so one gathered tile serves scores, dP,
@@ -77,6 +77,7 @@ def dsa_bwd_kernel(
     offs_r = tl.arange(0, BLOCK_DR)
     n_slots = row_slot_count(len_ptr, t, K, HAS_LEN)
     NATURAL: tl.constexpr = q_ptr.dtype.element_ty == tl.float32  # fp32: natural-unit scores
+    ACC_KV: tl.constexpr = dkv_ptr.dtype.element_ty  # fp64 for fp32 inputs, else fp32
     q_off = t * stride_qt
     do_off = t * stride_dot
 
@@ -143,12 +144,12 @@ def dsa_bwd_kernel(
             # and q / dO serve both products from one shared-memory copy each
             dkv_t = tl.dot(tl.trans(q), ds, input_precision=PRECISION)
             dkv_t = tl.dot(tl.trans(do), p.to(kc.dtype), dkv_t, input_precision=PRECISION)
-            tl.atomic_add(dkv_ptr + rows[None, :] * DL + offs_c[:, None], dkv_t,
+            tl.atomic_add(dkv_ptr + rows[None, :] * DL + offs_c[:, None], dkv_t.to(ACC_KV),
                           mask=valid[None, :] & (offs_c[:, None] < DL), sem="relaxed")
         else:
             dkv = tl.dot(tl.trans(ds), q, input_precision=PRECISION)
             dkv = tl.dot(tl.trans(p.to(kc.dtype)), do, dkv, input_precision=PRECISION)
-            tl.atomic_add(dkv_ptr + rows[:, None] * DL + offs_c[None, :], dkv,
+            tl.atomic_add(dkv_ptr + rows[:, None] * DL + offs_c[None, :], dkv.to(ACC_KV),
                           mask=valid[:, None] & c_mask, sem="relaxed")
         if HAS_ROPE:
             if NATURAL:
@@ -157,11 +158,11 @@ def dsa_bwd_kernel(
                 dqr = tl.dot(ds, kr, dqr, input_precision=PRECISION)
             if DKV_T:
                 dkr_t = tl.dot(tl.trans(qr), ds, input_precision=PRECISION)
-                tl.atomic_add(dkr_ptr + rows[None, :] * DR + offs_r[:, None], dkr_t,
+                tl.atomic_add(dkr_ptr + rows[None, :] * DR + offs_r[:, None], dkr_t.to(ACC_KV),
                               mask=valid[None, :] & (tl.trans(r_mask)), sem="relaxed")
             else:
                 dkr = tl.dot(tl.trans(ds), qr, input_precision=PRECISION)
-                tl.atomic_add(dkr_ptr + rows[:, None] * DR + offs_r[None, :], dkr,
+                tl.atomic_add(dkr_ptr + rows[:, None] * DR + offs_r[None, :], dkr.to(ACC_KV),
                               mask=valid[:, None] & r_mask, sem="relaxed")
 
     h_mask = offs_h[:, None] < H
