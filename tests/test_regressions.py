@@ -5,10 +5,9 @@ import pytest
 from properties import registry
 from properties.case import load_case
 from properties.replay import corpus
-from properties.runner import run_check
+from properties.runner import function_of, run_check
 
 ENTRIES = corpus()
-AREA_FUNCTIONS = {"sdpa": "scaled_dot_product_attention", "index": "offset_gather_kv_indices"}
 
 
 def _known_failure(entry: dict, impl_name: str, device: str) -> str:
@@ -24,7 +23,7 @@ def test_regression(request, impl, name, entry):
         request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
     check = registry.check(entry["check"])
     case = load_case(entry["case"])
-    fn = getattr(case, "function", None) or AREA_FUNCTIONS[case.AREA]
+    fn = function_of(case)
     if not impl.offers(fn):
         pytest.skip(f"{impl.name} does not offer {fn}")
     if not run_check(check, impl, case):

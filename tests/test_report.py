@@ -42,3 +42,28 @@ def test_broken_implementation_is_reported_failed_with_message(tmp_path):
     assert broken["worst_ratio"] == "inf" or broken["worst_ratio"] > 1
     for piece in ("[sdpa.forward_agreement]", "max|impl-gold|", "worst at", "python -m properties.replay"):
         assert piece in proc.stdout, piece
+
+
+def test_isolated_runs_are_recorded_under_the_function_they_call():
+    """Isolated examples (misaligned inputs on CUDA) count towards the function the case calls,
+    as in-process calls do; recorded under the check's name, a backend that rightly refuses
+    every misaligned input (torch-flash) was reported as verifying nothing (GPU runs 17-19).
+    Negative control: the refusal is still recorded, so a function refused everywhere still
+    fails the run (test_refusing_everything_fails_the_run)."""
+    from properties import report, sdpa_checks
+    from properties.case import load_case
+    from properties.runner import run_isolated
+    from properties.targets import load
+    case = load_case({"E": 8, "Ev": 8, "L": 2, "S": 3, "area": "sdpa", "batch": [1],
+                      "causal": False, "dtype": "float32", "empty_rows": 0, "gqa": False,
+                      "hkv": 1, "hq": 1, "layout_dout": "contiguous", "layout_k": "contiguous",
+                      "layout_q": "contiguous", "layout_v": "contiguous", "mask": "none",
+                      "scale": None, "seed": 0, "value_scale": 1.0})
+    sink, token = report.open_sink()
+    try:
+        ran = run_isolated(sdpa_checks.CHECKS["forward_agreement"],
+                           load("tests.negative.sdpa_broken:RefusesEverything"), case)
+    finally:
+        report.close_sink(token)
+    assert ran is False
+    assert sink.functions == {"scaled_dot_product_attention"} and sink.refused == 1, sink.as_dict()
