@@ -56,8 +56,9 @@ def run_isolated(check, target: Target, case) -> bool:
 
     The call is recorded under the function the case calls, as an in-process call would be:
     a backend that refuses every misaligned input (torch-flash on CUDA) has still verified its
-    function on other inputs (recorded under the check's name, GPU runs 17-19 ended red with
-    "torch-flash.sdpa.misaligned_inputs ... verified nothing")."""
+    function on other inputs. Recorded under the check's name, such refusals read as
+    "torch-flash.sdpa.misaligned_inputs ... verified nothing" and turned GPU runs 17, 18 and
+    20 red."""
     name = f"{case.AREA}.{check.__name__}"
     function = function_of(case)
     proc = subprocess.run([sys.executable, "-m", "properties.replay", "--impl", target.name,
