@@ -26,6 +26,7 @@ where the rule collapsed.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,22 @@ K_GRADIENT = 3
 
 class OracleMismatch(AssertionError):
     """A check found an implementation outside the agreement rule (or an exact convention)."""
+
+
+# strided_dout checks run the contiguous-dout backward second, after the strided one on the same
+# inputs: an implementation caching a plan without dout's strides fails there (NOTES.md, F9)
+AFTER_STRIDED = ("this contiguous-dout backward ran after one with {layout} dout on the same "
+                 "inputs in this process; if the gradient is right in a fresh process, the "
+                 "implementation reuses a plan built for the other dout layout (NOTES.md, F9)")
+
+
+@contextlib.contextmanager
+def noted(note: str):
+    """Adds one line of context to an OracleMismatch raised inside the block."""
+    try:
+        yield
+    except OracleMismatch as exc:
+        raise OracleMismatch(f"{exc}\n  note: {note}") from None
 
 
 @dataclass

@@ -37,7 +37,7 @@ import torch
 from oracle.dsa import dsa_reference
 from oracle.index import offset_gather_kv_indices as oracle_offset
 
-from .agreement import assert_agrees, assert_exact, assert_true
+from .agreement import AFTER_STRIDED, assert_agrees, assert_exact, assert_true, noted
 from .dsa_cases import FUNCTIONS, DsaCase, DsaInputs, build, document_key_mask, document_query_mask
 from .targets import Refused
 
@@ -269,7 +269,8 @@ def strided_dout(target, case: DsaCase) -> None:
     contiguous = grads(call(target, inp), inp, before.contiguous())
     gold, lp = references(inp, before.contiguous())
     for name in strided:
-        verdict = agree(name, contiguous[name], gold, lp, case, target, check, gradient=True)
+        with noted(AFTER_STRIDED.format(layout=case.layout_dout)):
+            verdict = agree(name, contiguous[name], gold, lp, case, target, check, gradient=True)
         assert_close_to(name, strided[name], contiguous[name], verdict.allowed,
                         f"gradient with {case.layout_dout} dout (strides {tuple(inp.dout.stride())}) "
                         f"vs contiguous dout", case, target, check)

@@ -19,7 +19,7 @@ import torch
 
 from oracle.sdpa import sdpa_reference
 
-from .agreement import assert_agrees, assert_exact, assert_true
+from .agreement import AFTER_STRIDED, assert_agrees, assert_exact, assert_true, noted
 from .sdpa_cases import SdpaCase, SdpaInputs, build
 
 FN = "scaled_dot_product_attention"
@@ -84,7 +84,8 @@ def strided_dout(target, case: SdpaCase) -> None:
     contiguous = _grads(_call(target, inp), inp, before.contiguous())
     gold, lp = _references(inp, case, before.contiguous())
     for name in strided:
-        verdict = _agree(name, contiguous[name], gold, lp, case, target, check, gradient=True)
+        with noted(AFTER_STRIDED.format(layout=case.layout_dout)):
+            verdict = _agree(name, contiguous[name], gold, lp, case, target, check, gradient=True)
         gap = float((strided[name].double() - contiguous[name].double()).abs().max()) if strided[name].numel() else 0.0
         assert_true(gap <= verdict.allowed, check=check, impl=target.name, name=name,
                     message=f"gradient with {case.layout_dout} dout (strides {tuple(inp.dout.stride())}) "

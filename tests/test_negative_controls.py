@@ -14,6 +14,7 @@ from properties import sdpa_checks
 from properties.agreement import FLOOR_ULPS, OracleMismatch, assert_agrees, eps
 from properties.runner import run_check
 from properties.sdpa_cases import strategy_for
+from properties.case import load_case
 from properties.targets import load
 from tests.negative import sdpa_broken
 
@@ -82,3 +83,20 @@ def test_single_key_cancellation_uses_floor():
     with report.silenced(), pytest.raises(OracleMismatch):
         assert_agrees(bad, gold["dq"], lp["dq"], check="rule.floor", impl="control", name="dq",
                       dtype=torch.float32, gradient=True, magnitude=gold["magnitude"]["dq"], repro="unit")
+
+
+def test_plan_reuse_failure_names_the_call_order():
+    """F9's model: the failure of the contiguous-dout backward says it ran after a strided one
+    (the message a user of PyTorch's cuDNN backend sees; NOTES.md, F9)."""
+    target = load("tests.negative.sdpa_broken:DoutPlanCachedByShape")
+    case = load_case({"E": 8, "Ev": 8, "L": 2, "S": 2, "area": "sdpa", "batch": [1], "causal": False,
+                      "dtype": "float32", "empty_rows": 0, "gqa": False, "hkv": 2, "hq": 2,
+                      "layout_dout": "transposed", "layout_k": "contiguous",
+                      "layout_q": "contiguous", "layout_v": "contiguous", "mask": "none",
+                      "scale": None, "seed": 0, "value_scale": 0.3})
+    with report.silenced(), pytest.raises(OracleMismatch) as caught:
+        run_check(sdpa_checks.CHECKS["strided_dout"], target, case)
+    assert "note: this contiguous-dout backward ran after one with transposed dout" in str(caught.value)
+    # the same case on a fresh instance with a contiguous dout only: nothing cached, no failure
+    run_check(sdpa_checks.CHECKS["gradient_agreement"],
+              load("tests.negative.sdpa_broken:DoutPlanCachedByShape"), case)
