@@ -14,6 +14,7 @@ runs alone on the device (``properties.gpu_lock``).
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -158,7 +159,6 @@ def _end_broken_worker(nodeid: str) -> None:
     xdist the worker ends here, after this test's failure has been reported; pytest-xdist
     names the test it was in ("worker crashed") and starts a fresh worker for the rest.
     Without xdist the later tests are skipped with the reason instead."""
-    import sys
     sys.stderr.write(f"\nattention-oracle: CUDA context broke during {nodeid}; ending worker "
                      f"{_WORKER} so the remaining tests get a fresh one\n")
     sys.stderr.flush()

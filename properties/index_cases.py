@@ -166,6 +166,7 @@ class IndexCase(CaseMixin):
     """``offset_gather_kv_indices`` on drawn documents; H, D, dtype serve the attention check."""
 
     AREA = "index"
+    function = "offset_gather_kv_indices"  # the public function its checks call
     docs: tuple = ((2, 4),)
     K: int = 4
     causal: bool = False

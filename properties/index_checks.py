@@ -25,7 +25,7 @@ from .agreement import assert_agrees, assert_exact, assert_true
 from .index_cases import IndexCase, IndexInputs, build_index
 from .targets import Refused
 
-FN = "offset_gather_kv_indices"
+FN = IndexCase.function
 ATTN_FN = "dsa_sparse_attention_nope"
 
 

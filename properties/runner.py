@@ -19,7 +19,6 @@ from .agreement import OracleMismatch
 from .targets import Refused, Target
 
 
-AREA_FUNCTIONS = {"sdpa": "scaled_dot_product_attention", "index": "offset_gather_kv_indices"}
 ISOLATED_EXAMPLES = 5  # each isolated example pays a process start, CUDA initialisation and compiles
 
 
@@ -37,17 +36,16 @@ def run_check(check, target: Target, case) -> bool:
     except Refused:
         return False
     except OracleMismatch as exc:
-        name = f"{case.AREA}.{check.__name__}"
-        why = known_failures.case_reason(target.name, name, target.device, case)
+        why = known_failures.case_reason(target.name, check_name(check, case), target.device, case)
         if not why:
             raise
         report.record_known(why, str(exc), worst_before)
     return True
 
 
-def function_of(case) -> str:
-    """The public function a case calls (DSA cases name theirs; SDPA and index cases one)."""
-    return getattr(case, "function", None) or AREA_FUNCTIONS[case.AREA]
+def check_name(check, case) -> str:
+    """The name a check reports under: ``area.check`` (``sdpa.strided_dout``)."""
+    return f"{case.AREA}.{check.__name__}"
 
 
 def run_isolated(check, target: Target, case) -> bool:
@@ -59,8 +57,7 @@ def run_isolated(check, target: Target, case) -> bool:
     function on other inputs. Recorded under the check's name, such refusals read as
     "torch-flash.sdpa.misaligned_inputs ... verified nothing" and turned GPU runs 17, 18 and
     20 red."""
-    name = f"{case.AREA}.{check.__name__}"
-    function = function_of(case)
+    name = check_name(check, case)
     proc = subprocess.run([sys.executable, "-m", "properties.replay", "--impl", target.name,
                            "--check", name, case.to_json()],
                           capture_output=True, text=True, timeout=600,
@@ -68,9 +65,9 @@ def run_isolated(check, target: Target, case) -> bool:
     text = (proc.stdout + proc.stderr).strip()
     if proc.returncode == 0:
         if text.startswith("unsupported"):
-            report.record_call(function, refused=True, reason=text[:200])
+            report.record_call(case.function, refused=True, reason=text[:200])
             return False
-        report.record_call(function, refused=False)
+        report.record_call(case.function, refused=False)
         return True
     report.record_ratio(name, target.name, float("inf"))
     raise OracleMismatch(f"[{name}] implementation={target.name}: isolated run failed "
@@ -89,7 +86,7 @@ def run_property(check, target: Target, cases, *, function: str,
 
     def one(case):
         note(f"case: {case.to_json()}")
-        note(f"replay: {case.repro(f'{case.AREA}.{check.__name__}', target.name)}")
+        note(f"replay: {case.repro(check_name(check, case), target.name)}")
         ran["ok" if run_check(check, target, case) else "refused"] += 1
 
     test = given(case=cases)(one)

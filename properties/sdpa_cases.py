@@ -21,6 +21,7 @@ HEAD_DIMS = (1, 3, 8, 16, 24, 40, 64, 72, 96, 128, 200, 256)
 @dataclass(frozen=True)
 class SdpaCase(CaseMixin):
     AREA = "sdpa"
+    function = "scaled_dot_product_attention"  # the public function its checks call
     batch: tuple = ()          # dims before the head dim; () means rank 3 ([N, L, E])
     hq: int = 1
     hkv: int = 1

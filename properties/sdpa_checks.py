@@ -22,7 +22,7 @@ from oracle.sdpa import sdpa_reference
 from .agreement import AFTER_STRIDED, assert_agrees, assert_exact, assert_true, noted
 from .sdpa_cases import SdpaCase, SdpaInputs, build
 
-FN = "scaled_dot_product_attention"
+FN = SdpaCase.function
 FN_LSE = "scaled_dot_product_attention_with_lse"
 
 

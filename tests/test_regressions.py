@@ -5,7 +5,7 @@ import pytest
 from properties import registry
 from properties.case import load_case
 from properties.replay import corpus
-from properties.runner import function_of, run_check
+from properties.runner import run_check
 
 ENTRIES = corpus()
 
@@ -23,9 +23,8 @@ def test_regression(request, impl, name, entry):
         request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
     check = registry.check(entry["check"])
     case = load_case(entry["case"])
-    fn = function_of(case)
-    if not impl.offers(fn):
-        pytest.skip(f"{impl.name} does not offer {fn}")
+    if not impl.offers(case.function):
+        pytest.skip(f"{impl.name} does not offer {case.function}")
     if not run_check(check, impl, case):
         pytest.skip(f"unsupported: {impl.name} refused regression {name}")
 
