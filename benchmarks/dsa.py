@@ -25,8 +25,8 @@ import time
 
 import torch
 
-import fast.dsa as fdsa
-from fast.index import offset_gather_kv_indices
+import attention_oracle.fast.dsa as fdsa
+from attention_oracle.fast.index import offset_gather_kv_indices
 
 H, DL, DR, TOPK = 64, 512, 64, 2048
 DQK, DV = DL + DR, DL

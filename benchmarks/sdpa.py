@@ -27,7 +27,7 @@ import triton
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from fast.sdpa import scaled_dot_product_attention as fast_sdpa
+from attention_oracle.fast.sdpa import scaled_dot_product_attention as fast_sdpa
 
 N_FORCED_CONFIGS = 4  # the most configs any kernel keeps after pruning (bf16, D <= 128)
 

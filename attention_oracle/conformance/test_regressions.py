@@ -1,0 +1,35 @@
+"""The regression corpus: every case saved under fixtures/regressions/ is replayed on every
+selected implementation (``attention-oracle replay --save NAME`` adds one)."""
+import pytest
+
+from attention_oracle.properties.harness import registry
+from attention_oracle.properties.harness.case import load_case
+from attention_oracle.properties.tools.replay import corpus
+from attention_oracle.properties.harness.runner import run_check
+
+ENTRIES = corpus()
+
+
+def _known_failure(entry: dict, impl_name: str, device: str) -> str:
+    """An entry may list implementations it is a known failure of: ``impl`` or ``impl@device``."""
+    known = entry.get("known_failures", {})
+    return known.get(f"{impl_name}@{device}") or known.get(impl_name, "")
+
+
+@pytest.mark.parametrize("name,entry", ENTRIES, ids=[n for n, _ in ENTRIES])
+def test_regression(request, impl, name, entry):
+    reason = _known_failure(entry, impl.name, impl.device.type)
+    if reason:
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
+    check = registry.check(entry["check"])
+    case = load_case(entry["case"])
+    if not impl.offers(case.function):
+        pytest.skip(f"{impl.name} does not offer {case.function}")
+    if not run_check(check, impl, case):
+        pytest.skip(f"unsupported: {impl.name} refused regression {name}")
+
+
+def test_corpus_round_trips():
+    for name, entry in ENTRIES:
+        case = load_case(entry["case"])
+        assert load_case(__import__("json").loads(case.to_json())) == case, name

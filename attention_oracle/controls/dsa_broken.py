@@ -1,0 +1,243 @@
+"""Deliberately broken DSA implementations: each must be caught by the DSA checks.
+
+Each is a namespace (a class instance) offering the four DSA functions and
+``offset_gather_kv_indices``; run any of them through the suite with
+``pytest --impl attention_oracle.controls.dsa_broken:LseBase2``. They wrap the oracle and break one thing.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+import attention_oracle.oracle.dsa as dsa
+from attention_oracle.oracle.dsa import dsa_reference
+from attention_oracle.oracle.index import offset_gather_kv_indices
+from attention_oracle.properties.dsa.checks import without_duplicates
+
+from attention_oracle.controls.index_broken import DocumentLeak as _LeakyIndex
+
+CONTROLS = {
+    # control -> the DSA check that must catch it (RoPE cases unless noted in the test)
+    "LseBase2": "forward_agreement",
+    "NanOnEmptyRows": "empty_rows",
+    "MinusOneReadAsRowZero": "forward_agreement",
+    "DuplicatesCollapsed": "duplicates_counted",
+    "TopkLengthIgnored": "forward_agreement",
+    "DocumentLeak": "varlen_isolation",
+    "DoutAssumedContiguous": "strided_dout",
+    "GradientsForInvalidSlots": "gradient_agreement",
+    "DoutModified": "strided_dout",
+}
+
+# Further (control, check) pairs: every DSA check has a control it must catch.
+MORE_CONTROLS = [
+    ("GradientsForInvalidSlots", "chunked_backward"),
+    ("DocumentLeak", "varlen_agreement"),
+    ("TopkLengthOffByOne", "forward_agreement"),
+    ("MinusOneReadAsRowZero", "misaligned_inputs"),
+]
+
+
+def _valid(indices, topk_length, S):
+    valid = (indices >= 0) & (indices < S)
+    if topk_length is not None:
+        K = indices.shape[1]
+        valid &= torch.arange(K, device=indices.device)[None, :] < topk_length.to(torch.int64)[:, None]
+    return valid
+
+
+class _Base:
+    """The oracle, with the varlen forms built from this class's own index preparation."""
+
+    def __repr__(self):
+        return type(self).__name__
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, softmax_scale,
+               return_lse):
+        kw = dict(topk_length=topk_length, softmax_scale=softmax_scale, return_lse=return_lse)
+        if q_rope is None:
+            return dsa.dsa_sparse_attention_nope(q_latent, kv_latent, indices, **kw)
+        return dsa.dsa_sparse_attention(q_latent, q_rope, kv_latent, k_rope, indices, **kw)
+
+    def offset_gather_kv_indices(self, *args, **kwargs):
+        return offset_gather_kv_indices(*args, **kwargs)
+
+    def dsa_sparse_attention_nope(self, q, kv, indices, *, topk_length=None, softmax_scale=None,
+                                  return_lse=False):
+        return self.attend(q, None, kv, None, indices, topk_length, softmax_scale, return_lse)
+
+    def dsa_sparse_attention(self, q_latent, q_rope, kv_latent, k_rope, indices, *, topk_length=None,
+                             softmax_scale=None, return_lse=False):
+        return self.attend(q_latent, q_rope, kv_latent, k_rope, indices, topk_length, softmax_scale,
+                           return_lse)
+
+    def _varlen(self, ql, qr, kv, kr, gather, cu_q, cu_k, causal, topk_length, softmax_scale,
+                return_lse):
+        rows = self.offset_gather_kv_indices(gather, cu_q, cu_k, causal=causal, topk_length=topk_length)
+        return self.attend(ql, qr, kv, kr, rows, None, softmax_scale, return_lse)
+
+    def dsa_sparse_attention_nope_varlen(self, q, kv, gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
+                                         max_seqlen_q=None, max_seqlen_k=None, *, causal=False,
+                                         topk_length=None, softmax_scale=None, return_lse=False):
+        return self._varlen(q, None, kv, None, gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal,
+                            topk_length, softmax_scale, return_lse)
+
+    def dsa_sparse_attention_varlen(self, q_latent, q_rope, kv_latent, k_rope, gather_kv_indices,
+                                    cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
+                                    *, causal=False, topk_length=None, softmax_scale=None,
+                                    return_lse=False):
+        return self._varlen(q_latent, q_rope, kv_latent, k_rope, gather_kv_indices, cu_seqlens_q,
+                            cu_seqlens_k, causal, topk_length, softmax_scale, return_lse)
+
+
+class LseBase2(_Base):
+    """Returns lse in base 2."""
+
+    def attend(self, *args):
+        result = super().attend(*args)
+        if not args[-1]:
+            return result
+        return result[0], result[1] / math.log(2.0)
+
+
+class NanOnEmptyRows(_Base):
+    """out (and lse) NaN on rows without a valid slot (0/0 of a naive softmax)."""
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, scale, return_lse):
+        out, lse = super().attend(q_latent, q_rope, kv_latent, k_rope, indices, topk_length, scale, True)
+        S = kv_latent.shape[0]
+        empty = ~_valid(indices, topk_length, S).any(dim=1)
+        out = torch.where(empty[:, None, None], torch.full_like(out, float("nan")), out)
+        lse = torch.where(empty[:, None], torch.full_like(lse, float("nan")), lse)
+        return (out, lse) if return_lse else out
+
+
+class MinusOneReadAsRowZero(_Base):
+    """A -1 slot reads key row 0 instead of being skipped."""
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, *rest):
+        return super().attend(q_latent, q_rope, kv_latent, k_rope,
+                              torch.where(indices == -1, 0, indices), *rest)
+
+
+class DuplicatesCollapsed(_Base):
+    """A repeated valid index counts once (later slots naming it become holes)."""
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest):
+        once, _ = without_duplicates(indices, _valid(indices, topk_length, kv_latent.shape[0]))
+        return super().attend(q_latent, q_rope, kv_latent, k_rope, once, topk_length, *rest)
+
+
+class TopkLengthIgnored(_Base):
+    """Every slot up to K is used whatever topk_length says."""
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest):
+        return super().attend(q_latent, q_rope, kv_latent, k_rope, indices, None, *rest)
+
+
+class TopkLengthOffByOne(_Base):
+    """Slot s is used only while s < topk_length - 1: the last slot of every cut row is lost."""
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest):
+        if topk_length is not None:
+            topk_length = (topk_length - 1).clamp(min=0)
+        return super().attend(q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest)
+
+
+class DocumentLeak(_Base):
+    """Varlen index preparation keeps local index seqlen_k: the next document's first key."""
+
+    def offset_gather_kv_indices(self, *args, **kwargs):
+        return _LeakyIndex().offset_gather_kv_indices(*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------- broken backward
+
+
+class _Explicit(torch.autograd.Function):
+    """Oracle forward; backward delegated to ``control.backward`` (float64 reference grads)."""
+
+    @staticmethod
+    def forward(ctx, control, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, scale):
+        ctx.control, ctx.scale = control, scale
+        ctx.save_for_backward(q_latent, q_rope, kv_latent, k_rope, indices, topk_length)
+        res = dsa_reference(q_latent, q_rope, kv_latent, k_rope, indices, topk_length=topk_length,
+                            softmax_scale=scale, magnitudes=False)
+        lse = res["lse"]
+        ctx.mark_non_differentiable(lse)
+        return res["out"].to(q_latent.dtype), lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        ql, qr, kv, kr, idx, topk = ctx.saved_tensors
+        g = ctx.control.backward(ql, qr, kv, kr, idx, topk, ctx.scale, dout)
+        cast = lambda x, like: None if x is None else x.to(like.dtype)  # noqa: E731
+        return (None, cast(g["dq_latent"], ql), cast(g["dq_rope"], qr if qr is not None else ql),
+                cast(g["dkv_latent"], kv), cast(g["dk_rope"], kr if kr is not None else kv),
+                None, None, None)
+
+
+class _BrokenBackward(_Base):
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, scale, return_lse):
+        out, lse = _Explicit.apply(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, scale)
+        return (out, lse) if return_lse else out
+
+    def backward(self, ql, qr, kv, kr, idx, topk, scale, dout):
+        return dsa_reference(ql, qr, kv, kr, idx, dout, topk_length=topk, softmax_scale=scale,
+                             magnitudes=False)
+
+
+class DoutAssumedContiguous(_BrokenBackward):
+    """The backward reads dout's storage as if it were contiguous."""
+
+    def backward(self, ql, qr, kv, kr, idx, topk, scale, dout):
+        if dout.numel() and not dout.is_contiguous() and 0 not in dout.stride():
+            dout = torch.as_strided(dout, dout.shape, torch.empty(dout.shape).stride(),
+                                    dout.storage_offset())
+        return super().backward(ql, qr, kv, kr, idx, topk, scale, dout)
+
+
+class GradientsForInvalidSlots(_BrokenBackward):
+    """Invalid slots scatter a gradient into the key row their index clamps to."""
+
+    def backward(self, ql, qr, kv, kr, idx, topk, scale, dout):
+        g = super().backward(ql, qr, kv, kr, idx, topk, scale, dout)
+        S = g["dkv_latent"].shape[0]
+        invalid = ~_valid(idx, topk, S)
+        if S and bool(invalid.any()):
+            rows = idx.to(torch.int64).clamp(0, S - 1)[invalid]
+            junk = torch.ones(rows.numel(), *g["dkv_latent"].shape[1:], dtype=g["dkv_latent"].dtype)
+            g["dkv_latent"] = g["dkv_latent"].index_add(0, rows, junk)
+        return g
+
+
+class DoutModified(_BrokenBackward):
+    """The backward scales dout in place (a fused kernel reusing it as scratch)."""
+
+    def backward(self, ql, qr, kv, kr, idx, topk, scale, dout):
+        g = super().backward(ql, qr, kv, kr, idx, topk, scale, dout)
+        if 0 not in dout.stride():
+            dout.mul_(0.5)
+        return g
+
+
+class DqOffByFloors(_BrokenBackward):
+    """dq shifted by ``floors`` times the agreement rule's absolute floor (CONTRACT section 5).
+
+    With one valid slot per row the exact dq is 0 by cancellation (P = 1, dS = dP - Delta = 0)
+    and the rule's bound collapses; the floor must still catch 10 floors and admit half of one.
+    """
+
+    def __init__(self, floors: float = 10.0):
+        self.floors = floors
+
+    def __repr__(self):
+        return f"DqOffByFloors({self.floors})"
+
+    def backward(self, ql, qr, kv, kr, idx, topk, scale, dout):
+        from attention_oracle.properties.harness.agreement import FLOOR_ULPS, eps
+        g = dsa_reference(ql, qr, kv, kr, idx, dout, topk_length=topk, softmax_scale=scale)
+        floor = FLOOR_ULPS * eps(ql.dtype) * g["magnitude"]["dq_latent"]
+        g["dq_latent"] = g["dq_latent"] + self.floors * floor
+        return g

@@ -1,0 +1,101 @@
+"""Deliberately broken ``offset_gather_kv_indices``: each must be caught by the index checks.
+
+Each is a namespace (a class instance); run any of them through the suite with
+``pytest --impl attention_oracle.controls.index_broken:CausalOffByOne``. They share one plain
+implementation of CONTRACT section 4 and break one step of it.
+"""
+from __future__ import annotations
+
+import torch
+
+from attention_oracle.oracle.index import document_of_token, key_position
+
+CONTROLS = {
+    # control -> the index check that must catch it
+    "CausalOffByOne": "offset_equals_oracle",
+    "DocumentLeak": "offset_equals_oracle",
+    "UnstableCompaction": "compaction_stable",
+    "LengthsCountValidSlots": "lengths_right",
+}
+
+# Further (control, check) pairs: every index check has a control it must catch.
+MORE_CONTROLS = [
+    ("UnstableCompaction", "compaction_idempotent"),
+    # the attention kernel behind compacted_attention loses the last slot of each cut row
+    ("dsa_broken:TopkLengthOffByOne", "compacted_attention"),
+]
+
+
+class _Prepare:
+    """CONTRACT section 4 written out; subclasses override one step."""
+
+    def __repr__(self):
+        return type(self).__name__
+
+    def valid(self, local, seqlen_k, pos, causal):
+        valid = (local >= 0) & (local < seqlen_k[:, None])
+        if causal:
+            valid &= local <= pos[:, None]
+        return valid
+
+    def compact_row(self, row: torch.Tensor) -> torch.Tensor:
+        return row[row >= 0]
+
+    def offset_gather_kv_indices(self, gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *,
+                                 causal=False, out=None, return_topk_length=False, compact=False,
+                                 topk_length=None):
+        T, K = gather_kv_indices.shape
+        local = gather_kv_indices.to(torch.int64)
+        doc = document_of_token(cu_seqlens_q, T)
+        cu_k = cu_seqlens_k.to(torch.int64)
+        seqlen_k = (cu_k[1:] - cu_k[:-1])[doc]
+        valid = self.valid(local, seqlen_k, key_position(cu_seqlens_q, cu_seqlens_k, T, doc), causal)
+        if topk_length is not None:
+            valid &= torch.arange(K)[None, :] < topk_length.to(torch.int64)[:, None]
+        rows = torch.where(valid, local + cu_k[doc][:, None], -1)
+        if compact:
+            packed = torch.full_like(rows, -1)
+            for t in range(T):
+                kept = self.compact_row(rows[t])
+                packed[t, :kept.numel()] = kept
+            rows, lengths = packed, valid.sum(dim=1)
+        else:
+            slot = torch.arange(1, K + 1)
+            lengths = torch.where(valid, slot, 0).amax(dim=1) if K else valid.sum(dim=1)
+        rows = rows.to(torch.int32)
+        if out is not None:
+            out.copy_(rows)
+            rows = out
+        return (rows, lengths.to(torch.int32)) if return_topk_length else rows
+
+
+class CausalOffByOne(_Prepare):
+    """Causal lets a query see one future key (j <= pos + 1)."""
+
+    def valid(self, local, seqlen_k, pos, causal):
+        return super().valid(local, seqlen_k, pos + 1 if causal else pos, causal)
+
+
+class DocumentLeak(_Prepare):
+    """A local index equal to seqlen_k is kept: it reads the next document's first key."""
+
+    def valid(self, local, seqlen_k, pos, causal):
+        return super().valid(local, seqlen_k + 1, pos, causal)
+
+
+class UnstableCompaction(_Prepare):
+    """Compaction keeps the valid rows but reverses their slot order."""
+
+    def compact_row(self, row):
+        return row[row >= 0].flip(0)
+
+
+class LengthsCountValidSlots(_Prepare):
+    """Without compaction, the length is the count of valid slots, not the last valid slot + 1."""
+
+    def offset_gather_kv_indices(self, *args, return_topk_length=False, compact=False, **kwargs):
+        rows, lengths = super().offset_gather_kv_indices(*args, return_topk_length=True,
+                                                         compact=compact, **kwargs)
+        if not compact:
+            lengths = (rows >= 0).sum(dim=1).to(torch.int32)
+        return (rows, lengths) if return_topk_length else rows

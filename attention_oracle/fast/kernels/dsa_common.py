@@ -1,0 +1,89 @@
+"""Small @triton.jit helpers shared by the DSA forward and backward kernels.
+
+Conventions: a *slot block* is BLOCK_K consecutive slots of one query row; a slot is valid iff
+it lies before the row's slot count (``topk_length`` clamped to [0, K]) and its index is in
+[0, S). Invalid slots gather row 0 under a false mask, so they cost no memory traffic.
+
+Score units: with fp32 inputs the kernels keep scores in natural units (dot * scale, rounded
+once as the naive fp32 math does), take the raw row max, an accurate exponential and
+lse = m + log(l) (NOTES.md, F6). With 16-bit inputs they keep base-2 units
+(dot * fl(scale * log2e)) and tl.exp2: that extra rounding and ex2.approx's error are far below
+the 16-bit rounding the rule allows. The switch is a compile-time test on the q pointer's
+element type inside each kernel (``q_ptr.dtype.element_ty == tl.float32``).
+"""
+import triton
+import triton.language as tl
+
+from .accurate_math import exp_accurate, log_accurate  # noqa: F401  (re-exported)
+
+
+@triton.jit
+def row_slot_count(len_ptr, t, K, HAS_LEN: tl.constexpr):
+    """Number of leading slots of row t that may hold keys: min(max(topk_length[t], 0), K)."""
+    n = K + t * 0
+    if HAS_LEN:
+        n = tl.minimum(tl.maximum(tl.load(len_ptr + t).to(tl.int64), 0), K)
+    return n
+
+
+@triton.jit
+def slot_block(idx_ptr, row_offset, stride_k, offs_k, n_slots, S):
+    """Returns (valid [BLOCK_K] bool, rows [BLOCK_K] int64 with 0 where invalid)."""
+    in_range = offs_k < n_slots
+    idx = tl.load(idx_ptr + row_offset + offs_k * stride_k, mask=in_range, other=-1).to(tl.int64)
+    valid = in_range & (idx >= 0) & (idx < S)
+    return valid, tl.where(valid, idx, 0)
+
+
+@triton.jit
+def gather_rows(base_ptr, rows, stride_s, stride_d, offs_d, d_lim, valid):
+    """Gathers key rows: [BLOCK_K, BLOCK_D] tile of base[rows, offs_d], 0 outside."""
+    ptrs = base_ptr + rows[:, None] * stride_s + offs_d[None, :] * stride_d
+    return tl.load(ptrs, mask=valid[:, None] & (offs_d[None, :] < d_lim), other=0.0)
+
+
+@triton.jit
+def load_heads(base_ptr, row_offset, offs_h, stride_h, h_lim, offs_d, stride_d, d_lim):
+    """Loads a [BLOCK_H, BLOCK_D] tile of one token's heads, 0 outside."""
+    ptrs = base_ptr + row_offset + offs_h[:, None] * stride_h + offs_d[None, :] * stride_d
+    return tl.load(ptrs, mask=(offs_h[:, None] < h_lim) & (offs_d[None, :] < d_lim), other=0.0)
+
+
+# fp32 path: the reduction order of the dots (NOTES.md, fast DSA, "fp32 summation order").
+# Natively an fp32 tl.dot (input_precision="ieee") sums each element as ONE sequential FMA chain
+# over the reduction dimension, and tl.dot(a, b, acc) extends that chain through acc across
+# blocks (576 terms for a score, thousands of slots for out / dq). The fp32 kernels therefore
+# take scores and dP from fp64-accumulated dots rounded once (products of fp32 values are exact
+# in fp64), and add each slot block's P.V / dS.K product to the fp32 accumulator as its own dot.
+FP32_CHUNK = tl.constexpr(32)  # width of the fp64 operand pieces (shared memory: 2 x 64 x 32 x 8 B = 32 KB)
+
+
+@triton.jit
+def dot_gather_f64(acc, a_ptr, a_off, offs_h, stride_ah, stride_ad, H, b_ptr, rows, stride_bs,
+                   stride_bd, valid, D, CHUNK: tl.constexpr):
+    """acc (fp64 [BLOCK_H, BLOCK_K]) + a[heads, :D] . b[rows, :D]^T accumulated in fp64.
+
+    a: one token's heads (load_heads), b: gathered key rows (gather_rows, 0 where invalid).
+    A dynamic loop over CHUNK-wide pieces (an unrolled one lets Triton hoist fp64 copies of
+    loop-invariant operands into shared memory, as found for fast SDPA)."""
+    for d0 in range(0, D, CHUNK):
+        offs_d = d0 + tl.arange(0, CHUNK)
+        a = load_heads(a_ptr, a_off, offs_h, stride_ah, H, offs_d, stride_ad, D)
+        b = gather_rows(b_ptr, rows, stride_bs, stride_bd, offs_d, D, valid)
+        acc = tl.dot(a.to(tl.float64), tl.trans(b.to(tl.float64)), acc, input_precision="ieee",
+                     out_dtype=tl.float64)
+    return acc
+
+
+@triton.jit
+def add_block_dot(acc, alpha, a, b, PRECISION: tl.constexpr):
+    """acc * alpha + a.b, with a.b summed as its own dot (its chain starts at 0).
+
+    Written as ``acc * alpha + tl.dot(a, b)`` Triton's combine pass (addf(dot(a, b, 0), d) ->
+    dot(a, b, d)) folds the sum into the dot natively, so an fp32 accumulator becomes ONE
+    sequential FMA chain over every slot of the row (1536 duplicate slots of one key: relative
+    error 1.5e-5; NOTES.md, fast DSA, "holey rows K = 2048"). The interpreter does not fold.
+    math.fma is not an addf, so the pattern does not match; the product acc * alpha + block is
+    rounded once. meta_tests/test_fast_dsa_smoke.py::test_fp32_block_dots_not_folded checks the
+    sm_90 TTIR."""
+    return tl.fma(acc, alpha, tl.dot(a, b, input_precision=PRECISION))

@@ -1,0 +1,614 @@
+"""DSA sparse attention oracle (CONTRACT section 3), float64 reference in plain PyTorch.
+
+Shapes and conventions
+----------------------
+* NoPE: ``q [T, H, D]``, ``kv [S, D]`` or ``[S, 1, D]``; scores ``scale * q . kv[idx]``, values
+  ``kv[idx]``. Internally NoPE is the RoPE math with no rope part (``q_rope = k_rope = None``).
+* RoPE: ``q_latent [T, H, Dl]``, ``q_rope [T, H, Dr]``, ``kv_latent [S, Dl]`` (or ``[S, 1, Dl]``),
+  ``k_rope [S, Dr]`` (or ``[S, 1, Dr]``); scores
+  ``scale * (q_latent . kv_latent[idx] + q_rope . k_rope[idx])``, values ``kv_latent[idx]``.
+* ``indices [T, K]`` int32/int64 global rows. Slot ``s`` of token ``t`` is valid iff
+  ``0 <= indices[t, s] < S`` and ``s < topk_length[t]`` when ``topk_length`` is given. Invalid
+  slots contribute nothing; duplicates count once per slot (softmax and gradient).
+* ``softmax_scale=None`` means ``1/sqrt(Dl + Dr)`` (RoPE) or ``1/sqrt(D)`` (NoPE).
+* Outputs: ``out [T, H, Dv]`` (Dv = Dl, or D for NoPE) in the input dtype, ``lse [T, H]`` float32
+  natural log. A row without valid slot gives out = 0, lse = -inf, dq = 0 and adds nothing to
+  the key gradients.
+* Gradients (explicit backward, never autograd through the forward): ``dq_latent``, ``dq_rope``,
+  ``dkv_latent = dK_latent + dV`` and ``dk_rope``, scattered with ``index_add_``.
+
+Memory
+------
+The work is done in chunks of queries. The chunk is chosen so that the estimated transient
+memory of one chunk (gathered key rows, scores, probabilities, per-slot key gradients and,
+when asked, the magnitude terms) stays below ``chunk_bytes`` (default 2 GiB); a single query
+is always processed even if it alone exceeds the budget. Beyond that, memory holds the results
+(``out``, ``lse``, ``dq*`` in the result dtype) and the key-gradient accumulators
+(``(S + 1) x (Dl + Dr)`` in the compute dtype, float32 for 16-bit compute dtypes, plus the
+same again in float64 for magnitudes).
+Everything runs on the device of the inputs.
+
+Measured on one H200 (torch 2.11): the full packed_glm_a geometry (T 16231, S 268757, H 64,
+Dl 512, Dr 64, top-k 2048, bf16 inputs) takes 2.4-2.7 s for the float64 gold forward +
+backward + magnitudes with the default 2 GiB budget, peak extra memory 11.6 GiB (9.6 GiB of
+float64 results, 2.0 GiB transient including 1.15 GiB of magnitude accumulators); the public
+bf16 autograd forward + backward takes 3.4 s with a 4.5 GiB peak. The per-chunk estimate is
+conservative: the measured chunk transient is about half of ``chunk_bytes``. The gold figure
+is reproduced by ``meta_tests/test_oracle_dsa.py::test_packed_glm_a_full_size_fits_budget``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .index import offset_gather_kv_indices
+
+__all__ = [
+    "dsa_sparse_attention_nope",
+    "dsa_sparse_attention",
+    "dsa_sparse_attention_nope_varlen",
+    "dsa_sparse_attention_varlen",
+    "dsa_reference",
+    "DEFAULT_CHUNK_BYTES",
+]
+
+DEFAULT_CHUNK_BYTES = 2 * 2**30
+_INDEX_DTYPES = (torch.int32, torch.int64)
+_MAGNITUDE_DTYPE = torch.float64
+
+
+# --------------------------------------------------------------------------- operands
+
+@dataclass
+class _Operands:
+    """Validated operands, key tensors flattened to 2-D views (``[S, Dl]``, ``[S, Dr]``)."""
+
+    q_latent: torch.Tensor          # [T, H, Dl]
+    q_rope: torch.Tensor | None     # [T, H, Dr]
+    kv_latent: torch.Tensor         # [S, Dl]
+    k_rope: torch.Tensor | None     # [S, Dr]
+    indices: torch.Tensor           # [T, K]
+    topk_length: torch.Tensor | None
+    scale: float
+
+    @property
+    def T(self) -> int:
+        return self.q_latent.shape[0]
+
+    @property
+    def H(self) -> int:
+        return self.q_latent.shape[1]
+
+    @property
+    def S(self) -> int:
+        return self.kv_latent.shape[0]
+
+    @property
+    def K(self) -> int:
+        return self.indices.shape[1]
+
+    @property
+    def Dl(self) -> int:
+        return self.q_latent.shape[2]
+
+    @property
+    def Dr(self) -> int:
+        return 0 if self.q_rope is None else self.q_rope.shape[2]
+
+
+_ROPE_NAMES = ("q_latent", "q_rope", "kv_latent", "k_rope")
+_NOPE_NAMES = ("q", None, "kv", None)
+
+
+def _check_float_tensor(name: str, value) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if not value.dtype.is_floating_point:
+        raise TypeError(f"{name} must have a floating-point dtype, got {value.dtype}")
+
+
+def _key_rows_2d(name: str, value: torch.Tensor) -> torch.Tensor:
+    """Accept ``[S, D]`` or ``[S, 1, D]`` key rows; return the ``[S, D]`` view."""
+    if value.dim() == 2:
+        return value
+    if value.dim() == 3 and value.shape[1] == 1:
+        return value[:, 0, :]
+    raise ValueError(f"{name} must be [S, D] or [S, 1, D], got shape {tuple(value.shape)}")
+
+
+def _validate_operands(q_latent, q_rope, kv_latent, k_rope, indices, topk_length,
+                       softmax_scale, names=_ROPE_NAMES) -> _Operands:
+    """Check every operand and return them normalised; errors name the offending argument."""
+    ql_name, qr_name, kv_name, kr_name = names
+    _check_float_tensor(ql_name, q_latent)
+    _check_float_tensor(kv_name, kv_latent)
+    if (q_rope is None) != (k_rope is None):
+        raise ValueError(f"{qr_name} and {kr_name} must be given together (both or neither)")
+    has_rope = q_rope is not None
+    if has_rope:
+        _check_float_tensor(qr_name, q_rope)
+        _check_float_tensor(kr_name, k_rope)
+    if q_latent.dim() != 3:
+        raise ValueError(f"{ql_name} must be [T, H, D], got shape {tuple(q_latent.shape)}")
+    kv2 = _key_rows_2d(kv_name, kv_latent)
+    T, H, Dl = q_latent.shape
+    if kv2.shape[1] != Dl:
+        raise ValueError(f"{kv_name} has {kv2.shape[1]} channels but {ql_name} has {Dl}")
+    kr2 = None
+    if has_rope:
+        if q_rope.dim() != 3:
+            raise ValueError(f"{qr_name} must be [T, H, Dr], got shape {tuple(q_rope.shape)}")
+        if q_rope.shape[0] != T:
+            raise ValueError(f"{qr_name} has {q_rope.shape[0]} tokens but {ql_name} has {T}")
+        if q_rope.shape[1] != H:
+            raise ValueError(f"{qr_name} has {q_rope.shape[1]} heads but {ql_name} has {H}")
+        kr2 = _key_rows_2d(kr_name, k_rope)
+        if kr2.shape[1] != q_rope.shape[2]:
+            raise ValueError(f"{kr_name} has {kr2.shape[1]} channels but {qr_name} has {q_rope.shape[2]}")
+        if kr2.shape[0] != kv2.shape[0]:
+            raise ValueError(f"{kr_name} has {kr2.shape[0]} rows but {kv_name} has {kv2.shape[0]}")
+    float_tensors = [(ql_name, q_latent), (kv_name, kv_latent)]
+    if has_rope:
+        float_tensors += [(qr_name, q_rope), (kr_name, k_rope)]
+    for name, tensor in float_tensors[1:]:
+        if tensor.dtype != q_latent.dtype:
+            raise TypeError(f"{name} is {tensor.dtype} but {ql_name} is {q_latent.dtype}; "
+                            f"all float operands must share one dtype")
+    if not isinstance(indices, torch.Tensor):
+        raise TypeError(f"indices must be a torch.Tensor, got {type(indices).__name__}")
+    if indices.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"indices must be int32 or int64, got {indices.dtype}")
+    if indices.dim() != 2 or indices.shape[0] != T:
+        raise ValueError(f"indices must be [T={T}, K], got shape {tuple(indices.shape)}")
+    if topk_length is not None:
+        if not isinstance(topk_length, torch.Tensor):
+            raise TypeError(f"topk_length must be a torch.Tensor, got {type(topk_length).__name__}")
+        if topk_length.dtype not in _INDEX_DTYPES:
+            raise TypeError(f"topk_length must be int32 or int64, got {topk_length.dtype}")
+        if tuple(topk_length.shape) != (T,):
+            raise ValueError(f"topk_length must have shape [{T}], got {tuple(topk_length.shape)}")
+    device = q_latent.device
+    others = float_tensors[1:] + [("indices", indices)]
+    if topk_length is not None:
+        others.append(("topk_length", topk_length))
+    for name, tensor in others:
+        if tensor.device != device:
+            raise ValueError(f"{name} is on {tensor.device} but {ql_name} is on {device}")
+    Dr = q_rope.shape[2] if has_rope else 0
+    scale = _resolve_scale(softmax_scale, Dl + Dr)
+    return _Operands(q_latent, q_rope, kv2, kr2, indices, topk_length, scale)
+
+
+def _resolve_scale(softmax_scale, qk_dim: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(qk_dim) if qk_dim > 0 else 1.0
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}")
+    return float(softmax_scale)
+
+
+def _validate_dout(dout, ops: _Operands) -> None:
+    _check_float_tensor("dout", dout)
+    expected = (ops.T, ops.H, ops.Dl)
+    if tuple(dout.shape) != expected:
+        raise ValueError(f"dout must have shape {list(expected)}, got {tuple(dout.shape)}")
+    if dout.device != ops.q_latent.device:
+        raise ValueError(f"dout is on {dout.device} but the queries are on {ops.q_latent.device}")
+
+
+# --------------------------------------------------------------------------- chunking
+
+def _bytes_per_query(ops: _Operands, compute_itemsize: int, grads: bool, magnitude: bool) -> int:
+    """Conservative estimate of the transient bytes one query costs inside a chunk."""
+    K, H, Dl, Dr = max(ops.K, 1), ops.H, ops.Dl, ops.Dr
+    rows, head_rows, scores = K * (Dl + Dr), H * (Dl + Dr), H * K
+    in_itemsize = ops.q_latent.element_size()
+    total = 2 * rows * max(compute_itemsize, in_itemsize)   # gathered rows (+ raw gather)
+    total += compute_itemsize * (4 * scores + 3 * head_rows)
+    if grads:
+        total += compute_itemsize * (4 * scores + 2 * rows + 3 * head_rows)
+    if magnitude:
+        m = torch.finfo(_MAGNITUDE_DTYPE).bits // 8
+        total += m * (2 * rows + 5 * scores + (2 * rows if grads else 0) + 3 * head_rows)
+    return total + 64 * K  # index, validity and routing vectors
+
+
+def _queries_per_chunk(ops: _Operands, compute_dtype: torch.dtype, grads: bool,
+                       magnitude: bool, chunk_bytes: int) -> int:
+    if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
+    itemsize = torch.finfo(compute_dtype).bits // 8
+    per_query = _bytes_per_query(ops, itemsize, grads, magnitude)
+    return max(1, min(max(ops.T, 1), chunk_bytes // per_query))
+
+
+# --------------------------------------------------------------------------- chunk math
+
+@dataclass
+class _Chunk:
+    """Per-chunk tensors in the compute dtype: gathered rows and the forward result."""
+
+    valid: torch.Tensor       # bool [c, K]
+    route: torch.Tensor       # int64 [c, K]: key row, or S (a spill row) for invalid slots
+    ql: torch.Tensor          # [c, H, Dl]
+    qr: torch.Tensor | None   # [c, H, Dr]
+    kl: torch.Tensor          # [c, K, Dl] gathered latent rows (keys and values), 0 at invalid
+    kr: torch.Tensor | None   # [c, K, Dr]
+    P: torch.Tensor           # [c, H, K] probabilities, 0 at invalid slots
+    out: torch.Tensor         # [c, H, Dl]
+    lse: torch.Tensor         # [c, H]
+    lse_terms: torch.Tensor   # [c, H]: |row max| + |log(sum of weights)|, the terms lse adds
+
+
+def _gather_rows(source: torch.Tensor, safe: torch.Tensor, valid: torch.Tensor,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """``source[safe]`` in ``dtype`` with invalid slots zeroed (so non-finite rows stay out)."""
+    if source.shape[0] == 0:
+        return torch.zeros(*safe.shape, source.shape[1], dtype=dtype, device=source.device)
+    rows = source[safe].to(dtype)
+    return rows.masked_fill_(~valid[..., None], 0)
+
+
+def _forward_chunk(ops: _Operands, start: int, stop: int, cd: torch.dtype) -> _Chunk:
+    idx = ops.indices[start:stop].to(torch.int64)
+    valid = (idx >= 0) & (idx < ops.S)
+    if ops.topk_length is not None:
+        slots = torch.arange(ops.K, device=idx.device)
+        valid &= slots[None, :] < ops.topk_length[start:stop].to(torch.int64)[:, None]
+    safe = torch.where(valid, idx, 0)
+    route = torch.where(valid, idx, ops.S)
+    ql = ops.q_latent[start:stop].to(cd)
+    kl = _gather_rows(ops.kv_latent, safe, valid, cd)
+    scores = torch.matmul(ql, kl.transpose(1, 2))
+    qr = kr = None
+    if ops.q_rope is not None:
+        qr = ops.q_rope[start:stop].to(cd)
+        kr = _gather_rows(ops.k_rope, safe, valid, cd)
+        scores.baddbmm_(qr, kr.transpose(1, 2))
+    scores.mul_(ops.scale)
+    scores.masked_fill_(~valid[:, None, :], float("-inf"))
+    row_max = scores.amax(dim=2, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, 0)   # empty rows: all -inf
+    weights = torch.exp_(scores.sub_(row_max))                    # 0 at invalid slots
+    total = weights.sum(dim=2, keepdim=True)
+    log_total = torch.log(total)
+    lse = (row_max + log_total).squeeze(2)                        # log(0) = -inf for empty rows
+    lse_terms = (row_max.abs() + log_total.abs()).squeeze(2)
+    P = weights.div_(torch.where(total > 0, total, 1))
+    out = torch.matmul(P, kl)
+    return _Chunk(valid, route, ql, qr, kl, kr, P, out, lse, lse_terms)
+
+
+@dataclass
+class _ChunkGrads:
+    dq_latent: torch.Tensor            # [c, H, Dl]
+    dq_rope: torch.Tensor | None       # [c, H, Dr]
+    dkv_slots: torch.Tensor            # [c, K, Dl]: dK_latent + dV per slot
+    dkr_slots: torch.Tensor | None     # [c, K, Dr]
+    dP: torch.Tensor                   # [c, H, K]
+    delta: torch.Tensor                # [c, H, 1]
+
+
+def _backward_chunk(ch: _Chunk, dout: torch.Tensor, scale: float) -> _ChunkGrads:
+    """Softmax backward: dS = P * (dP - Delta), Delta = rowsum(dout * out)."""
+    dP = torch.matmul(dout, ch.kl.transpose(1, 2))
+    delta = (dout * ch.out).sum(dim=2, keepdim=True)
+    dS = ch.P * (dP - delta)
+    dq_latent = torch.matmul(dS, ch.kl).mul_(scale)
+    dS_t = dS.transpose(1, 2)
+    dkv_slots = torch.baddbmm(torch.matmul(ch.P.transpose(1, 2), dout), dS_t, ch.ql, alpha=scale)
+    dq_rope = dkr_slots = None
+    if ch.qr is not None:
+        dq_rope = torch.matmul(dS, ch.kr).mul_(scale)
+        dkr_slots = torch.matmul(dS_t, ch.qr).mul_(scale)
+    return _ChunkGrads(dq_latent, dq_rope, dkv_slots, dkr_slots, dP, delta)
+
+
+class _Magnitudes:
+    """Running maxima of the sums of absolute terms behind each output element (float64).
+
+    They give the suite an absolute error floor where a result cancels to (near) zero:
+    out: sum_s P |V|; lse: |row max| + |log sum|; dq: scale sum_s P (|dP| + |Delta|) |K|; dkv row r:
+    scale sum_{(t,h,s) -> r} P (|dP| + |Delta|) |q| + sum P |dout|.
+    """
+
+    def __init__(self, ops: _Operands, grads: bool):
+        self.values = {"out": 0.0, "lse": 0.0}
+        self.dkv = self.dkr = None
+        if grads:
+            self.values.update(dq_latent=0.0, dkv_latent=0.0)
+            dev = ops.q_latent.device
+            self.dkv = torch.zeros(ops.S + 1, ops.Dl, dtype=_MAGNITUDE_DTYPE, device=dev)
+            if ops.q_rope is not None:
+                self.values.update(dq_rope=0.0, dk_rope=0.0)
+                self.dkr = torch.zeros(ops.S + 1, ops.Dr, dtype=_MAGNITUDE_DTYPE, device=dev)
+
+    def _raise(self, key: str, tensor: torch.Tensor) -> None:
+        if tensor.numel():
+            self.values[key] = max(self.values[key], float(tensor.max()))
+
+    def add_forward(self, ch: _Chunk) -> None:
+        md = _MAGNITUDE_DTYPE
+        P = ch.P.to(md)
+        self._raise("out", torch.matmul(P, ch.kl.to(md).abs()))
+        # lse = row max + log(sum): the floor scales with those terms (they can cancel)
+        finite = ch.lse_terms[torch.isfinite(ch.lse)]
+        self._raise("lse", finite.to(md))
+
+    def add_backward(self, ch: _Chunk, g: _ChunkGrads, dout: torch.Tensor, scale: float) -> None:
+        md = _MAGNITUDE_DTYPE
+        P = ch.P.to(md)
+        A = P * (g.dP.to(md).abs() + g.delta.to(md).abs())
+        A_t = A.transpose(1, 2)
+        self._raise("dq_latent", torch.matmul(A, ch.kl.to(md).abs()).mul_(scale))
+        slots = torch.baddbmm(torch.matmul(P.transpose(1, 2), dout.to(md).abs()),
+                              A_t, ch.ql.to(md).abs(), alpha=scale)
+        self.dkv.index_add_(0, ch.route.reshape(-1), slots.reshape(-1, slots.shape[2]))
+        if self.dkr is not None:
+            self._raise("dq_rope", torch.matmul(A, ch.kr.to(md).abs()).mul_(scale))
+            slots = torch.matmul(A_t, ch.qr.to(md).abs()).mul_(scale)
+            self.dkr.index_add_(0, ch.route.reshape(-1), slots.reshape(-1, slots.shape[2]))
+
+    def key_rows(self) -> dict:
+        """Per-element magnitudes of the key gradients (float64 ``[S, D]``): a caller that runs
+        the oracle in query chunks sums these over chunks before taking the maximum."""
+        rows = {}
+        if self.dkv is not None:
+            rows["dkv_latent"] = self.dkv[:-1]
+        if self.dkr is not None:
+            rows["dk_rope"] = self.dkr[:-1]
+        return rows
+
+    def finish(self) -> dict:
+        if self.dkv is not None:
+            self._raise("dkv_latent", self.dkv[:-1])
+        if self.dkr is not None:
+            self._raise("dk_rope", self.dkr[:-1])
+        return dict(self.values)
+
+
+# --------------------------------------------------------------------------- driver
+
+def _accumulator_dtype(compute_dtype: torch.dtype) -> torch.dtype:
+    """The key-gradient scatter-add accumulates 16-bit terms in float32 and rounds once.
+
+    That is how torch's own reductions (sum, matmul) treat fp16/bf16 inputs, and how every
+    kernel accumulates dK/dV; rounding at each of thousands of additions would measure an
+    error the dtype does not force and widen the agreement rule's bound for dkv.
+    """
+    return torch.float32 if compute_dtype in (torch.float16, torch.bfloat16) else compute_dtype
+
+
+def _attend(ops: _Operands, dout: torch.Tensor | None, *, compute_dtype: torch.dtype,
+            result_dtype: torch.dtype, magnitudes: bool, chunk_bytes: int,
+            want_forward: bool = True) -> dict:
+    """Run the chunked math; return out/lse (if ``want_forward``), gradients, magnitudes."""
+    grads = dout is not None
+    T, H, S, Dl, Dr, device = ops.T, ops.H, ops.S, ops.Dl, ops.Dr, ops.q_latent.device
+    chunk = _queries_per_chunk(ops, compute_dtype, grads, magnitudes, chunk_bytes)
+    result: dict = {}
+    if want_forward:
+        result["out"] = torch.empty(T, H, Dl, dtype=result_dtype, device=device)
+        result["lse"] = torch.empty(T, H, dtype=torch.float32, device=device)
+    if grads:
+        result["dq_latent"] = torch.empty(T, H, Dl, dtype=result_dtype, device=device)
+        result["dq_rope"] = (torch.empty(T, H, Dr, dtype=result_dtype, device=device)
+                             if ops.q_rope is not None else None)
+        acc = _accumulator_dtype(compute_dtype)
+        dkv_acc = torch.zeros(S + 1, Dl, dtype=acc, device=device)   # row S: spill
+        dkr_acc = (torch.zeros(S + 1, Dr, dtype=acc, device=device)
+                   if ops.q_rope is not None else None)
+    tally = _Magnitudes(ops, grads) if magnitudes else None
+    for start in range(0, T, chunk):
+        stop = min(T, start + chunk)
+        ch = _forward_chunk(ops, start, stop, compute_dtype)
+        if want_forward:
+            result["out"][start:stop] = ch.out
+            result["lse"][start:stop] = ch.lse
+        if tally is not None:
+            tally.add_forward(ch)
+        if not grads:
+            continue
+        dout_c = dout[start:stop].to(compute_dtype)
+        g = _backward_chunk(ch, dout_c, ops.scale)
+        result["dq_latent"][start:stop] = g.dq_latent
+        route = ch.route.reshape(-1)
+        dkv_acc.index_add_(0, route, g.dkv_slots.reshape(-1, Dl).to(dkv_acc.dtype))
+        if dkr_acc is not None:
+            result["dq_rope"][start:stop] = g.dq_rope
+            dkr_acc.index_add_(0, route, g.dkr_slots.reshape(-1, Dr).to(dkr_acc.dtype))
+        if tally is not None:
+            tally.add_backward(ch, g, dout_c, ops.scale)
+        del ch, g, dout_c
+    if grads:
+        result["dkv_latent"] = dkv_acc[:S].to(compute_dtype).to(result_dtype)
+        result["dk_rope"] = (dkr_acc[:S].to(compute_dtype).to(result_dtype)
+                             if dkr_acc is not None else None)
+    if tally is not None:
+        result["magnitude"] = tally.finish()
+        if grads:
+            result["magnitude_rows"] = tally.key_rows()
+    return result
+
+
+def _pad_empty_index_table(indices: torch.Tensor) -> torch.Tensor:
+    """A ``[T, 0]`` table means every row is empty; one invalid column says the same."""
+    if indices.shape[1] > 0:
+        return indices
+    return torch.full((indices.shape[0], 1), -1, dtype=indices.dtype, device=indices.device)
+
+
+# --------------------------------------------------------------------------- reference entry
+
+def dsa_reference(q_latent, q_rope, kv_latent, k_rope, indices, dout=None, *, topk_length=None,
+                  softmax_scale=None, compute_dtype=torch.float64,
+                  chunk_bytes=DEFAULT_CHUNK_BYTES, magnitudes=True) -> dict:
+    """The oracle's DSA math run entirely in ``compute_dtype`` (float64 gives the gold result).
+
+    Args:
+        q_latent ``[T, H, Dl]``, q_rope ``[T, H, Dr]`` or None (NoPE), kv_latent ``[S, Dl]`` or
+        ``[S, 1, Dl]``, k_rope ``[S, Dr]`` / ``[S, 1, Dr]`` or None, indices int ``[T, K]``,
+        dout ``[T, H, Dl]`` (any strides; never modified) or None for forward only.
+        compute_dtype: every operation (gathers, matmuls, exp, sums) runs in it; inputs are
+            cast to it chunk by chunk. The key-gradient ``index_add_`` accumulates 16-bit terms
+            in float32 and rounds once to the dtype, as torch's reductions do.
+        chunk_bytes: budget for one chunk's transient memory (see the module docstring).
+        magnitudes: also return the absolute-term magnitudes (computed in float64 from the
+            compute-dtype intermediates).
+
+    Returns:
+        dict with ``out [T, H, Dl]`` (compute dtype), ``lse [T, H]`` float32, and when ``dout``
+        is given ``dq_latent``, ``dq_rope`` (None for NoPE), ``dkv_latent`` (shape of
+        ``kv_latent``), ``dk_rope`` (shape of ``k_rope``, None for NoPE), all in compute dtype;
+        plus ``magnitude``: {output name: python float} when ``magnitudes``, and with ``dout``
+        ``magnitude_rows``: {"dkv_latent", "dk_rope": float64 per-element magnitudes, shaped
+        ``[S, D]``} (what a chunked caller sums over query chunks).
+    """
+    ops = _validate_operands(q_latent, q_rope, kv_latent, k_rope, indices, topk_length,
+                             softmax_scale)
+    if not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point:
+        raise TypeError(f"compute_dtype must be a floating torch.dtype, got {compute_dtype!r}")
+    if dout is not None:
+        _validate_dout(dout, ops)
+    ops.indices = _pad_empty_index_table(ops.indices)
+    result = _attend(ops, dout, compute_dtype=compute_dtype, result_dtype=compute_dtype,
+                     magnitudes=magnitudes, chunk_bytes=chunk_bytes)
+    if dout is not None:
+        result["dkv_latent"] = result["dkv_latent"].reshape(kv_latent.shape)
+        if k_rope is not None:
+            result["dk_rope"] = result["dk_rope"].reshape(k_rope.shape)
+    return result
+
+
+# --------------------------------------------------------------------------- autograd
+
+class _DSAFunction(torch.autograd.Function):
+    """Forward in float64 (result in the input dtype); backward written out explicitly.
+
+    The backward recomputes the forward chunk by chunk in float64 (nothing large is saved).
+    """
+
+    @staticmethod
+    def forward(ctx, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, scale,
+                chunk_bytes):
+        ops = _Operands(q_latent, q_rope, _key_rows_2d("kv_latent", kv_latent),
+                        None if k_rope is None else _key_rows_2d("k_rope", k_rope),
+                        _pad_empty_index_table(indices), topk_length, scale)
+        res = _attend(ops, None, compute_dtype=torch.float64, result_dtype=q_latent.dtype,
+                      magnitudes=False, chunk_bytes=chunk_bytes)
+        ctx.save_for_backward(q_latent, q_rope, kv_latent, k_rope, indices, topk_length)
+        ctx.scale, ctx.chunk_bytes = scale, chunk_bytes
+        ctx.mark_non_differentiable(res["lse"])
+        return res["out"], res["lse"]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, _dlse):
+        q_latent, q_rope, kv_latent, k_rope, indices, topk_length = ctx.saved_tensors
+        if dout is None:
+            return (None,) * 8
+        ops = _Operands(q_latent, q_rope, _key_rows_2d("kv_latent", kv_latent),
+                        None if k_rope is None else _key_rows_2d("k_rope", k_rope),
+                        _pad_empty_index_table(indices), topk_length, ctx.scale)
+        res = _attend(ops, dout, compute_dtype=torch.float64, result_dtype=q_latent.dtype,
+                      magnitudes=False, chunk_bytes=ctx.chunk_bytes, want_forward=False)
+        dkv = res["dkv_latent"].reshape(kv_latent.shape)
+        dkr = None if k_rope is None else res["dk_rope"].reshape(k_rope.shape)
+        return res["dq_latent"], res["dq_rope"], dkv, dkr, None, None, None, None
+
+
+def _run(ops: _Operands, originals, return_lse: bool, chunk_bytes: int):
+    q_latent, q_rope, kv_latent, k_rope = originals
+    out, lse = _DSAFunction.apply(q_latent, q_rope, kv_latent, k_rope, ops.indices,
+                                  ops.topk_length, ops.scale, chunk_bytes)
+    return (out, lse) if return_lse else out
+
+
+# --------------------------------------------------------------------------- public API
+
+def _dsa_nope(q, kv, indices, *, topk_length=None, softmax_scale=None, return_lse=False,
+              chunk_bytes=DEFAULT_CHUNK_BYTES):
+    ops = _validate_operands(q, None, kv, None, indices, topk_length, softmax_scale,
+                             names=_NOPE_NAMES)
+    return _run(ops, (q, None, kv, None), return_lse, chunk_bytes)
+
+
+def _dsa_rope(q_latent, q_rope, kv_latent, k_rope, indices, *, topk_length=None,
+              softmax_scale=None, return_lse=False, chunk_bytes=DEFAULT_CHUNK_BYTES):
+    if q_rope is None or k_rope is None:
+        raise ValueError("q_rope and k_rope are required (use dsa_sparse_attention_nope without rope)")
+    ops = _validate_operands(q_latent, q_rope, kv_latent, k_rope, indices, topk_length,
+                             softmax_scale)
+    return _run(ops, (q_latent, q_rope, kv_latent, k_rope), return_lse, chunk_bytes)
+
+
+def dsa_sparse_attention_nope(q, kv, indices, *, topk_length=None, softmax_scale=None,
+                              return_lse=False):
+    """NoPE DSA: ``q [T, H, D]``, ``kv [S, D]`` or ``[S, 1, D]``, ``indices [T, K]`` global rows.
+
+    Returns ``out [T, H, D]`` in the input dtype (and ``lse [T, H]`` float32 natural log when
+    ``return_lse``). Differentiable in ``q`` and ``kv`` (``dkv = dK + dV``) through an explicit
+    float64 backward. ``softmax_scale=None`` means ``1/sqrt(D)``.
+    """
+    return _dsa_nope(q, kv, indices, topk_length=topk_length, softmax_scale=softmax_scale,
+                     return_lse=return_lse)
+
+
+def dsa_sparse_attention(q_latent, q_rope, kv_latent, k_rope, indices, *, topk_length=None,
+                         softmax_scale=None, return_lse=False):
+    """RoPE DSA: ``q_latent [T, H, Dl]``, ``q_rope [T, H, Dr]``, ``kv_latent [S, Dl]``,
+    ``k_rope [S, Dr]`` (key rows may also be ``[S, 1, D]``), ``indices [T, K]`` global rows.
+
+    Returns ``out [T, H, Dl]`` in the input dtype (and ``lse [T, H]`` float32 when
+    ``return_lse``). Gradients: ``dq_latent``, ``dq_rope``, ``dkv_latent = dK_latent + dV``,
+    ``dk_rope``. ``softmax_scale=None`` means ``1/sqrt(Dl + Dr)``.
+    """
+    return _dsa_rope(q_latent, q_rope, kv_latent, k_rope, indices, topk_length=topk_length,
+                     softmax_scale=softmax_scale, return_lse=return_lse)
+
+
+def _global_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal, topk_length,
+                    key_rows: int, kv_name: str):
+    rows = offset_gather_kv_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
+                                    causal=causal, topk_length=topk_length)
+    total = int(cu_seqlens_k[-1])
+    if total > key_rows:
+        raise ValueError(f"cu_seqlens_k[-1] = {total} exceeds the {key_rows} rows of {kv_name}")
+    return rows
+
+
+def _key_row_count(name: str, kv) -> int:
+    if not isinstance(kv, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(kv).__name__}")
+    return kv.shape[0] if kv.dim() > 0 else 0
+
+
+def dsa_sparse_attention_nope_varlen(q, kv, gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
+                                     max_seqlen_q=None, max_seqlen_k=None, *, causal=False,
+                                     topk_length=None, softmax_scale=None, return_lse=False):
+    """Varlen NoPE DSA: ``offset_gather_kv_indices`` (CONTRACT section 4) then the global kernel.
+
+    ``gather_kv_indices [T, K]`` are local to each token's document; ``cu_seqlens_k[-1]`` must
+    not exceed the rows of ``kv``. ``max_seqlen_q``/``max_seqlen_k`` are accepted for signature
+    compatibility and not used.
+    """
+    rows = _global_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal, topk_length,
+                           _key_row_count("kv", kv), "kv")
+    return _dsa_nope(q, kv, rows, softmax_scale=softmax_scale, return_lse=return_lse)
+
+
+def dsa_sparse_attention_varlen(q_latent, q_rope, kv_latent, k_rope, gather_kv_indices,
+                                cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
+                                *, causal=False, topk_length=None, softmax_scale=None,
+                                return_lse=False):
+    """Varlen RoPE DSA: ``offset_gather_kv_indices`` then :func:`dsa_sparse_attention`.
+
+    ``max_seqlen_q``/``max_seqlen_k`` are accepted for signature compatibility and not used.
+    """
+    rows = _global_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal, topk_length,
+                           _key_row_count("kv_latent", kv_latent), "kv_latent")
+    return _dsa_rope(q_latent, q_rope, kv_latent, k_rope, rows, softmax_scale=softmax_scale,
+                     return_lse=return_lse)

@@ -1,0 +1,275 @@
+"""The suite's pytest plugin: options, profiles, the interpreter switch, GPU placement, the report.
+
+Loaded by the clone's root ``conftest.py`` and by ``attention-oracle check`` (``-p``).
+
+This is the only module that reads the environment:
+- ``ORACLE_IMPL`` (comma-separated) or ``--impl NAME`` (repeatable): the implementations checked;
+- no CUDA device: ``TRITON_INTERPRET=1`` is set before any Triton kernel module is imported;
+- ``CI``: the default Hypothesis profile becomes ``ci``;
+- ``PYTEST_XDIST_WORKER``: one torch thread per worker, workers spread over the GPUs.
+
+GPU memory. Workers share each device. Every test on a CUDA machine holds a shared lock on the
+device for its duration and hands its cached memory back to the driver when it ends; a test
+marked ``full_size`` (problems that need most of the device) takes the lock exclusively, so it
+runs alone on the device (``attention_oracle.properties.harness.gpu_lock``).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Must precede any import of a module defining @triton.jit kernels (FACTS.md).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from attention_oracle.properties.harness import gpu_lock  # noqa: E402
+from attention_oracle.properties.harness import known_failures
+from attention_oracle.properties.harness import profiles
+from attention_oracle.properties.harness import report
+from attention_oracle.properties.harness import targets
+
+profiles.register()
+
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+_TABLE = report.Table()
+_OUTCOMES: dict = {}
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("attention-oracle")
+    group.addoption("--impl", action="append", default=[], metavar="NAME",
+                    help="implementation to check: a built-in (" + ", ".join(targets.BUILTINS) +
+                         ") or package.module[:attr]; repeatable; default: every built-in")
+    group.addoption("--oracle-report", metavar="FILE.json", default=None,
+                    help="write the implementation x check table as JSON")
+    group.addoption("--oracle-failures", metavar="FILE", default=None,
+                    help="append every failure (full text) and skip reason to FILE as it "
+                         "happens: survives an interrupted run")
+
+
+def _default_profile() -> str:
+    if os.environ.get("CI"):
+        return "ci"
+    return "gpu" if torch.cuda.is_available() else "dev"
+
+
+_CONFIG: list = []
+
+
+MARKERS = (
+    "gpu: needs a CUDA device (skipped on CPU)",
+    "slow: full-size fixtures (GPU profile only)",
+    "full_size: needs most of a GPU; runs alone on the device (exclusive lock)",
+)
+CONFORMANCE = "attention_oracle.conformance."
+
+
+def pytest_configure(config):
+    _CONFIG.append(config)
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    chosen = config.getoption("hypothesis_profile", None) or _default_profile()
+    profiles.activate(chosen, on_gpu=torch.cuda.is_available())
+    if _WORKER:
+        torch.set_num_threads(1)
+        if torch.cuda.is_available() and torch.cuda.device_count() > 1:
+            index = int(_WORKER.lstrip("gw") or 0)
+            torch.cuda.set_device(index % torch.cuda.device_count())
+
+
+def pytest_report_header(config):
+    names = targets.parse_names(config.getoption("impl"), os.environ.get("ORACLE_IMPL"))
+    device = targets.default_device()
+    return [f"attention-oracle: implementations {names}; device {device}; "
+            f"hypothesis profile {profiles.name()} ({profiles.size()} sizes); "
+            f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}; torch {torch.__version__}"]
+
+
+_LOADED: dict = {}
+
+
+def _target(name: str) -> targets.Target:
+    if name not in _LOADED:
+        _LOADED[name] = targets.load(name)
+    return _LOADED[name]
+
+
+def pytest_generate_tests(metafunc):
+    if "impl" in metafunc.fixturenames:
+        names = targets.parse_names(metafunc.config.getoption("impl"), os.environ.get("ORACLE_IMPL"))
+        metafunc.parametrize("impl", names, indirect=True)
+
+
+@pytest.fixture
+def impl(request) -> targets.Target:
+    target = _target(request.param)
+    if target.unavailable:
+        pytest.skip(f"{target.name} unavailable here: {target.unavailable}")
+    return target
+
+
+def _identity(item) -> dict:
+    module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else "?"
+    area = module[len("test_"):] if module.startswith("test_") else module
+    check = f"{area}.{item.originalname[len('test_'):] if item.originalname.startswith('test_') else item.originalname}"
+    impl_name = item.callspec.params.get("impl", "-") if hasattr(item, "callspec") else "-"
+    return {"impl": impl_name, "check": check}
+
+
+def _named_impls(config) -> bool:
+    return bool(config.getoption("impl") or os.environ.get("ORACLE_IMPL"))
+
+
+def _is_conformance(item) -> bool:
+    module = getattr(item, "module", None)
+    return module is not None and module.__name__.startswith(CONFORMANCE)
+
+
+def pytest_collection_modifyitems(config, items):
+    if _named_impls(config):
+        # --impl NAME judges NAME: the suite's own tests (meta_tests) are not part of that run
+        kept = [i for i in items if _is_conformance(i) and "impl" in getattr(i, "fixturenames", ())]
+        dropped = [i for i in items if i not in kept]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
+    for item in items:
+        ident = _identity(item)
+        item.user_properties.append(("oracle_id", ident))
+        reason = known_failures.reason(ident["impl"], ident["check"], targets.default_device())
+        if reason:
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=False))
+
+
+_POISONED: list[str] = []  # the test after which this process' CUDA context broke
+
+
+def _cuda_broken() -> bool:
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return False
+    try:
+        torch.cuda.synchronize()
+        return False
+    except Exception:  # a sticky device fault (illegal/misaligned address): context unusable
+        return True
+
+
+@pytest.fixture(autouse=True)
+def _device_share(request):
+    """Shared use of the GPU by ordinary tests, exclusive use by ``full_size`` ones."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    exclusive = request.node.get_closest_marker("full_size") is not None
+    with gpu_lock.hold(exclusive=exclusive):
+        yield
+        if not _POISONED:  # a broken context raises the fault again on every call
+            gpu_lock.release_cached_memory()
+
+
+@pytest.fixture(autouse=True)
+def _oracle_sink(request, _device_share):
+    if _POISONED:
+        pytest.skip(f"CUDA context of this worker broke during {_POISONED[0]} (a device fault "
+                    f"in the implementation under test); see that test's failure")
+    sink, token = report.open_sink()
+    request.node._oracle_sink = sink
+    yield sink
+    report.close_sink(token)
+    if _cuda_broken():
+        _POISONED.append(request.node.nodeid)
+        if _WORKER:
+            _end_broken_worker(request.node.nodeid)
+
+
+def _end_broken_worker(nodeid: str) -> None:
+    """A CUDA fault is sticky: every later call of this process raises it again (GPU run 17:
+    one illegal address in fast DSA turned the worker's next 109 tests into errors). Under
+    xdist the worker ends here, after this test's failure has been reported; pytest-xdist
+    names the test it was in ("worker crashed") and starts a fresh worker for the rest.
+    Without xdist the later tests are skipped with the reason instead."""
+    sys.stderr.write(f"\nattention-oracle: CUDA context broke during {nodeid}; ending worker "
+                     f"{_WORKER} so the remaining tests get a fresh one\n")
+    sys.stderr.flush()
+    os._exit(70)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    sink = getattr(item, "_oracle_sink", None)
+    if call.when == "call" and sink is not None:
+        item.user_properties.append(("oracle_sink", sink.as_dict()))
+    yield
+
+
+def _outcome(rep) -> str:
+    if hasattr(rep, "wasxfail"):
+        return "xfail" if rep.skipped else ("passed" if rep.passed else "failed")
+    if rep.skipped:
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        return "unsupported" if "unsupported" in reason.split(":", 1)[-1][:40] else "skipped"
+    return "passed" if rep.passed else "failed"
+
+
+def _stream_failure(config, rep) -> None:
+    path = config.getoption("oracle_failures")
+    if not path:
+        return
+    sink = dict(rep.user_properties).get("oracle_sink") or {}
+    if rep.when == "call" and sink.get("known"):
+        with open(path, "a") as f:
+            f.write(f"KNOWN {rep.nodeid}: {sink['known']} example(s) in a known failure class; "
+                    f"the first:\n{sink['known_first']}\n\n")
+    if rep.passed or (rep.when == "teardown" and not rep.failed):
+        return
+    if hasattr(rep, "wasxfail"):
+        text = f"XFAIL {rep.nodeid}: {rep.wasxfail}\n{rep.longreprtext}\n\n" if rep.skipped else \
+            f"XPASS {rep.nodeid}: {rep.wasxfail}\n"
+    elif rep.skipped:
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        text = f"SKIPPED {rep.nodeid}: {reason}\n"
+    else:
+        text = f"FAILED {rep.nodeid} [{rep.when}]\n{rep.longreprtext}\n\n"
+    with open(path, "a") as f:
+        f.write(text)
+
+
+def pytest_runtest_logreport(report):
+    if not _WORKER and _CONFIG:
+        _stream_failure(_CONFIG[0], report)
+    props = dict(report.user_properties)
+    ident = props.get("oracle_id")
+    if ident is None:
+        return
+    key = report.nodeid
+    if report.when == "setup" and not report.passed:
+        _OUTCOMES[key] = (ident, _outcome(report), None)
+    elif report.when == "call":
+        _OUTCOMES[key] = (ident, _outcome(report), props.get("oracle_sink"))
+    elif report.when == "teardown" and key in _OUTCOMES:
+        ident, outcome, info = _OUTCOMES.pop(key)
+        if report.failed:
+            outcome = "failed"
+        if ident["impl"] != "-":  # the suite's own tests are not rows of the verdict
+            _TABLE.add(ident["impl"], ident["check"], outcome, info)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _WORKER:
+        return
+    terminalreporter.section("attention-oracle report")
+    terminalreporter.write_line(_TABLE.render())
+    path = config.getoption("oracle_report")
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(_TABLE.to_json())
+        terminalreporter.write_line(f"report written to {path}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not _WORKER and _TABLE.verified_nothing() and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,0 +1,1 @@
+"""DSA sparse attention: cases (what Hypothesis draws) and checks."""

@@ -1,0 +1,104 @@
+"""Run one check over Hypothesis-drawn cases against one target.
+
+A check is ``check(target, case)``: it raises OracleMismatch on a failure, and the target's
+:class:`~attention_oracle.properties.harness.targets.Refused` when the implementation refuses the case (counted as
+unsupported: the example is skipped, not failed). If every example was refused, the test is
+skipped as "unsupported"; the report turns a function refused everywhere into a failure.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, note, settings
+
+from attention_oracle.properties.harness import known_failures
+from attention_oracle.properties.harness import report
+from attention_oracle.properties.harness.agreement import OracleMismatch
+from attention_oracle.properties.harness.targets import Refused, Target
+
+
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))  # the directory that holds attention_oracle/
+ISOLATED_EXAMPLES = 5  # each isolated example pays a process start, CUDA initialisation and compiles
+
+
+def run_check(check, target: Target, case) -> bool:
+    """Run one case; False if the implementation refused it.
+
+    A mismatch on a case of a known failure class (``known_failures.KNOWN_CASES``) is counted
+    as known in the report instead of raised."""
+    sink = report.current()
+    worst_before = sink.worst if sink else 0.0
+    try:
+        if getattr(check, "ISOLATE_ON_CUDA", False) and target.device.type == "cuda":
+            return run_isolated(check, target, case)
+        check(target, case)
+    except Refused:
+        return False
+    except OracleMismatch as exc:
+        why = known_failures.case_reason(target.name, check_name(check, case), target.device, case)
+        if not why:
+            raise
+        report.record_known(why, str(exc), worst_before)
+    return True
+
+
+def check_name(check, case) -> str:
+    """The name a check reports under: ``area.check`` (``sdpa.strided_dout``)."""
+    return f"{case.AREA}.{check.__name__}"
+
+
+def run_isolated(check, target: Target, case) -> bool:
+    """Run one case in a fresh process (``python -m attention_oracle.properties.tools.replay``), so that a kernel
+    that faults on the device cannot poison this process' CUDA context.
+
+    The call is recorded under the function the case calls, as an in-process call would be:
+    a backend that refuses every misaligned input (torch-flash on CUDA) has still verified its
+    function on other inputs. Recorded under the check's name, such refusals read as
+    "torch-flash.sdpa.misaligned_inputs ... verified nothing" and turned GPU runs 17, 18 and
+    20 red."""
+    name = check_name(check, case)
+    proc = subprocess.run([sys.executable, "-m", "attention_oracle.properties.tools.replay", "--impl", target.name,
+                           "--check", name, case.to_json()],
+                          capture_output=True, text=True, timeout=600,
+                          cwd=_PACKAGE_PARENT)
+    text = (proc.stdout + proc.stderr).strip()
+    if proc.returncode == 0:
+        if text.startswith("unsupported"):
+            report.record_call(case.function, refused=True, reason=text[:200])
+            return False
+        report.record_call(case.function, refused=False)
+        return True
+    report.record_ratio(name, target.name, float("inf"))
+    raise OracleMismatch(f"[{name}] implementation={target.name}: isolated run failed "
+                         f"(exit {proc.returncode}):\n{text[-3000:]}\n  reproduce: "
+                         f"{case.repro(name, target.name)}")
+
+
+def run_property(check, target: Target, cases, *, function: str,
+                 settings_: settings | None = None) -> None:
+    """Hypothesis search of ``check`` on ``target`` over the ``cases`` strategy."""
+    if target.unavailable:
+        pytest.skip(f"{target.name} unavailable: {target.unavailable}")
+    if not target.offers(function):
+        pytest.skip(f"{target.name} does not offer {function}")
+    ran = {"ok": 0, "refused": 0}
+
+    def one(case):
+        note(f"case: {case.to_json()}")
+        note(f"replay: {case.repro(check_name(check, case), target.name)}")
+        ran["ok" if run_check(check, target, case) else "refused"] += 1
+
+    test = given(case=cases)(one)
+    if settings_ is None and getattr(check, "ISOLATE_ON_CUDA", False) and target.device.type == "cuda":
+        settings_ = settings(max_examples=min(settings().max_examples, ISOLATED_EXAMPLES))
+    if settings_ is not None:
+        test = settings_(test)
+    test()
+    if ran["ok"] == 0 and ran["refused"] > 0:
+        sink = report.current()
+        why = sink.refusal if sink else ""
+        pytest.skip(f"unsupported: {target.name} refused all {ran['refused']} examples ({why})")

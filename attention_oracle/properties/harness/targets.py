@@ -1,0 +1,129 @@
+"""Implementations under test ("targets"): built-in names and any importable namespace.
+
+A target is a namespace offering any subset of the CONTRACT section 1 functions. It is named
+either as a built-in (``oracle``, ``fast``, ``torch``, ``torch-math``, ``torch-flash``,
+``torch-efficient``, ``torch-cudnn``, ``torch-flex``) or as ``package.module`` /
+``package.module:attribute`` (the attribute may be an object or a zero-argument factory).
+Calls go through :meth:`Target.call`, which records them for the report and turns a refusal
+(``NotImplementedError``) into :class:`Refused`.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+import torch
+
+from attention_oracle.properties.harness import report
+
+ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BUILTINS = ("oracle", "fast", "torch", "torch-math", "torch-flash", "torch-efficient",
+            "torch-cudnn", "torch-flex")
+
+
+class Refused(Exception):
+    """The implementation raised NotImplementedError: reported as unsupported, not failed."""
+
+
+@dataclass
+class Target:
+    name: str
+    namespace: object = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    dtypes: tuple = ALL_DTYPES
+    unavailable: str = ""  # non-empty: why this target cannot run on this machine
+
+    def function(self, fname: str):
+        return getattr(self.namespace, fname, None) if self.namespace is not None else None
+
+    def offers(self, fname: str) -> bool:
+        return callable(self.function(fname))
+
+    def call(self, fname: str, *args, **kwargs):
+        fn = self.function(fname)
+        if fn is None:
+            raise AttributeError(f"{self.name} does not offer {fname}")
+        try:
+            result = fn(*args, **kwargs)
+        except NotImplementedError as exc:
+            report.record_call(fname, refused=True, reason=str(exc)[:200])
+            raise Refused(f"{self.name}.{fname} refused: {exc}") from exc
+        report.record_call(fname, refused=False)
+        return result
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _interpreted() -> bool:
+    import os
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def load(name: str, device: torch.device | None = None) -> Target:
+    """Resolve a target name; never raises for a missing library (the Target says why)."""
+    device = device or default_device()
+    if name == "oracle":
+        from attention_oracle import oracle
+        return Target(name, oracle, device)
+    if name == "fast":
+        try:
+            from attention_oracle import fast
+        except Exception as exc:  # a broken build is a failure to report, not a crash of the run
+            return Target(name, None, device, unavailable=f"import fast failed: {exc!r}")
+        # Triton's interpreter computes bf16 wrongly (FACTS.md): keep bf16 away from it.
+        dtypes = (torch.float32, torch.float16) if _interpreted() else ALL_DTYPES
+        return Target(name, fast, device, dtypes)
+    if name == "torch":
+        from attention_oracle.properties.adapters.torch_sdpa import TorchSDPA
+        return Target(name, TorchSDPA(None), device)
+    if name.startswith("torch-") and name != "torch-flex":
+        from attention_oracle.properties.adapters.torch_sdpa import BACKENDS, TorchSDPA, backend_available
+        backend = name[len("torch-"):]
+        if backend not in BACKENDS:
+            return Target(name, None, device, unavailable=f"unknown torch backend {backend!r}")
+        ok, why = backend_available(backend, device)
+        return Target(name, TorchSDPA(backend), device, unavailable="" if ok else why)
+    if name == "torch-flex":
+        try:
+            from torch.nn.attention import flex_attention  # noqa: F401
+        except ImportError as exc:
+            return Target(name, None, device, unavailable=f"flex_attention missing: {exc}")
+        from attention_oracle.properties.adapters.torch_flex import TorchFlex
+        return Target(name, TorchFlex(), device, (torch.float32, torch.float16, torch.bfloat16))
+    return _load_namespace(name, device)
+
+
+def _load_namespace(name: str, device: torch.device) -> Target:
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        return Target(name, None, device, unavailable=f"cannot import {module_name!r}: {exc}")
+    namespace = module
+    if attr:
+        try:
+            namespace = getattr(module, attr)
+        except AttributeError:
+            return Target(name, None, device, unavailable=f"{module_name} has no attribute {attr!r}")
+        if isinstance(namespace, type) or (callable(namespace) and not _offers_any(namespace)):
+            namespace = namespace()
+    return Target(name, namespace, device)
+
+
+CONTRACT_FUNCTIONS = ("scaled_dot_product_attention", "dsa_sparse_attention_nope",
+                      "dsa_sparse_attention", "dsa_sparse_attention_nope_varlen",
+                      "dsa_sparse_attention_varlen", "offset_gather_kv_indices")
+
+
+def _offers_any(ns) -> bool:
+    return any(callable(getattr(ns, f, None)) for f in CONTRACT_FUNCTIONS)
+
+
+def parse_names(cli: list[str] | None, env: str | None) -> list[str]:
+    """Names from --impl (repeatable, comma-separated allowed) or ORACLE_IMPL; else all built-ins."""
+    names: list[str] = []
+    for chunk in (cli or []) + ([env] if env else []):
+        names += [n.strip() for n in chunk.split(",") if n.strip()]
+    return list(dict.fromkeys(names)) or list(BUILTINS)

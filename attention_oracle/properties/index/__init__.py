@@ -1,0 +1,1 @@
+"""Varlen index preparation (offset_gather_kv_indices): cases and checks."""

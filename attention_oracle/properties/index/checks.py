@@ -1,0 +1,172 @@
+"""The varlen index-preparation checks (CONTRACT section 4). Each is ``check(target, case)``.
+
+offset_equals_oracle: ``offset_gather_kv_indices`` equals the oracle exactly for every option
+    (causal, compact, topk_length, return_topk_length, ``out`` fresh or aliasing the input,
+    int32/int64 input); int32 results; ``out`` is the returned tensor; the input is untouched
+    unless it is ``out``.
+compaction_stable: the compacted row is the holey row's valid entries in slot order, then -1
+    (judged on the implementation's own two outputs).
+compaction_idempotent: compacting the compacted rows again (as local indices, with the
+    returned lengths) changes neither rows nor lengths.
+lengths_right: the returned lengths are the count of valid slots (compact) or the last valid
+    slot + 1 (holey), read off the implementation's own rows.
+compacted_attention: NoPE attention over the compacted rows with their lengths equals
+    attention over the holey rows (both under the agreement rule against the oracle).
+"""
+from __future__ import annotations
+
+import torch
+
+from attention_oracle.oracle.dsa import dsa_reference
+from attention_oracle.oracle.index import document_of_token
+from attention_oracle.oracle.index import offset_gather_kv_indices as oracle_offset
+
+from attention_oracle.properties.harness.agreement import assert_agrees, assert_exact, assert_true
+from attention_oracle.properties.index.cases import IndexCase, IndexInputs, build_index
+from attention_oracle.properties.harness.targets import Refused
+
+FN = IndexCase.function
+ATTN_FN = "dsa_sparse_attention_nope"
+
+
+def _repro(case, check, target):
+    return case.repro(check, target.name)
+
+
+def _call(target, inp: IndexInputs, case: IndexCase, *, compact=None, return_topk_length=None,
+          out=None, indices=None, topk_length="same"):
+    result = target.call(
+        FN, inp.gather_kv_indices if indices is None else indices, inp.cu_seqlens_q,
+        inp.cu_seqlens_k, causal=case.causal, out=out,
+        return_topk_length=case.return_topk_length if return_topk_length is None else return_topk_length,
+        compact=case.compact if compact is None else compact,
+        topk_length=inp.topk_length if isinstance(topk_length, str) else topk_length)
+    return result
+
+
+def _split(result, with_lengths: bool, check, target, case):
+    if not with_lengths:
+        return result, None
+    ok = isinstance(result, (tuple, list)) and len(result) == 2
+    assert_true(ok, check=check, impl=target.name, name="lengths",
+                message=f"return_topk_length=True must give (rows, lengths), got {type(result).__name__}",
+                repro=_repro(case, check, target))
+    return result[0], result[1]
+
+
+def _rows_and_lengths(target, inp, case, check, *, compact):
+    rows, lengths = _split(_call(target, inp, case, compact=compact, return_topk_length=True),
+                           True, check, target, case)
+    return rows, lengths
+
+
+def offset_equals_oracle(target, case: IndexCase) -> None:
+    check = "index.offset_equals_oracle"
+    repro = _repro(case, check, target)
+    inp = build_index(case, target.device)
+    original = inp.gather_kv_indices.clone()
+    expected = oracle_offset(original, inp.cu_seqlens_q, inp.cu_seqlens_k, causal=case.causal,
+                             return_topk_length=True, compact=case.compact,
+                             topk_length=inp.topk_length)
+    out = None
+    if case.out == "fresh":
+        out = torch.full(original.shape, 7777, dtype=torch.int32, device=original.device)
+    elif case.out == "alias":
+        out = inp.gather_kv_indices
+    rows, lengths = _split(_call(target, inp, case, out=out), case.return_topk_length, check, target, case)
+    assert_exact(rows, expected[0], check=check, impl=target.name, name="rows",
+                 what=f"global rows (causal={case.causal}, compact={case.compact}, topk={case.topk})",
+                 repro=repro)
+    if lengths is not None:
+        assert_exact(lengths, expected[1], check=check, impl=target.name, name="lengths",
+                     what="returned topk lengths", repro=repro)
+    if out is not None:
+        assert_true(rows.data_ptr() == out.data_ptr() or rows.numel() == 0, check=check,
+                    impl=target.name, name="rows", message="the result is not the given `out` tensor",
+                    repro=repro)
+    if case.out != "alias":
+        assert_exact(inp.gather_kv_indices, original, check=check, impl=target.name,
+                     name="gather_kv_indices", what="the input was modified", repro=repro)
+
+
+def _stable_partition(holey: torch.Tensor) -> torch.Tensor:
+    """Each row's valid (>= 0) entries in slot order, then -1 (computed independently)."""
+    expected = torch.full_like(holey, -1)
+    for t in range(holey.shape[0]):
+        kept = holey[t][holey[t] >= 0]
+        expected[t, :kept.numel()] = kept
+    return expected
+
+
+def compaction_stable(target, case: IndexCase) -> None:
+    check = "index.compaction_stable"
+    inp = build_index(case, target.device)
+    holey, _ = _rows_and_lengths(target, inp, case, check, compact=False)
+    compacted, _ = _rows_and_lengths(target, inp, case, check, compact=True)
+    assert_exact(compacted.cpu(), _stable_partition(holey.cpu()), check=check, impl=target.name,
+                 name="rows", what="compacted rows are not the holey rows' valid entries in slot order",
+                 repro=_repro(case, check, target))
+
+
+def compaction_idempotent(target, case: IndexCase) -> None:
+    check = "index.compaction_idempotent"
+    inp = build_index(case, target.device)
+    rows, lengths = _rows_and_lengths(target, inp, case, check, compact=True)
+    doc = document_of_token(inp.cu_seqlens_q, rows.shape[0])
+    start = inp.cu_seqlens_k.to(torch.int64)[doc]
+    local = torch.where(rows >= 0, rows.to(torch.int64) - start[:, None], -1).to(torch.int32)
+    again, again_lengths = _split(_call(target, inp, case, compact=True, return_topk_length=True,
+                                        indices=local, topk_length=lengths),
+                                  True, check, target, case)
+    repro = _repro(case, check, target)
+    assert_exact(again, rows, check=check, impl=target.name, name="rows",
+                 what="compacting compacted rows changed them", repro=repro)
+    assert_exact(again_lengths, lengths, check=check, impl=target.name, name="lengths",
+                 what="compacting compacted rows changed the lengths", repro=repro)
+
+
+def lengths_right(target, case: IndexCase) -> None:
+    check = "index.lengths_right"
+    inp = build_index(case, target.device)
+    rows, lengths = _rows_and_lengths(target, inp, case, check, compact=case.compact)
+    valid = rows >= 0
+    K = rows.shape[1]
+    if case.compact:
+        expected = valid.sum(dim=1)
+    else:
+        slot_plus_one = torch.arange(1, K + 1, device=rows.device)
+        expected = torch.where(valid, slot_plus_one, 0).amax(dim=1) if K else valid.sum(dim=1)
+    assert_exact(lengths, expected.to(torch.int32), check=check, impl=target.name, name="lengths",
+                 what=f"lengths vs the rows returned (compact={case.compact})",
+                 repro=_repro(case, check, target))
+
+
+def _attention_values(case: IndexCase, device):
+    g = torch.Generator().manual_seed(case.seed + 1)
+    q = torch.randn(case.T, case.H, case.D, generator=g)
+    kv = torch.randn(case.S, case.D, generator=g)
+    return q.to(device, case.torch_dtype), kv.to(device, case.torch_dtype)
+
+
+def compacted_attention(target, case: IndexCase) -> None:
+    check = "index.compacted_attention"
+    if not target.offers(ATTN_FN):  # counted as not run (skipped), never as a vacuous pass
+        raise Refused(f"{target.name} does not offer {ATTN_FN}, needed to attend over its rows")
+    inp = build_index(case, target.device)
+    q, kv = _attention_values(case, target.device)
+    holey, holey_len = _rows_and_lengths(target, inp, case, check, compact=False)
+    compacted, compact_len = _rows_and_lengths(target, inp, case, check, compact=True)
+    gold_rows = oracle_offset(inp.gather_kv_indices, inp.cu_seqlens_q, inp.cu_seqlens_k,
+                              causal=case.causal, topk_length=inp.topk_length)
+    gold = dsa_reference(q, None, kv, None, gold_rows, compute_dtype=torch.float64)
+    lp = dsa_reference(q, None, kv, None, gold_rows, compute_dtype=case.torch_dtype, magnitudes=False)
+    for label, rows, lengths in (("holey", holey, holey_len), ("compacted", compacted, compact_len)):
+        out, lse = target.call(ATTN_FN, q, kv, rows, topk_length=lengths, return_lse=True)
+        for name, x in (("out", out), ("lse", lse)):
+            assert_agrees(x, gold[name], lp[name], check=check, impl=target.name,
+                          name=f"{name} ({label} rows)", dtype=case.torch_dtype, gradient=False,
+                          magnitude=gold["magnitude"][name], repro=_repro(case, check, target))
+
+
+CHECKS = {f.__name__: f for f in (offset_equals_oracle, compaction_stable, compaction_idempotent,
+                                   lengths_right, compacted_attention)}

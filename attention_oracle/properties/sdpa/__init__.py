@@ -1,0 +1,1 @@
+"""SDPA: cases (what Hypothesis draws) and checks."""

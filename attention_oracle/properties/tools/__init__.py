@@ -1,0 +1,1 @@
+"""Tools: replay of a printed case, the SDPA dispatch table, the calibration report."""

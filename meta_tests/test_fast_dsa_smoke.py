@@ -1,0 +1,545 @@
+"""Quick correctness checks of fast/dsa.py and fast/index.py against a naive torch gather.
+
+The reference here is deliberately tiny and independent of oracle/: gold is the gather math
+in float64, lp the same math in the kernel's dtype (fp32 softmax), and the agreement rule of
+CONTRACT section 5 decides. On a CPU-only machine the kernels run under Triton's interpreter
+(fp32/fp16 only: the interpreter computes bf16 wrongly); on a GPU bf16 is checked too.
+"""
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import attention_oracle.fast.dsa as fdsa  # noqa: E402
+from attention_oracle.fast.index import offset_gather_kv_indices  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+
+
+# ----------------------------------------------------------------------------- reference
+
+def naive_dsa(q, qr, kv, kr, idx, topk_length, scale):
+    """Gather attention in the dtype of q (softmax in fp32); returns (out, lse)."""
+    T, H, _ = q.shape
+    S, K = kv.shape[0], idx.shape[1]
+    valid = (idx >= 0) & (idx < S)
+    if topk_length is not None:
+        valid &= torch.arange(K, device=idx.device)[None, :] < topk_length[:, None]
+    rows = torch.where(valid, idx, 0).long()
+    keys = kv[rows]  # [T, K, Dl]
+    s = torch.einsum("thd,tkd->thk", q, keys)
+    if qr is not None:
+        s = s + torch.einsum("thd,tkd->thk", qr, kr[rows])
+    s = s.float() * scale if q.dtype != torch.float64 else s * scale
+    mask = valid[:, None, :].expand(T, H, K)
+    nonempty = valid.any(-1)[:, None, None]
+    s = torch.where(mask, s, float("-inf"))
+    s = torch.where(nonempty, s, 0.0)  # keeps softmax finite on empty rows (masked below)
+    p = torch.softmax(s, -1) * mask
+    lse = torch.where(nonempty[..., 0], torch.logsumexp(s, -1), float("-inf"))
+    out = torch.einsum("thk,tkd->thd", p.to(q.dtype), keys)
+    return out, lse.float()
+
+
+def grads_of(fn, inputs, dout):
+    inputs = [x.detach().requires_grad_(True) for x in inputs]
+    out, lse = fn(*inputs)
+    grads = torch.autograd.grad(out, inputs, dout.to(out.dtype), allow_unused=True)
+    return out.detach(), lse.detach(), [g if g is not None else torch.zeros_like(x)
+                                        for g, x in zip(grads, inputs)]
+
+
+def assert_agrees(name, impl, gold, lp, dtype, k):
+    """CONTRACT section 5 with an absolute floor of 16 eps * max(1, |gold|).
+
+    The floor covers results that are exactly zero by cancellation (dq of a single-key row);
+    the inputs here are O(1), so 16 eps of the dtype is the scale of one rounded term.
+    """
+    impl, gold, lp = impl.double().cpu(), gold.double().cpu(), lp.double().cpu()
+    finite = torch.isfinite(gold)
+    assert torch.equal(torch.isfinite(impl), finite), f"{name}: non-finite pattern differs"
+    assert torch.equal(impl[~finite], gold[~finite]), f"{name}: -inf entries differ"
+    if not finite.any():
+        return
+    impl, gold, lp = impl[finite], gold[finite], lp[finite]
+    err = (impl - gold).abs().max().item()
+    lp_err = (lp - gold).abs().max().item()
+    cast_err = (gold.to(dtype).double() - gold).abs().max().item()
+    floor = 16 * torch.finfo(dtype).eps * max(1.0, gold.abs().max().item())
+    bound = k * lp_err + 2 * cast_err + floor
+    assert err <= bound, f"{name}: err {err:.3e} > bound {bound:.3e} (lp {lp_err:.3e})"
+
+
+# ----------------------------------------------------------------------------- cases
+
+def make_case(T, H, DL, DR, S, K, dtype, seed, hole_rate=0.3, with_len=False):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(T, H, DL, generator=g)
+    qr = torch.randn(T, H, DR, generator=g) if DR else None
+    kv = torch.randn(S, DL, generator=g)
+    kr = torch.randn(S, DR, generator=g) if DR else None
+    idx = torch.randint(0, S, (T, K), generator=g)
+    holes = torch.rand(T, K, generator=g) < hole_rate
+    idx = torch.where(holes, torch.randint(-3, 0, (T, K), generator=g), idx)
+    idx[::3, ::4] = S + 2  # out of range: invalid
+    if T > 1 and K > 1:
+        idx[1, 1] = idx[1, 0] = 0  # duplicates count twice
+        idx[0] = -1  # an empty row
+    topk_length = torch.randint(0, K + 2, (T,), generator=g) if with_len else None
+    dout = torch.randn(T, H, DL, generator=g)
+    to = lambda x: None if x is None else x.to(DEVICE)  # noqa: E731
+    return dict(q=to(q), qr=to(qr), kv=to(kv), kr=to(kr), idx=to(idx.int()),
+                topk_length=to(topk_length.int()) if with_len else None, dout=to(dout),
+                dtype=dtype, scale=1.0 / math.sqrt(DL + DR) * 1.3)
+
+
+def check_case(c, idx=None, dout_layout=None, packed=False):
+    dtype, scale, tl_ = c["dtype"], c["scale"], c["topk_length"]
+    idx = c["idx"] if idx is None else idx
+    rope = c["qr"] is not None
+    base = [c["q"], c["qr"], c["kv"], c["kr"]] if rope else [c["q"], c["kv"]]
+
+    def ref(*xs):
+        if rope:
+            return naive_dsa(xs[0], xs[1], xs[2], xs[3], idx, tl_, scale)
+        return naive_dsa(xs[0], None, xs[1], None, idx, tl_, scale)
+
+    def fast_fn(*xs):
+        if rope:
+            return fdsa.dsa_sparse_attention(*xs, idx, topk_length=tl_, softmax_scale=scale,
+                                             return_lse=True)
+        return fdsa.dsa_sparse_attention_nope(*xs, idx, topk_length=tl_, softmax_scale=scale,
+                                              return_lse=True)
+
+    gold = grads_of(ref, [x.double() for x in base], c["dout"].double())
+    lp = grads_of(ref, [x.to(dtype) for x in base], c["dout"])
+    inputs = [x.to(dtype) for x in base]
+    if packed and rope:  # trainer layouts: key rows in one [S, 576]-like buffer, q_rope a slice
+        T, H, DL = inputs[0].shape
+        DR = inputs[1].shape[2]
+        buf = torch.zeros(inputs[2].shape[0], DL + DR + 5, dtype=dtype, device=DEVICE)
+        buf[:, :DL], buf[:, DL:DL + DR] = inputs[2], inputs[3]
+        qbuf = torch.zeros(T, H, DR + 7, dtype=dtype, device=DEVICE)
+        qbuf[:, :, 7:] = inputs[1]
+        inputs = [inputs[0], qbuf[:, :, 7:], buf[:, :DL], buf[:, DL:DL + DR]]
+    dout = c["dout"].to(dtype)
+    if dout_layout == "head_major":
+        dout = dout.transpose(0, 1).contiguous().transpose(0, 1)
+    elif dout_layout == "stride0":
+        dout = dout[:1, :1, :].expand_as(dout)
+    dout_before = dout.clone()
+    leaves = [x.detach().requires_grad_(True) for x in inputs]
+    out, lse = fast_fn(*leaves)
+    grads = torch.autograd.grad(out, leaves, dout)
+    assert torch.equal(dout, dout_before), "dout was modified"
+    if dout_layout == "stride0":  # the reference saw the materialised broadcast
+        gold = grads_of(ref, [x.double() for x in base], dout.double())
+        lp = grads_of(ref, [x.to(dtype) for x in base], dout)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert_agrees("out", out, gold[0], lp[0], dtype, 2)
+    assert_agrees("lse", lse, gold[1], lp[1], dtype, 2)
+    for i, (gi, gg, gl) in enumerate(zip(grads, gold[2], lp[2])):
+        assert_agrees(f"grad{i}", gi, gg, gl, dtype, 3)
+    return out, lse, grads
+
+
+def assert_empty_rows_exact(c, out, lse, grads):
+    """Contract: an empty row gives out 0, lse -inf, dq 0 exactly; unnamed key rows get 0."""
+    S, K = c["kv"].shape[0], c["idx"].shape[1]
+    valid = (c["idx"] >= 0) & (c["idx"] < S)
+    if c["topk_length"] is not None:
+        valid &= torch.arange(K, device=DEVICE)[None, :] < c["topk_length"][:, None]
+    empty = ~valid.any(-1)
+    assert (out[empty] == 0).all() and (lse[empty] == float("-inf")).all()
+    assert (grads[0][empty] == 0).all()
+    named = torch.zeros(S, dtype=torch.bool, device=DEVICE)
+    named[c["idx"][valid].long()] = True
+    assert (grads[-1 if c["qr"] is None else 2][~named] == 0).all()
+
+
+# ----------------------------------------------------------------------------- tests
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rope", [False, True])
+def test_small_shapes_agree(dtype, rope):
+    c = make_case(T=5, H=3, DL=40, DR=24 if rope else 0, S=23, K=37, dtype=dtype, seed=1,
+                  with_len=rope)
+    out, lse, grads = check_case(c)
+    assert_empty_rows_exact(c, out, lse, grads)
+
+
+@pytest.mark.parametrize("layout", ["head_major", "stride0"])
+def test_strided_dout_and_packed_keys(layout):
+    c = make_case(T=4, H=17, DL=32, DR=16, S=19, K=20, dtype=torch.float32, seed=2)
+    check_case(c, dout_layout=layout, packed=True)
+
+
+def test_tiny_dims_and_int64_indices():
+    c = make_case(T=3, H=1, DL=1, DR=1, S=1, K=1, dtype=torch.float32, seed=3, hole_rate=0.0)
+    check_case(c, idx=c["idx"].long())
+
+
+def test_wide_latent_uses_chunked_path():
+    c = make_case(T=2, H=2, DL=520, DR=8, S=9, K=18, dtype=torch.float32, seed=4)
+    check_case(c)
+
+
+def test_zero_tokens():
+    q = torch.randn(0, 4, 16, device=DEVICE, requires_grad=True)
+    kv = torch.randn(5, 16, device=DEVICE, requires_grad=True)
+    out, lse = fdsa.dsa_sparse_attention_nope(q, kv, torch.zeros(0, 3, dtype=torch.int32,
+                                              device=DEVICE), return_lse=True)
+    assert out.shape == (0, 4, 16) and lse.shape == (0, 4)
+    dq, dkv = torch.autograd.grad(out, [q, kv], torch.zeros_like(out))
+    assert dq.shape == q.shape and (dkv == 0).all()
+
+
+def test_compacted_rows_equal_holey_rows():
+    c = make_case(T=6, H=4, DL=32, DR=16, S=30, K=24, dtype=torch.float32, seed=5, hole_rate=0.6)
+    cu = torch.tensor([0, c["q"].shape[0]], dtype=torch.int32, device=DEVICE)
+    cuk = torch.tensor([0, c["kv"].shape[0]], dtype=torch.int32, device=DEVICE)
+    rows, lengths = offset_gather_kv_indices(c["idx"], cu, cuk, compact=True,
+                                             return_topk_length=True)
+    holey = fdsa.dsa_sparse_attention(c["q"], c["qr"], c["kv"], c["kr"], c["idx"],
+                                      softmax_scale=c["scale"])
+    compact = fdsa.dsa_sparse_attention(c["q"], c["qr"], c["kv"], c["kr"], rows,
+                                        topk_length=lengths, softmax_scale=c["scale"])
+    torch.testing.assert_close(compact, holey, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_inputs_are_named():
+    q = torch.randn(2, 2, 8, device=DEVICE)
+    kv = torch.randn(4, 8, device=DEVICE)
+    idx = torch.zeros(2, 3, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(TypeError, match="indices"):
+        fdsa.dsa_sparse_attention_nope(q, kv, idx.float())
+    with pytest.raises(ValueError, match="kv"):
+        fdsa.dsa_sparse_attention_nope(q, torch.randn(4, 9, device=DEVICE), idx)
+    with pytest.raises(TypeError, match="kv"):
+        fdsa.dsa_sparse_attention_nope(q, kv.half(), idx)
+    with pytest.raises(NotImplementedError, match="q"):
+        fdsa.dsa_sparse_attention_nope(q.double(), kv.double(), idx)
+    with pytest.raises(ValueError, match="topk_length"):
+        fdsa.dsa_sparse_attention_nope(q, kv, idx, topk_length=idx)
+
+
+# ----------------------------------------------------------------------------- index
+
+def naive_offset(idx, cuq, cuk, causal, compact, topk_length):
+    T, K = idx.shape
+    out = torch.full((T, K), -1, dtype=torch.int64)
+    lengths = torch.zeros(T, dtype=torch.int32)
+    for d in range(len(cuq) - 1):
+        sk, sq = cuk[d + 1] - cuk[d], cuq[d + 1] - cuq[d]
+        for t in range(cuq[d], cuq[d + 1]):
+            pos = sk - sq + t - cuq[d]
+            lim = K if topk_length is None else max(0, min(K, int(topk_length[t])))
+            kept = [(s, int(idx[t, s]) + cuk[d]) for s in range(lim)
+                    if 0 <= idx[t, s] < sk and (not causal or idx[t, s] <= pos)]
+            for i, (s, row) in enumerate(kept):
+                out[t, i if compact else s] = row
+            lengths[t] = len(kept) if compact else (kept[-1][0] + 1 if kept else 0)
+    return out, lengths
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("compact", [False, True])
+@pytest.mark.parametrize("K", [7, 4100])
+def test_offset_gather_matches_naive(causal, compact, K):
+    g = torch.Generator().manual_seed(K + 2 * causal + compact)
+    sq = [3, 0, 5, 1, 4]
+    sk = [s + e for s, e in zip(sq, [2, 3, 0, 6, 1])]
+    cuq = [0] + torch.tensor(sq).cumsum(0).tolist()
+    cuk = [0] + torch.tensor(sk).cumsum(0).tolist()
+    T = cuq[-1]
+    idx = torch.randint(-2, 9, (T, K), generator=g, dtype=torch.int32)
+    topk_length = torch.randint(-1, K + 2, (T,), generator=g, dtype=torch.int32)
+    for tl_ in [None, topk_length]:
+        out = torch.full((T, K), 77, dtype=torch.int32, device=DEVICE)
+        res, lengths = offset_gather_kv_indices(
+            idx.to(DEVICE).t().contiguous().t(), torch.tensor(cuq, dtype=torch.int32, device=DEVICE),
+            torch.tensor(cuk, dtype=torch.int32, device=DEVICE), causal=causal, compact=compact,
+            topk_length=None if tl_ is None else tl_.to(DEVICE), out=out, return_topk_length=True)
+        ref, ref_len = naive_offset(idx, cuq, cuk, causal, compact, tl_)
+        assert res is out
+        assert res.dtype == torch.int32
+        assert torch.equal(res.cpu().long(), ref) and torch.equal(lengths.cpu(), ref_len)
+
+
+def test_varlen_equals_offset_then_global():
+    g = torch.Generator().manual_seed(9)
+    cuq = torch.tensor([0, 3, 3, 7], dtype=torch.int32, device=DEVICE)
+    cuk = torch.tensor([0, 5, 6, 13], dtype=torch.int32, device=DEVICE)
+    T, H, D, K = 7, 3, 24, 9
+    q = torch.randn(T, H, D, generator=g).to(DEVICE)
+    kv = torch.randn(13, D, generator=g).to(DEVICE)
+    local = torch.randint(-1, 8, (T, K), generator=g, dtype=torch.int32).to(DEVICE)
+    got = fdsa.dsa_sparse_attention_nope_varlen(q, kv, local, cuq, cuk, causal=True,
+                                                softmax_scale=0.3)
+    rows = offset_gather_kv_indices(local, cuq, cuk, causal=True)
+    want = fdsa.dsa_sparse_attention_nope(q, kv, rows, softmax_scale=0.3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("K", [6, 4100])
+def test_offset_gather_in_place(K):
+    g = torch.Generator().manual_seed(11)
+    cuq = torch.tensor([0, 4, 9], dtype=torch.int32, device=DEVICE)
+    cuk = torch.tensor([0, 6, 12], dtype=torch.int32, device=DEVICE)
+    idx = torch.randint(-1, 7, (9, K), generator=g, dtype=torch.int32).to(DEVICE)
+    for compact in [False, True]:
+        want = offset_gather_kv_indices(idx, cuq, cuk, causal=True, compact=compact)
+        buf = idx.clone()
+        got = offset_gather_kv_indices(buf, cuq, cuk, causal=True, compact=compact, out=buf)
+        assert got is buf and torch.equal(got, want)
+
+
+def test_chunked_configs_agree():
+    """The chunked tiles (the GPU's fallback when one tile does not fit) on small dims."""
+    chunked = fdsa.KernelConfig(16, 16, 16, 32, 4, 1)
+    fdsa.set_configs(forward=chunked, backward=chunked)
+    try:
+        c = make_case(T=4, H=5, DL=40, DR=8, S=13, K=21, dtype=torch.float32, seed=6)
+        check_case(c, dout_layout="head_major")
+    finally:
+        fdsa.set_configs()
+
+
+@pytest.mark.parametrize("tile", ["one", "chunked"])
+def test_transposed_dkv_agrees(tile):
+    """Backward with dkv^T = q^T dS + dO^T P, one tile and chunked."""
+    cfg = (fdsa.KernelConfig(16, 16, 64, 64, 4, 1, True) if tile == "one"
+           else fdsa.KernelConfig(16, 16, 16, 32, 4, 1, True))
+    fdsa.set_configs(backward=cfg)
+    try:
+        c = make_case(T=4, H=5, DL=40, DR=8, S=13, K=21, dtype=torch.float32, seed=7)
+        check_case(c, dout_layout="head_major")
+        c = make_case(T=3, H=2, DL=24, DR=0, S=9, K=12, dtype=torch.float16, seed=8)
+        check_case(c)
+    finally:
+        fdsa.set_configs()
+
+
+def _gpu_candidates():
+    if DEVICE != "cuda":
+        return []
+    from benchmarks.dsa import BWD_CANDIDATES, FWD_CANDIDATES
+    return ([("forward", c) for c in FWD_CANDIDATES] + [("backward", c) for c in BWD_CANDIDATES]
+            + [("default", None)])
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="production tiles need a GPU")
+@pytest.mark.parametrize("kind,cfg", _gpu_candidates())
+def test_production_geometry_bf16(kind, cfg):
+    """H=64, 512+64/512, K=2048, bf16, trainer layouts, under every benchmarked tile config."""
+    fdsa.set_configs(**({kind: cfg} if cfg is not None else {}))
+    try:
+        c = make_case(T=24, H=64, DL=512, DR=64, S=3000, K=2048, dtype=torch.bfloat16, seed=10,
+                      hole_rate=0.3, with_len=True)
+        out, lse, grads = check_case(c, dout_layout="head_major", packed=True)
+        assert_empty_rows_exact(c, out, lse, grads)
+    finally:
+        fdsa.set_configs()
+
+
+def test_no_keys_or_no_slots():
+    """S = 0 (all documents empty) or K = 0: every row is empty, gradients zero."""
+    for S, K in [(0, 3), (4, 0)]:
+        q = torch.randn(3, 2, 8, device=DEVICE, requires_grad=True)
+        kv = torch.randn(S, 8, device=DEVICE, requires_grad=True)
+        idx = torch.full((3, K), -1, dtype=torch.int32, device=DEVICE)
+        out, lse = fdsa.dsa_sparse_attention_nope(q, kv, idx, return_lse=True)
+        assert (out == 0).all() and (lse == float("-inf")).all()
+        dq, dkv = torch.autograd.grad(out, [q, kv], torch.ones_like(out))
+        assert (dq == 0).all() and dkv.shape == kv.shape and (dkv == 0).all()
+
+
+@pytest.mark.parametrize("S,K", [(0, 3), (4, 0)])
+def test_no_keys_or_no_slots_rope(S, K):
+    """RoPE with S = 0 or K = 0: the kernel does not run, and dq_rope must still be zeros.
+
+    A [T, H, Dr] block full of NaN is freed just before the backward, so an uninitialised
+    dq_rope (torch.empty) would likely reuse it (the allocator's choice: without the fix this
+    failed on the CPU with values ~1e15 or NaN)."""
+    T, H, DL, DR = 3, 2, 8, 4
+    ins = [torch.randn(T, H, DL, device=DEVICE), torch.randn(T, H, DR, device=DEVICE),
+           torch.randn(S, DL, device=DEVICE), torch.randn(S, DR, device=DEVICE)]
+    ins = [x.requires_grad_(True) for x in ins]
+    idx = torch.zeros((T, K), dtype=torch.int32, device=DEVICE)
+    out, lse = fdsa.dsa_sparse_attention(*ins, idx, softmax_scale=0.5, return_lse=True)
+    assert (out == 0).all() and (lse == float("-inf")).all()
+    junk = torch.full((T, H, DR), float("nan"), device=DEVICE)
+    del junk
+    grads = torch.autograd.grad(out, ins, torch.ones_like(out))
+    for g, x in zip(grads, ins):
+        assert g.shape == x.shape and (g == 0).all()
+
+
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_fp32_scores_in_natural_units(rope, scale):
+    """fp32 scores are dot * scale, rounded once (NOTES.md, F6): with small-integer inputs and
+    an exact scale every score is exact in fp32, so a row with one valid slot must give
+    lse == its score and out == the key row, bit for bit. Kept in base 2 (dot * fl(scale*log2e),
+    then lse2 * ln2) the lse is off by an ulp or more: that version failed this test."""
+    g = torch.Generator().manual_seed(7)
+    T, H, DL, DR, S, K = 8, 3, 24, 8 if rope else 0, 11, 5
+
+    def ints(*shape):
+        return torch.randint(-3, 4, shape, generator=g).float().to(DEVICE)
+
+    q, kv = ints(T, H, DL), ints(S, DL)
+    qr, kr = (ints(T, H, DR), ints(S, DR)) if rope else (None, None)
+    idx = torch.full((T, K), -1, dtype=torch.int32)
+    key = torch.randint(0, S, (T,), generator=g)
+    idx[torch.arange(T), torch.arange(T) % K] = key.to(torch.int32)
+    idx = idx.to(DEVICE)
+    if rope:
+        out, lse = fdsa.dsa_sparse_attention(q, qr, kv, kr, idx, softmax_scale=scale,
+                                             return_lse=True)
+    else:
+        out, lse = fdsa.dsa_sparse_attention_nope(q, kv, idx, softmax_scale=scale, return_lse=True)
+    rows = key.to(DEVICE)
+    score = torch.einsum("thd,thd->th", q.double(), kv[rows][:, None, :].double())
+    if rope:
+        score = score + torch.einsum("thd,thd->th", qr.double(), kr[rows][:, None, :].double())
+    score = score * scale
+    assert score.abs().max() > 4  # large enough that a log2e round trip moves it
+    assert torch.equal(lse.double(), score), (lse.double() - score).abs().max()
+    assert torch.equal(out, kv[rows][:, None, :].expand(T, H, DL))
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_fp32_score_dot_rounded_once(rope):
+    """fp32 scores come from an fp64-accumulated dot rounded once (NOTES.md, fast DSA, "fp32
+    summation order"): a score whose fp32 partial sums cancel (2^25 + 1 - 2^25, exact 1) must
+    give lse == 1 * scale with one valid slot per row. An fp32 dot rounds 2^25 + 1 to 2^25 and
+    returns 0 (main's kernel, rope case: lse 0, every row fails). Backward: with one slot,
+    P = 1 and dS = P (dP - Delta) = 0 exactly in exact arithmetic, so dq must be exactly 0."""
+    T, H, DL, S, K = 4, 2, 16, 5, 3
+    big = float(2 ** 25)
+    q = torch.zeros(T, H, DL)
+    kv = torch.ones(S, DL)
+    q[..., 0], q[..., 1] = big, 1.0
+    if rope:
+        qr, kr = torch.zeros(T, H, 16), torch.ones(S, 16)
+        qr[..., 3] = -big
+    else:
+        q[..., 2] = -big
+    idx = torch.full((T, K), -1, dtype=torch.int32)
+    idx[torch.arange(T), torch.arange(T) % K] = (torch.arange(T) % S).to(torch.int32)
+    q, kv, idx = q.to(DEVICE).requires_grad_(), kv.to(DEVICE), idx.to(DEVICE)
+    scale = 0.5
+    if rope:
+        qr, kr = qr.to(DEVICE).requires_grad_(), kr.to(DEVICE)
+        out, lse = fdsa.dsa_sparse_attention(q, qr, kv, kr, idx, softmax_scale=scale,
+                                             return_lse=True)
+    else:
+        out, lse = fdsa.dsa_sparse_attention_nope(q, kv, idx, softmax_scale=scale,
+                                                  return_lse=True)
+    assert torch.equal(lse, torch.full_like(lse, scale)), lse
+    assert torch.equal(out, torch.ones_like(out))
+    dout = torch.randint(-3, 4, out.shape, generator=torch.Generator().manual_seed(3)).float()
+    out.backward(dout.to(DEVICE))
+    assert torch.equal(q.grad, torch.zeros_like(q)), q.grad.abs().max()
+
+
+# ----------------------------------------------------------------------------- native dot chains
+
+_TTIR_SCRIPT = r'''
+import json, sys
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from attention_oracle.fast.kernels.dsa_bwd import dsa_bwd_kernel
+from attention_oracle.fast.kernels.dsa_fwd import dsa_fwd_kernel
+
+
+@triton.jit
+def folded_control(a_ptr, b_ptr, o_ptr, n, B: tl.constexpr):
+    """Negative control: acc + tl.dot(a, b) in a loop, which Triton folds into the dot."""
+    offs = tl.arange(0, B)
+    acc = tl.zeros([B, B], dtype=tl.float32)
+    for i in range(0, n):
+        a = tl.load(a_ptr + i * B * B + offs[:, None] * B + offs[None, :])
+        b = tl.load(b_ptr + offs[:, None] * B + offs[None, :])
+        acc = acc + tl.dot(a, b, input_precision="ieee")
+    tl.store(o_ptr + offs[:, None] * B + offs[None, :], acc)
+
+
+def ttir(kernel, consts, floats=()):
+    sig = {}
+    for name in kernel.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = "*i32" if name in ("idx_ptr", "len_ptr") else "*fp32"
+        else:
+            sig[name] = "fp32" if name in floats else "i32"
+    src = ASTSource(fn=kernel, signature=sig,
+                    constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=4, num_stages=1))
+    return compiled.asm["ttir"]
+
+
+common = dict(HAS_ROPE=True, HAS_LEN=True, ONE_TILE=True, BLOCK_H=16, BLOCK_K=32, BLOCK_D=16,
+              BLOCK_DR=16, PRECISION="ieee")
+print(json.dumps({
+    "control": ttir(folded_control, dict(B=16)),
+    "fwd": ttir(dsa_fwd_kernel, dict(common, BLOCK_DV=16), ("scale", "scale_log2")),
+    "bwd": ttir(dsa_bwd_kernel, dict(common, BLOCK_DC=16, DKV_T=False), ("scale", "scale_log2")),
+}))
+'''
+
+
+def _loop_carried_f32_dots(ttir):
+    """Names of values yielded by an scf loop that are fp32 tt.dot results (a dot chained
+    through a loop-carried accumulator)."""
+    import re
+    defs = {}
+    for line in ttir.splitlines():
+        m = re.match(r"\s*(%[\w.]+) = (\S+) .*", line)
+        if m:
+            defs[m.group(1)] = line
+    chained = []
+    for line in ttir.splitlines():
+        if "scf.yield" not in line:
+            continue
+        for name in re.findall(r"%[\w.]+", line.split(":")[0]):
+            d = defs.get(name, "")
+            if " tt.dot " in d and re.search(r"-> tensor<[\dx]+xf32>", d):
+                chained.append(d.strip())
+    return chained
+
+
+def test_fp32_block_dots_not_folded(tmp_path):
+    """fp32 P.V (forward) and dS.K (backward, dq and dq_rope) must be summed per slot block and
+    added to the accumulator, not chained through it: Triton's combine pass turns
+    ``acc * alpha + tl.dot(p, v)`` into ``tl.dot(p, v, acc * alpha)`` natively, so the fp32
+    accumulator became ONE sequential FMA chain over all slots of a row (GPU runs 13-16:
+    `index.compacted_attention` K = 2048, 1536 duplicate slots of one key, out error 4.46e-05,
+    ratio 22). The interpreter does not fold, so this compiles the kernels for sm_90 (no GPU
+    needed) and reads the TTIR. Negative control: a plain ``acc + tl.dot`` loop is flagged."""
+    import json
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the current default, stated (no warning)
+    script = tmp_path / "dsa_ttir.py"  # @triton.jit reads its source from a file
+    script.write_text(_TTIR_SCRIPT)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                       cwd=root, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    irs = json.loads(r.stdout.strip().splitlines()[-1])
+    assert _loop_carried_f32_dots(irs["control"]), "control: the fold was not detected"
+    assert not _loop_carried_f32_dots(irs["fwd"]), _loop_carried_f32_dots(irs["fwd"])
+    assert not _loop_carried_f32_dots(irs["bwd"]), _loop_carried_f32_dots(irs["bwd"])

@@ -1,0 +1,347 @@
+"""Quick correctness checks of the Triton SDPA (fast/sdpa.py) against a float64 reference.
+
+On CPU the kernels run under Triton's interpreter (fp32/fp16, small shapes); with a CUDA device
+they run natively and bf16 is added. Every check uses the CONTRACT section 5 rule:
+    max|impl - gold| <= k * max|lp - gold| + 2 * max|gold.to(dtype) - gold| + floor
+(k = 2 outputs, 3 gradients), lp = the naive math (QK^T, softmax, PV) run in the input dtype.
+floor = 8 * eps(dtype) * (magnitude of the terms summed into X): it only matters where X is
+zero by cancellation; ``test_floor_still_catches_real_error`` is its negative control.
+"""
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from attention_oracle.fast.sdpa import scaled_dot_product_attention, scaled_dot_product_attention_with_lse  # noqa: E402
+
+ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+DEVICE = "cuda" if ON_GPU else "cpu"
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
+
+
+# ----------------------------------------------------------------------------- reference
+
+def naive_attention(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """QK^T -> masked softmax -> PV in the inputs' dtype; rows with no key give 0."""
+    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(E) if scale is None else scale
+    if enable_gqa:
+        rep = q.shape[-3] // k.shape[-3]
+        k = k.repeat_interleave(rep, dim=-3)
+        v = v.repeat_interleave(rep, dim=-3)
+    s = (q @ k.transpose(-2, -1)) * scale
+    if is_causal:
+        keep = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.to(s.dtype)
+    if S == 0:
+        return s.new_zeros(s.shape[:-1] + (v.shape[-1],)) + 0 * v.sum() + 0 * q.sum()
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m).detach()
+    e = torch.exp(s - m)
+    den = e.sum(-1, keepdim=True)
+    p = e / torch.where(den == 0, torch.ones_like(den), den)
+    return p @ v
+
+
+def reference_lse(q, k, mask=None, is_causal=False, scale=None, enable_gqa=False):
+    q, k = q.double(), k.double()
+    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(E) if scale is None else scale
+    if enable_gqa:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+    s = (q @ k.transpose(-2, -1)) * scale
+    if is_causal:
+        s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.double()
+    return torch.logsumexp(s, -1).float()
+
+
+def agreement(name, impl, gold, lp, k, floor_scale):
+    """Assert the CONTRACT section 5 rule, with the floor described in the module docstring."""
+    dtype = impl.dtype
+    assert torch.isfinite(impl).all() or not torch.isfinite(gold).all(), f"{name}: non-finite output"
+    err = (impl.double() - gold).abs().max().item() if impl.numel() else 0.0
+    lp_err = (lp.double() - gold).abs().max().item() if lp.numel() else 0.0
+    rnd = (gold.to(dtype).double() - gold).abs().max().item() if gold.numel() else 0.0
+    floor = 8 * torch.finfo(dtype).eps * floor_scale
+    bound = k * lp_err + 2 * rnd + floor
+    assert err <= bound, (f"{name}: max|impl-gold| = {err:.3e} > bound {bound:.3e} "
+                          f"(lp err {lp_err:.3e}, rounding {rnd:.3e}, floor {floor:.3e})")
+
+
+def check_case(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False, dout=None,
+               backward=True):
+    """Run impl, lp and gold on the same inputs and check outputs, gradients and lse."""
+    leaves = [t.detach().requires_grad_(backward) for t in (q, k, v)]
+    out, lse = scaled_dot_product_attention_with_lse(*leaves, attn_mask=mask, is_causal=is_causal,
+                                                     scale=scale, enable_gqa=enable_gqa)
+    gold_in = [t.detach().double().requires_grad_(backward) for t in (q, k, v)]
+    gmask = mask.double() if mask is not None and mask.dtype != torch.bool else mask
+    gold = naive_attention(*gold_in, gmask, is_causal, scale, enable_gqa)
+    lp_in = [t.detach().clone().requires_grad_(backward) for t in (q, k, v)]
+    lp_mask = mask.to(q.dtype) if mask is not None and mask.dtype != torch.bool else mask
+    lp = naive_attention(*lp_in, lp_mask, is_causal, scale, enable_gqa)
+    assert out.shape == gold.shape and out.dtype == q.dtype
+    vmax = v.detach().abs().max().item() if v.numel() else 1.0
+    agreement("out", out, gold, lp, 2, vmax)
+    ref_lse = reference_lse(q, k, mask, is_causal, scale, enable_gqa)
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), empty), "lse: -inf rows differ"
+    if (~empty).any():
+        tol = 16 * torch.finfo(torch.float32).eps * max(1.0, ref_lse[~empty].abs().max().item()) \
+            + 4 * torch.finfo(q.dtype).eps * q.shape[-1] * scale_of(q, k, scale)
+        assert (lse[~empty] - ref_lse[~empty]).abs().max().item() <= tol
+    if not backward:
+        return out
+    if dout is None:
+        dout = torch.randn(out.shape, dtype=q.dtype, device=q.device)
+    before = dout.clone()
+    grads = torch.autograd.grad(out, leaves, dout)
+    assert torch.equal(dout, before), "dout was modified"
+    ggrads = torch.autograd.grad(gold, gold_in, dout.double())
+    lgrads = torch.autograd.grad(lp, lp_in, dout)
+    mag = dout.abs().max().item() * vmax * max(q.abs().max().item(), k.abs().max().item(), 1.0) \
+        * max(q.shape[-2], k.shape[-2])
+    for name, g, gg, lg in zip(("dq", "dk", "dv"), grads, ggrads, lgrads):
+        assert g.shape == gg.shape and g.dtype == q.dtype
+        agreement(name, g, gg, lg, 3, mag)
+    return out, grads
+
+
+def scale_of(q, k, scale):
+    s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else abs(scale)
+    return s * q.abs().max().item() * k.abs().max().item()
+
+
+def randn(*shape, dtype, gen):
+    return torch.randn(*shape, generator=gen, dtype=torch.float32).to(DEVICE, dtype)
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(1234)
+
+
+# ----------------------------------------------------------------------------- cases
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("L,S", [(64, 64), (37, 53), (70, 20)])
+def test_rank4_basic(dtype, is_causal, L, S, gen):
+    q = randn(2, 2, L, 40, dtype=dtype, gen=gen)
+    k = randn(2, 2, S, 40, dtype=dtype, gen=gen)
+    v = randn(2, 2, S, 24, dtype=dtype, gen=gen)
+    check_case(q, k, v, is_causal=is_causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_rank3_and_rank5(dtype, gen):
+    q, k, v = (randn(3, 33, 16, dtype=dtype, gen=gen) for _ in range(3))
+    check_case(q, k, v, is_causal=True)
+    q5 = randn(2, 1, 2, 20, 16, dtype=dtype, gen=gen)
+    k5 = randn(2, 3, 2, 24, 16, dtype=dtype, gen=gen)  # q broadcasts over dim 1
+    v5 = randn(1, 3, 2, 24, 32, dtype=dtype, gen=gen)  # v broadcasts over dim 0
+    check_case(q5, k5, v5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("E,Ev", [(72, 72), (200, 40), (8, 130)])
+def test_head_dims(dtype, E, Ev, gen):
+    q = randn(1, 2, 24, E, dtype=dtype, gen=gen)
+    k = randn(1, 2, 40, E, dtype=dtype, gen=gen)
+    v = randn(1, 2, 40, Ev, dtype=dtype, gen=gen)
+    check_case(q, k, v, is_causal=True, scale=0.3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_gqa(dtype, is_causal, gen):
+    q = randn(2, 6, 40, 32, dtype=dtype, gen=gen)
+    k = randn(2, 2, 48, 32, dtype=dtype, gen=gen)
+    v = randn(2, 2, 48, 32, dtype=dtype, gen=gen)
+    check_case(q, k, v, is_causal=is_causal, enable_gqa=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_bool_masks_with_empty_rows(dtype, gen):
+    L, S = 40, 36
+    q, k, v = randn(2, 2, L, 32, dtype=dtype, gen=gen), randn(2, 2, S, 32, dtype=dtype, gen=gen), \
+        randn(2, 2, S, 32, dtype=dtype, gen=gen)
+    g = torch.Generator().manual_seed(7)
+    mask2d = (torch.rand(L, S, generator=g) > 0.5).to(DEVICE)
+    mask2d[3] = False  # fully masked rows: out = 0, zero gradients, lse = -inf
+    mask2d[17] = False
+    out, grads = check_case(q, k, v, mask=mask2d)
+    assert torch.all(out[..., [3, 17], :] == 0)
+    assert torch.all(grads[0][..., [3, 17], :] == 0)
+    full = (torch.rand(2, 2, L, S, generator=g) > 0.3).to(DEVICE)
+    full[1, 0, 5] = False
+    check_case(q, k, v, mask=full)
+    keypad = torch.ones(2, 1, 1, S, dtype=torch.bool, device=DEVICE)
+    keypad[0, ..., 30:] = False
+    check_case(q, k, v, mask=keypad)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_additive_masks(dtype, gen):
+    L, S = 33, 45
+    q, k, v = randn(2, 3, L, 16, dtype=dtype, gen=gen), randn(2, 3, S, 16, dtype=dtype, gen=gen), \
+        randn(2, 3, S, 16, dtype=dtype, gen=gen)
+    g = torch.Generator().manual_seed(8)
+    add = torch.randn(2, 3, L, S, generator=g).to(DEVICE, dtype)
+    add[0, 1, 4] = float("-inf")  # an empty row through an additive mask
+    add[1, 2, :, 7:20] = float("-inf")
+    check_case(q, k, v, mask=add)
+    check_case(q, k, v, mask=torch.randn(L, S, generator=g).to(DEVICE, dtype))
+    check_case(q, k, v, mask=torch.randn(3, 1, S, generator=g).to(DEVICE, dtype), scale=0.5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_strided_inputs_and_douts(dtype, gen):
+    B, H, L, S, E = 2, 3, 36, 40, 32
+    # head-major q (a [B, L, H, E] buffer), k sliced from a wider buffer, v with non-unit last stride
+    q = randn(B, L, H, E, dtype=dtype, gen=gen).transpose(1, 2)
+    k = randn(B, H, S, 2 * E, dtype=dtype, gen=gen)[..., 5:5 + E]
+    v = randn(B, H, E, S, dtype=dtype, gen=gen).transpose(-1, -2)
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    dout_c = randn(B, H, L, E, dtype=dtype, gen=gen)
+    _, g_c = check_case(q, k, v, is_causal=True, dout=dout_c)
+    dout_hm = dout_c.transpose(1, 2).contiguous().transpose(1, 2)  # head-major, same values
+    _, g_hm = check_case(q, k, v, is_causal=True, dout=dout_hm)
+    for a, b in zip(g_c, g_hm):
+        assert torch.equal(a, b), "head-major dout changed the gradients"
+    dout_b = randn(1, 1, 1, E, dtype=dtype, gen=gen).expand(B, H, L, E)  # stride-0 dout
+    check_case(q, k, v, dout=dout_b)
+
+
+def test_edge_lengths(gen):
+    for L, S in [(1, 1), (1, 17), (17, 1), (0, 5), (5, 0)]:
+        q, k, v = randn(1, 2, L, 16, dtype=torch.float32, gen=gen), \
+            randn(1, 2, S, 16, dtype=torch.float32, gen=gen), randn(1, 2, S, 16, dtype=torch.float32, gen=gen)
+        for causal in (False, True):
+            out = check_case(q, k, v, is_causal=causal, backward=False)
+            if S == 0:
+                assert out.shape == (1, 2, L, 16) and torch.all(out == 0)
+
+
+def test_matches_torch_sdpa_float64(gen):
+    """Our float64 reference is PyTorch's SDPA where no row is empty."""
+    q, k, v = (randn(2, 2, 20, 16, dtype=torch.float32, gen=gen).double() for _ in range(3))
+    for causal in (False, True):
+        a = naive_attention(q, k, v, is_causal=causal)
+        b = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        assert (a - b).abs().max().item() < 1e-12
+
+
+def test_floor_still_catches_real_error(gen):
+    """Negative control: an error of 10x the floor in a result that cancels to zero fails."""
+    gold = torch.zeros(4, 4, dtype=torch.float64)
+    lp = gold.clone().float()
+    mag = 3.0
+    bad = torch.zeros(4, 4, dtype=torch.float32)
+    bad[1, 2] = 80 * torch.finfo(torch.float32).eps * mag
+    with pytest.raises(AssertionError):
+        agreement("neg", bad, gold, lp, 3, mag)
+    agreement("pos", bad / 20, gold, lp, 3, mag)
+
+
+def test_torch_compile_traces():
+    q, k, v = (torch.randn(1, 2, 16, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    fn = torch.compile(lambda a, b, c: scaled_dot_product_attention(a, b, c, is_causal=True),
+                       backend="aot_eager", fullgraph=True)
+    out = fn(q, k, v)
+    ref = scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.equal(out, ref)
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_rejections(gen):
+    q = randn(1, 2, 8, 16, dtype=torch.float32, gen=gen)
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    with pytest.raises(TypeError, match="dtype"):
+        scaled_dot_product_attention(q, q.half(), q)
+    with pytest.raises(NotImplementedError, match="dtype"):
+        scaled_dot_product_attention(q.double(), q.double(), q.double())
+    with pytest.raises(ValueError, match="attn_mask"):
+        scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool,
+                                                                   device=DEVICE), is_causal=True)
+    with pytest.raises(ValueError, match="attn_mask"):
+        scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(3, 8, dtype=torch.bool, device=DEVICE))
+    with pytest.raises(TypeError, match="attn_mask"):
+        scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="enable_gqa"):
+        scaled_dot_product_attention(q, randn(1, 3, 8, 16, dtype=torch.float32, gen=gen), q)
+    with pytest.raises(ValueError, match="multiple"):
+        scaled_dot_product_attention(randn(1, 3, 8, 16, dtype=torch.float32, gen=gen), q, q,
+                                     enable_gqa=True)
+    with pytest.raises(NotImplementedError, match="head dim"):
+        big = randn(1, 1, 4, 264, dtype=torch.float32, gen=gen)
+        scaled_dot_product_attention(big, big, big)
+    with pytest.raises(TypeError, match="query"):
+        scaled_dot_product_attention(q.tolist(), q, q)
+    with pytest.raises(ValueError, match="rank"):
+        scaled_dot_product_attention(q[0, 0], q[0, 0], q[0, 0])
+
+
+def test_head_broadcast_and_rank6(gen):
+    q = randn(2, 1, 12, 16, dtype=torch.float32, gen=gen)  # one query head against two kv heads
+    k, v = randn(2, 2, 10, 16, dtype=torch.float32, gen=gen), randn(2, 2, 10, 16, dtype=torch.float32, gen=gen)
+    out, _ = check_case(q, k, v)
+    assert out.shape == (2, 2, 12, 16)
+    q6, k6, v6 = (randn(2, 1, 2, 2, 9, 16, dtype=torch.float32, gen=gen) for _ in range(3))
+    check_case(q6, k6, v6, is_causal=True)
+
+
+def test_refuses_int32_overflowing_head_span():
+    from attention_oracle.fast.sdpa import _check_tile_offsets
+    huge = torch.empty_strided((1, 1, 2, 16), (0, 0, 2**31, 1), device="meta")  # never allocated
+    with pytest.raises(NotImplementedError, match="int32"):
+        _check_tile_offsets([("key", huge)])
+    _check_tile_offsets([("key", torch.empty_strided((1, 1, 2, 16), (0, 0, 2**30, 1), device="meta"))])
+
+
+# ----------------------------------------------------------------------------- fp32 scores (F5)
+
+def rounded_exact_score(q_row, k_row, scale):
+    """fl32(exact q.k * fl32(scale)): what one rounding of the exact score gives."""
+    scale32 = float(torch.tensor(scale, dtype=torch.float32))
+    return ((q_row.double() * k_row.double()).sum(-1) * scale32).float()
+
+
+def assert_bitwise(name, got, expected):
+    differ = got != expected
+    assert not differ.any(), (
+        f"{name}: {int(differ.sum())} element(s) differ from fl32(exact score), first at "
+        f"{differ.nonzero()[0].tolist()}: {got[differ][0].item()!r} vs {expected[differ][0].item()!r}")
+
+
+@pytest.mark.parametrize("E,scale", [(256, None), (72, 2.0), (8, 0.5), (200, 0.125)])
+def test_fp32_single_key_lse_is_the_rounded_exact_score(E, scale, gen):
+    """F5 (NOTES.md): under is_causal, row 0 sees key 0 only, so lse = its score. fp32 forms the
+    score from an fp64-accumulated dot with one rounding, so lse equals fl32(exact score)
+    bitwise. The log2-unit kernel with fp32 dots was 14 ulps off at E = 256 (the F5 case) and
+    fails this test (checked against the pre-fix tree)."""
+    q = randn(2, 3, 4, E, dtype=torch.float32, gen=gen) * 3
+    k = randn(2, 3, 4, E, dtype=torch.float32, gen=gen)
+    v = randn(2, 3, 4, 16, dtype=torch.float32, gen=gen)
+    out, lse = scaled_dot_product_attention_with_lse(q, k, v, is_causal=True, scale=scale)
+    sc = 1.0 / math.sqrt(E) if scale is None else scale
+    assert_bitwise("lse[row 0]", lse[..., 0], rounded_exact_score(q[..., 0, :], k[..., 0, :], sc))
+    assert torch.equal(out[..., 0, :], v[..., 0, :]), "a single-key row's output is its value row"
+
+
+def test_bitwise_score_check_catches_one_ulp():
+    """Negative control for the test above: one ulp off the rounded exact score fails."""
+    exact = torch.tensor([1.5, -2.1768, 30.25, -0.001])
+    with pytest.raises(AssertionError, match="differ"):
+        assert_bitwise("control", torch.nextafter(exact, torch.full_like(exact, math.inf)), exact)
+    assert_bitwise("control", exact.clone(), exact)

@@ -1,0 +1,103 @@
+"""Negative controls: deliberately broken implementations that the checks must catch.
+
+Each SDPA control runs the check meant to catch it under the active profile's settings
+(no shrinking, first failure wins) and must raise OracleMismatch. The agreement rule's
+absolute floor gets its own controls: it must still catch an error of ten floors where
+the rule's bound collapsed to zero.
+"""
+import pytest
+import torch
+from hypothesis import given
+
+from attention_oracle.properties.harness import profiles
+from attention_oracle.properties.harness import report
+from attention_oracle.properties.sdpa import checks as sdpa_checks
+from attention_oracle.properties.harness.agreement import FLOOR_ULPS, OracleMismatch, assert_agrees, eps
+from attention_oracle.properties.harness.runner import run_check
+from attention_oracle.properties.sdpa.cases import strategy_for
+from attention_oracle.properties.harness.case import load_case
+from attention_oracle.properties.harness.targets import load
+from attention_oracle.controls import sdpa_broken
+
+DTYPES = (torch.float32, torch.float16)
+
+
+@pytest.mark.parametrize("control", sorted(sdpa_broken.CONTROLS))
+def test_sdpa_control_is_caught(control):
+    check_name = sdpa_broken.CONTROLS[control]
+    target = load(f"attention_oracle.controls.sdpa_broken:{control}")
+    assert not target.unavailable, target.unavailable
+    check = sdpa_checks.CHECKS[check_name]
+
+    @profiles.control_settings()
+    @given(case=strategy_for(check_name, DTYPES))
+    def search(case):
+        run_check(check, target, case)
+
+    with report.silenced(), pytest.raises(OracleMismatch) as caught:
+        search()
+    assert f"sdpa.{check_name}" in str(caught.value)
+    assert control in str(caught.value)
+
+
+def _zero_gold(n=16):
+    z = torch.zeros(n, dtype=torch.float64)
+    return z, z.clone()
+
+
+@pytest.mark.parametrize("dtype", DTYPES + (torch.bfloat16,))
+def test_floor_catches_ten_floors_where_rule_collapsed(dtype):
+    gold, lp = _zero_gold()
+    magnitude = 3.0
+    floor = FLOOR_ULPS * eps(dtype) * magnitude
+    impl = gold.clone()
+    impl[5] = 10 * floor
+    with report.silenced(), pytest.raises(OracleMismatch) as caught:
+        assert_agrees(impl.to(dtype), gold, lp, check="rule.floor", impl="control", name="dq",
+                      dtype=dtype, gradient=True, magnitude=magnitude, repro="unit")
+    assert "(5,)" in str(caught.value) and "ratio" in str(caught.value)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + (torch.bfloat16,))
+def test_floor_admits_rounding_noise_where_rule_collapsed(dtype):
+    gold, lp = _zero_gold()
+    magnitude = 3.0
+    impl = gold.clone()
+    impl[5] = 0.5 * FLOOR_ULPS * eps(dtype) * magnitude
+    with report.silenced():
+        verdict = assert_agrees(impl.to(dtype), gold, lp, check="rule.floor", impl="control",
+                                name="dq", dtype=dtype, gradient=True, magnitude=magnitude, repro="unit")
+    assert verdict.bound == 0.0 and 0.4 < verdict.ratio <= 0.6
+
+
+def test_single_key_cancellation_uses_floor():
+    """S = 1: dq is exactly 0 in gold and in lp; a 1e-3 relative error in dq must still fail."""
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 5, 8)
+    k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)
+    dout = torch.randn(1, 2, 5, 8)
+    from attention_oracle.oracle.sdpa import sdpa_reference
+    gold = sdpa_reference(q, k, v, dout, magnitudes=True)
+    lp = sdpa_reference(q, k, v, dout, compute_dtype=torch.float32)
+    assert float(gold["dq"].abs().max()) < 1e-15 and float(lp["dq"].abs().max()) == 0.0
+    bad = torch.full_like(q, 1e-3 * gold["magnitude"]["dq"])
+    with report.silenced(), pytest.raises(OracleMismatch):
+        assert_agrees(bad, gold["dq"], lp["dq"], check="rule.floor", impl="control", name="dq",
+                      dtype=torch.float32, gradient=True, magnitude=gold["magnitude"]["dq"], repro="unit")
+
+
+def test_plan_reuse_failure_names_the_call_order():
+    """F9's model: the failure of the contiguous-dout backward says it ran after a strided one
+    (the message a user of PyTorch's cuDNN backend sees; NOTES.md, F9)."""
+    target = load("attention_oracle.controls.sdpa_broken:DoutPlanCachedByShape")
+    case = load_case({"E": 8, "Ev": 8, "L": 2, "S": 2, "area": "sdpa", "batch": [1], "causal": False,
+                      "dtype": "float32", "empty_rows": 0, "gqa": False, "hkv": 2, "hq": 2,
+                      "layout_dout": "transposed", "layout_k": "contiguous",
+                      "layout_q": "contiguous", "layout_v": "contiguous", "mask": "none",
+                      "scale": None, "seed": 0, "value_scale": 0.3})
+    with report.silenced(), pytest.raises(OracleMismatch) as caught:
+        run_check(sdpa_checks.CHECKS["strided_dout"], target, case)
+    assert "note: this contiguous-dout backward ran after one with transposed dout" in str(caught.value)
+    # the same case on a fresh instance with a contiguous dout only: nothing cached, no failure
+    run_check(sdpa_checks.CHECKS["gradient_agreement"],
+              load("attention_oracle.controls.sdpa_broken:DoutPlanCachedByShape"), case)
