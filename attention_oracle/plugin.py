@@ -25,11 +25,13 @@ if not torch.cuda.is_available():
     # Must precede any import of a module defining @triton.jit kernels (FACTS.md).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from attention_oracle.properties.harness import gpu_lock  # noqa: E402
-from attention_oracle.properties.harness import known_failures
-from attention_oracle.properties.harness import profiles
-from attention_oracle.properties.harness import report
-from attention_oracle.properties.harness import targets
+from attention_oracle.properties.harness import (
+    gpu_lock,  # noqa: E402
+    known_failures,
+    profiles,
+    report,
+    targets,
+)
 
 profiles.register()
 

@@ -11,16 +11,15 @@ import pytest
 import torch
 from hypothesis import given
 
-from attention_oracle import oracle
 import attention_oracle.oracle.dsa  # noqa: F401  (oracle.dsa below)
-from attention_oracle.properties.dsa import checks as dsa_checks
-from attention_oracle.properties.harness import profiles
-from attention_oracle.properties.harness import report
+from attention_oracle import oracle
 from attention_oracle.properties.adapters.lse_base2 import DSA_FUNCTIONS, LseBase2
 from attention_oracle.properties.adapters.lse_posinf_empty import LsePosinfEmpty
 from attention_oracle.properties.adapters.no_lse import NoLse
-from attention_oracle.properties.harness.agreement import OracleMismatch
+from attention_oracle.properties.dsa import checks as dsa_checks
 from attention_oracle.properties.dsa.cases import DsaCase, build, strategy_for
+from attention_oracle.properties.harness import profiles, report
+from attention_oracle.properties.harness.agreement import OracleMismatch
 from attention_oracle.properties.harness.runner import run_check
 from attention_oracle.properties.harness.targets import Target
 

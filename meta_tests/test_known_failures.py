@@ -7,13 +7,12 @@ class of inputs, nothing more.
 """
 import pytest
 
-from attention_oracle.properties.harness import known_failures
-from attention_oracle.properties.harness import report
-from attention_oracle.properties.sdpa import checks as sdpa_checks
+from attention_oracle.properties.harness import known_failures, report
 from attention_oracle.properties.harness.agreement import OracleMismatch
 from attention_oracle.properties.harness.runner import run_check
-from attention_oracle.properties.sdpa.cases import SdpaCase
 from attention_oracle.properties.harness.targets import load
+from attention_oracle.properties.sdpa import checks as sdpa_checks
+from attention_oracle.properties.sdpa.cases import SdpaCase
 
 CONTROL = "attention_oracle.controls.sdpa_broken:WrongScale"
 CAUSAL = SdpaCase(batch=(1,), hq=2, hkv=2, L=5, S=7, E=8, Ev=8, causal=True, seed=3)

@@ -9,15 +9,14 @@ import pytest
 import torch
 from hypothesis import given
 
-from attention_oracle.properties.harness import profiles
-from attention_oracle.properties.harness import report
-from attention_oracle.properties.sdpa import checks as sdpa_checks
-from attention_oracle.properties.harness.agreement import FLOOR_ULPS, OracleMismatch, assert_agrees, eps
-from attention_oracle.properties.harness.runner import run_check
-from attention_oracle.properties.sdpa.cases import strategy_for
-from attention_oracle.properties.harness.case import load_case
-from attention_oracle.properties.harness.targets import load
 from attention_oracle.controls import sdpa_broken
+from attention_oracle.properties.harness import profiles, report
+from attention_oracle.properties.harness.agreement import FLOOR_ULPS, OracleMismatch, assert_agrees, eps
+from attention_oracle.properties.harness.case import load_case
+from attention_oracle.properties.harness.runner import run_check
+from attention_oracle.properties.harness.targets import load
+from attention_oracle.properties.sdpa import checks as sdpa_checks
+from attention_oracle.properties.sdpa.cases import strategy_for
 
 DTYPES = (torch.float32, torch.float16)
 

@@ -8,16 +8,15 @@ import pytest
 import torch
 from hypothesis import given
 
+from attention_oracle.controls import dsa_broken, index_broken
 from attention_oracle.properties.dsa import checks as dsa_checks
-from attention_oracle.properties.index import checks as index_checks
-from attention_oracle.properties.harness import profiles
-from attention_oracle.properties.harness import report
-from attention_oracle.properties.harness.agreement import OracleMismatch
 from attention_oracle.properties.dsa.cases import strategy_for as dsa_strategy
-from attention_oracle.properties.index.cases import strategy_for as index_strategy
+from attention_oracle.properties.harness import profiles, report
+from attention_oracle.properties.harness.agreement import OracleMismatch
 from attention_oracle.properties.harness.runner import run_check
 from attention_oracle.properties.harness.targets import load
-from attention_oracle.controls import dsa_broken, index_broken
+from attention_oracle.properties.index import checks as index_checks
+from attention_oracle.properties.index.cases import strategy_for as index_strategy
 
 DTYPES = (torch.float32, torch.float16)
 VARLEN_CHECKS = ("varlen_agreement", "varlen_isolation")

@@ -51,10 +51,10 @@ def test_isolated_runs_are_recorded_under_the_function_they_call():
     Negative control: the refusal is still recorded, so a function refused everywhere still
     fails the run (test_refusing_everything_fails_the_run)."""
     from attention_oracle.properties.harness import report
-    from attention_oracle.properties.sdpa import checks as sdpa_checks
     from attention_oracle.properties.harness.case import load_case
     from attention_oracle.properties.harness.runner import run_isolated
     from attention_oracle.properties.harness.targets import load
+    from attention_oracle.properties.sdpa import checks as sdpa_checks
     case = load_case({"E": 8, "Ev": 8, "L": 2, "S": 3, "area": "sdpa", "batch": [1],
                       "causal": False, "dtype": "float32", "empty_rows": 0, "gqa": False,
                       "hkv": 1, "hq": 1, "layout_dout": "contiguous", "layout_k": "contiguous",

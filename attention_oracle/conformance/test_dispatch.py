@@ -5,8 +5,8 @@ Runs on the installed torch and device, independent of --impl (it measures torch
 import pytest
 import torch
 
-from attention_oracle.properties.tools import dispatch
 from attention_oracle.properties.harness.targets import default_device
+from attention_oracle.properties.tools import dispatch
 
 DEVICE = default_device().type
 if DEVICE == "cuda":

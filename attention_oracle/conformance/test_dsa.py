@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 
 from attention_oracle.properties.dsa import checks
-from attention_oracle.properties.harness.case import dtype_name
 from attention_oracle.properties.dsa.cases import FUNCTIONS, DsaCase, strategy_for
+from attention_oracle.properties.harness.case import dtype_name
 from attention_oracle.properties.harness.runner import run_check, run_property
 
 VARIANTS = {"nope": False, "rope": True}
@@ -100,8 +100,8 @@ def test_cases_round_trip():
     import torch
     from hypothesis import given, settings
 
-    from attention_oracle.properties.harness.case import load_case
     from attention_oracle.properties.dsa.cases import dsa_cases
+    from attention_oracle.properties.harness.case import load_case
 
     @settings(max_examples=30, database=None)
     @given(case=dsa_cases((torch.float32, torch.float16), rope=True, varlen=True, poison=True)

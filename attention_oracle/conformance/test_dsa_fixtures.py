@@ -28,12 +28,11 @@ import torch
 
 from attention_oracle.fixtures.dsa import FIXTURES
 from attention_oracle.oracle.dsa import dsa_reference
-from attention_oracle.properties.harness import profiles
-from attention_oracle.properties.harness import report
+from attention_oracle.properties.dsa.cases import build
+from attention_oracle.properties.dsa.checks import call, global_rows, grads
+from attention_oracle.properties.harness import profiles, report
 from attention_oracle.properties.harness.agreement import FLOOR_ULPS, K_FORWARD, K_GRADIENT, OracleMismatch, eps
 from attention_oracle.properties.harness.case import dtype_name, load_case
-from attention_oracle.properties.dsa.checks import call, global_rows, grads
-from attention_oracle.properties.dsa.cases import build
 from attention_oracle.properties.harness.targets import Refused
 
 CHUNK = {"cpu": 23, "gpu": 4096}

@@ -1,9 +1,9 @@
 """Varlen index preparation checks (CONTRACT section 4) on every selected implementation."""
 import pytest
 
+from attention_oracle.properties.harness.runner import run_property
 from attention_oracle.properties.index import checks
 from attention_oracle.properties.index.cases import strategy_for
-from attention_oracle.properties.harness.runner import run_property
 
 FN = checks.FN
 

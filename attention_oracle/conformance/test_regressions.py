@@ -4,8 +4,8 @@ import pytest
 
 from attention_oracle.properties.harness import registry
 from attention_oracle.properties.harness.case import load_case
-from attention_oracle.properties.tools.replay import corpus
 from attention_oracle.properties.harness.runner import run_check
+from attention_oracle.properties.tools.replay import corpus
 
 ENTRIES = corpus()
 

@@ -1,6 +1,6 @@
 """SDPA checks (CONTRACT sections 2 and 5) on every selected implementation."""
-from attention_oracle.properties.sdpa import checks
 from attention_oracle.properties.harness.runner import run_property
+from attention_oracle.properties.sdpa import checks
 from attention_oracle.properties.sdpa.cases import strategy_for
 
 FN = checks.FN

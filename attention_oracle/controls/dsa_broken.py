@@ -11,11 +11,10 @@ import math
 import torch
 
 import attention_oracle.oracle.dsa as dsa
+from attention_oracle.controls.index_broken import DocumentLeak as _LeakyIndex
 from attention_oracle.oracle.dsa import dsa_reference
 from attention_oracle.oracle.index import offset_gather_kv_indices
 from attention_oracle.properties.dsa.checks import without_duplicates
-
-from attention_oracle.controls.index_broken import DocumentLeak as _LeakyIndex
 
 CONTROLS = {
     # control -> the DSA check that must catch it (RoPE cases unless noted in the test)

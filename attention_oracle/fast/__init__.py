@@ -1,5 +1,4 @@
 """Optimized Triton kernels with the same public functions as :mod:`oracle` (CONTRACT section 1)."""
-from .sdpa import scaled_dot_product_attention, scaled_dot_product_attention_with_lse
 from .dsa import (
     dsa_sparse_attention,
     dsa_sparse_attention_nope,
@@ -7,6 +6,7 @@ from .dsa import (
     dsa_sparse_attention_varlen,
 )
 from .index import offset_gather_kv_indices
+from .sdpa import scaled_dot_product_attention, scaled_dot_product_attention_with_lse
 
 __all__ = [
     "scaled_dot_product_attention",

@@ -33,8 +33,7 @@ import torch
 import triton
 
 from .kernels.sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel, sdpa_bwd_preprocess_kernel
-from .kernels.sdpa_common import (LN2, LOG2E, MASK_ADD, MASK_BOOL, MASK_NONE, chunk_of, interpreting,
-                                  tune_bucket)
+from .kernels.sdpa_common import LN2, LOG2E, MASK_ADD, MASK_BOOL, MASK_NONE, chunk_of, interpreting, tune_bucket
 from .kernels.sdpa_fwd import sdpa_fwd_kernel
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_with_lse"]

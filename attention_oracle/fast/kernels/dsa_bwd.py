@@ -20,8 +20,16 @@ chunks and the owned chunk is gathered again.
 import triton
 import triton.language as tl
 
-from .dsa_common import (FP32_CHUNK, add_block_dot, dot_gather_f64, exp_accurate,
-                         gather_rows, load_heads, row_slot_count, slot_block)
+from .dsa_common import (
+    FP32_CHUNK,
+    add_block_dot,
+    dot_gather_f64,
+    exp_accurate,
+    gather_rows,
+    load_heads,
+    row_slot_count,
+    slot_block,
+)
 
 
 @triton.jit

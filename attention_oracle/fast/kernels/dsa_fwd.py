@@ -15,8 +15,18 @@ skip their tail of holes.
 import triton
 import triton.language as tl
 
-from .dsa_common import (FP32_CHUNK, add_block_dot, dot_gather_f64, exp_accurate,
-                         gather_rows, load_heads, log_accurate, row_slot_count, slot_block)
+from .dsa_common import (
+    FP32_CHUNK,
+    add_block_dot,
+    dot_gather_f64,
+    exp_accurate,
+    gather_rows,
+    load_heads,
+    log_accurate,
+    row_slot_count,
+    slot_block,
+)
+
 
 @triton.jit
 def _chunked_scores(q_ptr, q_off, offs_h, stride_qh, stride_qd, H, kv_ptr, rows, stride_kvs,

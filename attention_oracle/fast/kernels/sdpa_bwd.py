@@ -16,8 +16,16 @@ GQA group, so no atomics are needed.
 import triton
 import triton.language as tl
 
-from .sdpa_common import (TUNE_KW, apply_attn_mask, autotune_enabled, batch_offset, dot_nt_f64,
-                          load_tile, make_prune, softmax_exp)
+from .sdpa_common import (
+    TUNE_KW,
+    apply_attn_mask,
+    autotune_enabled,
+    batch_offset,
+    dot_nt_f64,
+    load_tile,
+    make_prune,
+    softmax_exp,
+)
 
 
 @triton.jit(do_not_specialize=["Z2", "HQ"])

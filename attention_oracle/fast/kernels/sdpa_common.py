@@ -23,8 +23,8 @@ exp(x)) add more; together they exceeded the bound on single-key rows and small 
 import os
 
 import triton
-import triton.testing
 import triton.language as tl
+import triton.testing
 
 from .accurate_math import exp_accurate, log_accurate
 

@@ -9,9 +9,17 @@ for 16-bit inputs, -inf for a row with no key left (whose output is 0). fp32 als
 import triton
 import triton.language as tl
 
-from .sdpa_common import (TUNE_KW, apply_attn_mask, autotune_enabled, batch_offset, dot_nt_f64,
-                          load_tile, log64, make_prune, softmax_exp)
-
+from .sdpa_common import (
+    TUNE_KW,
+    apply_attn_mask,
+    autotune_enabled,
+    batch_offset,
+    dot_nt_f64,
+    load_tile,
+    log64,
+    make_prune,
+    softmax_exp,
+)
 
 _FWD_SAFE = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)
 

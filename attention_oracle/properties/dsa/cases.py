@@ -25,10 +25,19 @@ from hypothesis import strategies as st
 
 from attention_oracle.properties.harness import profiles
 from attention_oracle.properties.harness.case import CaseMixin, dtype_name
-from attention_oracle.properties.index.cases import (_as_pairs, cu_seqlens, documents, hole_mask, holes,
-                          holey_local_indices, invalid_values, token_documents, topk_lengths,
-                          topk_like_rows)
 from attention_oracle.properties.harness.layouts import fresh, lay_out
+from attention_oracle.properties.index.cases import (
+    _as_pairs,
+    cu_seqlens,
+    documents,
+    hole_mask,
+    holes,
+    holey_local_indices,
+    invalid_values,
+    token_documents,
+    topk_lengths,
+    topk_like_rows,
+)
 
 FUNCTIONS = {(False, False): "dsa_sparse_attention_nope", (True, False): "dsa_sparse_attention",
              (False, True): "dsa_sparse_attention_nope_varlen",

@@ -36,9 +36,15 @@ import torch
 
 from attention_oracle.oracle.dsa import dsa_reference
 from attention_oracle.oracle.index import offset_gather_kv_indices as oracle_offset
-
+from attention_oracle.properties.dsa.cases import (
+    FUNCTIONS,
+    DsaCase,
+    DsaInputs,
+    build,
+    document_key_mask,
+    document_query_mask,
+)
 from attention_oracle.properties.harness.agreement import AFTER_STRIDED, assert_agrees, assert_exact, assert_true, noted
-from attention_oracle.properties.dsa.cases import FUNCTIONS, DsaCase, DsaInputs, build, document_key_mask, document_query_mask
 from attention_oracle.properties.harness.targets import Refused
 
 GLOBAL = {True: FUNCTIONS[(True, False)], False: FUNCTIONS[(False, False)]}

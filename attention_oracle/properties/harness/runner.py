@@ -14,11 +14,9 @@ import sys
 import pytest
 from hypothesis import given, note, settings
 
-from attention_oracle.properties.harness import known_failures
-from attention_oracle.properties.harness import report
+from attention_oracle.properties.harness import known_failures, report
 from attention_oracle.properties.harness.agreement import OracleMismatch
 from attention_oracle.properties.harness.targets import Refused, Target
-
 
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))  # the directory that holds attention_oracle/

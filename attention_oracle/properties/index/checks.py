@@ -20,10 +20,9 @@ import torch
 from attention_oracle.oracle.dsa import dsa_reference
 from attention_oracle.oracle.index import document_of_token
 from attention_oracle.oracle.index import offset_gather_kv_indices as oracle_offset
-
 from attention_oracle.properties.harness.agreement import assert_agrees, assert_exact, assert_true
-from attention_oracle.properties.index.cases import IndexCase, IndexInputs, build_index
 from attention_oracle.properties.harness.targets import Refused
+from attention_oracle.properties.index.cases import IndexCase, IndexInputs, build_index
 
 FN = IndexCase.function
 ATTN_FN = "dsa_sparse_attention_nope"

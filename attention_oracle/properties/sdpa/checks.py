@@ -18,7 +18,6 @@ import dataclasses
 import torch
 
 from attention_oracle.oracle.sdpa import sdpa_reference
-
 from attention_oracle.properties.harness.agreement import AFTER_STRIDED, assert_agrees, assert_exact, assert_true, noted
 from attention_oracle.properties.sdpa.cases import SdpaCase, SdpaInputs, build
 
