@@ -5,7 +5,9 @@ either as a built-in (``oracle``, ``fast``, ``torch``, ``torch-math``, ``torch-f
 ``torch-efficient``, ``torch-cudnn``, ``torch-flex``) or as ``package.module`` /
 ``package.module:attribute`` (the attribute may be an object or a zero-argument factory).
 Calls go through :meth:`Target.call`, which records them for the report and turns a refusal
-(``NotImplementedError``) into :class:`Refused`.
+(``NotImplementedError``) into :class:`Refused`. At load, every offered function's signature is
+checked against :mod:`attention_oracle.contract`; a function that breaks it is kept in
+``Target.broken`` and every check of it fails with the reason (:class:`ContractViolation`).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attention_oracle import contract
 from attention_oracle.properties.harness import report
 
 ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -25,6 +28,10 @@ class Refused(Exception):
     """The implementation raised NotImplementedError: reported as unsupported, not failed."""
 
 
+class ContractViolation(TypeError):
+    """An offered function's signature breaks the contract: each of its checks fails with this."""
+
+
 @dataclass
 class Target:
     name: str
@@ -32,6 +39,11 @@ class Target:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dtypes: tuple = ALL_DTYPES
     unavailable: str = ""  # non-empty: why this target cannot run on this machine
+    broken: dict = field(default_factory=dict)  # function -> why its signature breaks the contract
+
+    def __post_init__(self):
+        if self.namespace is not None and not self.broken:
+            self.broken = contract.signature_problems(self.namespace)
 
     def function(self, fname: str):
         return getattr(self.namespace, fname, None) if self.namespace is not None else None
@@ -43,6 +55,8 @@ class Target:
         fn = self.function(fname)
         if fn is None:
             raise AttributeError(f"{self.name} does not offer {fname}")
+        if fname in self.broken:
+            raise ContractViolation(f"{self.name}.{self.broken[fname]}")
         try:
             result = fn(*args, **kwargs)
         except NotImplementedError as exc:
@@ -112,9 +126,7 @@ def _load_namespace(name: str, device: torch.device) -> Target:
     return Target(name, namespace, device)
 
 
-CONTRACT_FUNCTIONS = ("scaled_dot_product_attention", "dsa_sparse_attention_nope",
-                      "dsa_sparse_attention", "dsa_sparse_attention_nope_varlen",
-                      "dsa_sparse_attention_varlen", "offset_gather_kv_indices")
+CONTRACT_FUNCTIONS = contract.FUNCTIONS
 
 
 def _offers_any(ns) -> bool:
