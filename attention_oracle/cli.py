@@ -22,6 +22,12 @@ USAGE = __doc__.split("\n\n")[1]
 def check(argv: list[str]) -> int:
     import pytest
 
+    # --impl names modules as `python -m` would find them: from the current directory too
+    # (xdist workers inherit PYTHONPATH)
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)
     args = [os.path.join(HERE, "conformance"), "-c", os.path.join(HERE, "conformance", "suite.ini"),
             "--rootdir", HERE, "-p", "attention_oracle.plugin", "-p", "no:cacheprovider"]
     if any(a == "-n" or a.startswith("-n") or a.startswith("--numprocesses") for a in argv):

@@ -6,6 +6,7 @@ This is the only module that reads the environment:
 - ``ORACLE_IMPL`` (comma-separated) or ``--impl NAME`` (repeatable): the implementations checked;
 - no CUDA device: ``TRITON_INTERPRET=1`` is set before any Triton kernel module is imported;
 - ``CI``: the default Hypothesis profile becomes ``ci``;
+- ``ORACLE_NO_POISON=1`` (or ``--no-poison``): new tensors are not poisoned while checks run;
 - ``PYTEST_XDIST_WORKER``: one torch thread per worker, workers spread over the GPUs.
 
 GPU memory. Workers share each device. Every test on a CUDA machine holds a shared lock on the
@@ -28,6 +29,7 @@ if not torch.cuda.is_available():
 from attention_oracle.properties.harness import (
     gpu_lock,  # noqa: E402
     known_failures,
+    poison,
     profiles,
     report,
     targets,
@@ -50,6 +52,9 @@ def pytest_addoption(parser):
     group.addoption("--oracle-failures", metavar="FILE", default=None,
                     help="append every failure (full text) and skip reason to FILE as it "
                          "happens: survives an interrupted run")
+    group.addoption("--no-poison", action="store_true", default=False,
+                    help="do not fill tensors from torch.empty & co. with NaN / sentinels while "
+                         "a check runs (debugging only; also ORACLE_NO_POISON=1)")
 
 
 def _default_profile() -> str:
@@ -75,6 +80,7 @@ def pytest_configure(config):
         config.addinivalue_line("markers", line)
     chosen = config.getoption("hypothesis_profile", None) or _default_profile()
     profiles.activate(chosen, on_gpu=torch.cuda.is_available())
+    poison.set_enabled(not (config.getoption("no_poison") or os.environ.get("ORACLE_NO_POISON") == "1"))
     if _WORKER:
         torch.set_num_threads(1)
         if torch.cuda.is_available() and torch.cuda.device_count() > 1:
@@ -82,12 +88,30 @@ def pytest_configure(config):
             torch.cuda.set_device(index % torch.cuda.device_count())
 
 
+def _refuse_unloadable(config) -> None:
+    """A module named on the command line that cannot be imported is a usage error, not a run
+    of skips that reads as green (built-ins missing on this machine are skipped instead)."""
+    names = targets.parse_names(config.getoption("impl"), os.environ.get("ORACLE_IMPL"))
+    for name in names:
+        if name in targets.BUILTINS:
+            continue
+        target = _target(name)
+        if target.namespace is None and target.unavailable:
+            raise pytest.UsageError(f"--impl {name}: {target.unavailable}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    _refuse_unloadable(session.config)
+
+
 def pytest_report_header(config):
     names = targets.parse_names(config.getoption("impl"), os.environ.get("ORACLE_IMPL"))
     device = targets.default_device()
     return [f"attention-oracle: implementations {names}; device {device}; "
             f"hypothesis profile {profiles.name()} ({profiles.size()} sizes); "
-            f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}; torch {torch.__version__}"]
+            f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}; torch {torch.__version__}; "
+            f"poisoned allocations {'on' if poison.is_enabled() else 'off'}"]
 
 
 _LOADED: dict = {}
