@@ -2,7 +2,7 @@
 
 The reference here is deliberately tiny and independent of oracle/: gold is the gather math
 in float64, lp the same math in the kernel's dtype (fp32 softmax), and the agreement rule of
-CONTRACT section 5 decides. On a CPU-only machine the kernels run under Triton's interpreter
+docs/CONTRACT.md "5. The agreement rule" decides. On a CPU-only machine the kernels run under Triton's interpreter
 (fp32/fp16 only: the interpreter computes bf16 wrongly); on a GPU bf16 is checked too.
 """
 import math
@@ -55,7 +55,7 @@ def grads_of(fn, inputs, dout):
 
 
 def assert_agrees(name, impl, gold, lp, dtype, k):
-    """CONTRACT section 5 with an absolute floor of 16 eps * max(1, |gold|).
+    """docs/CONTRACT.md "5. The agreement rule" with an absolute floor of 16 eps * max(1, |gold|).
 
     The floor covers results that are exactly zero by cancellation (dq of a single-key row);
     the inputs here are O(1), so 16 eps of the dtype is the scale of one rounded term.

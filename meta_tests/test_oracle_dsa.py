@@ -1,4 +1,4 @@
-"""Self-tests of the DSA sparse attention oracle (CONTRACT section 3), float64 on the CPU."""
+"""Self-tests of the DSA sparse attention oracle (docs/CONTRACT.md "3. DSA sparse attention"), float64 on the CPU."""
 
 import math
 
@@ -42,7 +42,7 @@ def _dout(T, H, Dv, seed=1, dtype=F64):
 
 
 def _naive(q_latent, q_rope, kv_latent, k_rope, idx, scale, topk_length=None):
-    """Token by token, head by head, only the valid slots: written straight from the CONTRACT."""
+    """Token by token, head by head, only the valid slots: written straight from docs/CONTRACT.md."""
     T, H, Dl = q_latent.shape
     S, K = kv_latent.shape[0], idx.shape[1]
     outs, lses = [], []

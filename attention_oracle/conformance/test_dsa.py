@@ -1,4 +1,4 @@
-"""DSA sparse attention checks (CONTRACT sections 3 and 5) on every selected implementation.
+"""DSA sparse attention checks (docs/CONTRACT.md "3. DSA sparse attention" and "5. The agreement rule") on every selected implementation.
 
 Each check runs on NoPE and RoPE cases (``variant``); the varlen checks on the ``_varlen``
 forms. A target lacking the function is skipped by ``run_property``. Fixed edge cases

@@ -41,7 +41,7 @@ GRADIENTS = ("dq_latent", "dq_rope", "dkv_latent", "dk_rope")
 
 
 class RunningRule:
-    """The agreement rule (CONTRACT section 5) over an output seen in pieces."""
+    """The agreement rule (docs/CONTRACT.md "5. The agreement rule") over an output seen in pieces."""
 
     def __init__(self, name: str, dtype: torch.dtype, gradient: bool):
         self.name, self.dtype, self.gradient = name, dtype, gradient

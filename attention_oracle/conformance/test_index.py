@@ -1,4 +1,4 @@
-"""Varlen index preparation checks (CONTRACT section 4) on every selected implementation."""
+"""Varlen index preparation checks (docs/CONTRACT.md "4. Varlen index preparation") on every selected implementation."""
 import pytest
 
 from attention_oracle.properties.harness.runner import run_property

@@ -1,4 +1,4 @@
-"""SDPA checks (CONTRACT sections 2 and 5) on every selected implementation."""
+"""SDPA checks (docs/CONTRACT.md "2. SDPA" and "5. The agreement rule") on every selected implementation."""
 from attention_oracle.properties.harness.runner import run_property
 from attention_oracle.properties.sdpa import checks
 from attention_oracle.properties.sdpa.cases import strategy_for

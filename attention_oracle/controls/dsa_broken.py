@@ -222,7 +222,7 @@ class DoutModified(_BrokenBackward):
 
 
 class DqOffByFloors(_BrokenBackward):
-    """dq shifted by ``floors`` times the agreement rule's absolute floor (CONTRACT section 5).
+    """dq shifted by ``floors`` times the agreement rule's absolute floor (docs/CONTRACT.md "5. The agreement rule").
 
     With one valid slot per row the exact dq is 0 by cancellation (P = 1, dS = dP - Delta = 0)
     and the rule's bound collapses; the floor must still catch 10 floors and admit half of one.

@@ -2,7 +2,7 @@
 
 Each is a namespace (a class instance); run any of them through the suite with
 ``pytest --impl attention_oracle.controls.index_broken:CausalOffByOne``. They share one plain
-implementation of CONTRACT section 4 and break one step of it.
+implementation of docs/CONTRACT.md "4. Varlen index preparation" and break one step of it.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ MORE_CONTROLS = [
 
 
 class _Prepare:
-    """CONTRACT section 4 written out; subclasses override one step."""
+    """docs/CONTRACT.md "4. Varlen index preparation" written out; subclasses override one step."""
 
     def __repr__(self):
         return type(self).__name__

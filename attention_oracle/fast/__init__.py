@@ -1,4 +1,4 @@
-"""Optimized Triton kernels with the same public functions as :mod:`oracle` (CONTRACT section 1)."""
+"""Optimized Triton kernels with the same public functions as :mod:`oracle` (docs/CONTRACT.md "1. Surface and signatures")."""
 from .dsa import (
     dsa_sparse_attention,
     dsa_sparse_attention_nope,

@@ -1,6 +1,6 @@
-"""DSA sparse attention as Triton kernels for Hopper and the CPU interpreter (CONTRACT section 3).
+"""DSA sparse attention as Triton kernels for Hopper and the CPU interpreter (docs/CONTRACT.md "3. DSA sparse attention").
 
-Public functions (CONTRACT section 1): ``dsa_sparse_attention_nope``, ``dsa_sparse_attention``
+Public functions (docs/CONTRACT.md "1. Surface and signatures"): ``dsa_sparse_attention_nope``, ``dsa_sparse_attention``
 and their ``_varlen`` forms. Shapes:
 
 - NoPE: q [T, H, D], kv [S, D] or [S, 1, D]; values are the kv rows (Dv = D).
@@ -357,7 +357,7 @@ def _global_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal, topk_
 def dsa_sparse_attention_nope_varlen(q, kv, gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
                                      max_seqlen_q=None, max_seqlen_k=None, *, causal=False,
                                      topk_length=None, softmax_scale=None, return_lse=False):
-    """Varlen NoPE DSA: per-document local indices (CONTRACT section 4), then the global kernel.
+    """Varlen NoPE DSA: per-document local indices (docs/CONTRACT.md "4. Varlen index preparation"), then the global kernel.
 
     max_seqlen_q / max_seqlen_k are accepted for signature compatibility and not needed.
     """
@@ -371,7 +371,7 @@ def dsa_sparse_attention_varlen(q_latent, q_rope, kv_latent, k_rope, gather_kv_i
                                 cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
                                 *, causal=False, topk_length=None, softmax_scale=None,
                                 return_lse=False):
-    """Varlen RoPE DSA: per-document local indices (CONTRACT section 4), then the global kernel.
+    """Varlen RoPE DSA: per-document local indices (docs/CONTRACT.md "4. Varlen index preparation"), then the global kernel.
 
     max_seqlen_q / max_seqlen_k are accepted for signature compatibility and not needed.
     """

@@ -1,4 +1,4 @@
-"""Varlen index preparation as one Triton launch (CONTRACT section 4).
+"""Varlen index preparation as one Triton launch (docs/CONTRACT.md "4. Varlen index preparation").
 
 ``offset_gather_kv_indices`` turns per-document local key indices into global key rows:
 document lookup (binary search over ``cu_seqlens_q`` inside the kernel), ``topk_length``

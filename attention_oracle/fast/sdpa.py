@@ -1,6 +1,6 @@
 """Triton flash-attention with ``torch.nn.functional.scaled_dot_product_attention`` semantics.
 
-Public functions (CONTRACT section 2):
+Public functions (docs/CONTRACT.md "2. SDPA"):
 
 * ``scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
   is_causal=False, scale=None, enable_gqa=False) -> out``

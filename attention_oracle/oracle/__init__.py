@@ -1,6 +1,6 @@
-"""Float64 reference implementations: the judge of every kernel (CONTRACT sections 2-4).
+"""Float64 reference implementations: the judge of every kernel (docs/CONTRACT.md sections 2-4).
 
-Offers the CONTRACT section 1 functions with the exact public signatures; each computes in
+Offers the docs/CONTRACT.md "1. Surface and signatures" functions with the exact public signatures; each computes in
 float64 and returns results in the input dtype, with backward passes written out explicitly.
 The ``*_reference`` functions run the same math in any dtype and are what the suite uses
 for the gold (float64) and low-precision results of the agreement rule.

@@ -1,4 +1,4 @@
-"""DSA sparse attention oracle (CONTRACT section 3), float64 reference in plain PyTorch.
+"""DSA sparse attention oracle (docs/CONTRACT.md "3. DSA sparse attention"), float64 reference in plain PyTorch.
 
 Shapes and conventions
 ----------------------
@@ -589,7 +589,7 @@ def _key_row_count(name: str, kv) -> int:
 def dsa_sparse_attention_nope_varlen(q, kv, gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
                                      max_seqlen_q=None, max_seqlen_k=None, *, causal=False,
                                      topk_length=None, softmax_scale=None, return_lse=False):
-    """Varlen NoPE DSA: ``offset_gather_kv_indices`` (CONTRACT section 4) then the global kernel.
+    """Varlen NoPE DSA: ``offset_gather_kv_indices`` (docs/CONTRACT.md "4. Varlen index preparation") then the global kernel.
 
     ``gather_kv_indices [T, K]`` are local to each token's document; ``cu_seqlens_k[-1]`` must
     not exceed the rows of ``kv``. ``max_seqlen_q``/``max_seqlen_k`` are accepted for signature

@@ -1,4 +1,4 @@
-"""Varlen index preparation for DSA (CONTRACT section 4), in plain vectorised PyTorch.
+"""Varlen index preparation for DSA (docs/CONTRACT.md "4. Varlen index preparation"), in plain vectorised PyTorch.
 
 Conventions
 -----------
@@ -166,7 +166,7 @@ def _stable_compact(rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 def offset_gather_kv_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False,
                              out=None, return_topk_length=False, compact=False,
                              topk_length=None):
-    """Turn per-document top-k indices into global key rows (CONTRACT section 4).
+    """Turn per-document top-k indices into global key rows (docs/CONTRACT.md "4. Varlen index preparation").
 
     Args:
         gather_kv_indices: int32/int64 ``[T, K]``, indices local to each token's document.

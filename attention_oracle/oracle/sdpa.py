@@ -1,4 +1,4 @@
-"""Float64 reference for scaled dot-product attention (CONTRACT section 2).
+"""Float64 reference for scaled dot-product attention (docs/CONTRACT.md "2. SDPA").
 
 Semantics are exactly ``torch.nn.functional.scaled_dot_product_attention`` with
 ``dropout_p=0``, plus the contract's convention for a query row with no key left

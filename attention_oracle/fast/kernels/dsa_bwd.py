@@ -1,4 +1,4 @@
-"""DSA sparse-attention backward kernel (gather semantics, CONTRACT section 3).
+"""DSA sparse-attention backward kernel (gather semantics, docs/CONTRACT.md "3. DSA sparse attention").
 
 Program (t, head block, latent chunk): one query token, BLOCK_H of its heads, and the
 latent channels [c0, c0 + BLOCK_DC) whose gradients it owns. Per slot block it recomputes

@@ -1,4 +1,4 @@
-"""DSA sparse-attention forward kernel (gather semantics, CONTRACT section 3).
+"""DSA sparse-attention forward kernel (gather semantics, docs/CONTRACT.md "3. DSA sparse attention").
 
 Program (t, head block, value block): one query token, BLOCK_H of its heads, BLOCK_DV
 value channels. With ONE_TILE (the whole latent width in one tile, the production path)

@@ -1,4 +1,4 @@
-"""Triton kernel behind :func:`fast.index.offset_gather_kv_indices` (CONTRACT section 4).
+"""Triton kernel behind :func:`fast.index.offset_gather_kv_indices` (docs/CONTRACT.md "4. Varlen index preparation").
 
 One program per query row: it finds the row's document by binary search over
 ``cu_seqlens_q``, turns local indices into global rows, applies the ``topk_length`` cut,

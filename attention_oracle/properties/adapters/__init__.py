@@ -1,1 +1,1 @@
-"""Adapters: translate a library's conventions and refusals into the contract's (CONTRACT section 1)."""
+"""Adapters: translate a library's conventions and refusals into the contract's (docs/CONTRACT.md "1. Surface and signatures")."""

@@ -1,4 +1,4 @@
-"""The DSA checks (CONTRACT sections 3-5). Each is ``check(target, case)`` and raises
+"""The DSA checks (docs/CONTRACT.md sections 3-5). Each is ``check(target, case)`` and raises
 OracleMismatch on a failure; the implementation is reached only through ``target.call``.
 
 forward_agreement: out (and lse, where ``return_lse=True`` is answered) against the float64
@@ -97,7 +97,7 @@ def global_rows(inp: DsaInputs):
 
 
 def valid_slots(inp: DsaInputs) -> torch.Tensor:
-    """Bool ``[T, K]``: the slots that take part (CONTRACT section 3)."""
+    """Bool ``[T, K]``: the slots that take part (docs/CONTRACT.md "3. DSA sparse attention")."""
     rows, topk = global_rows(inp)
     valid = (rows >= 0) & (rows < inp.case.S)
     if topk is not None:

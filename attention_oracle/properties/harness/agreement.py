@@ -1,4 +1,4 @@
-"""The agreement rule (CONTRACT section 5) and exact comparisons, with precise failure messages.
+"""The agreement rule (docs/CONTRACT.md "5. The agreement rule") and exact comparisons, with precise failure messages.
 
 For an output X with gold ``X_gold`` (float64 oracle), ``X_lp`` (the oracle's math run in the
 implementation's dtype) and ``X_impl``::

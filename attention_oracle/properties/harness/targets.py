@@ -1,6 +1,6 @@
 """Implementations under test ("targets"): built-in names and any importable namespace.
 
-A target is a namespace offering any subset of the CONTRACT section 1 functions. It is named
+A target is a namespace offering any subset of the docs/CONTRACT.md "1. Surface and signatures" functions. It is named
 either as a built-in (``oracle``, ``fast``, ``torch``, ``torch-math``, ``torch-flash``,
 ``torch-efficient``, ``torch-cudnn``, ``torch-flex``) or as ``package.module`` /
 ``package.module:attribute`` (the attribute may be an object or a zero-argument factory).

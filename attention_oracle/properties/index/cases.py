@@ -5,7 +5,7 @@ draws structure (documents, K, hole pattern and density, flags, a seed); the ind
 come from a seeded ``torch.Generator``.
 
 Documents are ``(seqlen_q, seqlen_k)`` pairs with ``seqlen_q <= seqlen_k``: every query
-segment is the tail of its key segment (CONTRACT section 4). Empty documents ``(0, 0)`` and
+segment is the tail of its key segment (docs/CONTRACT.md "4. Varlen index preparation"). Empty documents ``(0, 0)`` and
 documents without queries ``(0, n)`` are drawn too.
 
 Hole patterns (which slots of a row are invalid): ``none``, ``head`` (the first slots),

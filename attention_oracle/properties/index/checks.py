@@ -1,4 +1,4 @@
-"""The varlen index-preparation checks (CONTRACT section 4). Each is ``check(target, case)``.
+"""The varlen index-preparation checks (docs/CONTRACT.md "4. Varlen index preparation"). Each is ``check(target, case)``.
 
 offset_equals_oracle: ``offset_gather_kv_indices`` equals the oracle exactly for every option
     (causal, compact, topk_length, return_topk_length, ``out`` fresh or aliasing the input,

@@ -1,6 +1,6 @@
 """The SDPA checks. Each is ``check(target, case)`` and raises OracleMismatch on failure.
 
-forward_agreement, gradient_agreement: CONTRACT section 5 against the float64 oracle.
+forward_agreement, gradient_agreement: docs/CONTRACT.md "5. The agreement rule" against the float64 oracle.
 strided_dout: gradients for a strided ``dout`` equal those for ``dout.contiguous()`` and
     ``dout`` is not modified.
 rank3_equals_rank4: ``[N, L, E]`` inputs give what the same data as ``[1, N, L, E]`` gives.
