@@ -1,7 +1,7 @@
 """Quick correctness checks of the Triton SDPA (fast/sdpa.py) against a float64 reference.
 
 On CPU the kernels run under Triton's interpreter (fp32/fp16, small shapes); with a CUDA device
-they run natively and bf16 is added. Every check uses the docs/CONTRACT.md "5. The agreement rule" rule:
+they run natively and bf16 is added. Every check uses the docs/CONTRACT.md "5. The agreement rule":
     max|impl - gold| <= k * max|lp - gold| + 2 * max|gold.to(dtype) - gold| + floor
 (k = 2 outputs, 3 gradients), lp = the naive math (QK^T, softmax, PV) run in the input dtype.
 floor = 8 * eps(dtype) * (magnitude of the terms summed into X): it only matters where X is
@@ -64,7 +64,7 @@ def reference_lse(q, k, mask=None, is_causal=False, scale=None, enable_gqa=False
 
 
 def agreement(name, impl, gold, lp, k, floor_scale):
-    """Assert the docs/CONTRACT.md "5. The agreement rule" rule, with the floor described in the module docstring."""
+    """Assert the docs/CONTRACT.md "5. The agreement rule", with the floor described in the module docstring."""
     dtype = impl.dtype
     assert torch.isfinite(impl).all() or not torch.isfinite(gold).all(), f"{name}: non-finite output"
     err = (impl.double() - gold).abs().max().item() if impl.numel() else 0.0

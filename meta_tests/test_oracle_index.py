@@ -108,7 +108,7 @@ def test_empty_shapes():
 # ------------------------------------------------------------------ against a naive loop
 
 def _naive(local, K, cu_q, cu_k, causal, compact, topk):
-    """Token-by-token translation written straight from docs/CONTRACT.md text."""
+    """Token-by-token translation written straight from the text of docs/CONTRACT.md."""
     rows, lengths = [], []
     for d in range(len(cu_q) - 1):
         seqlen_q, seqlen_k = cu_q[d + 1] - cu_q[d], cu_k[d + 1] - cu_k[d]
