@@ -240,3 +240,21 @@ class DqOffByFloors(_BrokenBackward):
         floor = FLOOR_ULPS * eps(ql.dtype) * g["magnitude"]["dq_latent"]
         g["dq_latent"] = g["dq_latent"] + self.floors * floor
         return g
+
+
+class UnwrittenRows(_Base):
+    """Allocates out with ``torch.empty`` and never writes the last query token's rows (a grid
+    that misses the tail); lse and every other element are right. Caught because the checks
+    poison new tensors (``properties/harness/poison.py``)."""
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, scale, return_lse):
+        out, lse = super().attend(q_latent, q_rope, kv_latent, k_rope, indices, topk_length, scale, True)
+        partial = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        written = max(out.shape[0] - 1, 0)
+        partial[:written] = out[:written]
+        if out.requires_grad and not partial.requires_grad:  # T <= 1: nothing written
+            partial = partial + 0 * out
+        return (partial, lse) if return_lse else partial
+
+
+CONTROLS["UnwrittenRows"] = "forward_agreement"

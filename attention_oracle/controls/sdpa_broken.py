@@ -249,3 +249,24 @@ class RefusesEverything(_Base):
     def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
                                      is_causal=False, scale=None, enable_gqa=False):
         raise NotImplementedError("refuses everything")
+
+
+class UnwrittenRows(_Base):
+    """Allocates its output with ``torch.empty`` and never writes the last query row (a grid
+    that misses the tail tile); every other element is right. The checks catch it because they
+    poison new tensors (``properties/harness/poison.py``): the row reads NaN. Unpoisoned, it
+    holds whatever the allocator left there, often zeros, and may pass."""
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        ref = oracle.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                  is_causal, scale, enable_gqa)
+        out = torch.empty(ref.shape, dtype=ref.dtype, device=ref.device)
+        written = max(ref.shape[-2] - 1, 0)
+        out[..., :written, :] = ref[..., :written, :]
+        if ref.requires_grad and not out.requires_grad:  # L = 1: nothing written, keep autograd's graph
+            out = out + 0 * ref
+        return out
+
+
+CONTROLS["UnwrittenRows"] = "forward_agreement"

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from attention_oracle.properties.harness import registry
+from attention_oracle.properties.harness import poison, registry
 from attention_oracle.properties.harness.agreement import OracleMismatch
 from attention_oracle.properties.harness.case import load_case
 from attention_oracle.properties.harness.targets import Refused, load
@@ -26,7 +26,8 @@ def replay(impl: str, check: str, case_dict: dict) -> int:
         return 2
     case = load_case(case_dict)
     try:
-        registry.check(check)(target, case)
+        with poison.poisoned():  # as in runner.run_check: unwritten output elements are NaN
+            registry.check(check)(target, case)
     except Refused as exc:
         print(f"unsupported: {exc}")
         return 0
@@ -77,8 +78,13 @@ def main(argv=None) -> int:
     p.add_argument("--file", help="a regression-corpus JSON file (holds check and case)")
     p.add_argument("--save", metavar="NAME", help="add the case to fixtures/regressions/NAME.json")
     p.add_argument("--note", default="", help="with --save: what the case found")
+    p.add_argument("--no-poison", action="store_true",
+                   help="leave new tensors uninitialised (by default torch.empty and its family "
+                        "return NaN / sentinel-filled tensors while the check runs)")
     p.add_argument("case", nargs="?", help="the case JSON printed by a failure")
     a = p.parse_args(argv)
+    if a.no_poison:
+        poison.set_enabled(False)
     if a.save:
         print(save(a.save, a.check, json.loads(a.case), a.note))
     if a.file:
