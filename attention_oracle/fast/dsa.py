@@ -24,7 +24,7 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
-from .index import offset_gather_kv_indices
+from .index import offset_rows
 from .kernels.dsa_bwd import dsa_bwd_kernel
 from .kernels.dsa_fwd import dsa_fwd_kernel
 
@@ -199,8 +199,12 @@ def _validate(q, q_rope, kv, k_rope, indices, topk_length, softmax_scale):
         _check_indices("topk_length", topk_length, T, 1)
         tensors.append(("topk_length", topk_length))
     _check_same(tensors, "device")
-    if softmax_scale is not None and not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"softmax_scale must be a number or None, got {type(softmax_scale).__name__}")
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+            raise TypeError(f"softmax_scale must be a number or None, "
+                            f"got {type(softmax_scale).__name__}")
+        if not math.isfinite(softmax_scale):
+            raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
     return kv, k_rope
 
 
@@ -348,10 +352,13 @@ def dsa_sparse_attention(q_latent, q_rope, kv_latent, k_rope, indices, *, topk_l
     return (out, lse) if return_lse else out
 
 
-def _global_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal, topk_length):
+def _global_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal, topk_length, kv,
+                    kv_name):
+    """(global rows, lengths); cu_seqlens_k[-1] past kv's rows fails (fast.index docstring)."""
+    _check_float(kv_name, kv, (2, 3))
     # compaction pays off whenever rows have holes; lengths then stop the slot loop early
-    return offset_gather_kv_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal=causal,
-                                    return_topk_length=True, compact=True, topk_length=topk_length)
+    return offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal=causal, compact=True,
+                       topk_length=topk_length, key_rows=kv.shape[0], key_rows_name=kv_name)
 
 
 def dsa_sparse_attention_nope_varlen(q, kv, gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
@@ -362,7 +369,7 @@ def dsa_sparse_attention_nope_varlen(q, kv, gather_kv_indices, cu_seqlens_q, cu_
     max_seqlen_q / max_seqlen_k are accepted for signature compatibility and not needed.
     """
     rows, lengths = _global_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal,
-                                    topk_length)
+                                    topk_length, kv, "kv")
     return dsa_sparse_attention_nope(q, kv, rows, topk_length=lengths,
                                      softmax_scale=softmax_scale, return_lse=return_lse)
 
@@ -376,6 +383,6 @@ def dsa_sparse_attention_varlen(q_latent, q_rope, kv_latent, k_rope, gather_kv_i
     max_seqlen_q / max_seqlen_k are accepted for signature compatibility and not needed.
     """
     rows, lengths = _global_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal,
-                                    topk_length)
+                                    topk_length, kv_latent, "kv_latent")
     return dsa_sparse_attention(q_latent, q_rope, kv_latent, k_rope, rows, topk_length=lengths,
                                 softmax_scale=softmax_scale, return_lse=return_lse)

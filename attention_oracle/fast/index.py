@@ -4,14 +4,48 @@
 document lookup (binary search over ``cu_seqlens_q`` inside the kernel), ``topk_length``
 cut, key-range and causal cuts, optional stable compaction, and per-row lengths. It never
 synchronises with the host: no ``.item()``, no data-dependent shapes.
+
+Bad metadata (a ``cu_seqlens_q`` not starting at 0 or not ending at T, a decreasing
+``cu_seqlens_q`` / ``cu_seqlens_k``, a ``cu_seqlens_k`` past the key rows) is flagged by the
+kernel itself: on CUDA ``torch._assert_async`` then fails on the device (asynchronously; the
+CUDA context is unusable afterwards, as after any device assert), on CPU (the interpreter) a
+``ValueError`` names the argument. The kernel never reads past its tensors either way.
 """
 import torch
 import triton
 
-from .kernels.index_offset import offset_gather_kernel
+from .kernels.index_offset import BAD_BITS, CHECK_BLOCK, offset_gather_kernel
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _MAX_BLOCK_K = 4096
+_INT32_MAX = 2**31 - 1
+_ASSERT_MSG = ("fast offset_gather_kv_indices: bad varlen metadata (cu_seqlens_q must start at 0, "
+               "end at T and not decrease; cu_seqlens_k must start at 0, not decrease and end "
+               "within the key rows)")
+
+
+def describe_bad_metadata(bits, key_rows_name):
+    """The error message for the kernel's BAD_BITS ``bits`` (each failed condition, named)."""
+    parts = []
+    for bit, (name, condition) in BAD_BITS.items():
+        if bits & bit:
+            if bit == 32 and key_rows_name is not None:
+                condition = f"must end within the {key_rows_name} rows"
+            parts.append(f"{name} {condition}")
+    return "bad varlen metadata: " + "; ".join(parts)
+
+
+def raise_on_bad_metadata(flags, key_rows_name=None):
+    """Fails when the kernel flagged the metadata, without a host sync on CUDA.
+
+    flags: the kernel's [2] int32 (valid, bits). CUDA: a device-side assertion; other devices
+    (the CPU interpreter): ValueError naming each failed argument."""
+    if flags.device.type == "cuda":
+        torch._assert_async(flags[0], _ASSERT_MSG)
+        return
+    bits = int(flags[1])
+    if bits:
+        raise ValueError(describe_bad_metadata(bits, key_rows_name))
 
 
 def _check_index_tensor(name, x, ndim):
@@ -82,34 +116,47 @@ def offset_gather_kv_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, c
 
     Returns int32 rows [T, K] (``out`` when given), and with
     ``return_topk_length`` also lengths [T] int32: the count of valid slots when compact,
-    else the last valid slot + 1 (0 for an empty row).
+    else the last valid slot + 1 (0 for an empty row). Bad metadata fails (module docstring).
     """
+    result, lengths = offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal=causal,
+                                  out=out, compact=compact, topk_length=topk_length)
+    if return_topk_length:
+        return result, lengths
+    return result
+
+
+def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, out=None,
+                compact=False, topk_length=None, key_rows=None, key_rows_name=None):
+    """:func:`offset_gather_kv_indices` returning (rows, lengths); ``key_rows`` (the S of the
+    keys the rows will index, named ``key_rows_name`` in errors) also bounds cu_seqlens_k[-1]."""
     _check_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, out)
     T, K = gather_kv_indices.shape
     device = gather_kv_indices.device
     result = out
     if _needs_scratch(out, gather_kv_indices, compact, K):
         result = torch.empty((T, K), dtype=torch.int32, device=device)
-    lengths = torch.empty((T,), dtype=torch.int32, device=device)
+    # one buffer: lengths [T], then the kernel's metadata flags [2]
+    buf = torch.empty((T + 2,), dtype=torch.int32, device=device)
+    lengths, flags = buf[:T], buf[T:]
     n_docs = cu_seqlens_q.numel() - 1
-    if T > 0 and K > 0 and n_docs > 0:
-        block_k = min(triton.next_power_of_2(K), _MAX_BLOCK_K)
-        offset_gather_kernel[(T,)](
-            gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
-            topk_length if topk_length is not None else lengths, result, lengths,
-            K, n_docs,
-            gather_kv_indices.stride(0), gather_kv_indices.stride(1), result.stride(0), result.stride(1),
-            CAUSAL=bool(causal), COMPACT=bool(compact), HAS_TOPK_LEN=topk_length is not None,
-            SEARCH_STEPS=max(n_docs - 1, 0).bit_length(), BLOCK_K=block_k,
-            SINGLE_BLOCK=K <= block_k, num_warps=4 if block_k <= 1024 else 8,
-        )
-    else:
-        # no slot or no document: every slot is a hole
+    n_rows = T if K > 0 and n_docs > 0 else 0
+    block_k = min(triton.next_power_of_2(max(K, 1)), _MAX_BLOCK_K)
+    limit = _INT32_MAX if key_rows is None else min(int(key_rows), _INT32_MAX)
+    offset_gather_kernel[(max(n_rows, 1),)](
+        gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
+        topk_length if topk_length is not None else lengths, result, lengths, flags,
+        T, n_rows, K, n_docs, limit,
+        gather_kv_indices.stride(0), gather_kv_indices.stride(1), result.stride(0), result.stride(1),
+        CAUSAL=bool(causal), COMPACT=bool(compact), HAS_TOPK_LEN=topk_length is not None,
+        SEARCH_STEPS=max(n_docs - 1, 0).bit_length(), BLOCK_K=block_k,
+        SINGLE_BLOCK=K <= block_k, CHECK_BLOCK=CHECK_BLOCK,
+        num_warps=4 if block_k <= 1024 else 8,
+    )
+    if n_rows == 0 and T > 0:  # no slot or no document: every slot is a hole
         result.fill_(-1)
         lengths.zero_()
+    raise_on_bad_metadata(flags, key_rows_name)
     if out is not None and result is not out:
         out.copy_(result)
         result = out
-    if return_topk_length:
-        return result, lengths
-    return result
+    return result, lengths

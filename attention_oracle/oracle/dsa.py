@@ -187,6 +187,8 @@ def _resolve_scale(softmax_scale, qk_dim: int) -> float:
         return 1.0 / math.sqrt(qk_dim) if qk_dim > 0 else 1.0
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
         raise TypeError(f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}")
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
     return float(softmax_scale)
 
 

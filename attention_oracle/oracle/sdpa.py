@@ -71,6 +71,8 @@ def validate_sdpa_inputs(query, key, value, attn_mask=None, dropout_p=0.0, is_ca
         raise ValueError(f"query has {hq} heads (dim -3) but key has {hkv}; pass enable_gqa=True for GQA")
     if scale is not None and not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
     if attn_mask is not None:
         if not isinstance(attn_mask, torch.Tensor):
             raise TypeError(f"attn_mask must be a tensor or None, got {type(attn_mask).__name__}")

@@ -5,9 +5,52 @@ One program per query row: it finds the row's document by binary search over
 the key-range and causal cuts, and either keeps slot positions or compacts the valid
 rows to the front in their original order (a stable partition). It also writes the
 row's length. Everything happens in this one launch.
+
+Program 0 also checks the metadata (docs/CONTRACT.md "4. Varlen index preparation") and writes ``flags [2]`` int32:
+``flags[0]`` = 1 if it is valid, ``flags[1]`` the bits of :data:`BAD_BITS` that failed, so the
+launcher can assert on device without a host sync. Reads never leave the tensors whatever the
+metadata: the document search stays in [0, n_docs - 1].
 """
 import triton
 import triton.language as tl
+
+# bit -> (argument, condition), for the launcher's error message
+BAD_BITS = {
+    1: ("cu_seqlens_q", "must start at 0"),
+    2: ("cu_seqlens_q", "must be non-decreasing"),
+    4: ("cu_seqlens_q", "must end at T, the rows of gather_kv_indices"),
+    8: ("cu_seqlens_k", "must start at 0"),
+    16: ("cu_seqlens_k", "must be non-decreasing"),
+    32: ("cu_seqlens_k", "must end within the key rows (kv's rows; int32 for the global rows)"),
+}
+CHECK_BLOCK = 1024
+
+
+@triton.jit
+def _decreasing(cu_ptr, offs, n_docs):
+    """1 if some cu[i] < cu[i - 1] for i in offs (1 <= i <= n_docs), else 0."""
+    inside = (offs >= 1) & (offs <= n_docs)
+    cur = tl.load(cu_ptr + offs, mask=inside, other=0).to(tl.int64)
+    prev = tl.load(cu_ptr + offs - 1, mask=inside, other=0).to(tl.int64)
+    return tl.max((inside & (cur < prev)).to(tl.int32), axis=0)
+
+
+@triton.jit
+def _metadata_bits(cu_q_ptr, cu_k_ptr, n_docs, T, key_rows, CHECK_BLOCK: tl.constexpr):
+    """The BAD_BITS of cu_seqlens_q / cu_seqlens_k (one program scans both arrays)."""
+    dec_q = n_docs * 0
+    dec_k = n_docs * 0
+    for start in range(0, n_docs + 1, CHECK_BLOCK):
+        offs = start + tl.arange(0, CHECK_BLOCK)
+        dec_q = tl.maximum(dec_q, _decreasing(cu_q_ptr, offs, n_docs))
+        dec_k = tl.maximum(dec_k, _decreasing(cu_k_ptr, offs, n_docs))
+    q_first = tl.load(cu_q_ptr).to(tl.int64)
+    q_last = tl.load(cu_q_ptr + n_docs).to(tl.int64)
+    k_first = tl.load(cu_k_ptr).to(tl.int64)
+    k_last = tl.load(cu_k_ptr + n_docs).to(tl.int64)
+    bits = tl.where(q_first != 0, 1, 0) + 2 * dec_q + tl.where(q_last != T, 4, 0)
+    bits += tl.where(k_first != 0, 8, 0) + 16 * dec_k + tl.where(k_last > key_rows, 32, 0)
+    return bits
 
 
 @triton.jit
@@ -38,13 +81,30 @@ def _valid_global_rows(idx_ptr, row_offset, stride_k, offs, K, limit, seqlen_k, 
 
 @triton.jit
 def offset_gather_kernel(
-    idx_ptr, cu_q_ptr, cu_k_ptr, topk_len_ptr, out_ptr, len_out_ptr,
-    K, n_docs,
+    idx_ptr, cu_q_ptr, cu_k_ptr, topk_len_ptr, out_ptr, len_out_ptr, flags_ptr,
+    T, n_rows, K, n_docs, key_rows,
     stride_it, stride_ik, stride_ot, stride_ok,
     CAUSAL: tl.constexpr, COMPACT: tl.constexpr, HAS_TOPK_LEN: tl.constexpr,
     SEARCH_STEPS: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_BLOCK: tl.constexpr,
+    CHECK_BLOCK: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
+    if t == 0:
+        bits = _metadata_bits(cu_q_ptr, cu_k_ptr, n_docs, T, key_rows, CHECK_BLOCK)
+        tl.store(flags_ptr, (bits == 0).to(tl.int32))
+        tl.store(flags_ptr + 1, bits.to(tl.int32))
+    if t < n_rows:
+        _offset_row(idx_ptr, cu_q_ptr, cu_k_ptr, topk_len_ptr, out_ptr, len_out_ptr, t, K, n_docs,
+                    stride_it, stride_ik, stride_ot, stride_ok, CAUSAL, COMPACT, HAS_TOPK_LEN,
+                    SEARCH_STEPS, BLOCK_K, SINGLE_BLOCK)
+
+
+@triton.jit
+def _offset_row(idx_ptr, cu_q_ptr, cu_k_ptr, topk_len_ptr, out_ptr, len_out_ptr, t, K, n_docs,
+                stride_it, stride_ik, stride_ot, stride_ok,
+                CAUSAL: tl.constexpr, COMPACT: tl.constexpr, HAS_TOPK_LEN: tl.constexpr,
+                SEARCH_STEPS: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_BLOCK: tl.constexpr):
+    """Row t: global rows (compacted or in place) and the row's length."""
     doc = _find_document(cu_q_ptr, t, n_docs, SEARCH_STEPS)
     q_start = tl.load(cu_q_ptr + doc).to(tl.int64)
     q_end = tl.load(cu_q_ptr + doc + 1).to(tl.int64)
