@@ -18,6 +18,7 @@ import torch
 
 from attention_oracle import contract
 from attention_oracle.properties.harness import report
+from attention_oracle.properties.harness.capabilities import Capabilities, declared
 
 ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BUILTINS = ("oracle", "fast", "torch", "torch-math", "torch-flash", "torch-efficient",
@@ -40,10 +41,16 @@ class Target:
     dtypes: tuple = ALL_DTYPES
     unavailable: str = ""  # non-empty: why this target cannot run on this machine
     broken: dict = field(default_factory=dict)  # function -> why its signature breaks the contract
+    capabilities: Capabilities | None = None  # None: the namespace's declaration (or everything)
 
     def __post_init__(self):
         if self.namespace is not None and not self.broken:
             self.broken = contract.signature_problems(self.namespace)
+        caps = self.capabilities or declared(self.namespace)
+        if tuple(self.dtypes) != ALL_DTYPES:  # an explicit dtypes argument narrows the declaration
+            caps = caps.narrowed(dtypes=tuple(d for d in caps.dtypes if d in self.dtypes))
+        self.capabilities = caps
+        self.dtypes = caps.dtypes
 
     def function(self, fname: str):
         return getattr(self.namespace, fname, None) if self.namespace is not None else None
@@ -80,7 +87,8 @@ def load(name: str, device: torch.device | None = None) -> Target:
     device = device or default_device()
     if name == "oracle":
         from attention_oracle import oracle
-        return Target(name, oracle, device)
+        return Target(name, oracle, device, capabilities=Capabilities(
+            default_scale=True, index_dtypes=(torch.int32, torch.int64)))
     if name == "fast":
         try:
             from attention_oracle import fast
@@ -88,7 +96,11 @@ def load(name: str, device: torch.device | None = None) -> Target:
             return Target(name, None, device, unavailable=f"import fast failed: {exc!r}")
         # Triton's interpreter computes bf16 wrongly (FACTS.md): keep bf16 away from it.
         dtypes = (torch.float32, torch.float16) if _interpreted() else ALL_DTYPES
-        return Target(name, fast, device, dtypes)
+        return Target(name, fast, device, capabilities=Capabilities(
+            dtypes=dtypes, default_scale=True,
+            functions={"scaled_dot_product_attention": {"max_head_dim": 256}},
+            index_dtypes=(torch.int32, torch.int64),
+            size="interpreted" if _interpreted() else "native"))
     if name == "torch":
         from attention_oracle.properties.adapters.torch_sdpa import TorchSDPA
         return Target(name, TorchSDPA(None), device)
@@ -105,7 +117,7 @@ def load(name: str, device: torch.device | None = None) -> Target:
         except ImportError as exc:
             return Target(name, None, device, unavailable=f"flex_attention missing: {exc}")
         from attention_oracle.properties.adapters.torch_flex import TorchFlex
-        return Target(name, TorchFlex(), device, (torch.float32, torch.float16, torch.bfloat16))
+        return Target(name, TorchFlex(), device, capabilities=Capabilities(ranks=(4,)))
     return _load_namespace(name, device)
 
 

@@ -2,20 +2,51 @@
 
 Values come from a seeded ``torch.Generator`` (Hypothesis' own array strategies give
 mostly-constant tensors, useless for attention).
+
+Masks (``mask`` is ``<kind>_<shape>``, shape ``full`` [*batch, Hq, L, S] or ``bcast`` [L, S]):
+- ``bool``: True = take part; ``float``: randn where kept, -inf where masked;
+- ``finfo_min``: Hugging Face padding: 0 where kept, ``torch.finfo(dtype).min`` where masked
+  (-65504 in fp16); ``neg1e4``: -1e4 where masked (randn where kept);
+- ``mixed_inf``: randn where kept, masked keys -inf, finfo.min or -1e4 at random;
+- ``row_bias``: randn - B on half of the rows (B in 100..140, so their lse is below -100 and
+  exp of their scores underflows fp32), -inf where masked;
+- ``alibi``: ALiBi, ``-slope_h * |i - j|`` with slopes ``2^(-8 (h+1) / H)`` (no -inf).
+``empty_rows`` rows take no key: False / -inf, except for ``finfo_min`` and ``neg1e4``, whose
+"empty" rows hold only the finite minimum: NOT masked in PyTorch's semantics (out is that
+row's softmax, uniform where the minimum absorbs the scores).
+
+Value regimes: ``value_scale`` spreads q (30 makes rows nearly one-hot); ``score_target`` > 0
+rescales q so that the largest |scale * q.k| is that value (1e4: near fp16's range; the
+inputs and the unscaled q.k stay representable, the scale is then >= 0.5).
+
+Sizes follow the target's capabilities (``size``): interpreted kernels get small problems;
+native ones also draw lengths at tile edges (63/64/65 .. 255/256/257) on the CPU profiles, and
+up to 1025 on the ``gpu`` profile.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from hypothesis import strategies as st
 
 from attention_oracle.properties.harness import profiles
+from attention_oracle.properties.harness.capabilities import SDPA_FN, Capabilities, resolve
 from attention_oracle.properties.harness.case import CaseMixin, dtype_name
 from attention_oracle.properties.harness.layouts import fresh, lay_out
 
-MASKS = ("none", "bool_full", "bool_bcast", "float_full", "float_bcast")
+MASK_KINDS = ("bool", "float", "finfo_min", "neg1e4", "mixed_inf", "row_bias", "alibi")
+MASKS = ("none",) + tuple(f"{k}_{s}" for k in MASK_KINDS for s in ("full", "bcast"))
+# kinds whose empty rows are really empty (no key takes part): what fully_masked_rows draws
+EMPTYING_KINDS = ("bool", "float", "mixed_inf", "row_bias")
 HEAD_DIMS = (1, 3, 8, 16, 24, 40, 64, 72, 96, 128, 200, 256)
+VALUE_SCALES = (0.3, 1.0, 3.0, 30.0)
+LARGE_SCORE = 1e4
+ROW_BIAS = (100.0, 140.0)
+TILE_EDGES = {"small": (15, 16, 17, 31, 32, 33),
+              "native": (63, 64, 65, 127, 128, 129, 255, 256, 257),
+              "large": (63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025)}
 
 
 @dataclass(frozen=True)
@@ -40,6 +71,7 @@ class SdpaCase(CaseMixin):
     layout_v: str = "contiguous"
     layout_dout: str = "contiguous"
     value_scale: float = 1.0    # spread of q (sharpens the softmax)
+    score_target: float = 0.0   # > 0: q rescaled so that max|scale * q.k| is this
     seed: int = 0
 
     @property
@@ -48,6 +80,14 @@ class SdpaCase(CaseMixin):
 
     def kwargs(self) -> dict:
         return {"is_causal": self.causal, "scale": self.scale, "enable_gqa": self.gqa}
+
+    @property
+    def mask_kind(self) -> str:
+        return self.mask.rsplit("_", 1)[0] if self.mask != "none" else "none"
+
+    @property
+    def effective_scale(self) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.E)
 
 
 @dataclass
@@ -64,19 +104,58 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def _finite_min(case: SdpaCase) -> float:
+    return float(torch.finfo(case.torch_dtype).min)
+
+
+def _alibi(case: SdpaCase, shape) -> torch.Tensor:
+    """``-slope_h * |i - j|`` broadcast to ``shape`` (one slope for a [L, S] mask)."""
+    heads = case.hq if len(shape) > 2 else 1
+    slopes = 2.0 ** (-8.0 * torch.arange(1, heads + 1, dtype=torch.float64) / heads)
+    dist = (torch.arange(case.L)[:, None] - torch.arange(case.S)[None, :]).abs().double()
+    bias = -(slopes[:, None, None] * dist)
+    return (bias if len(shape) > 2 else bias[0]).expand(shape).float()
+
+
 def _mask(case: SdpaCase, g: torch.Generator) -> torch.Tensor | None:
     if case.mask == "none":
         return None
+    kind = case.mask_kind
     full = case.mask.endswith("full")
     shape = (tuple(case.batch) + (case.hq,) if full else ()) + (case.L, case.S)
     keep = torch.rand(shape, generator=g) < 0.75
     if case.empty_rows:
         rows = torch.randperm(case.L, generator=g)[: case.empty_rows]
         keep[..., rows, :] = False
-    if case.mask.startswith("bool"):
+    if kind == "bool":
         return keep
     add = torch.randn(shape, generator=g)
+    if kind == "alibi":
+        return _alibi(case, shape)
+    if kind == "finfo_min":
+        return torch.where(keep, torch.zeros_like(add), torch.full_like(add, _finite_min(case)))
+    if kind == "neg1e4":
+        return torch.where(keep, add, torch.full_like(add, -1e4))
+    if kind == "mixed_inf":
+        fills = torch.tensor([float("-inf"), _finite_min(case), -1e4])
+        which = torch.randint(0, 3, shape, generator=g)
+        if case.empty_rows:  # empty rows really empty: -inf only
+            which[..., rows, :] = 0
+        return torch.where(keep, add, fills[which])
+    if kind == "row_bias":
+        biased = torch.rand(shape[:-1] + (1,), generator=g) < 0.5
+        lo, hi = ROW_BIAS
+        bias = lo + (hi - lo) * torch.rand(shape[:-1] + (1,), generator=g)
+        add = add - torch.where(biased, bias, torch.zeros_like(bias))
     return torch.where(keep, add, torch.full_like(add, float("-inf")))
+
+
+def _rescale_to_target(q: torch.Tensor, k: torch.Tensor, case: SdpaCase) -> torch.Tensor:
+    """q scaled so that the largest |scale * q.k| (any head pairing) is ``case.score_target``."""
+    kk = k.repeat_interleave(case.hq // case.hkv, dim=-3) if case.hq != case.hkv else k
+    s = torch.matmul(q.double(), kk.double().transpose(-1, -2)) * case.effective_scale
+    peak = float(s.abs().max()) if s.numel() else 0.0
+    return q if peak == 0.0 else q * (case.score_target / peak)
 
 
 def build(case: SdpaCase, device: torch.device, requires_grad: bool = True) -> SdpaInputs:
@@ -86,6 +165,8 @@ def build(case: SdpaCase, device: torch.device, requires_grad: bool = True) -> S
     lead = tuple(case.batch)
     q = torch.randn(lead + (case.hq, case.L, case.E), generator=g) * case.value_scale
     k = torch.randn(lead + (case.hkv, case.S, case.E), generator=g)
+    if case.score_target > 0:
+        q = _rescale_to_target(q, k, case)
     v = torch.randn(lead + (case.hkv, case.S, case.Ev), generator=g)
     dout = torch.randn(lead + (case.hq, case.L, case.Ev), generator=g)
     mask = _mask(case, g)
@@ -105,58 +186,139 @@ def build(case: SdpaCase, device: torch.device, requires_grad: bool = True) -> S
 # ----------------------------------------------------------------------------- strategies
 
 
-def _limits() -> dict:
+def _limits(caps: Capabilities) -> dict:
     if profiles.size() == "large":
-        return {"max_len": 300, "max_heads": 8, "max_batch": 3, "dims": HEAD_DIMS}
-    return {"max_len": 40, "max_heads": 4, "max_batch": 2, "dims": HEAD_DIMS}
+        return {"max_len": 300, "max_heads": 8, "max_batch": 3, "dims": HEAD_DIMS,
+                "edges": TILE_EDGES["large"]}
+    edges = TILE_EDGES["small" if caps.interpreted else "native"]
+    return {"max_len": 40, "max_heads": 4, "max_batch": 2, "dims": HEAD_DIMS, "edges": edges}
+
+
+def _length(draw, lim) -> int:
+    """1, a short length, or (a quarter of the draws) a length at a tile edge."""
+    return draw(st.one_of(st.just(1), st.integers(1, lim["max_len"]), st.integers(1, lim["max_len"]),
+                          st.sampled_from(lim["edges"])))
+
+
+def _dims(caps: Capabilities, lim) -> tuple:
+    dims = tuple(d for d in lim["dims"] if caps.head_dim_ok(d))
+    if not dims and caps.head_dims:
+        dims = tuple(d for d in caps.head_dims if caps.head_dim_ok(d))
+    return dims
+
+
+def _mask_choices(caps: Capabilities, causal: bool, empty_rows) -> tuple:
+    if causal:
+        return ("none",) if "none" in caps.masks else ()
+    kinds = EMPTYING_KINDS if empty_rows else MASK_KINDS
+    masks = tuple(f"{k}_{s}" for k in kinds for s in ("full", "bcast")
+                  if ("bool" if k == "bool" else "float") in caps.masks)
+    if not empty_rows and "none" in caps.masks:
+        masks = ("none",) + masks
+    return masks
+
+
+def _shrunk_for_long_rows(caps: Capabilities, batch, hq, hkv, E, Ev):
+    """Long rows (L * S > 4096): one batch entry, one kv head and at most 64 channels where
+    declared, so that the float64 oracle and the lp runs stay quick on a CPU."""
+    group = hq // hkv
+    if caps.heads_ok(group):
+        hq, hkv = group, 1
+    cap = lambda d: 64 if d > 64 and caps.head_dim_ok(64) else d  # noqa: E731
+    return tuple(1 for _ in batch), hq, hkv, cap(E), cap(Ev)
+
+
+def unsupported(check: str, target_or_caps) -> str:
+    """Why ``check`` cannot run on what the target declares ('' if it can)."""
+    caps = resolve(target_or_caps, SDPA_FN)
+    if not caps.dtypes:
+        return "no dtype declared"
+    if not _dims(caps, _limits(caps)):
+        return "no head dim declared"
+    if check == "rank3_equals_rank4" and not {3, 4} <= set(caps.ranks):
+        return "needs ranks 3 and 4"
+    if check == "fully_masked_rows" and (caps.causal == "only" or not _mask_choices(caps, False, True)):
+        return "needs masks"
+    if check == "misaligned_inputs" and "misaligned" not in caps.layouts:
+        return "misaligned inputs not declared"
+    if caps.causal == "only" and "none" not in caps.masks:
+        return "causal only, without unmasked calls"
+    if caps.causal == "never" and not _mask_choices(caps, False, False):
+        return "no mask family declared"
+    return ""
 
 
 @st.composite
-def sdpa_cases(draw, dtypes, *, rank=None, empty_rows=None, layouts=True, dout_layouts=None):
-    """Draw an SdpaCase. ``dtypes``: what the target runs; ``rank``: force 3 or 4;
-    ``empty_rows``: force (True) or forbid (False) fully masked query rows."""
-    lim = _limits()
-    r = rank or draw(st.sampled_from((3, 4, 4, 4, 5)))
+def sdpa_cases(draw, dtypes_or_caps, *, rank=None, empty_rows=None, layouts=True, dout_layouts=None):
+    """Draw an SdpaCase within what the target declares. ``dtypes_or_caps``: a Target, a
+    Capabilities, or a tuple of dtypes; ``rank``: force 3 or 4; ``empty_rows``: force (True)
+    or forbid (False) fully masked query rows."""
+    caps = resolve(dtypes_or_caps, SDPA_FN)
+    lim = _limits(caps)
+    ranks = tuple(r for r in (3, 4, 4, 4, 5) if r in caps.ranks)
+    r = rank or draw(st.sampled_from(ranks))
     batch = tuple(draw(st.integers(1, lim["max_batch"])) for _ in range(r - 3))
-    gqa = draw(st.booleans())
-    hkv = draw(st.integers(1, lim["max_heads"]))
-    hq = hkv * draw(st.integers(1, max(1, 8 // hkv))) if gqa else hkv
-    length = st.one_of(st.just(1), st.integers(1, lim["max_len"]))
-    L, S = draw(length), draw(length)
-    E = draw(st.sampled_from(lim["dims"]))
-    Ev = draw(st.one_of(st.just(E), st.sampled_from(lim["dims"])))
-    if empty_rows:
-        mask = draw(st.sampled_from(MASKS[1:]))
-        causal = False
+    gqa = caps.gqa and draw(st.booleans())
+    heads = tuple(h for h in range(1, 9) if caps.heads_ok(h))
+    if gqa:
+        hkv = draw(st.integers(1, lim["max_heads"]))
+        groups = [n for n in range(1, max(1, 8 // hkv) + 1) if caps.heads_ok(hkv * n)]
+        if groups:
+            hq = hkv * draw(st.sampled_from(groups))
+        else:
+            gqa, hkv = False, draw(st.sampled_from(heads))
+            hq = hkv
     else:
+        hkv = hq = draw(st.sampled_from(tuple(h for h in heads if h <= lim["max_heads"]) or heads))
+    L, S = _length(draw, lim), _length(draw, lim)
+    if caps.l_le_s and L > S:
+        L, S = S, L
+    dims = _dims(caps, lim)
+    E = draw(st.sampled_from(dims))
+    Ev = draw(st.one_of(st.just(E), st.sampled_from(dims)))
+    if L * S > 64 * 64:
+        batch, hq, hkv, E, Ev = _shrunk_for_long_rows(caps, batch, hq, hkv, E, Ev)
+    if empty_rows:
+        causal = False
+    elif caps.causal == "allowed":
         causal = draw(st.booleans())
-        mask = "none" if causal else draw(st.sampled_from(MASKS))
+    else:
+        causal = caps.causal == "only"
+    mask = draw(st.sampled_from(_mask_choices(caps, causal, empty_rows)))
     n_empty = 0
-    if mask != "none" and empty_rows is not False:
+    if mask != "none" and empty_rows is not False and not mask.startswith("alibi"):
         n_empty = draw(st.integers(1 if empty_rows else 0, max(1, L // 2)))
     n_empty = min(n_empty, L)
-    scale = draw(st.one_of(st.none(), st.floats(0.05, 2.0).map(lambda x: round(x, 4))))
-    layout = st.sampled_from(("contiguous", "transposed", "sliced")) if layouts else st.just("contiguous")
+    score_target = draw(st.sampled_from((0.0,) * 7 + (LARGE_SCORE,)))
+    if score_target:
+        scale = draw(st.floats(0.5, 2.0).map(lambda x: round(x, 4)))
+    else:
+        scale = draw(st.one_of(st.none(), st.floats(0.05, 2.0).map(lambda x: round(x, 4))))
+    allowed = tuple(lay for lay in ("contiguous", "transposed", "sliced") if lay in caps.layouts)
+    layout = st.sampled_from(allowed) if layouts and allowed else st.just("contiguous")
     dout_layout = st.sampled_from(dout_layouts or ("contiguous", "transposed", "sliced", "broadcast"))
     return SdpaCase(
         batch=batch, hq=hq, hkv=hkv, L=L, S=S, E=E, Ev=Ev,
-        dtype=dtype_name(draw(st.sampled_from(tuple(dtypes)))),
+        dtype=dtype_name(draw(st.sampled_from(tuple(caps.dtypes)))),
         causal=causal, mask=mask, empty_rows=n_empty, scale=scale, gqa=gqa,
         layout_q=draw(layout), layout_k=draw(layout), layout_v=draw(layout),
         layout_dout=draw(dout_layout),
-        value_scale=draw(st.sampled_from((0.3, 1.0, 3.0))),
+        value_scale=draw(st.sampled_from(VALUE_SCALES)),
+        score_target=score_target,
         seed=draw(st.integers(0, 2 ** 31 - 1)),
     )
 
 
-def strategy_for(check: str, dtypes):
-    """The cases each SDPA check is run on (shared by tests and negative controls)."""
+def strategy_for(check: str, target_or_caps):
+    """The cases each SDPA check is run on (shared by tests and negative controls), drawn
+    within the target's capabilities (a Target, a Capabilities, or a tuple of dtypes)."""
+    caps = resolve(target_or_caps, SDPA_FN)
     if check == "strided_dout":
-        return sdpa_cases(dtypes, dout_layouts=("transposed", "sliced", "broadcast"))
+        return sdpa_cases(caps, dout_layouts=("transposed", "sliced", "broadcast"))
     if check == "rank3_equals_rank4":
-        return sdpa_cases(dtypes, rank=3)
+        return sdpa_cases(caps, rank=3)
     if check == "fully_masked_rows":
-        return sdpa_cases(dtypes, empty_rows=True)
+        return sdpa_cases(caps, empty_rows=True)
     if check == "misaligned_inputs":
-        return sdpa_cases(dtypes, layouts=False, dout_layouts=("contiguous",))
-    return sdpa_cases(dtypes)
+        return sdpa_cases(caps, layouts=False, dout_layouts=("contiguous",))
+    return sdpa_cases(caps)
