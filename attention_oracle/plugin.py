@@ -33,6 +33,7 @@ from attention_oracle.properties.harness import (
     profiles,
     report,
     targets,
+    user_known,
 )
 
 profiles.register()
@@ -52,6 +53,10 @@ def pytest_addoption(parser):
     group.addoption("--oracle-failures", metavar="FILE", default=None,
                     help="append every failure (full text) and skip reason to FILE as it "
                          "happens: survives an interrupted run")
+    group.addoption("--known-failures", metavar="FILE", default=None,
+                    help="your own known failures (TOML or JSON: implementation, check, optional "
+                         "'where' on case fields, reason): counted as known; entries that match "
+                         "no failure are reported stale")
     group.addoption("--no-poison", action="store_true", default=False,
                     help="do not fill tensors from torch.empty & co. with NaN / sentinels while "
                          "a check runs (debugging only; also ORACLE_NO_POISON=1)")
@@ -81,11 +86,33 @@ def pytest_configure(config):
     chosen = config.getoption("hypothesis_profile", None) or _default_profile()
     profiles.activate(chosen, on_gpu=torch.cuda.is_available())
     poison.set_enabled(not (config.getoption("no_poison") or os.environ.get("ORACLE_NO_POISON") == "1"))
+    _install_user_known(config)
     if _WORKER:
         torch.set_num_threads(1)
         if torch.cuda.is_available() and torch.cuda.device_count() > 1:
             index = int(_WORKER.lstrip("gw") or 0)
             torch.cuda.set_device(index % torch.cuda.device_count())
+
+
+def _install_user_known(config) -> None:
+    path = config.getoption("known_failures", None)
+    if not path:
+        return
+    try:
+        user_known.install(user_known.load(path))
+    except user_known.KnownFailuresError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _known_failures_summary(terminalreporter) -> None:
+    entries = user_known.entries()
+    if not entries:
+        return
+    ran = {k for k, r in _TABLE.rows.items() if r["passed"] + r["failed"] > 0}
+    device = targets.default_device().type
+    for line in user_known.render(entries, _TABLE.known_entries, ran, device):
+        terminalreporter.write_line(line)
+    _TABLE.extra["known_failures"] = user_known.summary(entries, _TABLE.known_entries, ran, device)
 
 
 def _refuse_unloadable(config) -> None:
@@ -288,6 +315,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     terminalreporter.section("attention-oracle report")
     terminalreporter.write_line(_TABLE.render())
+    _known_failures_summary(terminalreporter)
     path = config.getoption("oracle_report")
     if path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from attention_oracle.properties.harness import user_known
+
 _MISALIGNED = ("PyTorch's fused CUDA backends fault or raise on legal strides that are not "
                "16-byte aligned (CUDA 'misaligned address', 'key is not correctly aligned "
                "(strideM)', 'cutlassF: no kernel found'): NOTES.md, Findings, F1")
@@ -113,4 +115,4 @@ def case_reason(impl: str, check: str, device, case) -> str:
     for entry in KNOWN_CASES:
         if entry.matches(impl, check, dev, case):
             return entry.reason
-    return ""
+    return user_known.case_reason(impl, check, dev, case)  # the user's --known-failures file

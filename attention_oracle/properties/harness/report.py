@@ -28,11 +28,13 @@ class Sink:
         self.refusal = ""
         self.known = 0
         self.known_first = ""
+        self.known_entries: dict[str, int] = {}  # --known-failures entry label -> examples it took
 
     def as_dict(self) -> dict:
         return {"worst": self.worst, "examples": self.examples, "refused": self.refused,
                 "functions": sorted(self.functions), "refusal": self.refusal,
-                "known": self.known, "known_first": self.known_first}
+                "known": self.known, "known_first": self.known_first,
+                "known_entries": dict(self.known_entries)}
 
 
 def open_sink() -> tuple[Sink, contextvars.Token]:
@@ -75,6 +77,13 @@ def record_known(reason: str, failure: str, worst_before: float) -> None:
     sink.known_first = sink.known_first or f"{failure}\n  known: {reason}"
 
 
+def record_known_entry(label: str) -> None:
+    """A user's known-failures entry took a failing example (for the stale-entry report)."""
+    sink = _sink.get()
+    if sink is not None:
+        sink.known_entries[label] = sink.known_entries.get(label, 0) + 1
+
+
 def record_call(function: str, refused: bool, reason: str = "") -> None:
     sink = _sink.get()
     if sink is None:
@@ -100,6 +109,8 @@ class Table:
                                                "known_first": ""})
         # (impl, function) -> [tests that verified something, tests fully refused]
         self.functions: dict = defaultdict(lambda: [0, 0])
+        self.known_entries: dict[str, int] = defaultdict(int)  # user entry label -> examples
+        self.extra: dict = {}  # further top-level keys of the JSON report (baseline, known file)
 
     def add(self, impl: str, check: str, outcome: str, info: dict | None) -> None:
         row = self.rows[(impl, check)]
@@ -110,6 +121,8 @@ class Table:
             row["refused"] += info.get("refused", 0)
             row["known"] += info.get("known", 0)
             row["known_first"] = row["known_first"] or info.get("known_first", "")
+            for label, n in info.get("known_entries", {}).items():
+                self.known_entries[label] += n
             for fn in info.get("functions", []):
                 entry = self.functions[(impl, fn)]
                 if outcome in ("passed", "failed", "xfail"):
@@ -148,5 +161,5 @@ class Table:
         for r in rows:
             if math.isinf(r["worst_ratio"]):
                 r["worst_ratio"] = "inf"
-        return json.dumps({"rows": rows, "verified_nothing": [f"{i}.{f}" for i, f in self.verified_nothing()]},
-                          indent=2)
+        return json.dumps({"rows": rows, "verified_nothing": [f"{i}.{f}" for i, f in self.verified_nothing()],
+                           **self.extra}, indent=2)
