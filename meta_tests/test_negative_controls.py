@@ -29,7 +29,7 @@ def test_sdpa_control_is_caught(control):
     check = sdpa_checks.CHECKS[check_name]
 
     @profiles.control_settings()
-    @given(case=strategy_for(check_name, DTYPES))
+    @given(case=strategy_for(check_name, target.capabilities.narrowed(dtypes=DTYPES)))
     def search(case):
         run_check(check, target, case)
 

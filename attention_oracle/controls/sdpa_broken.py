@@ -270,3 +270,83 @@ class UnwrittenRows(_Base):
 
 
 CONTROLS["UnwrittenRows"] = "forward_agreement"
+
+
+# ----------------------------------------------------------------------------- value regimes
+
+
+class FiniteMinReadAsMasked(_Base):
+    """Treats a very negative finite bias (<= -1e4: ``finfo(dtype).min`` padding, -1e4) as -inf:
+    a row whose every key holds it comes out as a fully masked row (0) instead of its softmax."""
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        if attn_mask is not None and attn_mask.dtype != torch.bool:
+            attn_mask = attn_mask.masked_fill(attn_mask <= -1e4, float("-inf"))
+        return oracle.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                   is_causal, scale, enable_gqa)
+
+
+FP32_EXP_UNDERFLOW = -87.3  # log of float32's smallest normal: exp() of less is 0 (or subnormal)
+
+
+class _UnstableBackward(torch.autograd.Function):
+    """Oracle forward; the backward recomputes P as exp(s) / exp(lse) in float32, without
+    subtracting lse first: a row whose lse is below float32's exp range gives 0/0 = NaN."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, kwargs):
+        ctx.save_for_backward(q, k, v)
+        ctx.mask, ctx.kwargs = mask, kwargs
+        return sdpa_reference(q, k, v, attn_mask=mask, **kwargs)["out"].to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        ref = sdpa_reference(q, k, v, dout, attn_mask=ctx.mask, **ctx.kwargs)
+        under = (ref["lse"] < FP32_EXP_UNDERFLOW) & torch.isfinite(ref["lse"])
+        dq, dk, dv = ref["dq"], ref["dk"], ref["dv"]
+        if bool(under.any()):
+            dq = dq.masked_fill(under[..., None], float("nan"))
+            dk, dv = torch.full_like(dk, float("nan")), torch.full_like(dv, float("nan"))
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+class NanGradientOnUnderflowingRows(_Base):
+    """Right forward; NaN gradients where a row's lse < -87.3 (every key biased far down)."""
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        kw = dict(is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        return _UnstableBackward.apply(query, key, value, attn_mask, kw)
+
+
+TILE_EDGE = 64
+
+
+class KeyDroppedAtTileEdge(_Base):
+    """Key 64 (the first key of the second 64-key tile) never takes part: a tile loop that
+    skips the first key of every tile after the first, seen only when S > 64."""
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        L, S = query.shape[-2], key.shape[-2]
+        if S > TILE_EDGE:
+            keep = torch.ones(L, S, dtype=torch.bool, device=query.device)
+            keep[:, TILE_EDGE] = False
+            if is_causal:
+                keep &= torch.ones_like(keep).tril()
+                is_causal = False
+            if attn_mask is None or attn_mask.dtype == torch.bool:
+                attn_mask = keep if attn_mask is None else attn_mask & keep
+            else:
+                attn_mask = attn_mask.masked_fill(~keep, float("-inf"))
+        return oracle.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                   is_causal, scale, enable_gqa)
+
+
+CONTROLS.update({
+    "FiniteMinReadAsMasked": "forward_agreement",
+    "NanGradientOnUnderflowingRows": "gradient_agreement",
+    "KeyDroppedAtTileEdge": "forward_agreement",
+})

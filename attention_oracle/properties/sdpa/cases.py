@@ -287,7 +287,9 @@ def sdpa_cases(draw, dtypes_or_caps, *, rank=None, empty_rows=None, layouts=True
     mask = draw(st.sampled_from(_mask_choices(caps, causal, empty_rows)))
     n_empty = 0
     if mask != "none" and empty_rows is not False and not mask.startswith("alibi"):
-        n_empty = draw(st.integers(1 if empty_rows else 0, max(1, L // 2)))
+        # padding kinds exist for their all-minimum rows: always draw some
+        padding = mask.startswith(("finfo_min", "neg1e4"))
+        n_empty = draw(st.integers(1 if (empty_rows or padding) else 0, max(1, L // 2)))
     n_empty = min(n_empty, L)
     score_target = draw(st.sampled_from((0.0,) * 7 + (LARGE_SCORE,)))
     if score_target:
