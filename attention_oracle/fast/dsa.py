@@ -17,6 +17,7 @@ in fp64 for fp32 inputs), dq deterministic.
 The varlen forms run :func:`fast.index.offset_gather_kv_indices` (one launch, no host sync)
 and then the global kernel with the returned lengths.
 """
+import functools
 import math
 from dataclasses import dataclass
 
@@ -53,6 +54,7 @@ def _pow2(n, lo=16):
     return max(lo, triton.next_power_of_2(max(int(n), 1)))
 
 
+@functools.lru_cache(maxsize=256)
 def candidate_configs(h, dl, *, backward, device_type, fp32=False):
     """Tile configs to try in order for H heads and latent width dl.
 
@@ -72,9 +74,9 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False):
     one = latent <= _ONE_TILE_MAX
     if device_type != "cuda":
         chunk = latent if one else 256
-        return [KernelConfig(block_h, 16, latent if one else 64, chunk, 4, 1)]
+        return (KernelConfig(block_h, 16, latent if one else 64, chunk, 4, 1),)
     if fp32:
-        return [KernelConfig(16, 16, 32, 64, 4, 1)]
+        return (KernelConfig(16, 16, 32, 64, 4, 1),)
     if backward:
         # measured on H200 (NOTES.md, fast DSA): the 64-head latent split in two 256-wide
         # chunks with transposed dkv is fastest; 32-head one-tile is close. The 64-head
@@ -82,16 +84,16 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False):
         # (Triton 3.6, heavy spills): it is not offered. (For Dl <= 256 the first config is one
         # tile all the same, BLOCK_DC being capped at the latent; in 16-bit it stays under
         # 500 B of spills there and passed every GPU run.)
-        return [KernelConfig(block_h, 32, 64, 256, 8, 3, True),
+        return (KernelConfig(block_h, 32, 64, 256, 8, 3, True),
                 KernelConfig(min(block_h, 32), 32, latent, latent, 8, 3, True) if one else
                 KernelConfig(min(block_h, 32), 32, 64, 128, 8, 3, True),
                 KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
-                KernelConfig(16, 16, 32, 64, 4, 1)]
-    first = [KernelConfig(block_h, 64, latent, latent, 8, 2),
-             KernelConfig(block_h, 32, latent, latent, 8, 1)] if one else []
-    return first + [KernelConfig(block_h, 32, 64, 256, 8, 1),
+                KernelConfig(16, 16, 32, 64, 4, 1))
+    first = (KernelConfig(block_h, 64, latent, latent, 8, 2),
+             KernelConfig(block_h, 32, latent, latent, 8, 1)) if one else ()
+    return first + (KernelConfig(block_h, 32, 64, 256, 8, 1),
                     KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
-                    KernelConfig(16, 16, 32, 64, 4, 1)]
+                    KernelConfig(16, 16, 32, 64, 4, 1))
 
 
 _OVERRIDES = {"forward": None, "backward": None}
@@ -115,7 +117,7 @@ def _launch_first_fitting(kind, q, dr, launch, config):
     candidates = candidate_configs(H, DL, backward=kind == "backward", device_type=q.device.type,
                                    fp32=q.dtype == torch.float32)
     if _OVERRIDES[kind] is not None:
-        candidates = [_OVERRIDES[kind]] + candidates
+        candidates = (_OVERRIDES[kind],) + candidates
     key = (kind, str(q.device), q.dtype, H, DL, dr)
     for i in range(_FITTING.get(key, 0), len(candidates)):
         try:
@@ -299,6 +301,15 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
     return dq, dqr, dkv, dkr_acc.to(q.dtype)
 
 
+def _attend(q, q_rope, kv, k_rope, indices, topk_length, scale):
+    """(out, lse): through autograd only where a gradient is needed (no Function node, and its
+    cost, on the inference path)."""
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad
+                                       for x in (q, q_rope, kv, k_rope)):
+        return _DsaFunction.apply(q, q_rope, kv, k_rope, indices, topk_length, scale)
+    return _forward(q, q_rope, kv, k_rope, indices, topk_length, scale)
+
+
 class _DsaFunction(torch.autograd.Function):
     """Autograd wrapper; k_rope/q_rope are None for NoPE."""
 
@@ -332,7 +343,7 @@ def dsa_sparse_attention_nope(q, kv, indices, *, topk_length=None, softmax_scale
     """
     kv_rows, _ = _validate(q, None, kv, None, indices, topk_length, softmax_scale)
     scale = _default_scale(softmax_scale, q.shape[2])
-    out, lse = _DsaFunction.apply(q, None, kv_rows, None, indices, topk_length, scale)
+    out, lse = _attend(q, None, kv_rows, None, indices, topk_length, scale)
     return (out, lse) if return_lse else out
 
 
@@ -348,7 +359,7 @@ def dsa_sparse_attention(q_latent, q_rope, kv_latent, k_rope, indices, *, topk_l
     kv_rows, kr_rows = _validate(q_latent, q_rope, kv_latent, k_rope, indices, topk_length,
                                  softmax_scale)
     scale = _default_scale(softmax_scale, q_latent.shape[2] + q_rope.shape[2])
-    out, lse = _DsaFunction.apply(q_latent, q_rope, kv_rows, kr_rows, indices, topk_length, scale)
+    out, lse = _attend(q_latent, q_rope, kv_rows, kr_rows, indices, topk_length, scale)
     return (out, lse) if return_lse else out
 
 

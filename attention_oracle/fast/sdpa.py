@@ -33,7 +33,17 @@ import torch
 import triton
 
 from .kernels.sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel, sdpa_bwd_preprocess_kernel
-from .kernels.sdpa_common import LN2, LOG2E, MASK_ADD, MASK_BOOL, MASK_NONE, chunk_of, interpreting, tune_bucket
+from .kernels.sdpa_common import (
+    LN2,
+    LOG2E,
+    MASK_ADD,
+    MASK_BOOL,
+    MASK_NONE,
+    CachedLauncher,
+    chunk_of,
+    interpreting,
+    tune_bucket,
+)
 from .kernels.sdpa_fwd import sdpa_fwd_kernel
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_with_lse"]
@@ -233,6 +243,15 @@ def _mask_kind_and_arg(mask):
 
 # ----------------------------------------------------------------------------- launches
 
+_FWD = CachedLauncher(sdpa_fwd_kernel)
+_DKDV = CachedLauncher(sdpa_bwd_dkdv_kernel)
+_DQ = CachedLauncher(sdpa_bwd_dq_kernel)
+
+
+def _dtype_of(t):
+    return None if t is None else t.dtype
+
+
 def _launch_fwd(q, k, v, mask, is_causal, scale):
     """q [Z1,Z2,Hq,L,E], k [Z1,Z2,Hkv,S,E], v [Z1,Z2,Hkv,S,Ev], mask None or [Z1,Z2,Hq,L,S]."""
     Z1, Z2, HQ, L, E = q.shape
@@ -252,13 +271,14 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
     def grid(meta):
         return (triton.cdiv(L, meta["BLOCK_M"]), Z1 * Z2 * HQ)
 
-    sdpa_fwd_kernel[grid](
-        q, k, v, mask_arg if mask_arg is not None else q, out, lse_hi, lse_lo,
-        *q.stride(), *k.stride(), *v.stride(), *_strides5(mask_arg), *out.stride(),
-        Z2, HQ, HQ // HKV, L, S, E, EV, _qk_scale(q.dtype, scale),
-        tune_bucket(L), tune_bucket(S),
-        CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(q.dtype), NATURAL=_natural(q.dtype),
-        CHUNK_E=chunk_of(_block(E)), BLOCK_E=_block(E), BLOCK_EV=_block(EV))
+    tune_l, tune_s, block_e, block_ev = tune_bucket(L), tune_bucket(S), _block(E), _block(EV)
+    key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, q.dtype, _dtype_of(mask_arg))
+    args = (q, k, v, mask_arg if mask_arg is not None else q, out, lse_hi, lse_lo,
+            *q.stride(), *k.stride(), *v.stride(), *_strides5(mask_arg), *out.stride(),
+            Z2, HQ, HQ // HKV, L, S, E, EV, _qk_scale(q.dtype, scale), tune_l, tune_s)
+    _FWD(key, grid, args, {"L": L, "S": S, "E": E, "EV": EV},
+         CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(q.dtype), NATURAL=_natural(q.dtype),
+         CHUNK_E=chunk_of(block_e), BLOCK_E=block_e, BLOCK_EV=block_ev)
     return out, lse_k
 
 
@@ -286,20 +306,24 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
                 NATURAL=_natural(q.dtype), CHUNK_E=chunk_of(block_e), CHUNK_EV=chunk_of(block_ev),
                 BLOCK_E=block_e, BLOCK_EV=block_ev)
     lse_hi, lse_lo = _lse_parts(lse_k, q.dtype)
-    scalars = (Z2, HQ, HQ // HKV, L, S, E, EV, _qk_scale(q.dtype, scale), scale,
-               tune_bucket(L), tune_bucket(S))
+    tune_l, tune_s = tune_bucket(L), tune_bucket(S)
+    scalars = (Z2, HQ, HQ // HKV, L, S, E, EV, _qk_scale(q.dtype, scale), scale, tune_l, tune_s)
+    sizes = {"L": L, "S": S, "E": E, "EV": EV}
+    key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, q.dtype, _dtype_of(mask_arg),
+           dout.dtype)
 
     def grid_kv(m):
         return (triton.cdiv(S, m["BLOCK_N"]), Z1 * Z2 * HKV)
 
-    sdpa_bwd_dkdv_kernel[grid_kv](q, k, v, mask_ptr, dout, lse_hi, lse_lo, delta, dk, dv,
-                                  *common_strides, *dk.stride(), *dv.stride(), *scalars, **meta)
+    _DKDV(key + (HQ // HKV,), grid_kv,
+          (q, k, v, mask_ptr, dout, lse_hi, lse_lo, delta, dk, dv,
+           *common_strides, *dk.stride(), *dv.stride(), *scalars), sizes, **meta)
 
     def grid_q(m):
         return (triton.cdiv(L, m["BLOCK_M"]), Z1 * Z2 * HQ)
 
-    sdpa_bwd_dq_kernel[grid_q](q, k, v, mask_ptr, dout, lse_hi, lse_lo, delta, dq,
-                               *common_strides, *dq.stride(), *scalars, **meta)
+    _DQ(key, grid_q, (q, k, v, mask_ptr, dout, lse_hi, lse_lo, delta, dq,
+                      *common_strides, *dq.stride(), *scalars), sizes, **meta)
     return dq, dk, dv
 
 
@@ -352,6 +376,38 @@ def _backward(ctx, dout, _dlse):
 _sdpa_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _EagerSdpa(torch.autograd.Function):
+    """The eager path: the same launches as the custom ops without their dispatch cost
+    (torch.library's Python custom-op layers cost more than the kernels' own launches at small
+    shapes); ``torch.compile`` traces the custom ops instead (:func:`_forward`)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, is_causal, scale):
+        out, lse_k = _launch_fwd(q, k, v, mask, is_causal, scale)
+        ctx.save_for_backward(q, k, v, mask, out, lse_k)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        ctx.mark_non_differentiable(lse_k)
+        return out, lse_k
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, mask, out, lse_k = ctx.saved_tensors
+        if dout is None:
+            return None, None, None, None, None, None
+        dq, dk, dv = _launch_bwd(dout, q, k, v, mask, out, lse_k, ctx.is_causal, ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
+def _forward(q5, k5, v5, mask5, is_causal, scale):
+    """Rank-5 forward through the custom op when compiling, else eagerly (autograd.Function
+    only where a gradient is needed)."""
+    if torch.compiler.is_compiling():
+        return _sdpa_fwd_op(q5, k5, v5, mask5, is_causal, scale)
+    if torch.is_grad_enabled() and (q5.requires_grad or k5.requires_grad or v5.requires_grad):
+        return _EagerSdpa.apply(q5, k5, v5, mask5, is_causal, scale)
+    return _launch_fwd(q5, k5, v5, mask5, is_causal, scale)
+
+
 # ----------------------------------------------------------------------------- public API
 
 def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -359,6 +415,13 @@ def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dro
     """Like :func:`scaled_dot_product_attention`, also returning ``lse [..., Hq, L]`` (float32,
     natural log of the row sum of exp(scaled, masked scores), -inf for a row with no key).
     lse is not differentiable."""
+    out, lse_k, out_shape = _attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                       enable_gqa)
+    return out, _lse_view(lse_k, out_shape, query.dtype)
+
+
+def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """Validates, launches; returns (out, the kernels' row statistics, out's shape)."""
     _check_scalars(dropout_p, is_causal, scale, enable_gqa)
     for name, t in (("query", query), ("key", key), ("value", value)):
         _check_tensor(name, t)
@@ -385,10 +448,10 @@ def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dro
         raise NotImplementedError(f"query/key: {max(L, S)} rows x head dim overflow the kernels' "
                                   f"int32 in-head addressing")
     scale = float(1.0 / math.sqrt(E) if scale is None else scale)
-    out5, lse_k = _sdpa_fwd_op(_to_rank5(q, "query"), _to_rank5(k, "key"), _to_rank5(v, "value"),
-                              mask5, is_causal, scale)
+    out5, lse_k = _forward(_to_rank5(q, "query"), _to_rank5(k, "key"), _to_rank5(v, "value"),
+                           mask5, is_causal, scale)
     out_shape = tuple(q.shape[:-1]) + (value.shape[-1],)
-    return _from_rank5(out5, out_shape), _lse_view(lse_k, out_shape, query.dtype)
+    return _from_rank5(out5, out_shape), lse_k, out_shape
 
 
 def _lse_view(lse_k, out_shape, dtype):
@@ -410,6 +473,5 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     query [..., Hq, L, E], key [..., Hkv, S, E], value [..., Hkv, S, Ev] -> out [..., Hq, L, Ev].
     See the module docstring for masks, GQA, causal alignment and empty-row conventions."""
-    out, _ = scaled_dot_product_attention_with_lse(query, key, value, attn_mask, dropout_p,
-                                                   is_causal, scale, enable_gqa)
+    out, _, _ = _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return out

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from .sdpa_common import (
+    BOUNDS_HEURISTICS,
     TUNE_KW,
     apply_attn_mask,
     autotune_enabled,
@@ -145,12 +146,7 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, l
                                                 "MASK_KIND", "GROUP"],
                  prune_configs_by={"early_config_prune": _make_prune("BLOCK_M", "BLOCK_N", (32, 64), _DKDV_SAFE)},
                  **TUNE_KW)
-@triton.heuristics({
-    "CHECK_M": lambda a: a["L"] % a["BLOCK_M"] != 0,
-    "CHECK_N": lambda a: a["S"] % a["BLOCK_N"] != 0,
-    "CHECK_E": lambda a: a["E"] != a["BLOCK_E"],
-    "CHECK_EV": lambda a: a["EV"] != a["BLOCK_EV"],
-})
+@triton.heuristics(BOUNDS_HEURISTICS)
 @triton.jit(do_not_specialize=["Z2", "HQ"])
 def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, LSE_LO, Delta, DK, DV,
                          s_qz1, s_qz2, s_qh, s_qm, s_qe,
@@ -290,12 +286,7 @@ def _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base,
                                               "MASK_KIND"],
                  prune_configs_by={"early_config_prune": _make_prune("BLOCK_N", "BLOCK_M", (64, 32), _DQ_SAFE)},
                  **TUNE_KW)
-@triton.heuristics({
-    "CHECK_M": lambda a: a["L"] % a["BLOCK_M"] != 0,
-    "CHECK_N": lambda a: a["S"] % a["BLOCK_N"] != 0,
-    "CHECK_E": lambda a: a["E"] != a["BLOCK_E"],
-    "CHECK_EV": lambda a: a["EV"] != a["BLOCK_EV"],
-})
+@triton.heuristics(BOUNDS_HEURISTICS)
 @triton.jit(do_not_specialize=["Z2", "HQ"])
 def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, LSE, LSE_LO, Delta, DQ,
                        s_qz1, s_qz2, s_qh, s_qm, s_qe,

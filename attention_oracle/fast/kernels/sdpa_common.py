@@ -231,3 +231,42 @@ def forced_choice(configs):
     if force is None or len(configs) <= 1:
         return configs
     return [configs[int(force) % len(configs)]]
+
+
+def bounds_checks(a):
+    """The kernels' CHECK_* heuristics: which tile dims need masked loads (``a`` holds L, S, E,
+    EV and the block sizes). One definition for triton.heuristics and :class:`CachedLauncher`."""
+    return {"CHECK_M": a["L"] % a["BLOCK_M"] != 0, "CHECK_N": a["S"] % a["BLOCK_N"] != 0,
+            "CHECK_E": a["E"] != a["BLOCK_E"], "CHECK_EV": a["EV"] != a["BLOCK_EV"]}
+
+
+BOUNDS_HEURISTICS = {name: (lambda a, name=name: bounds_checks(a)[name])
+                     for name in ("CHECK_M", "CHECK_N", "CHECK_E", "CHECK_EV")}
+
+
+class CachedLauncher:
+    """Launches an ``@autotune @heuristics @jit`` kernel, skipping the autotuner's and the
+    heuristics' Python layers once the launch key has a tuned config.
+
+    The first launch of a key goes through the autotuner (it tunes or reads its disk cache) and
+    its ``best_config`` is remembered under the key; later launches call the JIT function with
+    that config and :func:`bounds_checks` directly, as the autotuner would. The key must hold
+    everything the autotuner keys on: its ``key`` arguments and the dtypes of the tensors.
+    ``grid(meta)`` maps the config's kwargs to the launch grid."""
+
+    def __init__(self, autotuned):
+        self.autotuned = autotuned
+        self.jit = autotuned.fn.fn  # Autotuner -> Heuristics -> JITFunction
+        self.configs = {}
+
+    def __call__(self, key, grid, args, sizes, **meta):
+        kwargs = self.configs.get(key)
+        if kwargs is None:
+            self.autotuned[grid](*args, **meta)
+            config = getattr(self.autotuned, "best_config", None)
+            if config is not None:
+                self.configs[key] = config.all_kwargs()
+            return
+        block = {"BLOCK_M": kwargs["BLOCK_M"], "BLOCK_N": kwargs["BLOCK_N"],
+                 "BLOCK_E": meta["BLOCK_E"], "BLOCK_EV": meta["BLOCK_EV"]}
+        self.jit[grid(kwargs)](*args, **meta, **kwargs, **bounds_checks({**sizes, **block}))

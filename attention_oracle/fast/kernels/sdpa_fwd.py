@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from .sdpa_common import (
+    BOUNDS_HEURISTICS,
     TUNE_KW,
     apply_attn_mask,
     autotune_enabled,
@@ -93,12 +94,7 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
 @triton.autotune(configs=_fwd_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                                "MASK_KIND"],
                  prune_configs_by={"early_config_prune": _prune_fwd}, **TUNE_KW)
-@triton.heuristics({
-    "CHECK_M": lambda a: a["L"] % a["BLOCK_M"] != 0,
-    "CHECK_N": lambda a: a["S"] % a["BLOCK_N"] != 0,
-    "CHECK_E": lambda a: a["E"] != a["BLOCK_E"],
-    "CHECK_EV": lambda a: a["EV"] != a["BLOCK_EV"],
-})
+@triton.heuristics(BOUNDS_HEURISTICS)
 @triton.jit(do_not_specialize=["Z2", "HQ"])
 def sdpa_fwd_kernel(Q, K, V, Mask, Out, LSE, LSE_LO,
                     s_qz1, s_qz2, s_qh, s_qm, s_qe,
