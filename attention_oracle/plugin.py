@@ -27,6 +27,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from attention_oracle.properties.harness import (
+    baseline,
     gpu_lock,  # noqa: E402
     known_failures,
     poison,
@@ -53,6 +54,10 @@ def pytest_addoption(parser):
     group.addoption("--oracle-failures", metavar="FILE", default=None,
                     help="append every failure (full text) and skip reason to FILE as it "
                          "happens: survives an interrupted run")
+    group.addoption("--baseline", metavar="OLD.json", default=None,
+                    help="compare with an earlier --oracle-report (same or another implementation): "
+                         "worst ratio per check before/after; a newly failing check or a ratio "
+                         "grown >= 2x is a regression and fails the run")
     group.addoption("--known-failures", metavar="FILE", default=None,
                     help="your own known failures (TOML or JSON: implementation, check, optional "
                          "'where' on case fields, reason): counted as known; entries that match "
@@ -87,6 +92,7 @@ def pytest_configure(config):
     profiles.activate(chosen, on_gpu=torch.cuda.is_available())
     poison.set_enabled(not (config.getoption("no_poison") or os.environ.get("ORACLE_NO_POISON") == "1"))
     _install_user_known(config)
+    _load_baseline(config)
     if _WORKER:
         torch.set_num_threads(1)
         if torch.cuda.is_available() and torch.cuda.device_count() > 1:
@@ -102,6 +108,34 @@ def _install_user_known(config) -> None:
         user_known.install(user_known.load(path))
     except user_known.KnownFailuresError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+_BASELINE: dict = {}  # "rows": the baseline's rows, "comparison": this run against them
+
+
+def _load_baseline(config) -> None:
+    path = config.getoption("baseline", None)
+    if path and not _WORKER:
+        try:
+            _BASELINE["rows"] = baseline.load(path)
+        except baseline.BaselineError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        _BASELINE["path"] = path
+
+
+def _compare_with_baseline():
+    if "rows" in _BASELINE and "comparison" not in _BASELINE:
+        _BASELINE["comparison"] = baseline.compare(_BASELINE["rows"], dict(_TABLE.rows), _BASELINE["path"])
+    return _BASELINE.get("comparison")
+
+
+def _baseline_summary(terminalreporter) -> None:
+    comparison = _compare_with_baseline()
+    if comparison is None:
+        return
+    terminalreporter.write_line("")
+    terminalreporter.write_line(baseline.render(comparison))
+    _TABLE.extra["baseline"] = baseline.to_dict(comparison)
 
 
 def _known_failures_summary(terminalreporter) -> None:
@@ -316,6 +350,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.section("attention-oracle report")
     terminalreporter.write_line(_TABLE.render())
     _known_failures_summary(terminalreporter)
+    _baseline_summary(terminalreporter)
     path = config.getoption("oracle_report")
     if path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -327,3 +362,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 def pytest_sessionfinish(session, exitstatus):
     if not _WORKER and _TABLE.verified_nothing() and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    comparison = None if _WORKER else _compare_with_baseline()
+    if comparison is not None and comparison.regressions and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a regression against --baseline
