@@ -553,3 +553,57 @@ def test_key_row_magnitudes_sum_over_query_chunks(rope):
         summed = sum(p["magnitude_rows"][name] for p in parts)
         torch.testing.assert_close(summed, rows, rtol=1e-12, atol=0)
         assert float(summed.max()) == pytest.approx(whole["magnitude"][name], rel=1e-12)
+
+
+# ------------------------------------------------------------------ lp algorithms
+
+_GRAD_NAMES = ("out", "lse", "dq_latent", "dq_rope", "dkv_latent", "dk_rope")
+
+
+@pytest.mark.parametrize("algorithm", ["flash", "prescaled"])
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("scale", [0.3, 2.0, -0.5])
+def test_lp_algorithms_are_the_same_math_in_float64(algorithm, rope, scale):
+    """K = 150 slots (several flash tiles), holes, a duplicate and an empty row."""
+    ops = _make(T=5, H=3, S=40, K=150, Dl=8, Dr=4, rope=rope)
+    dout = _dout(5, 3, 8)
+    naive = dsa_reference(*ops, dout, softmax_scale=scale, magnitudes=False)
+    other = dsa_reference(*ops, dout, softmax_scale=scale, magnitudes=False, algorithm=algorithm)
+    for name in _GRAD_NAMES:
+        if naive.get(name) is None:
+            continue
+        assert torch.equal(torch.isneginf(other[name]), torch.isneginf(naive[name])), name
+        torch.testing.assert_close(other[name], naive[name], rtol=1e-11, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prescaled_with_an_exact_root_is_the_naive_math(dtype):
+    """scale 4: q * 2 and k * 2 round nothing (values stay unscaled), so prescaled equals
+    naive bitwise: the wiring of dq = sqrt(scale) dS K, dkv = sqrt(scale) dS^T Q + P^T dO."""
+    ops = [None if t is None or t.dtype == torch.int32 else t.to(dtype) for t in _make(K=7)]
+    ops[4] = _make(K=7)[4]
+    dout = _dout(6, 2, 4, dtype=dtype)
+    naive = dsa_reference(*ops, dout, softmax_scale=4.0, compute_dtype=dtype, magnitudes=False)
+    pre = dsa_reference(*ops, dout, softmax_scale=4.0, compute_dtype=dtype, magnitudes=False,
+                        algorithm="prescaled")
+    for name in _GRAD_NAMES:
+        assert torch.equal(pre[name], naive[name]), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_flash_keeps_float32_softmax_for_16_bit(dtype):
+    ops = [t if t is None or t.dtype == torch.int32 else t.to(dtype)
+           for t in _make(T=5, H=3, S=40, K=150, Dl=8, Dr=4)]
+    gold = dsa_reference(*ops, softmax_scale=0.5)
+    fl = dsa_reference(*ops, softmax_scale=0.5, compute_dtype=dtype, magnitudes=False, algorithm="flash")
+    nv = dsa_reference(*ops, softmax_scale=0.5, compute_dtype=dtype, magnitudes=False)
+    assert fl["lse"].dtype == torch.float32 and fl["out"].dtype == dtype
+    err = {n: float((r["out"].double() - gold["out"]).abs().max()) for n, r in (("f", fl), ("n", nv))}
+    assert err["f"] < err["n"] / 2
+
+
+@pytest.mark.parametrize("kwargs,word", [(dict(algorithm="tiled"), "algorithm"),
+                                         (dict(algorithm="flash", magnitudes=True), "magnitudes")])
+def test_algorithm_arguments_are_checked(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        dsa_reference(*_make(), **kwargs)

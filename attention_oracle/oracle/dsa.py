@@ -44,6 +44,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import flash
+from .flash import ALGORITHMS
 from .index import offset_gather_kv_indices
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "dsa_sparse_attention_nope_varlen",
     "dsa_sparse_attention_varlen",
     "dsa_reference",
+    "ALGORITHMS",
     "DEFAULT_CHUNK_BYTES",
 ]
 
@@ -243,6 +246,15 @@ class _Chunk:
     out: torch.Tensor         # [c, H, Dl]
     lse: torch.Tensor         # [c, H]
     lse_terms: torch.Tensor   # [c, H]: |row max| + |log(sum of weights)|, the terms lse adds
+    # the score side of the product, scores = a * b * (qs . ks): ql, kl, qr, kr with
+    # a = b = scale, except with "prescaled" (qs = q * a, ks = k * b, a = +-b = +-sqrt(|scale|)):
+    # dq = a * dS ks, dk = b * dS^T qs
+    qs: torch.Tensor | None = None
+    ks: torch.Tensor | None = None
+    qrs: torch.Tensor | None = None
+    krs: torch.Tensor | None = None
+    q_factor: float = 1.0
+    k_factor: float = 1.0
 
 
 def _gather_rows(source: torch.Tensor, safe: torch.Tensor, valid: torch.Tensor,
@@ -254,7 +266,19 @@ def _gather_rows(source: torch.Tensor, safe: torch.Tensor, valid: torch.Tensor,
     return rows.masked_fill_(~valid[..., None], 0)
 
 
-def _forward_chunk(ops: _Operands, start: int, stop: int, cd: torch.dtype) -> _Chunk:
+def _scores(qs, ks, qrs, krs, valid, scale, dtype):
+    """``scale * (qs . ks + qrs . krs)`` [c, H, K] in ``dtype`` (products of the operands'
+    values, accumulated in ``dtype``), -inf at invalid slots."""
+    scores = torch.matmul(qs.to(dtype), ks.to(dtype).transpose(1, 2))
+    if qrs is not None:
+        scores.baddbmm_(qrs.to(dtype), krs.to(dtype).transpose(1, 2))
+    if scale != 1.0:
+        scores.mul_(scale)
+    return scores.masked_fill_(~valid[:, None, :], float("-inf"))
+
+
+def _forward_chunk(ops: _Operands, start: int, stop: int, cd: torch.dtype,
+                   algorithm: str = "naive") -> _Chunk:
     idx = ops.indices[start:stop].to(torch.int64)
     valid = (idx >= 0) & (idx < ops.S)
     if ops.topk_length is not None:
@@ -264,14 +288,25 @@ def _forward_chunk(ops: _Operands, start: int, stop: int, cd: torch.dtype) -> _C
     route = torch.where(valid, idx, ops.S)
     ql = ops.q_latent[start:stop].to(cd)
     kl = _gather_rows(ops.kv_latent, safe, valid, cd)
-    scores = torch.matmul(ql, kl.transpose(1, 2))
     qr = kr = None
     if ops.q_rope is not None:
         qr = ops.q_rope[start:stop].to(cd)
         kr = _gather_rows(ops.k_rope, safe, valid, cd)
-        scores.baddbmm_(qr, kr.transpose(1, 2))
-    scores.mul_(ops.scale)
-    scores.masked_fill_(~valid[:, None, :], float("-inf"))
+    side = dict(qs=ql, ks=kl, qrs=qr, krs=kr, q_factor=ops.scale, k_factor=ops.scale)
+    if algorithm == "flash":  # oracle/flash.py; P is the backward's, recomputed from lse
+        r_scale = ops.scale if ops.scale > 0 else None  # raw dots, unless a raw max is not the max
+        r = _scores(ql, kl, qr, kr, valid, 1.0 if r_scale else ops.scale, flash.accumulation_dtype(cd))
+        out, lse = flash.forward(r, kl, cd, r_scale)
+        P = flash.probabilities(r, lse, r_scale)
+        return _Chunk(valid, route, ql, qr, kl, kr, P, out, lse, torch.zeros_like(lse), **side)
+    scale = ops.scale
+    if algorithm == "prescaled":  # PyTorch's math backend: (q * sqrt(scale)) . (k * sqrt(scale))
+        root = math.sqrt(abs(ops.scale))
+        q_root = math.copysign(root, ops.scale)   # a negative scale negates q
+        side = dict(qs=ql * q_root, ks=kl * root, qrs=None if qr is None else qr * q_root,
+                    krs=None if kr is None else kr * root, q_factor=q_root, k_factor=root)
+        scale = 1.0
+    scores = _scores(side["qs"], side["ks"], side["qrs"], side["krs"], valid, scale, cd)
     row_max = scores.amax(dim=2, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, 0)   # empty rows: all -inf
     weights = torch.exp_(scores.sub_(row_max))                    # 0 at invalid slots
@@ -281,7 +316,7 @@ def _forward_chunk(ops: _Operands, start: int, stop: int, cd: torch.dtype) -> _C
     lse_terms = (row_max.abs() + log_total.abs()).squeeze(2)
     P = weights.div_(torch.where(total > 0, total, 1))
     out = torch.matmul(P, kl)
-    return _Chunk(valid, route, ql, qr, kl, kr, P, out, lse, lse_terms)
+    return _Chunk(valid, route, ql, qr, kl, kr, P, out, lse, lse_terms, **side)
 
 
 @dataclass
@@ -294,18 +329,29 @@ class _ChunkGrads:
     delta: torch.Tensor                # [c, H, 1]
 
 
-def _backward_chunk(ch: _Chunk, dout: torch.Tensor, scale: float) -> _ChunkGrads:
-    """Softmax backward: dS = P * (dP - Delta), Delta = rowsum(dout * out)."""
-    dP = torch.matmul(dout, ch.kl.transpose(1, 2))
-    delta = (dout * ch.out).sum(dim=2, keepdim=True)
-    dS = ch.P * (dP - delta)
-    dq_latent = torch.matmul(dS, ch.kl).mul_(scale)
+def _backward_chunk(ch: _Chunk, dout: torch.Tensor) -> _ChunkGrads:
+    """Softmax backward: dS = P * (dP - Delta), Delta = rowsum(dout * out).
+
+    In the dtype of ``ch.P``: the compute dtype, or float32 for a flash chunk of 16-bit
+    inputs, where dS and P are rounded to the inputs' dtype before the products (as flash
+    kernels feed them to their tensor-core dots) and the products accumulate in float32.
+    """
+    acc, cd = ch.P.dtype, ch.kl.dtype
+    do = dout.to(acc)
+    dP = torch.matmul(do, ch.kl.to(acc).transpose(1, 2))
+    delta = (do * ch.out.to(acc)).sum(dim=2, keepdim=True)
+    if acc == cd:
+        dS, P = ch.P * (dP - delta), ch.P
+    else:
+        dS, P = flash.softmax_backward(ch.P, dP, do, ch.out, cd)
+    fq, fk = ch.q_factor, ch.k_factor
+    dq_latent = torch.matmul(dS, ch.ks.to(acc)).mul_(fq)
     dS_t = dS.transpose(1, 2)
-    dkv_slots = torch.baddbmm(torch.matmul(ch.P.transpose(1, 2), dout), dS_t, ch.ql, alpha=scale)
+    dkv_slots = torch.baddbmm(torch.matmul(P.transpose(1, 2), do), dS_t, ch.qs.to(acc), alpha=fk)
     dq_rope = dkr_slots = None
     if ch.qr is not None:
-        dq_rope = torch.matmul(dS, ch.kr).mul_(scale)
-        dkr_slots = torch.matmul(dS_t, ch.qr).mul_(scale)
+        dq_rope = torch.matmul(dS, ch.krs.to(acc)).mul_(fq)
+        dkr_slots = torch.matmul(dS_t, ch.qrs.to(acc)).mul_(fk)
     return _ChunkGrads(dq_latent, dq_rope, dkv_slots, dkr_slots, dP, delta)
 
 
@@ -386,11 +432,12 @@ def _accumulator_dtype(compute_dtype: torch.dtype) -> torch.dtype:
 
 def _attend(ops: _Operands, dout: torch.Tensor | None, *, compute_dtype: torch.dtype,
             result_dtype: torch.dtype, magnitudes: bool, chunk_bytes: int,
-            want_forward: bool = True) -> dict:
+            want_forward: bool = True, algorithm: str = "naive") -> dict:
     """Run the chunked math; return out/lse (if ``want_forward``), gradients, magnitudes."""
     grads = dout is not None
     T, H, S, Dl, Dr, device = ops.T, ops.H, ops.S, ops.Dl, ops.Dr, ops.q_latent.device
-    chunk = _queries_per_chunk(ops, compute_dtype, grads, magnitudes, chunk_bytes)
+    work_dtype = _accumulator_dtype(compute_dtype) if algorithm == "flash" else compute_dtype
+    chunk = _queries_per_chunk(ops, work_dtype, grads, magnitudes, chunk_bytes)
     result: dict = {}
     if want_forward:
         result["out"] = torch.empty(T, H, Dl, dtype=result_dtype, device=device)
@@ -406,7 +453,7 @@ def _attend(ops: _Operands, dout: torch.Tensor | None, *, compute_dtype: torch.d
     tally = _Magnitudes(ops, grads) if magnitudes else None
     for start in range(0, T, chunk):
         stop = min(T, start + chunk)
-        ch = _forward_chunk(ops, start, stop, compute_dtype)
+        ch = _forward_chunk(ops, start, stop, compute_dtype, algorithm)
         if want_forward:
             result["out"][start:stop] = ch.out
             result["lse"][start:stop] = ch.lse
@@ -415,7 +462,7 @@ def _attend(ops: _Operands, dout: torch.Tensor | None, *, compute_dtype: torch.d
         if not grads:
             continue
         dout_c = dout[start:stop].to(compute_dtype)
-        g = _backward_chunk(ch, dout_c, ops.scale)
+        g = _backward_chunk(ch, dout_c)
         result["dq_latent"][start:stop] = g.dq_latent
         route = ch.route.reshape(-1)
         dkv_acc.index_add_(0, route, g.dkv_slots.reshape(-1, Dl).to(dkv_acc.dtype))
@@ -447,8 +494,8 @@ def _pad_empty_index_table(indices: torch.Tensor) -> torch.Tensor:
 
 def dsa_reference(q_latent, q_rope, kv_latent, k_rope, indices, dout=None, *, topk_length=None,
                   softmax_scale=None, compute_dtype=torch.float64,
-                  chunk_bytes=DEFAULT_CHUNK_BYTES, magnitudes=True) -> dict:
-    """The oracle's DSA math run entirely in ``compute_dtype`` (float64 gives the gold result).
+                  chunk_bytes=DEFAULT_CHUNK_BYTES, magnitudes=True, algorithm="naive") -> dict:
+    """The oracle's DSA math run in ``compute_dtype`` (float64 and "naive" give the gold result).
 
     Args:
         q_latent ``[T, H, Dl]``, q_rope ``[T, H, Dr]`` or None (NoPE), kv_latent ``[S, Dl]`` or
@@ -459,7 +506,13 @@ def dsa_reference(q_latent, q_rope, kv_latent, k_rope, indices, dout=None, *, to
             in float32 and rounds once to the dtype, as torch's reductions do.
         chunk_bytes: budget for one chunk's transient memory (see the module docstring).
         magnitudes: also return the absolute-term magnitudes (computed in float64 from the
-            compute-dtype intermediates).
+            compute-dtype intermediates; "naive" only).
+        algorithm: one of ``ALGORITHMS``, the standard algorithms whose rounding in the dtype
+            the agreement rule measures (as in ``oracle/sdpa.py``): "naive" (every operation in
+            ``compute_dtype``), "prescaled" (q and the score side of the keys times
+            sqrt(scale) before the product; the values unscaled) or "flash" (fused-kernel
+            numerics, ``oracle/flash.py``, over slot tiles; key gradients accumulated in
+            float32 per slot and rounded once).
 
     Returns:
         dict with ``out [T, H, Dl]`` (compute dtype), ``lse [T, H]`` float32, and when ``dout``
@@ -473,11 +526,15 @@ def dsa_reference(q_latent, q_rope, kv_latent, k_rope, indices, dout=None, *, to
                              softmax_scale)
     if not isinstance(compute_dtype, torch.dtype) or not compute_dtype.is_floating_point:
         raise TypeError(f"compute_dtype must be a floating torch.dtype, got {compute_dtype!r}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if magnitudes and algorithm != "naive":
+        raise ValueError("magnitudes=True is computed with algorithm='naive' only")
     if dout is not None:
         _validate_dout(dout, ops)
     ops.indices = _pad_empty_index_table(ops.indices)
     result = _attend(ops, dout, compute_dtype=compute_dtype, result_dtype=compute_dtype,
-                     magnitudes=magnitudes, chunk_bytes=chunk_bytes)
+                     magnitudes=magnitudes, chunk_bytes=chunk_bytes, algorithm=algorithm)
     if dout is not None:
         result["dkv_latent"] = result["dkv_latent"].reshape(kv_latent.shape)
         if k_rope is not None:

@@ -20,7 +20,11 @@ import math
 
 import torch
 
+from . import flash
+from .flash import ALGORITHMS
+
 __all__ = [
+    "ALGORITHMS",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_with_lse",
     "sdpa_reference",
@@ -138,26 +142,73 @@ def _amax(t: torch.Tensor) -> float:
     return float(t.abs().max()) if t.numel() else 0.0
 
 
+# ----------------------------------------------------------------------------- algorithms
+#
+# The agreement rule's lp term is the largest error among the standard algorithms run in the
+# implementation's dtype (CONTRACT section 5, docs/agreement-rule.md). Besides the naive math
+# (scores, softmax, P.V, all in the compute dtype), the oracle runs "prescaled" (q and k
+# multiplied by sqrt(scale) in the dtype before the product, then the naive math with scale 1:
+# PyTorch's math backend) and "flash" (fused-kernel numerics, ``oracle/flash.py``).
+
+
+def _flash_scores(qc, k, mask_c, is_causal, row0, sc, acc):
+    """(r, scale) for ``flash.forward``: raw float32 dots and the scale, or, with an additive
+    mask (or a scale <= 0, where a raw row max is not the scaled one), the scaled masked scores
+    and None."""
+    natural = (mask_c is not None and mask_c.dtype != torch.bool) or sc <= 0
+    r = _masked_scores(qc.to(acc), k.to(acc), mask_c, is_causal, row0, sc if natural else 1.0)
+    return r, (None if natural else sc)
+
+
+def _flash_chunk(qc, k, v, doc, mask_c, is_causal, row0, sc, cd, acc):
+    """One query chunk, flash style: out, lse and (with ``doc``) dq and this chunk's dk, dv
+    terms in the accumulation dtype."""
+    r, r_scale = _flash_scores(qc, k, mask_c, is_causal, row0, sc, acc)
+    out, lse = flash.forward(r, v, cd, r_scale)
+    if doc is None:
+        return out, lse, None
+    p = flash.probabilities(r, lse, r_scale)
+    do = doc.to(acc)
+    dp = torch.matmul(do, v.to(acc).transpose(-1, -2))
+    ds, p = flash.softmax_backward(p, dp, do, out, cd)
+    grads = (torch.matmul(ds, k.to(acc)) * sc, torch.matmul(ds.transpose(-1, -2), qc.to(acc)) * sc,
+             torch.matmul(p.transpose(-1, -2), do))
+    return out, lse, grads
+
+
 def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=False, scale=None,
                    enable_gqa=False, compute_dtype=torch.float64, chunk_bytes=DEFAULT_CHUNK_BYTES,
-                   magnitudes=False) -> dict:
-    """Forward (and, with ``dout``, backward) of SDPA computed entirely in ``compute_dtype``.
+                   magnitudes=False, algorithm="naive") -> dict:
+    """Forward (and, with ``dout``, backward) of SDPA computed in ``compute_dtype``.
 
-    float64 gives the gold result; the input dtype gives the rounding the dtype forces
-    (the ``lp`` of the agreement rule). Returns a dict with ``out`` [*batch, Hq, L, Ev],
-    ``lse`` [*batch, Hq, L] and, with dout, ``dq``, ``dk``, ``dv`` shaped as the inputs.
-    With ``magnitudes=True`` also ``magnitude``: for each output, the largest sum of
-    absolute terms behind one element (used for the agreement rule's absolute floor):
-    out: P @ |V|; dq: scale * (P * (|dP| + |Delta|)) @ |K|; dk: the transpose with |Q|;
-    dv: P^T @ |dO|; lse: |row max| + |log sum of weights| (the two terms lse adds).
+    float64 with ``algorithm="naive"`` gives the gold result; the input dtype gives the
+    rounding the dtype forces (the ``lp`` of the agreement rule) for one of the standard
+    ``ALGORITHMS`` (see above): "naive" (every operation in ``compute_dtype``), "prescaled"
+    (q, k times sqrt(scale) first) or "flash" (fused-kernel numerics). Returns a dict with
+    ``out`` [*batch, Hq, L, Ev], ``lse`` [*batch, Hq, L] and, with dout, ``dq``, ``dk``, ``dv``
+    shaped as the inputs. With ``magnitudes=True`` (naive only) also ``magnitude``: for each
+    output, the largest sum of absolute terms behind one element (used for the agreement
+    rule's absolute floor): out: P @ |V|; dq: scale * (P * (|dP| + |Delta|)) @ |K|; dk: the
+    transpose with |Q|; dv: P^T @ |dO|; lse: |row max| + |log sum of weights| (the two terms
+    lse adds).
     """
     validate_sdpa_inputs(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if magnitudes and algorithm != "naive":
+        raise ValueError("magnitudes=True is computed with algorithm='naive' only")
     cd = compute_dtype
     e = query.shape[-1]
     sc = (1.0 / math.sqrt(e)) if scale is None else float(scale)
     q = _as_bhld(query).to(cd)
     k = _as_bhld(key).to(cd)
     v = _as_bhld(value).to(cd)
+    root = q_root = 1.0
+    if algorithm == "prescaled":  # as PyTorch's math backend: (q * sqrt(scale)) @ (k * sqrt(scale))^T,
+        root = math.sqrt(abs(sc))  # a negative scale negating q
+        q_root, sc = math.copysign(root, sc), 1.0
+        q, k = q * q_root, k * root
+    acc = flash.accumulation_dtype(cd) if algorithm == "flash" else cd
     b, hq, l_q, _ = q.shape
     hkv, s_k = k.shape[1], k.shape[2]
     group = hq // hkv
@@ -170,10 +221,11 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
     do = None if dout is None else _as_bhld(dout).to(cd)
 
     out = q.new_zeros((b, hq, l_q, v.shape[-1]))
-    lse = q.new_zeros((b, hq, l_q))
+    lse = q.new_zeros((b, hq, l_q), dtype=flash.lse_dtype(acc) if algorithm == "flash" else cd)
     grads = None
     if do is not None:
-        grads = {"dq": torch.zeros_like(q), "dk": torch.zeros_like(k), "dv": torch.zeros_like(v)}
+        grads = {"dq": torch.zeros_like(q), "dk": torch.zeros_like(k, dtype=acc),
+                 "dv": torch.zeros_like(v, dtype=acc)}
     mags = {"out": 0.0, "lse": 0.0, "dq": 0.0}
     mag_dk = torch.zeros_like(k) if (magnitudes and do is not None) else None
     mag_dv = torch.zeros_like(v) if (magnitudes and do is not None) else None
@@ -185,6 +237,15 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
         mask_c = None
         if mask is not None:
             mask_c = mask[..., r0:r1, :].reshape(b, hq, r1 - r0, s_k)
+        if algorithm == "flash":
+            doc = None if do is None else do[:, :, r0:r1]
+            out[:, :, r0:r1], lse[:, :, r0:r1], g = _flash_chunk(qc, k, v, doc, mask_c, is_causal,
+                                                                 r0, sc, cd, acc)
+            if g is not None:
+                grads["dq"][:, :, r0:r1] = g[0]
+                grads["dk"] += g[1]
+                grads["dv"] += g[2]
+            continue
         s = _masked_scores(qc, k, mask_c, is_causal, r0, sc)
         p, lse_c, lse_terms = _softmax_with_lse(s)
         oc = torch.matmul(p, v)
@@ -220,6 +281,10 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
             if mag_dk is not None:
                 mag_dk = mag_dk.reshape(b, hkv, group, s_k, -1).sum(2)
                 mag_dv = mag_dv.reshape(b, hkv, group, s_k, -1).sum(2)
+        dq = grads["dq"]
+        if algorithm == "prescaled":  # the chain rule through q * sqrt(scale), k * sqrt(scale)
+            dq, dk = dq * q_root, dk * root
+        grads["dq"], dk, dv = dq, dk.to(cd), dv.to(cd)
         result["dq"] = grads["dq"].reshape(query.shape)
         result["dk"] = dk.reshape(key.shape)
         result["dv"] = dv.reshape(value.shape)

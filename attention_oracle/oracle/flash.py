@@ -1,0 +1,121 @@
+"""The flash algorithm's numerics, shared by the SDPA and DSA oracles (``algorithm="flash"``).
+
+This is the lp run of the fused kernels (FlashAttention-2 and kernels written like it): the
+agreement rule measures the rounding it makes in the implementation's dtype beside the
+naive math's (CONTRACT section 5, docs/agreement-rule.md). In the accumulation dtype
+(float32 for 16-bit inputs, else the dtype itself):
+
+- scores ``r`` are the raw dot products q.k (float32 dot of the inputs' values), and the
+  scale is folded into the exponent (FlashAttention-2, Triton's tutorial): keys are taken in
+  tiles of ``TILE`` with an online row max ``m`` and sum ``l``, exponentials are
+  ``exp2(fma(r, c, -fl(m * c)))`` with ``c = fl(scale * log2(e))``, and
+  lse = fma(m, scale, log(l)) in natural units;
+- with an additive float mask (or a scale <= 0) the scores are the scaled, masked scores in
+  natural units, as kernels taking a bias add it (xformers' memory-efficient kernel), and
+  exponentials are ``exp2(fl(r - m) * log2(e))``: subtracting first keeps a bias of
+  ``finfo.min`` finite; lse = fl(m + log(l));
+- P (unnormalised, <= 1) is rounded to the dtype before the P.V product, which accumulates
+  in float32; out = fl(o * fl(1 / l)), rounded once to the dtype; lse is stored as float32;
+- backward: P is recomputed from the stored lse the same way (``exp2(fma(r, c,
+  -fl(lse * log2(e))))``, or ``exp2(fl(r - lse) * log2(e))``), so a row with one key has
+  P = 1 only up to that rounding; Delta = rowsum(dO * O) from the rounded output,
+  dS = P * (dP - Delta); dS and P are rounded to the dtype before the dq / dk / dv
+  products, which accumulate in float32.
+
+A fused multiply-add is one rounding: for float32 operands it is computed in float64 (the
+product is exact there) and rounded once.
+
+Shapes: ``r`` [..., rows, keys] with the key dim last; ``values`` [..., keys, Dv] with
+leading dims broadcasting against ``r``'s (SDPA: [B, H, S, Ev]; DSA: [c, K, Dl] under
+[c, H, K] scores).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+ALGORITHMS = ("naive", "flash", "prescaled")   # the standard algorithms the oracles run
+TILE = 64
+LOG2E = math.log2(math.e)
+
+
+def accumulation_dtype(compute_dtype: torch.dtype) -> torch.dtype:
+    """The dtype a fused kernel accumulates in: float32 for 16-bit inputs, else the dtype."""
+    return torch.float32 if compute_dtype in (torch.float16, torch.bfloat16) else compute_dtype
+
+
+def lse_dtype(acc: torch.dtype) -> torch.dtype:
+    """lse is stored as float32 (CONTRACT sections 2, 3); a float64 run keeps float64."""
+    return torch.float64 if acc == torch.float64 else torch.float32
+
+
+def _wide(acc: torch.dtype) -> torch.dtype:
+    return torch.float64 if acc == torch.float32 else acc
+
+
+def fma(a: torch.Tensor, b, c: torch.Tensor) -> torch.Tensor:
+    """fl(a * b + c) with one rounding (a, c in the accumulation dtype, b a float)."""
+    w = _wide(a.dtype)
+    return (a.to(w) * b + c.to(w)).to(a.dtype)
+
+
+def log2_scale(scale: float, acc: torch.dtype) -> float:
+    """c = fl(scale * log2(e)) in the accumulation dtype, as a kernel stores it."""
+    return float(torch.tensor(scale * LOG2E, dtype=acc))
+
+
+def _zero_where_neginf(t: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isneginf(t), torch.zeros_like(t), t)
+
+
+def _exp2_shifted(r, shift, scale):
+    """exp(scale * (r - shift)) as the kernel computes it (``scale=None``: r is in natural
+    units, subtract first); ``shift`` is the row max or the lse, 0 where it is -inf."""
+    if scale is None:
+        return torch.exp2((r - shift) * LOG2E)
+    return torch.exp2(fma(r, log2_scale(scale, r.dtype), -(shift * log2_scale(scale, r.dtype))))
+
+
+def forward(r: torch.Tensor, values: torch.Tensor, cd: torch.dtype, scale: float | None):
+    """Online softmax over key tiles: (out in ``cd``, lse). ``r`` in the accumulation dtype,
+    -inf where a key takes no part: raw dots with ``scale`` the softmax scale, or scaled
+    scores with ``scale=None``. A row with no key gives out = 0 and lse = -inf."""
+    acc = r.dtype
+    m = torch.full(r.shape[:-1] + (1,), float("-inf"), dtype=acc, device=r.device)
+    l = torch.zeros_like(m)
+    o = r.new_zeros(r.shape[:-1] + (values.shape[-1],))
+    for j0 in range(0, r.shape[-1], TILE):
+        rt = r[..., j0:j0 + TILE]
+        m_new = torch.maximum(m, rt.amax(dim=-1, keepdim=True))
+        m_ref = _zero_where_neginf(m_new)
+        p = _exp2_shifted(rt, m_ref, scale)                         # 0 where masked
+        alpha = _exp2_shifted(m, m_ref, scale)                      # 0 before the first key
+        l = l * alpha + p.sum(dim=-1, keepdim=True)
+        o = o * alpha + torch.matmul(p.to(cd).to(acc), values[..., j0:j0 + TILE, :].to(acc))
+        m = m_new
+    empty = torch.isneginf(m)
+    l_safe = torch.where(empty, torch.ones_like(l), l)
+    out = (o * (1.0 / l_safe)).to(cd)
+    lse = fma(_zero_where_neginf(m), 1.0 if scale is None else scale, torch.log(l_safe))
+    lse = torch.where(empty, m, lse)
+    return out, lse.squeeze(-1).to(lse_dtype(acc))
+
+
+def probabilities(r: torch.Tensor, lse: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """P recomputed from the stored lse (``[..., rows]``), as a flash backward does; ``r`` and
+    ``scale`` as for :func:`forward`. 0 where masked and on empty rows."""
+    lse = _zero_where_neginf(lse.to(r.dtype).unsqueeze(-1))
+    if scale is None:
+        return torch.exp2((r - lse) * LOG2E)
+    return torch.exp2(fma(r, log2_scale(scale, r.dtype), -(lse * LOG2E)))
+
+
+def softmax_backward(p: torch.Tensor, dp: torch.Tensor, dout: torch.Tensor, out: torch.Tensor,
+                     cd: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dS, P), both rounded to ``cd`` and back to the accumulation dtype of ``p``:
+    dS = P * (dP - Delta), Delta = rowsum(dO * O) with O the rounded output."""
+    acc = p.dtype
+    delta = (dout.to(acc) * out.to(acc)).sum(-1, keepdim=True)
+    ds = p * (dp - delta)
+    return ds.to(cd).to(acc), p.to(cd).to(acc)
