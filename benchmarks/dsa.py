@@ -6,16 +6,24 @@ Everything is measured in one run, side by side: H=64, latent 512 + rope 64, val
 top-k 2048, bf16, trainer layouts (q_rope the 192:256 slice of a [T, 64, 256] buffer, key
 rows packed in one [S, 576] buffer, head-major dout).
 
-- tile configurations tried on doc_4096; the fastest forward and backward are used after;
-- forward / backward / step TFLOP/s on doc_4096, doc_16384 (one causal document each) and
-  packed_glm_a (FACTS.md); FLOPs count valid slots only: forward 2*H*(Dqk+Dv), backward
-  2*H*(3*Dqk+2*Dv) per valid slot;
+- tile configurations tried on doc_4096 (``--sweep``); the fastest forward and backward are
+  used after;
+- forward (inference and training) / backward / step TFLOP/s on doc_4096, doc_16384 (one
+  causal document each) and packed_glm_a (FACTS.md), each timed two ways (benchmarks.timing:
+  ``queued`` by do_bench, ``synced`` with events and a sync around every call); FLOPs count
+  valid slots only: forward 2*H*(Dqk+Dv), backward 2*H*(3*Dqk+2*Dv) per valid slot;
+- the NoPE rows (H 64, D 512, top-k 2048; ``nope_rows``): a 16k document whose rows have a
+  100%-hole gap region, and 264 documents of 992 tokens at 75.8% holes with a fixed tail,
+  each with compaction on and off (the speedup of forward, backward and step);
+- host overhead per call at a tiny shape (forward, index preparation);
 - a hole sweep (0, 50, 75.8, 100 % holes) with compaction on and off;
 - a plain PyTorch gather baseline (bf16 matmuls, fp32 softmax, 512-query chunks);
 - index preparation against torch (stable sort + gather) and a device copy of the same bytes;
 - peak backward memory with a contiguous and a head-major dout.
 
-The JSON is rewritten after every section, so a run cut short keeps what it measured.
+The JSON is rewritten after every section, so a run cut short keeps what it measured;
+``--budget-s`` starts no new section after that many seconds. A PNG next to the JSON plots
+the TFLOP/s of the sections against the query count.
 """
 import argparse
 import json
@@ -26,7 +34,9 @@ import time
 import torch
 
 import attention_oracle.fast.dsa as fdsa
-from attention_oracle.fast.index import offset_gather_kv_indices
+from attention_oracle.fast.index import offset_gather_kv_indices, set_pdl
+
+from .timing import host_us, plot_panels, queued_ms, synced_ms
 
 H, DL, DR, TOPK = 64, 512, 64, 2048
 DQK, DV = DL + DR, DL
@@ -122,18 +132,159 @@ def fast_varlen_forward(p, xs):
                                             causal=p["causal"], softmax_scale=SCALE)
 
 
+def _no_grad(fn):
+    def run():
+        with torch.no_grad():
+            return fn()
+    return run
+
+
+def time_both(fn, reps):
+    """(queued ms, synced ms) of fn()."""
+    return queued_ms(fn, rep_ms=max(40, 10 * reps)), synced_ms(fn, reps, warmup=1)
+
+
 def measure_fast(p, reps):
-    """Forward, backward and step timings of the fast kernels on one problem."""
+    """Forward (inference, training), backward and step timings of fast on one problem, both
+    timing methods; the plain (``*_ms``) fields are the synced ones."""
     xs = leaves(p)
-    with torch.no_grad():
-        fwd = bench_ms(lambda: fast_forward(p, xs), reps)
     out = fast_forward(p, xs)
-    bwd = bench_ms(lambda: torch.autograd.grad(out, xs, p["dout"], retain_graph=True), reps)
-    step = bench_ms(lambda: torch.autograd.grad(fast_varlen_forward(p, xs), xs, p["dout"]), reps)
+    phases = {"fwd": _no_grad(lambda: fast_forward(p, xs)),
+              "fwd_train": lambda: fast_forward(p, xs),
+              "bwd": lambda: torch.autograd.grad(out, xs, p["dout"], retain_graph=True),
+              "step": lambda: torch.autograd.grad(fast_varlen_forward(p, xs), xs, p["dout"])}
+    flop = {"fwd": FWD_FLOP, "fwd_train": FWD_FLOP, "bwd": BWD_FLOP, "step": FWD_FLOP + BWD_FLOP}
     v = p["valid"]
-    return dict(T=p["T"], S=p["S"], valid_slots=v, fwd_ms=fwd, bwd_ms=bwd, step_ms=step,
-                fwd_tflops=tflops(FWD_FLOP * v, fwd), bwd_tflops=tflops(BWD_FLOP * v, bwd),
-                step_tflops=tflops((FWD_FLOP + BWD_FLOP) * v, step))
+    row = dict(T=p["T"], S=p["S"], valid_slots=v)
+    for phase, fn in phases.items():
+        queued, synced = time_both(fn, reps)
+        row.update({f"{phase}_ms": synced, f"{phase}_tflops": tflops(flop[phase] * v, synced),
+                    f"{phase}_queued_ms": queued,
+                    f"{phase}_queued_tflops": tflops(flop[phase] * v, queued)})
+    return row
+
+
+# ----------------------------------------------------------------------------- NoPE rows
+
+def nope_gap_local(T, gen):
+    """A 16k causal document: slots [0, 512) and [1536, 2047) hold distinct random keys <= pos
+    (-1 where fewer exist), slots [512, 1536) are the gap (100% holes), slot 2047 the query's own
+    key. Without compaction a row runs to its last slot; compacted, to half of it."""
+    pos = torch.arange(T, device=DEVICE)[:, None]
+    picks = (torch.rand(T, TOPK - 1024, device=DEVICE, generator=gen) * (pos + 1)).long()
+    picks = torch.where(torch.arange(TOPK - 1024, device=DEVICE)[None, :] <= pos, picks, -1)
+    local = torch.full((T, TOPK), -1, dtype=torch.int32, device=DEVICE)
+    local[:, :512] = picks[:, :512].int()
+    local[:, 1536:TOPK - 1] = picks[:, 512:].int()
+    local[:, TOPK - 1] = pos[:, 0].int()
+    return local
+
+
+def nope_docs_local(n_docs, doc, gen):
+    """n_docs causal documents of ``doc`` tokens: slot s names local key s (valid iff s <= pos,
+    so 75.8% of 2048 slots are holes for 992-token documents) and slot 2047 the query's own key
+    (the fixed tail that keeps a holey row running to its last slot)."""
+    pos = torch.arange(doc, device=DEVICE).repeat(n_docs)[:, None]
+    local = torch.arange(TOPK, device=DEVICE, dtype=torch.int32)[None, :].repeat(n_docs * doc, 1)
+    local[:, TOPK - 1] = pos[:, 0].int()
+    return local
+
+
+def nope_problem(name, cu, local, gen):
+    T = cu[-1]
+    cu_t = torch.tensor(cu, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(T, H, DL, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+    kv = torch.randn(T, DL, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+    dout = torch.randn(T, H, DL, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+    layouts = {}
+    for compact in (False, True):
+        rows, lengths = offset_gather_kv_indices(local, cu_t, cu_t, causal=True, compact=compact,
+                                                 return_topk_length=True)
+        layouts[compact] = (rows, lengths)
+    valid = int(layouts[True][1].sum())
+    return dict(name=name, T=T, q=q, kv=kv, dout=dout, layouts=layouts, valid=valid,
+                hole_rate=1 - valid / (T * TOPK))
+
+
+def measure_nope(p, reps):
+    """Forward / backward / step of the NoPE global kernel on holey and compacted rows."""
+    fwd_flop, bwd_flop = 2 * H * 2 * DL, 2 * H * (3 * DL + 2 * DL)
+    q, kv = (p[k].detach().requires_grad_(True) for k in ("q", "kv"))
+    row = dict(T=p["T"], valid_slots=p["valid"], hole_rate=p["hole_rate"])
+    for compact, (rows, lengths) in p["layouts"].items():
+        tag = "compact" if compact else "holey"
+
+        def fwd():
+            return fdsa.dsa_sparse_attention_nope(q, kv, rows, topk_length=lengths,
+                                                  softmax_scale=1 / math.sqrt(DL))
+        out = fwd()
+        phases = {"fwd": _no_grad(fwd),
+                  "bwd": lambda: torch.autograd.grad(out, (q, kv), p["dout"], retain_graph=True),
+                  "step": lambda: torch.autograd.grad(fwd(), (q, kv), p["dout"])}
+        flop = {"fwd": fwd_flop, "bwd": bwd_flop, "step": fwd_flop + bwd_flop}
+        for phase, fn in phases.items():
+            queued, synced = time_both(fn, reps)
+            row[f"{phase}_{tag}_ms"] = synced
+            row[f"{phase}_{tag}_queued_ms"] = queued
+            row[f"{phase}_{tag}_tflops"] = tflops(flop[phase] * p["valid"], synced)
+    for phase in ("fwd", "bwd", "step"):
+        row[f"{phase}_compaction_speedup"] = row[f"{phase}_holey_ms"] / row[f"{phase}_compact_ms"]
+        row[f"{phase}_compaction_speedup_queued"] = (row[f"{phase}_holey_queued_ms"]
+                                                     / row[f"{phase}_compact_queued_ms"])
+    return row
+
+
+def nope_rows(gen, reps):
+    out = {}
+    p = nope_problem("nope_gap_16384", [0, 16384], nope_gap_local(16384, gen), gen)
+    out["nope_gap_16384"] = measure_nope(p, reps)
+    del p
+    torch.cuda.empty_cache()
+    n, doc = 264, 992
+    p = nope_problem("nope_264x992", [doc * i for i in range(n + 1)], nope_docs_local(n, doc, gen),
+                     gen)
+    out["nope_264x992"] = measure_nope(p, reps)
+    del p
+    torch.cuda.empty_cache()
+    return out
+
+
+def host_overhead(gen):
+    """Host microseconds per call at a tiny shape (T 4, H 64, top-k 64): forward and index prep."""
+    p = make_problem("tiny", [0, 4], [0, 64], gen, causal=False,
+                     local=torch.randint(0, 64, (4, 64), device=DEVICE, dtype=torch.int32,
+                                         generator=gen))
+    xs = leaves(p)
+    args = (p["local"], p["cu_q"], p["cu_k"])
+    return dict(
+        fwd_no_grad_us=host_us(_no_grad(lambda: fast_forward(p, xs))),
+        fwd_train_us=host_us(lambda: fast_forward(p, xs)),
+        varlen_fwd_no_grad_us=host_us(_no_grad(lambda: fast_varlen_forward(p, xs))),
+        index_prep_us=host_us(lambda: offset_gather_kv_indices(*args, compact=True,
+                                                               return_topk_length=True)),
+        copy_us=host_us(lambda: p["local"].clone()))
+
+
+def pdl_compare(p, reps):
+    """Varlen forward (index preparation, then the forward) with PDL off and on, no_grad."""
+    xs = leaves(p)
+    fn = _no_grad(lambda: fast_varlen_forward(p, xs))
+    row = dict(T=p["T"], valid_slots=p["valid"])
+    outs = {}
+    for on in (False, True):
+        active = set_pdl(on)
+        if on:
+            row["pdl_active"] = active  # False where Triton lacks the GDC intrinsics
+        tag = "pdl" if on else "plain"
+        outs[tag] = fn()
+        queued, synced = time_both(fn, reps)
+        row[f"{tag}_queued_us"], row[f"{tag}_synced_us"] = queued * 1e3, synced * 1e3
+        row[f"{tag}_host_us"] = host_us(fn, calls=20, rounds=3)
+    set_pdl(False)
+    row["same_output"] = bool(torch.equal(outs["plain"], outs["pdl"]))
+    row["pdl_speedup_queued"] = row["plain_queued_us"] / row["pdl_queued_us"]
+    row["pdl_speedup_synced"] = row["plain_synced_us"] / row["pdl_synced_us"]
+    return row
 
 
 # ----------------------------------------------------------------------------- sections
@@ -247,15 +398,20 @@ def torch_offset_gather(local, cu_q, cu_k, causal):
 
 def index_prep(p, reps):
     args = (p["local"], p["cu_q"], p["cu_k"])
-    fast_ms = bench_ms(lambda: offset_gather_kv_indices(*args, causal=True, compact=True,
-                                                        return_topk_length=True), reps)
+
+    def fast():
+        return offset_gather_kv_indices(*args, causal=True, compact=True, return_topk_length=True)
+    fast_ms = bench_ms(fast, reps)
     torch_ms = bench_ms(lambda: torch_offset_gather(*args, True), reps)
     src, dst = p["local"].clone(), torch.empty_like(p["local"])
     copy_ms = bench_ms(lambda: dst.copy_(src), reps)
+    fast_q, copy_q = queued_ms(fast), queued_ms(lambda: dst.copy_(src))
     a = offset_gather_kv_indices(*args, causal=True, compact=True, return_topk_length=True)
     b = torch_offset_gather(*args, True)
     return dict(T=p["T"], K=TOPK, fast_us=fast_ms * 1e3, torch_sort_us=torch_ms * 1e3,
                 copy_us=copy_ms * 1e3, fast_over_copy=fast_ms / copy_ms,
+                fast_queued_us=fast_q * 1e3, copy_queued_us=copy_q * 1e3,
+                fast_over_copy_queued=fast_q / copy_q,
                 torch_over_fast=torch_ms / fast_ms,
                 agrees_with_torch=bool(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])))
 
@@ -282,11 +438,35 @@ def backward_memory(p):
 # ----------------------------------------------------------------------------- driver
 
 def print_table(results):
-    print(f"\n{'problem':14s} {'valid':>10s} {'fwd ms':>8s} {'TF/s':>6s} {'bwd ms':>8s} {'TF/s':>6s} "
-          f"{'step ms':>8s} {'TF/s':>6s}")
+    print(f"\n{'problem':14s} {'valid':>10s} | TFLOP/s synced: {'fwd':>6s} {'train':>6s} {'bwd':>6s} "
+          f"{'step':>6s} | queued: {'fwd':>6s} {'train':>6s} {'bwd':>6s} {'step':>6s}")
     for name, r in results.get("fast", {}).items():
-        print(f"{name:14s} {r['valid_slots']:10d} {r['fwd_ms']:8.3f} {r['fwd_tflops']:6.1f} "
-              f"{r['bwd_ms']:8.3f} {r['bwd_tflops']:6.1f} {r['step_ms']:8.3f} {r['step_tflops']:6.1f}")
+        if "error" in r:
+            print(f"{name:14s} error {r['error'][:200]}")
+            continue
+        print(f"{name:14s} {r['valid_slots']:10d} |                 "
+              + " ".join(f"{r[ph + '_tflops']:6.1f}" for ph in ("fwd", "fwd_train", "bwd", "step"))
+              + " |         "
+              + " ".join(f"{r[ph + '_queued_tflops']:6.1f}" for ph in ("fwd", "fwd_train", "bwd", "step")))
+    for name, r in results.get("nope_rows", {}).items():
+        if not isinstance(r, dict) or "fwd_compaction_speedup" not in r:
+            print(f"nope {name}: {r}")
+            continue
+        print(f"nope {name}: holes {100 * r['hole_rate']:.1f}%, compaction speedup fwd "
+              f"{r['fwd_compaction_speedup']:.2f}x bwd {r['bwd_compaction_speedup']:.2f}x step "
+              f"{r['step_compaction_speedup']:.2f}x (queued {r['fwd_compaction_speedup_queued']:.2f}/"
+              f"{r['bwd_compaction_speedup_queued']:.2f}/{r['step_compaction_speedup_queued']:.2f}); "
+              f"compact fwd {r['fwd_compact_tflops']:.0f} bwd {r['bwd_compact_tflops']:.0f} TFLOP/s")
+    for name, r in results.get("pdl", {}).items():
+        if "pdl_speedup_queued" in r:
+            print(f"pdl {name}: plain {r['plain_synced_us']:.1f} us synced / {r['plain_queued_us']:.1f}"
+                  f" queued, pdl {r['pdl_synced_us']:.1f} / {r['pdl_queued_us']:.1f} (x"
+                  f"{r['pdl_speedup_synced']:.3f} / x{r['pdl_speedup_queued']:.3f}), same output "
+                  f"{r['same_output']}")
+        else:
+            print(f"pdl {name}: {r}")
+    if "host_overhead" in results:
+        print("host us per call:", results["host_overhead"])
     for name, r in results.get("torch_gather_baseline", {}).items():
         print(f"torch {name:8s} fwd {r['fwd_ms']:.2f} ms ({r['fwd_tflops']:.1f} TF/s)"
               + (f", step {r['step_ms']:.1f} ms ({r['step_tflops']:.2f} TF/s)" if "step_ms" in r else ""))
@@ -295,20 +475,40 @@ def print_table(results):
               f"{r['step_ms_compact']:.3f} ms ({r['compact_over_0pct']:.2f}x of 0%)")
     for r in results.get("index_prep", {}).values():
         print(f"index T={r['T']}: fast {r['fast_us']:.1f} us, copy {r['copy_us']:.1f} us "
-              f"({r['fast_over_copy']:.2f}x), torch {r['torch_sort_us']:.1f} us "
-              f"({r['torch_over_fast']:.1f}x slower)")
+              f"({r['fast_over_copy']:.2f}x; queued {r['fast_over_copy_queued']:.2f}x), torch "
+              f"{r['torch_sort_us']:.1f} us ({r['torch_over_fast']:.1f}x slower)")
     if "backward_memory" in results:
         print("backward memory:", results["backward_memory"])
 
 
+def plot(results, path):
+    """TFLOP/s of fast per problem, against the query count (both timing methods)."""
+    panels = {}
+    for phase in ("fwd", "fwd_train", "bwd", "step"):
+        series = panels.setdefault(f"fast DSA {phase} (H64, 512+64/512, top-k 2048)", {})
+        for name, r in results.get("fast", {}).items():
+            if "error" in r:
+                continue
+            kind = "doc" if name.startswith("doc_") else name
+            series.setdefault(f"{kind} synced", []).append((r["T"], r[f"{phase}_tflops"]))
+            series.setdefault(f"{kind} queued", []).append((r["T"], r[f"{phase}_queued_tflops"]))
+    return plot_panels(path, panels, xlabel="queries T")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer reps and configs, a few minutes")
+    ap.add_argument("--quick", action="store_true", help="fewer reps, a few minutes")
+    ap.add_argument("--sweep", action="store_true", help="time the tile configs on doc_4096 first")
+    ap.add_argument("--budget-s", type=float, default=1e9,
+                    help="start no new section after this many seconds")
+    ap.add_argument("--skip", default="", help="comma-separated sections to leave out")
     ap.add_argument("--out", default="out/bench_dsa.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.dsa needs a CUDA device")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    t0 = time.time()
+    skip = set(filter(None, args.skip.split(",")))
     reps = 3 if args.quick else 10
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     results = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
@@ -316,31 +516,42 @@ def main():
                    geometry=dict(H=H, Dl=DL, Dr=DR, Dv=DV, topk=TOPK, dtype="bfloat16"))
 
     def save(section, value):
+        if section in skip or time.time() - t0 > args.budget_s:
+            results.setdefault("not_run", []).append(section)
+            return
         if callable(value):  # a section that fails is recorded, the run goes on
             try:
                 value = value()
             except Exception as e:  # noqa: BLE001
                 value = {"error": repr(e)[:500]}
         results[section] = value
+        results["wall_s"] = time.time() - t0
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
         print(f"[{time.strftime('%H:%M:%S')}] {section}: done", flush=True)
 
-    problems = {"doc_4096": make_problem("doc_4096", [0, 4096], [0, 4096], gen)}
-    table, best = sweep_configs(problems["doc_4096"], reps)
-    save("config_sweep", table)
-    fdsa.set_configs(forward=best.get("forward"), backward=best.get("backward"))
-    save("chosen_configs", {k: v.__dict__ for k, v in best.items()})
-
     def save_entry(section, name, fn):
         """results[section][name] = fn(), or the error it raised."""
-        try:
-            value = fn()
-        except Exception as e:  # noqa: BLE001
-            value = {"error": repr(e)[:500]}
-        save(section, {**results.get(section, {}), name: value})
+        def run():
+            try:
+                value = fn()
+            except Exception as e:  # noqa: BLE001
+                value = {"error": repr(e)[:500]}
+            return {**results.get(section, {}), name: value}
+        save(section, run)
 
+    save("host_overhead", lambda: host_overhead(gen))
+    problems = {"doc_4096": make_problem("doc_4096", [0, 4096], [0, 4096], gen)}
+    if args.sweep:
+        table, best = sweep_configs(problems["doc_4096"], reps)
+        save("config_sweep", table)
+        fdsa.set_configs(forward=best.get("forward"), backward=best.get("backward"))
+        save("chosen_configs", {k: v.__dict__ for k, v in best.items()})
     save_entry("fast", "doc_4096", lambda: measure_fast(problems["doc_4096"], reps))
+    save_entry("index_prep", "doc_4096", lambda: index_prep(problems["doc_4096"], reps))
+    save_entry("pdl", "doc_4096", lambda: pdl_compare(problems["doc_4096"], reps))
+    tiny = make_problem("doc_256", [0, 256], [0, 256], gen)
+    save_entry("pdl", "doc_256", lambda: pdl_compare(tiny, reps))
     problems["doc_16384"] = make_problem("doc_16384", [0, 16384], [0, 16384], gen)
     save_entry("fast", "doc_16384", lambda: measure_fast(problems["doc_16384"], reps))
     save_entry("index_prep", "doc_16384", lambda: index_prep(problems["doc_16384"], reps))
@@ -348,12 +559,13 @@ def main():
     problems["packed_glm_a"] = make_problem("packed_glm_a", *PACKED_GLM_A, gen)
     save_entry("fast", "packed_glm_a", lambda: measure_fast(problems["packed_glm_a"], reps))
     del problems["packed_glm_a"]
-
+    torch.cuda.empty_cache()
+    save("nope_rows", lambda: nope_rows(gen, reps))
     save("hole_sweep", lambda: hole_sweep(gen, reps))
     save("backward_memory", lambda: backward_memory(problems["doc_4096"]))
-    save_entry("index_prep", "doc_4096", lambda: index_prep(problems["doc_4096"], reps))
     save_entry("torch_gather_baseline", "doc_4096",
                lambda: baseline(problems["doc_4096"], reps, with_step=True))
+    save("plot", lambda: plot(results, os.path.splitext(args.out)[0] + ".png"))
     try:
         print_table(results)
     except Exception as e:  # noqa: BLE001  (a section recorded an error instead of numbers)

@@ -2,14 +2,20 @@
 
     python -m benchmarks.sdpa [--quick] [--out out/bench_sdpa.json] [--lengths 1024,4096]
                               [--dims 64,128] [--heads 32] [--tokens 16384] [--precompile 12]
+                              [--budget-s 300]
 
-In one run, on the same bf16 inputs ``[B, H, L, D]`` (B = tokens // L): forward and
-forward+backward TFLOP/s of fast vs torch default dispatch (cuDNN on H200) vs torch
-FLASH_ATTENTION, causal and not. FLOPs: forward 4*B*H*L*S*D (halved when causal),
-forward+backward 3.5x that. Then rank-3 ``[H, L, D]`` inputs (fast vs torch's own rank-3
-call), and the backward's peak memory with a head-major vs a contiguous ``dout``.
-Every timing is ``triton.testing.do_bench`` (median). Each point also records the largest
-difference of fast's outputs and gradients from cuDNN's (and cuDNN's from FLASH's, for scale).
+In one run, on the same bf16 inputs ``[B, H, L, D]`` (B = tokens // L), side by side: fast,
+cuDNN (``CUDNN_ATTENTION``), FA2 (``FLASH_ATTENTION``) and the default dispatch (timed only
+when it picks another backend than cuDNN; the JSON records its choice), causal and not, for
+three phases: the inference forward (``no_grad``), the training forward (inputs requiring
+grad, the forward alone) and forward+backward. Each is timed two ways (benchmarks.timing):
+``queued`` (do_bench: L2 flushed, launches queued) and ``synced`` (CUDA events and a sync
+around every call, as a step-by-step loop sees it). FLOPs: forward 4*B*H*L*S*D (halved when
+causal), forward+backward 3.5x that. Then the host overhead per call at a tiny shape, fp32
+(fast vs torch's fp32 default), rank-3 ``[H, L, D]`` inputs and the backward's peak memory
+with a head-major vs a contiguous ``dout``. A PNG next to the JSON plots TFLOP/s against
+length. Each point also records the largest difference of fast's outputs and gradients from
+cuDNN's (and FA2's from cuDNN's, for scale).
 
 ``--precompile N`` first compiles every autotune config of the swept kernel variants in N
 parallel processes (they share Triton's file cache), so the timed run only tunes.
@@ -24,10 +30,11 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention_oracle.fast.sdpa import scaled_dot_product_attention as fast_sdpa
+
+from .timing import host_us, plot_panels, queued_ms, synced_ms, write_json
 
 N_FORCED_CONFIGS = 4  # the most configs any kernel keeps after pruning (bf16, D <= 128)
 
@@ -38,11 +45,16 @@ def flops(B, H, L, S, D, causal, backward):
 
 
 def bench_ms(fn, rep):
-    return triton.testing.do_bench(fn, warmup=max(5, rep // 4), rep=rep, return_mode="median")
+    return queued_ms(fn, rep_ms=rep, warmup_ms=max(5, rep // 4))
 
 
 def torch_default(q, k, v, causal):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def torch_cudnn(q, k, v, causal):
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def torch_flash(q, k, v, causal):
@@ -54,12 +66,13 @@ def fast(q, k, v, causal):
     return fast_sdpa(q, k, v, is_causal=causal)
 
 
-IMPLS = {"fast": fast, "cudnn": torch_default, "flash": torch_flash}
+IMPLS = {"fast": fast, "cudnn": torch_cudnn, "flash": torch_flash}
+PHASES = ("fwd", "fwd_train", "fwdbwd")
 
 
-def make_inputs(B, H, L, D, seed=0):
+def make_inputs(B, H, L, D, seed=0, dtype=torch.bfloat16):
     g = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v, dout = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    q, k, v, dout = (torch.randn(B, H, L, D, device="cuda", dtype=dtype, generator=g)
                      for _ in range(4))
     return [t.requires_grad_() for t in (q, k, v)], dout
 
@@ -71,11 +84,25 @@ def fwd_fn(impl, q, k, v, causal):
     return run
 
 
+def fwd_train_fn(impl, q, k, v, causal):
+    def run():
+        return impl(q, k, v, causal)
+    return run
+
+
 def fwdbwd_fn(impl, q, k, v, dout, causal):
     def run():
         out = impl(q, k, v, causal)
         return torch.autograd.grad(out, (q, k, v), dout)
     return run
+
+
+def phase_fn(phase, impl, q, k, v, dout, causal):
+    if phase == "fwd":
+        return fwd_fn(impl, q, k, v, causal)
+    if phase == "fwd_train":
+        return fwd_train_fn(impl, q, k, v, causal)
+    return fwdbwd_fn(impl, q, k, v, dout, causal)
 
 
 def max_diff(a, b):
@@ -95,32 +122,64 @@ def compare(q, k, v, dout, causal):
     return res
 
 
-def bench_point(B, H, L, D, causal, rep, backward):
+def bench_point(B, H, L, D, causal, rep, backward, synced_reps):
+    """One (L, D, causal) point: every impl, phase and timing method on the same inputs."""
     (q, k, v), dout = make_inputs(B, H, L, D)
+    default = torch._fused_sdp_choice(q, k, v, is_causal=causal)
     point = {"B": B, "H": H, "L": L, "S": L, "D": D, "causal": causal,
-             "default_backend": int(torch._fused_sdp_choice(q, k, v, is_causal=causal))}
+             "default_backend": int(default), "default_backend_name": str(SDPBackend(default))}
+    impls = dict(IMPLS)
+    if SDPBackend(default) != SDPBackend.CUDNN_ATTENTION:
+        impls["default"] = torch_default
     point["check"] = compare(q, k, v, dout, causal)
-    for phase, make in (("fwd", False), ("fwdbwd", True)):
-        if make and not backward:
+    for phase in PHASES:
+        if phase == "fwdbwd" and not backward:
             continue
-        fl = flops(B, H, L, L, D, causal, make)
+        fl = flops(B, H, L, L, D, causal, phase == "fwdbwd")
         res = {}
-        for name, impl in IMPLS.items():
-            fn = fwdbwd_fn(impl, q, k, v, dout, causal) if make else fwd_fn(impl, q, k, v, causal)
-            ms = bench_ms(fn, rep)
-            res[name] = {"ms": ms, "tflops": fl / ms / 1e9}
-        res["ratio_vs_cudnn"] = res["fast"]["tflops"] / res["cudnn"]["tflops"]
-        res["ratio_vs_flash"] = res["fast"]["tflops"] / res["flash"]["tflops"]
+        for name, impl in impls.items():
+            fn = phase_fn(phase, impl, q, k, v, dout, causal)
+            res[name] = {}
+            for method, ms in (("queued", bench_ms(fn, rep)),
+                               ("synced", synced_ms(fn, synced_reps))):
+                res[name][method] = {"ms": ms, "tflops": fl / ms / 1e9}
+        for method in ("queued", "synced"):
+            for ref in ("cudnn", "flash"):
+                res[f"{method}_x_{ref}"] = (res["fast"][method]["tflops"]
+                                            / res[ref][method]["tflops"])
         point[phase] = res
-    if backward:
-        bwd = {}
-        for name in IMPLS:
-            t_bwd = point["fwdbwd"][name]["ms"] - point["fwd"][name]["ms"]
-            bwd[name] = flops(B, H, L, L, D, causal, False) * 2.5 / max(t_bwd, 1e-6) / 1e9
-        point["bwd_only_tflops_estimate"] = bwd
     del q, k, v, dout
     torch.cuda.empty_cache()
     return point
+
+
+def bench_overhead(dtype=torch.bfloat16):
+    """Host microseconds per call at a tiny shape (B 1, H 1, L 16, D 64): fast vs torch."""
+    (q, k, v), dout = make_inputs(1, 1, 16, 64, seed=3, dtype=dtype)
+    rows = {}
+    for name, impl in (("fast", fast), ("torch_default", torch_default)):
+        rows[name] = {phase: host_us(phase_fn(phase, impl, q, k, v, dout, False))
+                      for phase in PHASES}
+    rows["fast_over_torch"] = {ph: rows["fast"][ph] / rows["torch_default"][ph] for ph in PHASES}
+    return rows
+
+
+def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128):
+    """fp32: fast against torch's fp32 default, forward and forward+backward."""
+    (q, k, v), dout = make_inputs(B, H, L, D, seed=4, dtype=torch.float32)
+    rows = []
+    for causal in (False, True):
+        row = {"B": B, "H": H, "L": L, "D": D, "causal": causal,
+               "default_backend": int(torch._fused_sdp_choice(q, k, v, is_causal=causal))}
+        for phase in ("fwd", "fwdbwd"):
+            fl = flops(B, H, L, L, D, causal, phase == "fwdbwd")
+            for name, impl in (("fast", fast), ("torch_default", torch_default)):
+                fn = phase_fn(phase, impl, q, k, v, dout, causal)
+                row[f"{phase}_{name}_tflops"] = fl / bench_ms(fn, rep) / 1e9
+                row[f"{phase}_{name}_synced_tflops"] = fl / synced_ms(fn, synced_reps) / 1e9
+            row[f"{phase}_ratio"] = row[f"{phase}_fast_tflops"] / row[f"{phase}_torch_default_tflops"]
+        rows.append(row)
+    return rows
 
 
 def bench_rank3(H, L, D, rep):
@@ -208,22 +267,38 @@ def precompile(dims, causals, jobs):
 # ----------------------------------------------------------------------------- report
 
 def print_table(points):
-    head = (f"{'D':>4} {'L':>6} {'causal':>6} | {'fwd fast':>8} {'cudnn':>6} {'flash':>6} "
-            f"{'x cudnn':>7} {'x flash':>7} | {'f+b fast':>8} {'cudnn':>6} {'flash':>6} "
-            f"{'x cudnn':>7} {'x flash':>7} | {'maxdiff out/dq':>15}")
+    head = (f"{'D':>4} {'L':>6} {'causal':>6} {'phase':>9} | {'fast':>6} {'cudnn':>6} {'flash':>6} "
+            f"{'x cudnn':>7} {'x flash':>7} | synced: {'fast':>6} {'cudnn':>6} {'x cudnn':>7} "
+            f"{'x flash':>7}")
     print(head)
     print("-" * len(head))
     for p in points:
-        f, fb = p["fwd"], p.get("fwdbwd")
-        line = (f"{p['D']:>4} {p['L']:>6} {str(p['causal']):>6} | {f['fast']['tflops']:8.1f} "
-                f"{f['cudnn']['tflops']:6.1f} {f['flash']['tflops']:6.1f} {f['ratio_vs_cudnn']:7.2f} "
-                f"{f['ratio_vs_flash']:7.2f} |")
-        if fb:
-            line += (f" {fb['fast']['tflops']:8.1f} {fb['cudnn']['tflops']:6.1f} "
-                     f"{fb['flash']['tflops']:6.1f} {fb['ratio_vs_cudnn']:7.2f} {fb['ratio_vs_flash']:7.2f} |")
-        ck = p["check"]["fast_vs_cudnn"]
-        line += f" {ck['out']:.1e}/{ck['dq']:.1e}"
-        print(line, flush=True)
+        for phase in PHASES:
+            r = p.get(phase)
+            if not r:
+                continue
+            q, s = "queued", "synced"
+            print(f"{p['D']:>4} {p['L']:>6} {str(p['causal']):>6} {phase:>9} | "
+                  f"{r['fast'][q]['tflops']:6.0f} {r['cudnn'][q]['tflops']:6.0f} "
+                  f"{r['flash'][q]['tflops']:6.0f} {r[q + '_x_cudnn']:7.2f} {r[q + '_x_flash']:7.2f} | "
+                  f"        {r['fast'][s]['tflops']:6.0f} {r['cudnn'][s]['tflops']:6.0f} "
+                  f"{r[s + '_x_cudnn']:7.2f} {r[s + '_x_flash']:7.2f}", flush=True)
+
+
+def plot(points, path):
+    """TFLOP/s against L per (D, causal, phase), queued method, plus fast's synced line."""
+    panels = {}
+    for p in points:
+        for phase in ("fwd", "fwdbwd"):
+            r = p.get(phase)
+            if not r:
+                continue
+            panel = panels.setdefault(f"D{p['D']} {'causal' if p['causal'] else 'full'} {phase}", {})
+            for name in r:
+                if isinstance(r[name], dict) and "queued" in r[name]:
+                    panel.setdefault(name, []).append((p["L"], r[name]["queued"]["tflops"]))
+            panel.setdefault("fast (synced)", []).append((p["L"], r["fast"]["synced"]["tflops"]))
+    return plot_panels(path, panels)
 
 
 def main(argv=None):
@@ -235,11 +310,14 @@ def main(argv=None):
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=16384, help="B = tokens // L")
-    ap.add_argument("--rep", type=int, default=60, help="do_bench rep (ms)")
+    ap.add_argument("--rep", type=int, default=40, help="do_bench rep (ms)")
+    ap.add_argument("--synced-reps", type=int, default=15, help="calls timed one by one")
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--no-rank3", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
-    ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new points after this")
+    ap.add_argument("--no-fp32", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=1e9,
+                    help="start no new section or point after this many seconds")
     ap.add_argument("--precompile", type=int, default=0, help="parallel compile processes (0: off)")
     ap.add_argument("--_warm", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -253,37 +331,52 @@ def main(argv=None):
     causals = [bool(int(x)) for x in args.causal.split(",")]
     lengths = [4096] if args.quick else [int(x) for x in args.lengths.split(",")]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "triton": triton.__version__, "dtype": "bfloat16", "heads": args.heads,
-              "tokens": args.tokens, "rep_ms": args.rep, "points": []}
-    if args.precompile:
-        result["precompile"] = precompile(dims, causals, args.precompile)
+              "triton": triton.__version__, "cudnn": torch.backends.cudnn.version(),
+              "dtype": "bfloat16", "heads": args.heads, "tokens": args.tokens,
+              "rep_ms": args.rep, "synced_reps": args.synced_reps, "points": []}
 
     def save():
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         result["wall_s"] = time.time() - t0
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=1)
+        write_json(args.out, result)
 
+    def left():
+        return time.time() - t0 < args.budget_s
+
+    result["overhead_us"] = bench_overhead()
+    print("host us per call (B1 H1 L16 D64 bf16):", json.dumps(result["overhead_us"]), flush=True)
+    save()
+    if args.precompile:
+        result["precompile"] = precompile(dims, causals, args.precompile)
     for L in lengths:
         for D in dims:
             for causal in causals:
-                if time.time() - t0 > args.budget_s:
+                if not left():
                     result["truncated"] = True
                     continue
                 B = max(1, args.tokens // L)
-                p = bench_point(B, args.heads, L, D, causal, args.rep, not args.no_bwd)
+                p = bench_point(B, args.heads, L, D, causal, args.rep, not args.no_bwd,
+                                args.synced_reps)
                 p["elapsed_s"] = time.time() - t0
                 result["points"].append(p)
                 print_table([p])
                 save()
-    if not args.no_rank3 and time.time() - t0 < args.budget_s:
+    result["plot"] = plot(result["points"], os.path.splitext(args.out)[0] + ".png")
+    if not args.no_fp32 and left():
+        result["fp32"] = bench_fp32(args.rep, args.synced_reps)
+        for r in result["fp32"]:
+            print(f"fp32 causal={r['causal']}: fwd fast {r['fwd_fast_tflops']:.1f} vs torch "
+                  f"{r['fwd_torch_default_tflops']:.1f} TFLOP/s (x{r['fwd_ratio']:.2f}); f+b "
+                  f"{r['fwdbwd_fast_tflops']:.1f} vs {r['fwdbwd_torch_default_tflops']:.1f} "
+                  f"(x{r['fwdbwd_ratio']:.2f})", flush=True)
+        save()
+    if not args.no_rank3 and left():
         result["rank3"] = bench_rank3(args.heads, 4096, 128, args.rep)
         for r in result["rank3"]:
             print(f"rank3 H={r['H']} L={r['L']} D={r['D']} causal={r['causal']}: fwd x{r['fwd_speedup']:.1f} "
                   f"f+b x{r['fwdbwd_speedup']:.1f} vs torch rank-3 (backend {r['torch_backend_rank3']}),"
                   f" fast fwd {r['fwd_fast_tflops']:.0f} TFLOP/s, maxdiff {r['max_diff_out']:.1e}", flush=True)
         save()
-    if not args.no_memory and time.time() - t0 < args.budget_s:
+    if not args.no_memory and left():
         result["memory"] = bench_memory(4, args.heads, 4096, 128)
         for name in ("fast", "cudnn"):
             m = result["memory"][name]

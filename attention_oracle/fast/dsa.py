@@ -25,7 +25,7 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
-from .index import offset_rows
+from .index import offset_rows, pdl_on
 from .kernels.dsa_bwd import dsa_bwd_kernel
 from .kernels.dsa_fwd import dsa_fwd_kernel
 
@@ -237,6 +237,8 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
     if kv.shape[0] == 0 or indices.shape[1] == 0:  # no key: every row is empty
         return out.zero_(), lse.fill_(float("-inf"))
     qr, kr, DR, sqr, skr = _rope_args(q_rope, k_rope, q)
+    use_pdl = pdl_on(q.device)
+    pdl_kw = {"launch_pdl": True} if use_pdl else {}
 
     def launch(cfg):
         grid = (T, triton.cdiv(H, cfg.block_h), triton.cdiv(DL, cfg.block_dv))
@@ -249,8 +251,8 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
             HAS_ROPE=q_rope is not None, HAS_LEN=topk_length is not None,
             ONE_TILE=cfg.one_tile(DL), BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
             BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DV=min(cfg.block_dv, _pow2(DL)),
-            BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype), PDL=use_pdl,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw,
         )
 
     _launch_first_fitting("forward", q, DR, launch, config)

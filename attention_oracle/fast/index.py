@@ -14,6 +14,7 @@ CUDA context is unusable afterwards, as after any device assert), on CPU (the in
 import torch
 import triton
 
+from .kernels import pdl
 from .kernels.index_offset import BAD_BITS, CHECK_BLOCK, offset_gather_kernel
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -22,6 +23,21 @@ _INT32_MAX = 2**31 - 1
 _ASSERT_MSG = ("fast offset_gather_kv_indices: bad varlen metadata (cu_seqlens_q must start at 0, "
                "end at T and not decrease; cu_seqlens_k must start at 0, not decrease and end "
                "within the key rows)")
+
+
+_PDL = {"on": False}
+
+
+def set_pdl(on):
+    """Programmatic dependent launch for index preparation -> DSA forward (kernels.pdl); off by
+    default. Returns whether it is on (it stays off where Triton lacks the intrinsics)."""
+    _PDL["on"] = bool(on) and pdl.AVAILABLE
+    return _PDL["on"]
+
+
+def pdl_on(device):
+    """True when launches on ``device`` use PDL (CUDA only)."""
+    return _PDL["on"] and device.type == "cuda"
 
 
 def describe_bad_metadata(bits, key_rows_name):
@@ -142,6 +158,7 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
     n_rows = T if K > 0 and n_docs > 0 else 0
     block_k = min(triton.next_power_of_2(max(K, 1)), _MAX_BLOCK_K)
     limit = _INT32_MAX if key_rows is None else min(int(key_rows), _INT32_MAX)
+    use_pdl = pdl_on(device)
     offset_gather_kernel[(max(n_rows, 1),)](
         gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
         topk_length if topk_length is not None else lengths, result, lengths, flags,
@@ -149,7 +166,8 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
         gather_kv_indices.stride(0), gather_kv_indices.stride(1), result.stride(0), result.stride(1),
         CAUSAL=bool(causal), COMPACT=bool(compact), HAS_TOPK_LEN=topk_length is not None,
         SEARCH_STEPS=max(n_docs - 1, 0).bit_length(), BLOCK_K=block_k,
-        SINGLE_BLOCK=K <= block_k, CHECK_BLOCK=CHECK_BLOCK,
+        SINGLE_BLOCK=K <= block_k, CHECK_BLOCK=CHECK_BLOCK, PDL=use_pdl,
+        # launched plainly: it has no gdc_wait, so it must not overlap the grid before it
         num_warps=4 if block_k <= 1024 else 8,
     )
     if n_rows == 0 and T > 0:  # no slot or no document: every slot is a hole

@@ -26,6 +26,7 @@ from .dsa_common import (
     row_slot_count,
     slot_block,
 )
+from .pdl import gdc_wait
 
 
 @triton.jit
@@ -53,19 +54,22 @@ def dsa_fwd_kernel(
     HAS_ROPE: tl.constexpr, HAS_LEN: tl.constexpr, ONE_TILE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     vb = tl.program_id(2)
     offs_v = vb * BLOCK_DV + tl.arange(0, BLOCK_DV)
     offs_r = tl.arange(0, BLOCK_DR)
-    n_slots = row_slot_count(len_ptr, t, K, HAS_LEN)
     NATURAL: tl.constexpr = q_ptr.dtype.element_ty == tl.float32  # fp32: natural-unit scores
 
     if ONE_TILE:
         q = load_heads(q_ptr, t * stride_qt, offs_h, stride_qh, H, offs_v, stride_qd, DL)
     if HAS_ROPE:
         qr = load_heads(qr_ptr, t * stride_qrt, offs_h, stride_qrh, H, offs_r, stride_qrd, DR)
+    if PDL:  # launched as a programmatic dependent: indices and lengths come from the grid before
+        gdc_wait()
+    n_slots = row_slot_count(len_ptr, t, K, HAS_LEN)
 
     m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_H], dtype=tl.float32)

@@ -14,6 +14,8 @@ metadata: the document search stays in [0, n_docs - 1].
 import triton
 import triton.language as tl
 
+from .pdl import gdc_launch_dependents
+
 # bit -> (argument, condition), for the launcher's error message
 BAD_BITS = {
     1: ("cu_seqlens_q", "must start at 0"),
@@ -86,9 +88,11 @@ def offset_gather_kernel(
     stride_it, stride_ik, stride_ot, stride_ok,
     CAUSAL: tl.constexpr, COMPACT: tl.constexpr, HAS_TOPK_LEN: tl.constexpr,
     SEARCH_STEPS: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_BLOCK: tl.constexpr,
-    CHECK_BLOCK: tl.constexpr,
+    CHECK_BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
+    if PDL:  # a dependent launched with PDL may start; it waits for this grid to finish
+        gdc_launch_dependents()
     if t == 0:
         bits = _metadata_bits(cu_q_ptr, cu_k_ptr, n_docs, T, key_rows, CHECK_BLOCK)
         tl.store(flags_ptr, (bits == 0).to(tl.int32))

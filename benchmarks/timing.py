@@ -1,0 +1,112 @@
+"""Timing helpers shared by ``benchmarks.sdpa`` and ``benchmarks.dsa``.
+
+Two methods, reported side by side because they disagree (FACTS.md, "Timing method matters"):
+
+- ``queued_ms``: ``triton.testing.do_bench`` (L2 flushed between runs, launches queued without
+  a sync: the device time when the host keeps ahead);
+- ``synced_ms``: CUDA events around each call and a sync after it, as a step-by-step loop sees
+  it (host launch overhead and launch gaps included).
+
+``host_us`` is the host time per call at a tiny shape: N calls queued back to back, one sync,
+wall time over N (the device finishes each call long before the host has issued the next).
+On a CPU-only machine every method falls back to wall-clock timing (a dry run of the logic).
+"""
+import json
+import os
+import time
+
+import torch
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def queued_ms(fn, rep_ms=40, warmup_ms=10):
+    """Median ms of fn() by triton.testing.do_bench (wall clock on CPU)."""
+    if not torch.cuda.is_available():
+        return synced_ms(fn, 3, warmup=1)
+    import triton.testing
+    return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
+def synced_ms(fn, reps=20, warmup=2):
+    """Median ms of fn() with CUDA events around each call and a sync after each."""
+    for _ in range(warmup):
+        fn()
+    _sync()
+    times = []
+    for _ in range(reps):
+        if torch.cuda.is_available():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def host_us(fn, calls=200, rounds=5):
+    """Host microseconds per call: ``calls`` calls queued, one sync; the best of ``rounds``."""
+    fn()
+    _sync()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        _sync()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def tflops(flop, ms):
+    return flop / (ms * 1e-3) / 1e12 if ms and ms > 0 else float("nan")
+
+
+def write_json(path, obj):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(obj, fh, indent=1, default=str)
+
+
+def plot_panels(path, panels, xlabel="sequence length", ylabel="TFLOP/s", logx=True):
+    """One PNG of several panels: ``panels`` maps a title to {label: [(x, y), ...]}.
+
+    Returns the path, or a note saying why no plot was drawn (the JSON holds the numbers)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:  # noqa: BLE001 - a missing matplotlib must not lose the numbers
+        return f"no plot ({exc!r})"
+    n = max(len(panels), 1)
+    cols = min(n, 4)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    for ax, (title, series) in zip(axes.flat, panels.items()):
+        for label, pts in series.items():
+            pts = sorted(p for p in pts if p[1] == p[1])
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        if logx:
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.set_title(title, fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
