@@ -369,3 +369,9 @@ misaligned_inputs.ISOLATE_ON_CUDA = True  # a faulting kernel must not poison th
 CHECKS = {f.__name__: f for f in (forward_agreement, gradient_agreement, empty_rows,
                                    duplicates_counted, strided_dout, chunked_backward,
                                    varlen_agreement, varlen_isolation, misaligned_inputs)}
+
+
+# beyond-contract checks live in their own module; registered here so replay and the corpus see them
+from attention_oracle.properties.dsa import edges as _edges  # noqa: E402
+
+CHECKS.update(_edges.CHECKS)

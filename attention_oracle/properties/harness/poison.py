@@ -48,6 +48,9 @@ _TARGETS = (
 _lock = threading.RLock()
 _state = {"depth": 0, "enabled": True}
 _saved: list[tuple[object, str, object, bool]] = []  # (owner, name, original, owned by owner)
+# one wrapper per original, reused by every install: torch.compile guards on the identity of
+# the functions it traces through, and a fresh wrapper per block would force a recompile each time
+_wrappers: dict[tuple[int, str], object] = {}
 
 
 def set_enabled(enabled: bool) -> None:
@@ -119,7 +122,10 @@ def _install() -> None:
         if original is None:  # empty_permuted is missing on older torch
             continue
         _saved.append((owner, name, original, name in vars(owner)))
-        setattr(owner, name, _poisoning(original))
+        key = (id(original), name)
+        if key not in _wrappers:
+            _wrappers[key] = _poisoning(original)
+        setattr(owner, name, _wrappers[key])
 
 
 def _uninstall() -> None:

@@ -20,8 +20,9 @@ _sink: contextvars.ContextVar = contextvars.ContextVar("oracle_sink", default=No
 class Sink:
     """What one test saw: the worst ratio, examples run and refused, functions called."""
 
-    def __init__(self):
+    def __init__(self, keep_ratios: bool = False):
         self.worst = 0.0
+        self.ratios: list | None = [] if keep_ratios else None  # (check, output, ratio); calibration
         self.examples = 0
         self.refused = 0
         self.functions: set[str] = set()
@@ -37,8 +38,9 @@ class Sink:
                 "known_entries": dict(self.known_entries)}
 
 
-def open_sink() -> tuple[Sink, contextvars.Token]:
-    sink = Sink()
+def open_sink(keep_ratios: bool = False) -> tuple[Sink, contextvars.Token]:
+    """A sink for one test (``keep_ratios``: also every ratio, as the calibration report needs)."""
+    sink = Sink(keep_ratios)
     return sink, _sink.set(sink)
 
 
@@ -60,10 +62,12 @@ def current() -> Sink | None:
     return _sink.get()
 
 
-def record_ratio(check: str, impl: str, ratio: float) -> None:
+def record_ratio(check: str, impl: str, ratio: float, output: str = "") -> None:
     sink = _sink.get()
     if sink is not None and not math.isnan(ratio):
         sink.worst = max(sink.worst, ratio)
+        if sink.ratios is not None:
+            sink.ratios.append((check, output, ratio))
 
 
 def record_known(reason: str, failure: str, worst_before: float) -> None:

@@ -2,7 +2,7 @@
 
 offset_equals_oracle: ``offset_gather_kv_indices`` equals the oracle exactly for every option
     (causal, compact, topk_length, return_topk_length, ``out`` fresh or aliasing the input,
-    int32/int64 input); int32 results; ``out`` is the returned tensor; the input is untouched
+    int32 input; int64 has its own check in ``edges.py``); int32 results; ``out`` is the returned tensor; the input is untouched
     unless it is ``out``.
 compaction_stable: the compacted row is the holey row's valid entries in slot order, then -1
     (judged on the implementation's own two outputs).
@@ -157,10 +157,13 @@ def compacted_attention(target, case: IndexCase) -> None:
     compacted, compact_len = _rows_and_lengths(target, inp, case, check, compact=True)
     gold_rows = oracle_offset(inp.gather_kv_indices, inp.cu_seqlens_q, inp.cu_seqlens_k,
                               causal=case.causal, topk_length=inp.topk_length)
-    gold = dsa_reference(q, None, kv, None, gold_rows, compute_dtype=torch.float64)
-    lp = dsa_reference(q, None, kv, None, gold_rows, compute_dtype=case.torch_dtype, magnitudes=False)
+    scale = case.D ** -0.5  # explicit: the contract leaves softmax_scale=None to each implementation
+    gold = dsa_reference(q, None, kv, None, gold_rows, compute_dtype=torch.float64, softmax_scale=scale)
+    lp = dsa_reference(q, None, kv, None, gold_rows, compute_dtype=case.torch_dtype, magnitudes=False,
+                       softmax_scale=scale)
     for label, rows, lengths in (("holey", holey, holey_len), ("compacted", compacted, compact_len)):
-        out, lse = target.call(ATTN_FN, q, kv, rows, topk_length=lengths, return_lse=True)
+        out, lse = target.call(ATTN_FN, q, kv, rows, topk_length=lengths, softmax_scale=scale,
+                               return_lse=True)
         for name, x in (("out", out), ("lse", lse)):
             assert_agrees(x, gold[name], lp[name], check=check, impl=target.name,
                           name=f"{name} ({label} rows)", dtype=case.torch_dtype, gradient=False,
@@ -169,3 +172,9 @@ def compacted_attention(target, case: IndexCase) -> None:
 
 CHECKS = {f.__name__: f for f in (offset_equals_oracle, compaction_stable, compaction_idempotent,
                                    lengths_right, compacted_attention)}
+
+
+# beyond-contract checks live in their own module; registered here so replay and the corpus see them
+from attention_oracle.properties.index import edges as _edges  # noqa: E402
+
+CHECKS.update(_edges.CHECKS)

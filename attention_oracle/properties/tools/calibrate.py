@@ -1,0 +1,546 @@
+"""Calibration report: how far correct kernels stay below the agreement rule's bound, and how
+far above it each negative control lands.
+
+    python -m attention_oracle.properties.tools.calibrate [--examples N] [--out DIR] ...
+    attention-oracle calibrate [same options]
+
+For every area (``sdpa``, ``dsa``, ``index``), check, DSA variant (NoPE, RoPE) and dtype it
+draws N cases (a derandomized Hypothesis run that only collects the cases: deterministic, the
+same cases for every implementation) and runs each check on:
+
+- every correct built-in available here (``oracle``, ``fast``, ``torch``, ``torch-*``): the
+  ratio err / allowed of every output (0 for an exact match, inf for a failed exact
+  convention, NaN where the gold is finite, or an error) is recorded. Target: the worst ratio
+  per implementation and dtype <= 0.5 (CONTRACT section 5: correct kernels pass with room).
+  Examples in a known failure class (``known_failures``) are reported apart;
+- every negative control (``attention_oracle/controls/*_broken.py``) on the check meant to
+  catch it: the control's ratio is the largest over its examples. Target >= 2 in every dtype;
+  a control no example catches (ratio <= 1) is a failure of the suite.
+
+Checks run with poisoned allocations, as in the suite (``--no-poison`` to compare). Examples
+run round-robin (example 1 of every group, then example 2, ...), so ``--budget-s`` cuts every
+group's last examples evenly; what was cut is printed and written. Under Triton's CPU
+interpreter fast gets ``--fast-examples`` (default 2) cases per group. Output:
+``DIR/calibration.json`` (every example's ratios, per-group and per-target summaries) and
+``DIR/calibration.png`` (histogram of log10 ratios). Exit status 1 when a target is missed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+CORRECT_BUILTINS = ("oracle", "fast", "torch", "torch-math", "torch-flash", "torch-efficient",
+                    "torch-cudnn", "torch-flex")
+AREAS = ("sdpa", "dsa", "index")
+DTYPES = ("float32", "float16", "bfloat16")
+VARLEN_CHECKS = ("varlen_agreement", "varlen_isolation")
+CORRECT_TARGET = 0.5
+CONTROL_TARGET = 2.0
+FAST_INTERPRETED_EXAMPLES = 2
+LOG_ZERO, LOG_INF = -4.0, 4.0  # where exact zeros and infinities sit on the histogram
+
+
+@dataclass
+class Group:
+    """One (implementation, check, variant, dtype) and the cases it runs."""
+
+    kind: str                 # "correct" or "control"
+    impl: str                 # target name as given to targets.load
+    label: str                # short name for tables (control class name or built-in)
+    area: str
+    check: str
+    variant: str              # "rope" / "nope" for DSA, "" elsewhere
+    dtype: str
+    cases: list = field(default_factory=list)
+    examples: list = field(default_factory=list)  # one dict per run example
+
+    @property
+    def check_name(self) -> str:
+        return f"{self.area}.{self.check}" + (f"[{self.variant}]" if self.variant else "")
+
+
+# ----------------------------------------------------------------------------- what to run
+
+
+def _controls(areas) -> list[tuple[str, str, str, str]]:
+    """(area, target name, label, check) of every negative control and the check it must fail."""
+    from attention_oracle.controls import dsa_broken, index_broken, sdpa_broken
+    out = []
+    if "sdpa" in areas:
+        out += [("sdpa", f"attention_oracle.controls.sdpa_broken:{c}", c, k)
+                for c, k in sorted(sdpa_broken.CONTROLS.items())]
+    if "dsa" in areas:
+        pairs = sorted(dsa_broken.CONTROLS.items()) + list(dsa_broken.MORE_CONTROLS)
+        out += [("dsa", f"attention_oracle.controls.dsa_broken:{c}", c, k) for c, k in pairs]
+    if "index" in areas:
+        pairs = sorted(index_broken.CONTROLS.items()) + list(index_broken.MORE_CONTROLS)
+        for c, k in pairs:
+            where = c if ":" in c else f"index_broken:{c}"
+            out.append(("index", f"attention_oracle.controls.{where}", where, k))
+    return out
+
+
+def _function(area: str, check: str, variant: str) -> str:
+    """The public function a check's cases call (to skip a target that does not offer it)."""
+    if area == "sdpa":
+        from attention_oracle.properties.sdpa.cases import SdpaCase
+        return SdpaCase.function
+    if area == "dsa":
+        from attention_oracle.properties.dsa.cases import FUNCTIONS
+        return FUNCTIONS[(variant == "rope", check in VARLEN_CHECKS)]
+    from attention_oracle.properties.index.cases import IndexCase
+    return IndexCase.function
+
+
+def _variants(area: str, kind: str) -> tuple[str, ...]:
+    if area != "dsa":
+        return ("",)
+    return ("rope",) if kind == "control" else ("nope", "rope")  # controls: as their meta test
+
+
+def _strategy(area: str, check: str, variant: str, dtype):
+    if area == "sdpa":
+        from attention_oracle.properties.sdpa.cases import strategy_for
+        return strategy_for(check, (dtype,))
+    if area == "dsa":
+        from attention_oracle.properties.dsa.cases import strategy_for
+        return strategy_for(check, (dtype,), rope=variant == "rope")
+    from attention_oracle.properties.index.cases import strategy_for
+    return strategy_for(check, (dtype,))
+
+
+def draw_cases(strategy, n: int) -> list:
+    """The first ``n`` cases a derandomized Hypothesis run draws (no shrinking, no database)."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    drawn: list = []
+
+    @settings(max_examples=n, phases=[Phase.generate], database=None, derandomize=True,
+              deadline=None, suppress_health_check=list(HealthCheck), print_blob=False)
+    @given(case=strategy)
+    def collect(case):
+        drawn.append(case)
+
+    collect()
+    return drawn[:n]
+
+
+# ----------------------------------------------------------------------------- running one example
+
+
+def _outputs(ratios) -> dict:
+    """{output: worst ratio} from the sink's (check, output, ratio) records."""
+    worst: dict = {}
+    for _check, output, ratio in ratios:
+        key = output or "*"
+        worst[key] = max(worst.get(key, 0.0), ratio)
+    return worst
+
+
+def _output_of(message: str) -> str:
+    head = message.split("\n", 1)[0]
+    for part in head.split():
+        if part.startswith("output="):
+            return part[len("output="):].rstrip(":")
+    return "*"
+
+
+def run_example(check, target, case, check_name: str, use_poison: bool) -> dict:
+    """Run one check on one case; the example's outcome, worst ratio and ratio per output."""
+    from attention_oracle.properties.harness import known_failures, poison, report
+    from attention_oracle.properties.harness.agreement import OracleMismatch
+    from attention_oracle.properties.harness.targets import Refused
+
+    sink, token = report.open_sink(keep_ratios=True)
+    outcome, message = "passed", ""
+    t0 = time.perf_counter()
+    try:
+        with poison.poisoned(enabled=use_poison):
+            check(target, case)
+    except Refused as exc:
+        outcome, message = "refused", str(exc)[:300]
+    except OracleMismatch as exc:
+        outcome, message = "failed", str(exc)
+    except Exception as exc:  # a crash of the implementation is a failure, ratio inf
+        outcome, message = "error", f"{type(exc).__name__}: {exc}"[:2000]
+    finally:
+        report.close_sink(token)
+    outputs = _outputs(sink.ratios)
+    if outcome in ("failed", "error"):
+        key = _output_of(message) if outcome == "failed" else "error"
+        if outcome == "error" or key not in outputs:
+            outputs[key] = max(outputs.get(key, 0.0), math.inf if outcome == "error" else sink.worst)
+    ratio = max(outputs.values(), default=0.0) if outcome != "refused" else None
+    known = known_failures.case_reason(target.name, check_name, target.device, case)
+    return {"outcome": outcome, "ratio": ratio, "outputs": outputs, "known": known,
+            "seconds": round(time.perf_counter() - t0, 4), "case": case.to_json(),
+            "message": message[:3000] if outcome != "passed" else ""}
+
+
+def _cuda_broken(device) -> bool:
+    import torch
+    if device.type != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize()
+        return False
+    except Exception:
+        return True
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class Plan:
+    groups: list
+    skipped: list            # {"impl", "area", "check", "dtype", "reason"}
+
+
+def build_plan(a, device) -> Plan:
+    from attention_oracle.properties.harness import known_failures, registry
+    from attention_oracle.properties.harness.case import DTYPES as NAMED
+    from attention_oracle.properties.harness.targets import load
+
+    dtypes = [NAMED[d] for d in a.dtypes]
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    groups, skipped = [], []
+    drawn: dict = {}
+
+    def cases_for(area, check, variant, dtype, n):
+        key = (area, check, variant, dtype)
+        if len(drawn.get(key, ())) < n:
+            drawn[key] = draw_cases(_strategy(area, check, variant, dtype), n)
+        return drawn[key][:n]
+
+    def skip(impl, area, check, dtype, reason):
+        skipped.append({"impl": impl, "area": area, "check": check, "dtype": dtype, "reason": reason})
+
+    wanted = [n for n in a.impl if n != "controls"] if a.impl else list(CORRECT_BUILTINS)
+    for name in wanted:
+        target = load(name, device)
+        if target.unavailable:
+            skip(name, "*", "*", "*", f"unavailable: {target.unavailable}")
+            continue
+        n = a.examples
+        if name == "fast" and interpreted:
+            n = min(n, a.fast_examples)
+        for area in a.area:
+            for check in registry.checks(area):
+                if known_failures.reason(name, f"{area}.{check}", device):
+                    skip(name, area, check, "*", "known failure (whole check), not run: " +
+                         known_failures.reason(name, f"{area}.{check}", device))
+                    continue
+                for variant in _variants(area, "correct"):
+                    fn = _function(area, check, variant)
+                    if not target.offers(fn):
+                        skip(name, area, check, "*", f"does not offer {fn}")
+                        continue
+                    for dt in dtypes:
+                        dname = str(dt).replace("torch.", "")
+                        if dt not in target.dtypes:
+                            why = " (Triton's interpreter computes bf16 wrongly)" if name == "fast" else ""
+                            skip(name, area, check, dname, f"{dname} not among its dtypes{why}")
+                            continue
+                        groups.append(Group("correct", name, name, area, check, variant, dname,
+                                            cases_for(area, check, variant, dt, n)))
+    if not a.impl or "controls" in a.impl or a.controls:
+        for area, name, label, check in _controls(a.area):
+            if a.control and label not in a.control:
+                continue
+            target = load(name, device)
+            if target.unavailable:
+                skip(label, area, check, "*", f"unavailable: {target.unavailable}")
+                continue
+            for variant in _variants(area, "control"):
+                for dt in dtypes:
+                    groups.append(Group("control", name, label, area, check, variant,
+                                        str(dt).replace("torch.", ""),
+                                        cases_for(area, check, variant, dt, a.examples)))
+    # checks that may fault a device run last: a broken CUDA context ends the calibration
+    groups.sort(key=lambda g: g.check == "misaligned_inputs")
+    return Plan(groups, skipped)
+
+
+def execute(plan: Plan, device, budget_s: float | None, use_poison: bool, log=print) -> dict:
+    """Run every group's examples round-robin until done or out of budget."""
+    from attention_oracle.properties.harness import registry
+    from attention_oracle.properties.harness.targets import load
+
+    start = time.monotonic()
+    targets: dict = {}
+    rounds = max((len(g.cases) for g in plan.groups), default=0)
+    stopped = ""
+    for i in range(rounds):
+        for g in plan.groups:
+            if i >= len(g.cases):
+                continue
+            if budget_s is not None and time.monotonic() - start > budget_s:
+                stopped = stopped or f"budget of {budget_s:.0f} s spent"
+            if stopped:
+                continue
+            if g.impl not in targets:
+                targets[g.impl] = load(g.impl, device)
+            check = registry.checks(g.area)[g.check]
+            g.examples.append(run_example(check, targets[g.impl], g.cases[i],
+                                          f"{g.area}.{g.check}", use_poison))
+            if _cuda_broken(device):
+                stopped = f"CUDA context broke during {g.label} {g.check_name} {g.dtype} (example {i})"
+                log(f"calibrate: {stopped}; stopping")
+        if not stopped:
+            log(f"calibrate: round {i + 1}/{rounds} done after {time.monotonic() - start:.0f} s")
+    return {"elapsed_s": round(time.monotonic() - start, 1), "stopped": stopped}
+
+
+# ----------------------------------------------------------------------------- summaries
+
+
+def _fmt(r) -> str:
+    if r is None:
+        return "-"
+    return "inf" if math.isinf(r) else f"{r:.3g}"
+
+
+def _jsonable(x):
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def summarize(plan: Plan) -> dict:
+    correct = defaultdict(lambda: {"examples": 0, "refused": 0, "worst": 0.0, "at": "", "case": "",
+                                   "failed": 0, "errors": 0})
+    known = defaultdict(lambda: {"examples": 0, "worst": 0.0, "reason": ""})
+    controls, groups, cut = [], [], []
+    for g in plan.groups:
+        run = [e for e in g.examples if e["outcome"] != "refused"]
+        judged = [e for e in run if not e["known"]]
+        worst = max(judged, key=lambda e: e["ratio"], default=None)
+        groups.append({"kind": g.kind, "impl": g.label, "check": g.check_name, "dtype": g.dtype,
+                       "planned": len(g.cases), "run": len(g.examples),
+                       "refused": len(g.examples) - len(run), "known": len(run) - len(judged),
+                       "worst": worst["ratio"] if worst else None,
+                       "worst_outputs": worst["outputs"] if worst else {}})
+        if len(g.examples) < len(g.cases):
+            cut.append({"impl": g.label, "check": g.check_name, "dtype": g.dtype,
+                        "run": len(g.examples), "planned": len(g.cases)})
+        if g.kind == "control":
+            caught = [e for e in run if e["ratio"] > 1.0]
+            controls.append({"control": g.label, "check": g.check_name, "dtype": g.dtype,
+                             "examples": len(run), "caught": len(caught),
+                             "refused": len(g.examples) - len(run),
+                             "errors": sum(e["outcome"] == "error" for e in run),
+                             "ratio": worst["ratio"] if worst else None,
+                             "case": worst["case"] if worst else ""})
+            continue
+        for e in run:
+            if e["known"]:
+                k = known[(g.label, g.check_name, g.dtype)]
+                k["examples"] += 1
+                k["worst"] = max(k["worst"], e["ratio"])
+                k["reason"] = e["known"]
+        row = correct[(g.label, g.dtype)]
+        row["examples"] += len(judged)
+        row["refused"] += len(g.examples) - len(run)
+        row["failed"] += sum(e["outcome"] == "failed" for e in judged)
+        row["errors"] += sum(e["outcome"] == "error" for e in judged)
+        if worst and worst["ratio"] >= row["worst"]:
+            at = max(worst["outputs"], key=worst["outputs"].get, default="*")
+            row.update(worst=worst["ratio"], at=f"{g.check_name}:{at}", case=worst["case"])
+    correct_rows = [{"impl": i, "dtype": d, **r,
+                     "meets_target": r["examples"] == 0 or r["worst"] <= CORRECT_TARGET}
+                    for (i, d), r in sorted(correct.items())]
+    for c in controls:
+        c["meets_target"] = c["ratio"] is not None and c["ratio"] >= CONTROL_TARGET and not c["errors"]
+    known_rows = [{"impl": i, "check": c, "dtype": d, **r} for (i, c, d), r in sorted(known.items())]
+    return {"correct": correct_rows, "known": known_rows, "controls": controls, "groups": groups,
+            "cut": cut}
+
+
+def render(summary: dict, skipped: list, meta: dict) -> str:
+    lines = [f"calibration: device {meta['device']}, torch {meta['torch']}, poison "
+             f"{'on' if meta['poison'] else 'off'}, {meta['examples']} examples per group "
+             f"(fast interpreted: {meta['fast_examples']}), {meta['elapsed_s']} s"]
+    lines += ["", f"Correct implementations: worst ratio per implementation and dtype "
+                  f"(target <= {CORRECT_TARGET})"]
+    rows = [("implementation", "dtype", "examples", "worst", "where", "verdict")]
+    for r in summary["correct"]:
+        verdict = "ok" if r["meets_target"] else ("FAILS" if r["worst"] > 1 else "MISSED")
+        rows.append((r["impl"], r["dtype"], str(r["examples"]), _fmt(r["worst"]), r["at"], verdict))
+    lines += _table(rows)
+    if summary["known"]:
+        lines += ["", "Known failure classes (apart from the above; NOTES.md, Findings)"]
+        rows = [("implementation", "check", "dtype", "examples", "worst", "reason")]
+        rows += [(k["impl"], k["check"], k["dtype"], str(k["examples"]), _fmt(k["worst"]),
+                  k["reason"][:70]) for k in summary["known"]]
+        lines += _table(rows)
+    lines += ["", f"Negative controls: the ratio at which each was caught (target >= {CONTROL_TARGET})"]
+    rows = [("control", "check", "dtype", "caught", "ratio", "verdict")]
+    for c in summary["controls"]:
+        verdict = ("ok" if c["meets_target"] else "not run (cut)" if not c["examples"]
+                   else "NOT CAUGHT" if not c["caught"] else "MISSED")
+        if c["errors"]:
+            verdict += f" ({c['errors']} errors)"
+        rows.append((c["control"], c["check"], c["dtype"], f"{c['caught']}/{c['examples']}",
+                     _fmt(c["ratio"]), verdict))
+    lines += _table(rows)
+    if summary["cut"]:
+        lines += ["", f"Cut ({meta['stopped']}): {len(summary['cut'])} groups ran fewer examples "
+                      f"than planned"]
+        lines += [f"  {c['impl']} {c['check']} {c['dtype']}: {c['run']}/{c['planned']}"
+                  for c in summary["cut"][:40]]
+        if len(summary["cut"]) > 40:
+            lines.append(f"  ... and {len(summary['cut']) - 40} more (calibration.json, 'cut')")
+    if skipped:
+        lines += ["", "Not run"]
+        seen = set()
+        for s in skipped:
+            key = (s["impl"], s["reason"])
+            if key in seen:
+                continue
+            seen.add(key)
+            lines.append(f"  {s['impl']} {s['area']}.{s['check']} {s['dtype']}: {s['reason'][:150]}")
+    return "\n".join(lines)
+
+
+def _table(rows) -> list[str]:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    out = ["  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    out.insert(1, "  " + "  ".join("-" * w for w in widths))
+    return out
+
+
+def _log10(r: float) -> float:
+    if r == 0:
+        return LOG_ZERO
+    if math.isinf(r):
+        return LOG_INF
+    return min(max(math.log10(r), LOG_ZERO), LOG_INF)
+
+
+def plot(plan: Plan, summary: dict, path: str) -> None:
+    """Histogram of log10 ratios: every example of a correct implementation (its worst output)
+    and every control (the ratio it was caught at); lines at 0.5, 1 and 2."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    correct = [_log10(e["ratio"]) for g in plan.groups if g.kind == "correct"
+               for e in g.examples if e["ratio"] is not None and not e["known"]]
+    controls = [_log10(c["ratio"]) for c in summary["controls"] if c["ratio"] is not None]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    bins = [LOG_ZERO + 0.1 * i for i in range(int((LOG_INF - LOG_ZERO) / 0.1) + 2)]
+    ax.hist(correct, bins=bins, alpha=0.6, label=f"correct implementations, per example ({len(correct)})")
+    ax.hist(controls, bins=bins, alpha=0.6, label=f"negative controls, caught at ({len(controls)})")
+    for x, style in ((CORRECT_TARGET, ":"), (1.0, "-"), (CONTROL_TARGET, "--")):
+        ax.axvline(math.log10(x), color="k", linestyle=style, linewidth=1)
+    ax.set_xlabel(f"log10(error / allowed)   (exact 0 shown at {LOG_ZERO:g}, inf at {LOG_INF:g})")
+    ax.set_ylabel("count")
+    ax.set_yscale("log")
+    ax.set_title("agreement-rule calibration: lines at 0.5 (correct target), 1 (bound), 2 (control target)")
+    ax.legend(loc="upper center", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="attention-oracle calibrate", description=__doc__.splitlines()[0])
+    p.add_argument("--examples", type=int, default=12, help="cases per (implementation, check, dtype)")
+    p.add_argument("--fast-examples", type=int, default=FAST_INTERPRETED_EXAMPLES,
+                   help="cases per group for fast under Triton's CPU interpreter")
+    p.add_argument("--dtypes", type=_csv, default=list(DTYPES), help="comma-separated")
+    p.add_argument("--impl", type=_csv, action="extend", default=[],
+                   help="correct implementations (comma-separated, repeatable; 'controls' adds the "
+                        "negative controls); default: every built-in and every control")
+    p.add_argument("--controls", action="store_true", help="with --impl: run the controls too")
+    p.add_argument("--control", type=_csv, action="extend", default=[],
+                   help="only these controls (class names, e.g. WrongScale)")
+    p.add_argument("--area", type=_csv, default=list(AREAS), help="sdpa,dsa,index")
+    p.add_argument("--budget-s", type=float, default=None, help="stop starting examples after this")
+    p.add_argument("--out", default="calibration", help="directory for calibration.json and .png")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--sizes", choices=("small", "large"), default=None,
+                   help="problem sizes drawn (default: large on CUDA, small on the CPU)")
+    p.add_argument("--no-poison", action="store_true", help="leave new tensors uninitialised")
+    p.add_argument("--no-png", action="store_true", help="JSON only")
+    a = p.parse_args(argv)
+    for d in a.dtypes:
+        if d not in DTYPES:
+            p.error(f"--dtypes: unknown dtype {d!r}; expected some of {DTYPES}")
+    for area in a.area:
+        if area not in AREAS:
+            p.error(f"--area: unknown area {area!r}; expected some of {AREAS}")
+    if a.examples < 1 or a.fast_examples < 0:
+        p.error("--examples must be >= 1 and --fast-examples >= 0")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse(sys.argv[1:] if argv is None else argv)
+    import torch
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cpu" and not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before fast's kernels are imported (FACTS.md)
+    from attention_oracle.properties.harness import profiles
+    previous = (profiles.name(), profiles.size())
+    large = (a.sizes or ("large" if device.type == "cuda" else "small")) == "large"
+    profiles.activate("gpu" if large else "dev", on_gpu=large)
+    try:
+        plan = build_plan(a, device)
+        print(f"calibrate: {len(plan.groups)} groups, "
+              f"{sum(len(g.cases) for g in plan.groups)} examples planned on {device}", flush=True)
+        status = execute(plan, device, a.budget_s, not a.no_poison,
+                         log=lambda m: print(m, file=sys.stderr, flush=True))
+    finally:
+        profiles.activate(previous[0], on_gpu=previous[1] == "large")
+    summary = summarize(plan)
+    import triton
+    meta = {"device": str(torch.cuda.get_device_name(device) if device.type == "cuda" else device),
+            "torch": torch.__version__, "triton": triton.__version__,
+            "interpreter": os.environ.get("TRITON_INTERPRET") == "1", "poison": not a.no_poison,
+            "examples": a.examples, "fast_examples": a.fast_examples, "dtypes": a.dtypes,
+            "areas": a.area, "sizes": "large" if large else "small", "budget_s": a.budget_s,
+            "targets": {"correct_max": CORRECT_TARGET, "control_min": CONTROL_TARGET}, **status}
+    text = render(summary, plan.skipped, meta)
+    print(text)
+    os.makedirs(a.out, exist_ok=True)
+    examples = [{"kind": g.kind, "impl": g.label, "check": g.check_name, "dtype": g.dtype, **e}
+                for g in plan.groups for e in g.examples]
+    for e in examples:  # keep the file readable: the case only where something happened
+        if e["outcome"] == "passed" and (e["ratio"] or 0) <= CORRECT_TARGET and e["kind"] == "correct":
+            e.pop("case")
+    with open(os.path.join(a.out, "calibration.json"), "w") as f:
+        json.dump(_jsonable({"meta": meta, **summary, "skipped": plan.skipped, "examples": examples}),
+                  f, indent=1)
+    if not a.no_png:
+        plot(plan, summary, os.path.join(a.out, "calibration.png"))
+    print(f"written: {os.path.join(a.out, 'calibration.json')}"
+          + ("" if a.no_png else f", {os.path.join(a.out, 'calibration.png')}"))
+    missed = ([r for r in summary["correct"] if not r["meets_target"]]
+              + [c for c in summary["controls"] if not c["meets_target"]])
+    if missed or status["stopped"].startswith("CUDA"):
+        print(f"calibrate: {len(missed)} target(s) missed", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
