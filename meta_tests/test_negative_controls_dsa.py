@@ -43,7 +43,8 @@ def test_dsa_control_is_caught(control, check_name):
     target = load(f"attention_oracle.controls.dsa_broken:{control}", torch.device("cpu"))
     assert not target.unavailable, target.unavailable
     _assert_caught(dsa_checks.CHECKS[check_name], target,
-                   dsa_strategy(check_name, DTYPES, rope=True), f"dsa.{check_name}")
+                   dsa_strategy(check_name, target.capabilities.narrowed(dtypes=DTYPES), rope=True),
+                   f"dsa.{check_name}")
 
 
 @pytest.mark.parametrize("control,check_name", INDEX_PAIRS, ids=[f"{c}-{k}" for c, k in INDEX_PAIRS])
@@ -51,7 +52,7 @@ def test_index_control_is_caught(control, check_name):
     where = control if ":" in control else f"index_broken:{control}"
     target = load(f"attention_oracle.controls.{where}", torch.device("cpu"))
     assert not target.unavailable, target.unavailable
-    _assert_caught(index_checks.CHECKS[check_name], target, index_strategy(check_name),
+    _assert_caught(index_checks.CHECKS[check_name], target, index_strategy(check_name, target.capabilities.narrowed(dtypes=(torch.float32,))),
                    f"index.{check_name}")
 
 

@@ -258,3 +258,64 @@ class UnwrittenRows(_Base):
 
 
 CONTROLS["UnwrittenRows"] = "forward_agreement"
+
+
+# ----------------------------------------------------------------------------- value regimes, beyond the contract
+
+
+TILE_EDGE_SLOT = 64
+
+
+class SlotDroppedAtTileEdge(_Base):
+    """Slot 64 of every row (the first slot of the second 64-slot tile) never takes part."""
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, *rest):
+        if indices.shape[1] > TILE_EDGE_SLOT:
+            indices = indices.clone()
+            indices[:, TILE_EDGE_SLOT] = -1
+        return super().attend(q_latent, q_rope, kv_latent, k_rope, indices, *rest)
+
+
+def _as_int32_words(indices: torch.Tensor) -> torch.Tensor:
+    if indices.dtype != torch.int64:
+        return indices
+    return indices.contiguous().view(torch.int32)[:, :indices.shape[1]]
+
+
+class Int64ReadAsInt32(_Base):
+    """int64 indices (global or varlen) reinterpreted as int32 words: the low and high halves
+    of each index become two slots."""
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, *rest):
+        return super().attend(q_latent, q_rope, kv_latent, k_rope, _as_int32_words(indices), *rest)
+
+    def offset_gather_kv_indices(self, gather_kv_indices, *args, **kwargs):
+        return super().offset_gather_kv_indices(_as_int32_words(gather_kv_indices), *args, **kwargs)
+
+
+class Int64UnclearError(_Base):
+    """Refuses int64 indices with an error that names neither a clear type nor the argument."""
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, *rest):
+        if indices.dtype == torch.int64:
+            raise RuntimeError("expected scalar type Int but found Long")
+        return super().attend(q_latent, q_rope, kv_latent, k_rope, indices, *rest)
+
+
+class WrongDefaultScale(_Base):
+    """Declares the contract's default softmax_scale but uses FlashInfer's NoPE 1/16."""
+
+    ATTENTION_ORACLE_CAPABILITIES = {"default_scale": True}
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, scale, return_lse):
+        return super().attend(q_latent, q_rope, kv_latent, k_rope, indices, topk_length,
+                              1.0 / 16 if scale is None else scale, return_lse)
+
+
+MORE_CONTROLS += [
+    ("SlotDroppedAtTileEdge", "forward_agreement"),
+    ("Int64ReadAsInt32", "int64_indices"),
+    ("Int64ReadAsInt32", "varlen_int64_indices"),
+    ("Int64UnclearError", "int64_indices"),
+    ("WrongDefaultScale", "default_scale"),
+]

@@ -99,3 +99,28 @@ class LengthsCountValidSlots(_Prepare):
         if not compact:
             lengths = (rows >= 0).sum(dim=1).to(torch.int32)
         return (rows, lengths) if return_topk_length else rows
+
+
+class Int64ReadAsInt32(_Prepare):
+    """int64 gather_kv_indices reinterpreted as int32 words (low and high halves as slots)."""
+
+    def offset_gather_kv_indices(self, gather_kv_indices, *args, **kwargs):
+        if gather_kv_indices.dtype == torch.int64:
+            K = gather_kv_indices.shape[1]
+            gather_kv_indices = gather_kv_indices.contiguous().view(torch.int32)[:, :K]
+        return super().offset_gather_kv_indices(gather_kv_indices, *args, **kwargs)
+
+
+class Int64ErrorNamesNothing(_Prepare):
+    """Refuses int64 with a ValueError that does not say which argument is wrong."""
+
+    def offset_gather_kv_indices(self, gather_kv_indices, *args, **kwargs):
+        if gather_kv_indices.dtype == torch.int64:
+            raise ValueError("unsupported dtype")
+        return super().offset_gather_kv_indices(gather_kv_indices, *args, **kwargs)
+
+
+MORE_CONTROLS += [
+    ("Int64ReadAsInt32", "int64_indices"),
+    ("Int64ErrorNamesNothing", "int64_indices"),
+]

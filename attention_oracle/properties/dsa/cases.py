@@ -15,15 +15,26 @@ Layouts (the trainer's, scaled down):
   filler columns after, like ``[S, 704]``), ``sliced``;
 - ``layout_dout``: contiguous / transposed (head-major ``[H, T, Dv]`` storage viewed
   ``[T, H, Dv]``) / sliced / broadcast (stride 0 over heads).
+
+``scale`` is always an explicit float (the contract's default 1/sqrt(Dl + Dr) among the
+values drawn); ``softmax_scale=None`` is checked only where an implementation declares a
+default (``properties/dsa/edges.py``). Value regimes: ``value_scale`` 30 makes rows nearly
+one-hot; ``score_target`` > 0 rescales q so that the largest |scale * score| is that value
+(1e4, near fp16's range); ``score_shift`` < 0 moves every score of every row down by that
+much (a shared key channel against a shared query channel), so each row's lse is below -100
+and exp of the scores underflows fp32. Native targets also draw K and S at tile edges
+(63/64/65, 127/128/129); interpreted kernels keep small sizes.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from hypothesis import strategies as st
 
 from attention_oracle.properties.harness import profiles
+from attention_oracle.properties.harness.capabilities import Capabilities, resolve
 from attention_oracle.properties.harness.case import CaseMixin, dtype_name
 from attention_oracle.properties.harness.layouts import fresh, lay_out
 from attention_oracle.properties.index.cases import (
@@ -45,6 +56,10 @@ FUNCTIONS = {(False, False): "dsa_sparse_attention_nope", (True, False): "dsa_sp
 KV_LAYOUTS = ("contiguous", "kv3d", "packed", "packed_filler", "sliced")
 DOUT_LAYOUTS = ("contiguous", "transposed", "sliced", "broadcast")
 POISON = 64.0   # key value planted in other documents by the isolation check
+VALUE_SCALES = (0.3, 1.0, 3.0, 30.0)
+LARGE_SCORE = 1e4
+SCORE_SHIFT = -120.0     # lse near -120 + log(K): below -100
+SHIFT_KEY = 4.0          # the shared key channel's value in the score_shift regime
 
 
 @dataclass(frozen=True)
@@ -72,6 +87,8 @@ class DsaCase(CaseMixin):
     layout_kv: str = "contiguous"
     layout_dout: str = "contiguous"
     value_scale: float = 1.0
+    score_target: float = 0.0    # > 0: q rescaled so that max|scale * score| is this
+    score_shift: float = 0.0     # < 0: every score moved down by about this much
     q_chunk: int = 0             # query chunk of the chunked-backward check (0: T)
     poison_doc: int = -1         # varlen isolation: keep this document's keys, poison the rest
     selection: str = "random"    # varlen: random local rows, or "topk" (a causal indexer's rows)
@@ -96,6 +113,10 @@ class DsaCase(CaseMixin):
     @property
     def qk_dim(self) -> int:
         return self.Dl + (self.Dr if self.rope else 0)
+
+    @property
+    def effective_scale(self) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.qk_dim)
 
 
 @dataclass
@@ -273,6 +294,10 @@ def build(case: DsaCase, device: torch.device, *, values_on_device: bool = False
     kl = randn(S, case.Dl)
     kr = randn(S, case.Dr) if case.rope else None
     dout = randn(T, H, case.Dl)
+    if case.score_shift and not values_on_device:
+        ql, kl = _shift_scores(ql, kl, case)
+    if case.score_target > 0 and not values_on_device:
+        ql, qr = _rescale_to_target(ql, qr, kl, kr, case)
     if case.varlen and case.poison_doc >= 0:
         kl = poison_other_documents(kl, case.docs, case.poison_doc, g)
         kr = None if kr is None else poison_other_documents(kr, case.docs, case.poison_doc, g)
@@ -295,6 +320,30 @@ def build(case: DsaCase, device: torch.device, *, values_on_device: bool = False
     )
 
 
+def _shift_scores(ql: torch.Tensor, kl: torch.Tensor, case: DsaCase):
+    """Latent channel 0 of every key set to SHIFT_KEY and of every query to the value that
+    moves each score by ``case.score_shift`` (the other channels keep their spread)."""
+    ql, kl = ql.clone(), kl.clone()
+    kl[:, 0] = SHIFT_KEY
+    ql[:, :, 0] = case.score_shift / (SHIFT_KEY * case.effective_scale)
+    return ql, kl
+
+
+def _rescale_to_target(ql, qr, kl, kr, case: DsaCase):
+    """q scaled so that the largest |scale * score| of any query against any key row is
+    ``case.score_target`` (so no slot, valid or not, exceeds it)."""
+    if case.T == 0 or case.S == 0:
+        return ql, qr
+    s = torch.einsum("thd,sd->ths", ql.double(), kl.double())
+    if qr is not None:
+        s = s + torch.einsum("thd,sd->ths", qr.double(), kr.double())
+    peak = float((s * case.effective_scale).abs().max())
+    if peak == 0.0:
+        return ql, qr
+    f = case.score_target / peak
+    return ql * f, (None if qr is None else qr * f)
+
+
 def document_query_mask(case: DsaCase) -> torch.Tensor:
     """Bool ``[T]``: the queries of document ``case.poison_doc``."""
     doc_of, _, _ = token_documents(case.docs)
@@ -312,41 +361,102 @@ def document_key_mask(case: DsaCase) -> torch.Tensor:
 # ----------------------------------------------------------------------------- strategies
 
 
-def _limits() -> dict:
+TILE_EDGES = (63, 64, 65, 127, 128, 129)
+
+
+def _limits(caps: Capabilities) -> dict:
     """Sizes drawn (sampled, so a short derandomized run still sees a spread of them)."""
     if profiles.size() == "large":
         return {"T": (0, 1, 37, 128, 300), "S": (1, 64, 1000, 4097), "K": (1, 64, 300, 512),
                 "H": (1, 16, 64, 128), "max_T": 300,
-                "dims": ((512, 64), (128, 64), (64, 32), (16, 8), (576, 0))}
-    return {"T": (0, 1, 5, 9, 12), "S": (1, 7, 16, 33, 48), "K": (1, 3, 8, 16, 24),
-            "H": (1, 2, 3), "max_T": 12,
-            "dims": ((16, 8), (8, 4), (32, 16), (4, 2), (24, 8))}
+                "dims": ((512, 64), (128, 64), (64, 32), (16, 8), (576, 0)),
+                "K_edges": TILE_EDGES + (255, 256, 257, 1023, 1024, 1025, 2048),
+                "S_edges": TILE_EDGES + (4095, 4096, 4097)}
+    small = {"T": (0, 1, 5, 9, 12), "S": (1, 7, 16, 33, 48), "K": (1, 3, 8, 16, 24),
+             "H": (1, 2, 3), "max_T": 12,
+             "dims": ((16, 8), (8, 4), (32, 16), (4, 2), (24, 8))}
+    if caps.interpreted:
+        return {**small, "K_edges": (15, 16, 17, 33), "S_edges": (16, 17, 33)}
+    return {**small, "K_edges": TILE_EDGES, "S_edges": TILE_EDGES + (255, 256, 257)}
+
+
+def _dims(caps: Capabilities, lim, rope: bool) -> tuple:
+    """(Dl, Dr) pairs within the declaration (the declared dims themselves if none of the
+    profile's fit: a kernel for Dl = 512 only is checked at 512)."""
+    ok = lambda dl, dr: caps.head_dim_ok(dl) and (not rope or caps.rope_dim_ok(dr))  # noqa: E731
+    dims = tuple(d for d in lim["dims"] if (d[1] > 0 or not rope) and ok(*d))
+    if not dims and caps.head_dims:
+        drs = caps.rope_dims or tuple(d for _, d in lim["dims"] if d > 0)
+        dims = tuple((dl, dr) for dl in caps.head_dims for dr in (drs if rope else (0,)) if ok(dl, dr))
+    return dims
+
+
+def _heads(caps: Capabilities, lim) -> tuple:
+    heads = tuple(h for h in lim["H"] if caps.heads_ok(h))
+    return heads or tuple(caps.heads or ())
+
+
+def unsupported(check: str, target_or_caps, *, rope: bool, varlen: bool = False) -> str:
+    """Why ``check`` cannot run on what the target declares ('' if it can)."""
+    caps = resolve(target_or_caps, FUNCTIONS[(rope, varlen)])
+    lim = _limits(caps)
+    if not caps.dtypes:
+        return "no dtype declared"
+    if not _dims(caps, lim, rope):
+        return "no declared head dims among those drawn"
+    if not _heads(caps, lim):
+        return "no declared head count"
+    if check == "misaligned_inputs" and "misaligned" not in caps.layouts:
+        return "misaligned inputs not declared"
+    if check == "default_scale" and not caps.default_scale:
+        return "no softmax_scale default"
+    return ""
+
+
+def _scale(draw, qk_dim: int, large_scores: bool) -> float:
+    """An explicit softmax_scale: the contract's default value, or drawn."""
+    if large_scores:
+        return draw(st.floats(0.5, 1.0).map(lambda x: round(x, 4)))
+    return draw(st.one_of(st.just(1.0 / math.sqrt(qk_dim)),
+                          st.floats(0.05, 1.0).map(lambda x: round(x, 4))))
+
+
+def _layouts(caps: Capabilities, rope: bool) -> dict:
+    base = tuple(lay for lay in ("contiguous", "transposed", "sliced") if lay in caps.layouts) or ("contiguous",)
+    views = "sliced" in caps.layouts  # views of a larger buffer
+    q_rope = base + (("channel_slice",) if views else ()) if rope else ("contiguous",)
+    kv = ("contiguous", "kv3d") + (("packed", "packed_filler", "sliced") if views else ())
+    if not rope:
+        kv = tuple(k for k in kv if k != "packed")
+    return {"q": base, "q_rope": q_rope, "kv": kv}
 
 
 @st.composite
-def dsa_cases(draw, dtypes, *, rope: bool, varlen: bool = False, empty_rows=None,
+def dsa_cases(draw, dtypes_or_caps, *, rope: bool, varlen: bool = False, empty_rows=None,
               duplicates=None, dout_layouts=DOUT_LAYOUTS, topk=None, min_T: int = 0,
               poison: bool = False, causal=None):
-    """Draw a DsaCase.
+    """Draw a DsaCase within what the target declares (``dtypes_or_caps``: a Target, a
+    Capabilities, or a tuple of dtypes).
 
     ``empty_rows``/``duplicates``: force (True) or forbid (False) them; ``topk``: force a
     ``topk_length`` mode; ``causal``: force the varlen causal flag; ``min_T``: at least that
     many queries;
     ``poison``: choose a document with queries for the isolation check.
     """
-    lim = _limits()
-    dims = lim["dims"] if not rope else tuple(d for d in lim["dims"] if d[1] > 0)
-    dl, dr = draw(st.sampled_from(dims))
+    caps = resolve(dtypes_or_caps, FUNCTIONS[(rope, varlen)])
+    lim = _limits(caps)
+    dl, dr = draw(st.sampled_from(_dims(caps, lim, rope)))
     if not rope:
         dr = 0
-    H = draw(st.sampled_from(lim["H"]))
-    K = draw(st.sampled_from(lim["K"]))
+    H = draw(st.sampled_from(_heads(caps, lim)))
+    K = draw(st.one_of(st.sampled_from(lim["K"]), st.sampled_from(lim["K_edges"])))
     docs, T, S = (), 0, 1
     if varlen:
         docs = draw(documents(max_tokens=lim["max_T"], min_tokens=max(min_T, 1 if poison else 0)))
     else:
         T = max(draw(st.sampled_from(lim["T"])), min_T)
-        S = draw(st.sampled_from(lim["S"]))
+        S = draw(st.one_of(st.sampled_from(lim["S"]), st.sampled_from(lim["S"]),
+                           st.sampled_from(lim["S_edges"])))
     pattern, density = holes(draw)
     n_tok = sum(q for q, _ in docs) if varlen else T
     want_empty = draw(st.booleans()) if empty_rows is None else empty_rows
@@ -359,39 +469,44 @@ def dsa_cases(draw, dtypes, *, rope: bool, varlen: bool = False, empty_rows=None
         # prefer a document followed by keys: a leak past its end lands in them
         followed = [d for d in with_queries if any(k for _, k in docs[d + 1:])]
         poison_doc = draw(st.sampled_from(followed or with_queries))
-    q_rope_layouts = ("contiguous", "channel_slice", "transposed") if rope else ("contiguous",)
-    kv_layouts = KV_LAYOUTS if rope else ("contiguous", "kv3d", "packed_filler", "sliced")
+    layouts = _layouts(caps, rope)
+    regime = "plain" if poison else draw(st.sampled_from(("plain",) * 6 + ("large_scores", "low_lse")))
+    scale = _scale(draw, dl + dr, regime == "large_scores")
     return DsaCase(
         rope=rope, T=T, S=S, H=H, K=K, Dl=dl, Dr=dr,
-        dtype=dtype_name(draw(st.sampled_from(tuple(dtypes)))),
+        dtype=dtype_name(draw(st.sampled_from(tuple(caps.dtypes)))),
         docs=docs, causal=(draw(st.booleans()) if causal is None else causal) if varlen else False,
         holes=pattern, density=density, invalid=draw(st.sampled_from(("minus_one", "mixed", "mixed"))),
         empty_rows=n_empty, duplicates=n_dup,
         topk=draw(st.sampled_from(("none", "random", "zeros", "full"))) if topk is None else topk,
-        scale=draw(st.one_of(st.none(), st.floats(0.05, 1.0).map(lambda x: round(x, 4)))),
-        layout_q=draw(st.sampled_from(("contiguous", "transposed", "sliced"))),
-        layout_q_rope=draw(st.sampled_from(q_rope_layouts)),
-        layout_kv=draw(st.sampled_from(kv_layouts)),
+        scale=scale,
+        layout_q=draw(st.sampled_from(layouts["q"])),
+        layout_q_rope=draw(st.sampled_from(layouts["q_rope"])),
+        layout_kv=draw(st.sampled_from(layouts["kv"])),
         layout_dout=draw(st.sampled_from(tuple(dout_layouts))),
-        value_scale=draw(st.sampled_from((0.3, 1.0, 3.0))),
+        value_scale=1.0 if regime == "low_lse" else draw(st.sampled_from(VALUE_SCALES)),
+        score_target=LARGE_SCORE if regime == "large_scores" else 0.0,
+        score_shift=SCORE_SHIFT if regime == "low_lse" else 0.0,
         q_chunk=draw(st.integers(1, max(1, n_tok))),
         poison_doc=poison_doc,
         seed=draw(st.integers(0, 2 ** 31 - 1)),
     )
 
 
-def strategy_for(check: str, dtypes, *, rope: bool = True):
-    """The cases each DSA check is run on (shared by tests and negative controls)."""
+def strategy_for(check: str, target_or_caps, *, rope: bool = True):
+    """The cases each DSA check is run on (shared by tests and negative controls), drawn
+    within the target's capabilities (a Target, a Capabilities, or a tuple of dtypes)."""
+    caps = resolve(target_or_caps)
     if check == "strided_dout":
-        return dsa_cases(dtypes, rope=rope, dout_layouts=("transposed", "sliced", "broadcast"))
+        return dsa_cases(caps, rope=rope, dout_layouts=("transposed", "sliced", "broadcast"))
     if check == "empty_rows":
-        return dsa_cases(dtypes, rope=rope, empty_rows=True)
+        return dsa_cases(caps, rope=rope, empty_rows=True)
     if check == "duplicates_counted":
-        return dsa_cases(dtypes, rope=rope, duplicates=True, min_T=1)
-    if check == "varlen_agreement":
-        return dsa_cases(dtypes, rope=rope, varlen=True)
+        return dsa_cases(caps, rope=rope, duplicates=True, min_T=1)
+    if check in ("varlen_agreement", "varlen_int64_indices"):
+        return dsa_cases(caps, rope=rope, varlen=True)
     if check == "varlen_isolation":
-        return dsa_cases(dtypes, rope=rope, varlen=True, poison=True)
+        return dsa_cases(caps, rope=rope, varlen=True, poison=True)
     if check == "chunked_backward":
-        return dsa_cases(dtypes, rope=rope, min_T=2)
-    return dsa_cases(dtypes, rope=rope)
+        return dsa_cases(caps, rope=rope, min_T=2)
+    return dsa_cases(caps, rope=rope)

@@ -22,6 +22,7 @@ import torch
 from hypothesis import strategies as st
 
 from attention_oracle.properties.harness import profiles
+from attention_oracle.properties.harness.capabilities import resolve
 from attention_oracle.properties.harness.case import CaseMixin, dtype_name
 
 HOLE_PATTERNS = ("none", "head", "middle", "tail", "interleaved", "random")
@@ -287,7 +288,7 @@ def index_cases(draw, *, compact=None, causal=None, dtypes=(torch.float32,), max
     lim = _limits()
     pattern, density = holes(draw)
     out = draw(st.sampled_from(out_modes))
-    index_dtype = "int32" if out == "alias" else draw(st.sampled_from(("int32", "int32", "int64")))
+    index_dtype = "int32"  # the contract's; int64 has its own check (properties/index/edges.py)
     return IndexCase(
         docs=draw(documents(max_tokens=max_tokens)),
         K=draw(st.sampled_from(lim["K"])),
@@ -304,10 +305,15 @@ def index_cases(draw, *, compact=None, causal=None, dtypes=(torch.float32,), max
     )
 
 
-def strategy_for(check: str, dtypes=(torch.float32,)):
-    """The cases each index check is run on (shared by tests and negative controls)."""
+def strategy_for(check: str, target_or_caps=(torch.float32,)):
+    """The cases each index check is run on (shared by tests and negative controls); the
+    attention dtype of ``compacted_attention`` from the target's capabilities (a Target, a
+    Capabilities, or a tuple of dtypes)."""
+    dtypes = resolve(target_or_caps, "dsa_sparse_attention_nope").dtypes
     if check in ("compaction_stable", "compaction_idempotent"):
         return index_cases(compact=True, dtypes=dtypes)
     if check == "compacted_attention":
         return index_cases(compact=True, dtypes=dtypes, max_tokens=24, out_modes=("none",))
+    if check == "int64_indices":
+        return index_cases(dtypes=dtypes, out_modes=("none", "fresh"))
     return index_cases(dtypes=dtypes)
