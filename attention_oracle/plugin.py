@@ -344,11 +344,25 @@ def pytest_runtest_logreport(report):
             _TABLE.add(ident["impl"], ident["check"], outcome, info)
 
 
+def _not_verified_summary(terminalreporter) -> None:
+    """What each judged implementation's capability declaration leaves unverified."""
+    from attention_oracle.properties.harness import capabilities
+    judged = sorted({impl for impl, _ in _TABLE.rows})
+    away = capabilities.not_verified_report(_target, judged)
+    _TABLE.extra["not_verified"] = away
+    lines = capabilities.report_lines(away)
+    if lines:
+        terminalreporter.write_line("")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if _WORKER:
         return
     terminalreporter.section("attention-oracle report")
     terminalreporter.write_line(_TABLE.render())
+    _not_verified_summary(terminalreporter)
     _known_failures_summary(terminalreporter)
     _baseline_summary(terminalreporter)
     path = config.getoption("oracle_report")

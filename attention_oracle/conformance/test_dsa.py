@@ -20,7 +20,7 @@ def _run(check, impl, variant, *, varlen=False):
     rope = VARIANTS[variant]
     why = unsupported(check.__name__, impl, rope=rope, varlen=varlen)
     if why:
-        pytest.skip(f"not verified: {impl.name} declares {why}")
+        pytest.skip(f"not verified: {why} (capabilities declared by {impl.name})")
     cases = strategy_for(check.__name__, impl, rope=rope)
     run_property(check, impl, cases, function=FUNCTIONS[(rope, varlen)])
 

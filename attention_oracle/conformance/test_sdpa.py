@@ -15,7 +15,7 @@ FN = checks.FN
 def _run(name, impl):
     why = unsupported(name, impl)
     if why:
-        pytest.skip(f"not verified: {impl.name} declares {why}")
+        pytest.skip(f"not verified: {why} (capabilities declared by {impl.name})")
     run_property(checks.CHECKS[name], impl, strategy_for(name, impl), function=FN)
 
 

@@ -224,3 +224,34 @@ def not_verified_by_function(caps: Capabilities, offered) -> dict[str, list[str]
         if items:
             out[fname] = items
     return out
+
+
+def not_verified_report(targets_by_name: dict, names) -> dict[str, dict[str, list[str]]]:
+    """``{implementation: {function: [items]}}`` for the named, available targets: what each
+    declared away, for the report (functions the target does not offer are left out)."""
+    from attention_oracle.properties.harness.targets import CONTRACT_FUNCTIONS
+    out = {}
+    for name in names:
+        target = targets_by_name(name) if callable(targets_by_name) else targets_by_name[name]
+        if target.unavailable or target.namespace is None:
+            continue
+        per_fn = not_verified_by_function(target.capabilities,
+                                          [f for f in CONTRACT_FUNCTIONS if target.offers(f)])
+        if per_fn:
+            out[name] = per_fn
+    return out
+
+
+def report_lines(not_verified: dict) -> list[str]:
+    """One line per implementation: each item its capabilities leave unverified, with the
+    functions it concerns (``all`` when every function it offers and declared away shares it)."""
+    lines = []
+    for impl, per_fn in sorted(not_verified.items()):
+        where: dict[str, list[str]] = {}
+        for fn, items in sorted(per_fn.items()):
+            for item in items:
+                where.setdefault(item, []).append(fn)
+        parts = [item if len(fns) == len(per_fn) and len(per_fn) > 1 else f"{item} ({', '.join(fns)})"
+                 for item, fns in where.items()]
+        lines.append(f"not verified (declared unsupported by {impl}): {'; '.join(parts)}")
+    return lines
