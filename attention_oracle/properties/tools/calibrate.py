@@ -39,7 +39,6 @@ CORRECT_BUILTINS = ("oracle", "fast", "torch", "torch-math", "torch-flash", "tor
                     "torch-cudnn", "torch-flex")
 AREAS = ("sdpa", "dsa", "index")
 DTYPES = ("float32", "float16", "bfloat16")
-VARLEN_CHECKS = ("varlen_agreement", "varlen_isolation")
 CORRECT_TARGET = 0.5
 CONTROL_TARGET = 2.0
 FAST_INTERPRETED_EXAMPLES = 2
@@ -73,11 +72,11 @@ def _controls(areas) -> list[tuple[str, str, str, str]]:
     from attention_oracle.controls import dsa_broken, index_broken, sdpa_broken
     out = []
     if "sdpa" in areas:
-        out += [("sdpa", f"attention_oracle.controls.sdpa_broken:{c}", c, k)
+        out += [("sdpa", f"attention_oracle.controls.sdpa_broken:{c}", f"sdpa_broken:{c}", k)
                 for c, k in sorted(sdpa_broken.CONTROLS.items())]
     if "dsa" in areas:
         pairs = sorted(dsa_broken.CONTROLS.items()) + list(dsa_broken.MORE_CONTROLS)
-        out += [("dsa", f"attention_oracle.controls.dsa_broken:{c}", c, k) for c, k in pairs]
+        out += [("dsa", f"attention_oracle.controls.dsa_broken:{c}", f"dsa_broken:{c}", k) for c, k in pairs]
     if "index" in areas:
         pairs = sorted(index_broken.CONTROLS.items()) + list(index_broken.MORE_CONTROLS)
         for c, k in pairs:
@@ -93,9 +92,21 @@ def _function(area: str, check: str, variant: str) -> str:
         return SdpaCase.function
     if area == "dsa":
         from attention_oracle.properties.dsa.cases import FUNCTIONS
-        return FUNCTIONS[(variant == "rope", check in VARLEN_CHECKS)]
+        return FUNCTIONS[(variant == "rope", _varlen(check))]
     from attention_oracle.properties.index.cases import IndexCase
     return IndexCase.function
+
+
+def _varlen(check: str) -> bool:
+    return check.startswith("varlen_")  # the DSA checks of the _varlen forms
+
+
+def _unsupported(area: str, check: str, variant: str, caps) -> str:
+    """Why the target's declared capabilities exclude this check ('' if they do not)."""
+    if area != "dsa":
+        return ""
+    from attention_oracle.properties.dsa.cases import unsupported
+    return unsupported(check, caps, rope=variant == "rope", varlen=_varlen(check))
 
 
 def _variants(area: str, kind: str) -> tuple[str, ...]:
@@ -104,15 +115,16 @@ def _variants(area: str, kind: str) -> tuple[str, ...]:
     return ("rope",) if kind == "control" else ("nope", "rope")  # controls: as their meta test
 
 
-def _strategy(area: str, check: str, variant: str, dtype):
+def _strategy(area: str, check: str, variant: str, caps):
+    """The suite's strategy for the check, within ``caps`` (the target's, narrowed to one dtype)."""
     if area == "sdpa":
         from attention_oracle.properties.sdpa.cases import strategy_for
-        return strategy_for(check, (dtype,))
+        return strategy_for(check, caps)
     if area == "dsa":
         from attention_oracle.properties.dsa.cases import strategy_for
-        return strategy_for(check, (dtype,), rope=variant == "rope")
+        return strategy_for(check, caps, rope=variant == "rope")
     from attention_oracle.properties.index.cases import strategy_for
-    return strategy_for(check, (dtype,))
+    return strategy_for(check, caps)
 
 
 def draw_cases(strategy, n: int) -> list:
@@ -213,10 +225,11 @@ def build_plan(a, device) -> Plan:
     groups, skipped = [], []
     drawn: dict = {}
 
-    def cases_for(area, check, variant, dtype, n):
-        key = (area, check, variant, dtype)
+    def cases_for(area, check, variant, caps, n):
+        """Drawn once per (check, variant, capabilities): targets declaring the same get the same."""
+        key = (area, check, variant, caps)
         if len(drawn.get(key, ())) < n:
-            drawn[key] = draw_cases(_strategy(area, check, variant, dtype), n)
+            drawn[key] = draw_cases(_strategy(area, check, variant, caps), n)
         return drawn[key][:n]
 
     def skip(impl, area, check, dtype, reason):
@@ -248,11 +261,16 @@ def build_plan(a, device) -> Plan:
                             why = " (Triton's interpreter computes bf16 wrongly)" if name == "fast" else ""
                             skip(name, area, check, dname, f"{dname} not among its dtypes{why}")
                             continue
+                        caps = target.capabilities.narrowed(dtypes=(dt,))
+                        why = _unsupported(area, check, variant, caps)
+                        if why:
+                            skip(name, area, f"{check}[{variant}]", dname, f"declares {why}")
+                            continue
                         groups.append(Group("correct", name, name, area, check, variant, dname,
-                                            cases_for(area, check, variant, dt, n)))
+                                            cases_for(area, check, variant, caps, n)))
     if not a.impl or "controls" in a.impl or a.controls:
         for area, name, label, check in _controls(a.area):
-            if a.control and label not in a.control:
+            if a.control and label not in a.control and label.split(":")[-1] not in a.control:
                 continue
             target = load(name, device)
             if target.unavailable:
@@ -260,9 +278,10 @@ def build_plan(a, device) -> Plan:
                 continue
             for variant in _variants(area, "control"):
                 for dt in dtypes:
+                    caps = target.capabilities.narrowed(dtypes=(dt,))
                     groups.append(Group("control", name, label, area, check, variant,
                                         str(dt).replace("torch.", ""),
-                                        cases_for(area, check, variant, dt, a.examples)))
+                                        cases_for(area, check, variant, caps, a.examples)))
     # checks that may fault a device run last: a broken CUDA context ends the calibration
     groups.sort(key=lambda g: g.check == "misaligned_inputs")
     return Plan(groups, skipped)
@@ -472,7 +491,8 @@ def parse(argv):
                         "negative controls); default: every built-in and every control")
     p.add_argument("--controls", action="store_true", help="with --impl: run the controls too")
     p.add_argument("--control", type=_csv, action="extend", default=[],
-                   help="only these controls (class names, e.g. WrongScale)")
+                   help="only these controls (class names, e.g. WrongScale, or module:class, "
+                        "e.g. index_broken:CausalOffByOne)")
     p.add_argument("--area", type=_csv, default=list(AREAS), help="sdpa,dsa,index")
     p.add_argument("--budget-s", type=float, default=None, help="stop starting examples after this")
     p.add_argument("--out", default="calibration", help="directory for calibration.json and .png")
