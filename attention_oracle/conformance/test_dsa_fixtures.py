@@ -9,10 +9,11 @@ never holds a float64 copy of a whole output:
    fixture's dout layout, e.g. head-major);
 2. gold (float64) and lp (case dtype) come from the oracle's ``dsa_reference`` over query
    chunks of ``CHUNK`` rows (the trainer's 4096), on the oracle's global rows;
-3. each chunk feeds running maxima of |impl - gold|, |lp - gold| and |round(gold) - gold| per
-   output; dkv/dk_rope gold and lp are summed over chunks (float64 / case dtype) and
-   compared once at the end, as are their per-row magnitudes (the floor). The agreement rule
-   is then applied to the global maxima: the same verdict as one unchunked comparison.
+3. each chunk feeds running maxima of |impl - gold|, |lp_a - gold| (for each standard
+   algorithm a of the lp ensemble) and |round(gold) - gold| per output; dkv/dk_rope gold and
+   lp are summed over chunks (float64 / case dtype) and compared once at the end, as are
+   their per-row magnitudes (the floor). The agreement rule (``agreement.rule``) is then
+   applied to the global maxima: the same verdict as one unchunked comparison.
 
 For the full-size run the oracle's time and peak memory growth are printed, and the growth
 must stay within 16 GiB.
@@ -29,9 +30,9 @@ import torch
 from attention_oracle.fixtures.dsa import FIXTURES
 from attention_oracle.oracle.dsa import dsa_reference
 from attention_oracle.properties.dsa.cases import build
-from attention_oracle.properties.dsa.checks import call, global_rows, grads
+from attention_oracle.properties.dsa.checks import call, global_rows, grads, lp_references
 from attention_oracle.properties.harness import profiles, report
-from attention_oracle.properties.harness.agreement import FLOOR_ULPS, K_FORWARD, K_GRADIENT, OracleMismatch, eps
+from attention_oracle.properties.harness.agreement import OracleMismatch, lp_runs, measure_lp, round_error, rule
 from attention_oracle.properties.harness.case import dtype_name, load_case
 from attention_oracle.properties.harness.targets import Refused
 
@@ -41,16 +42,20 @@ GRADIENTS = ("dq_latent", "dq_rope", "dkv_latent", "dk_rope")
 
 
 class RunningRule:
-    """The agreement rule (docs/CONTRACT.md "5. The agreement rule") over an output seen in pieces."""
+    """The agreement rule (docs/CONTRACT.md "5. The agreement rule", ``agreement.rule``) over an
+    output seen in pieces: running maxima of each term, the rule applied once to them."""
 
     def __init__(self, name: str, dtype: torch.dtype, gradient: bool):
         self.name, self.dtype, self.gradient = name, dtype, gradient
-        self.err = self.lp = self.round = self.magnitude = 0.0
+        self.err = self.round = self.magnitude = 0.0
+        self.lp: dict = {}
         self.worst_at = None
         self.worst = ()
 
-    def add(self, impl: torch.Tensor, gold: torch.Tensor, lp: torch.Tensor, offset: int,
+    def add(self, impl: torch.Tensor, gold: torch.Tensor, lp, offset: int,
             magnitude: float, fail) -> None:
+        """``lp``: one tensor or {algorithm: tensor}, as ``assert_agrees`` takes it."""
+        lp = lp_runs(lp)
         x = impl.detach().to(torch.float64)
         gold = gold.to(torch.float64)
         finite = torch.isfinite(gold)
@@ -64,29 +69,26 @@ class RunningRule:
         self.magnitude = max(self.magnitude, magnitude)
         if diff.numel() == 0:
             return
-        self.lp = max(self.lp, float(torch.where(finite, (lp.to(torch.float64) - gold).abs(), zero).max()))
-        self.round = max(self.round, float(torch.where(
-            finite, (gold.to(self.dtype).to(torch.float64) - gold).abs(), zero).max()))
+        for a, e in measure_lp(lp, gold, finite).items():
+            self.lp[a] = max(self.lp.get(a, 0.0), e)
+        self.round = max(self.round, round_error(gold, finite, self.dtype))
         err = float(diff.max())
         if err > self.err:
             at = torch.unravel_index(torch.argmax(diff), diff.shape)
             at = tuple(int(i) for i in at)
             self.err, self.worst_at = err, (offset + at[0],) + at[1:]
-            self.worst = (x[at].item(), gold[at].item(), lp[at].item())
+            self.worst = (x[at].item(), gold[at].item(),
+                          " ".join(f"lp[{a}]={t[at].item():.6g}" for a, t in lp.items()))
 
     def verdict(self, fail) -> float:
-        k = K_GRADIENT if self.gradient else K_FORWARD
-        bound = k * self.lp + 2 * self.round
-        floor = FLOOR_ULPS * eps(self.dtype) * self.magnitude
-        allowed = max(bound, floor)
-        ratio = 0.0 if self.err == 0 else (self.err / allowed if allowed > 0 else float("inf"))
-        report.record_ratio("dsa.fixture", "-", ratio)
-        if self.err > allowed:
+        v = rule(self.err, self.lp, self.round, self.magnitude, self.dtype, self.gradient)
+        report.record_ratio("dsa.fixture", "-", v.ratio)
+        if self.err > v.allowed:
             impl, gold, lp = self.worst
-            fail(self.name, f"max|impl-gold| = {self.err:.3e} > allowed {allowed:.3e} (ratio {ratio:.2f}); "
-                            f"rule {k}*{self.lp:.3e} + 2*{self.round:.3e}, floor {floor:.3e}; worst at "
-                            f"{self.worst_at}: impl={impl:.6g} gold={gold:.6g} lp={lp:.6g}")
-        return ratio
+            fail(self.name, f"max|impl-gold| = {self.err:.3e} > allowed {v.allowed:.3e} (ratio {v.ratio:.2f}); "
+                            f"{v.terms(self.dtype)}; worst at {self.worst_at}: impl={impl:.6g} "
+                            f"gold={gold:.6g} {lp}")
+        return v.ratio
 
 
 def _failer(impl_name: str, fixture: str, size: str):
@@ -129,8 +131,7 @@ def _oracle_chunks(inp, size, consume):
             torch.cuda.synchronize()
             peak = max(peak, (torch.cuda.max_memory_allocated() - base) / 2 ** 30)
         seconds += time.perf_counter() - t0
-        lp = dsa_reference(q[0], q[1], *keys, rows[sl], inp.dout[sl], compute_dtype=case.torch_dtype,
-                           magnitudes=False, **kw)
+        lp = lp_references(q[0], q[1], *keys, rows[sl], inp.dout[sl], compute_dtype=case.torch_dtype, **kw)
         consume(a, gold, lp)
         del gold, lp
     return seconds, peak
@@ -152,19 +153,22 @@ def run_fixture(impl, name: str, size: str) -> dict:
         b = a + gold["out"].shape[0]
         for n in ("out", "lse", "dq_latent", "dq_rope"):
             if n in rules:
-                rules[n].add(got[n][a:b], gold[n], lp[n], a, gold["magnitude"][n], fail)
+                rules[n].add(got[n][a:b], gold[n], {al: r[n] for al, r in lp.items()}, a,
+                             gold["magnitude"][n], fail)
         for n in ("dkv_latent", "dk_rope"):
             if n in rules:
-                g, l, m = sums.get(n, (0, 0, 0.0))
+                g, l, m = sums.get(n, (0, {}, 0.0))
                 # lp chunks summed exactly and rounded once at the end: the one-shot lp also
                 # rounds dkv once (after an fp32 accumulation); a running sum in the dtype would
                 # add a rounding per chunk and loosen the bound with the number of chunks.
                 # the floor's magnitude is per key row: summed over chunks, maximised at the end
-                sums[n] = (gold[n] + g, lp[n].to(torch.float64) + l, gold["magnitude_rows"][n] + m)
+                l = {al: r[n].to(torch.float64) + l.get(al, 0) for al, r in lp.items()}
+                sums[n] = (gold[n] + g, l, gold["magnitude_rows"][n] + m)
 
     seconds, peak = _oracle_chunks(inp, size, consume)
     for n, (g, l, m) in sums.items():
-        rules[n].add(got[n], g, l.to(dt), 0, float(m.max()) if m.numel() else 0.0, fail)
+        rules[n].add(got[n], g, {al: t.to(dt) for al, t in l.items()}, 0,
+                     float(m.max()) if m.numel() else 0.0, fail)
     ratios = {n: r.verdict(fail) for n, r in rules.items()}
     return {"oracle_seconds": seconds, "oracle_peak_gib": peak, "ratios": ratios, "T": case.T,
             "S": case.S}

@@ -13,7 +13,8 @@ naive math's (CONTRACT section 5, docs/agreement-rule.md). In the accumulation d
 - with an additive float mask (or a scale <= 0) the scores are the scaled, masked scores in
   natural units, as kernels taking a bias add it (xformers' memory-efficient kernel), and
   exponentials are ``exp2(fl(r - m) * log2(e))``: subtracting first keeps a bias of
-  ``finfo.min`` finite; lse = fl(m + log(l));
+  ``finfo.min`` finite; lse = fl(m + log(l)); the backward's scores are recomputed by the
+  caller with another rounding (one rounding of the scaled dot), as a backward GEMM does;
 - P (unnormalised, <= 1) is rounded to the dtype before the P.V product, which accumulates
   in float32; out = fl(o * fl(1 / l)), rounded once to the dtype; lse is stored as float32;
 - backward: P is recomputed from the stored lse the same way (``exp2(fma(r, c,

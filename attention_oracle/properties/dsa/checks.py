@@ -34,7 +34,7 @@ import dataclasses
 
 import torch
 
-from attention_oracle.oracle.dsa import dsa_reference
+from attention_oracle.oracle.dsa import ALGORITHMS, dsa_reference
 from attention_oracle.oracle.index import offset_gather_kv_indices as oracle_offset
 from attention_oracle.properties.dsa.cases import (
     FUNCTIONS,
@@ -106,16 +106,23 @@ def valid_slots(inp: DsaInputs) -> torch.Tensor:
     return valid
 
 
+def lp_references(*args, compute_dtype, **kw) -> dict:
+    """{algorithm: ``dsa_reference(*args, **kw)`` in ``compute_dtype``} for each standard
+    algorithm: the lp ensemble of the agreement rule."""
+    return {a: dsa_reference(*args, compute_dtype=compute_dtype, magnitudes=False, algorithm=a, **kw)
+            for a in ALGORITHMS}
+
+
 def references(inp: DsaInputs, dout=None, *, rows=None, topk="same") -> tuple[dict, dict]:
-    """Gold (float64, with magnitudes) and lp (the same math in the case's dtype)."""
+    """Gold (float64 naive math, with magnitudes) and lp: {algorithm: the oracle's result in
+    the case's dtype} for each standard algorithm."""
     c = inp.case
     idx, tk = global_rows(inp) if rows is None else (rows, inp.topk_length if topk == "same" else topk)
     args = [t.detach() if t is not None else None
             for t in (inp.q_latent, inp.q_rope, inp.kv_latent, inp.k_rope)]
     kw = dict(topk_length=tk, softmax_scale=c.scale)
     gold = dsa_reference(*args, idx, dout, compute_dtype=torch.float64, **kw)
-    lp = dsa_reference(*args, idx, dout, compute_dtype=c.torch_dtype, magnitudes=False, **kw)
-    return gold, lp
+    return gold, lp_references(*args, idx, dout, compute_dtype=c.torch_dtype, **kw)
 
 
 def _repro(case, check, target):
@@ -123,9 +130,9 @@ def _repro(case, check, target):
 
 
 def agree(name, x, gold, lp, case, target, check, *, gradient, select=None):
-    g, l = gold[name], lp[name]
+    g, l = gold[name], {a: r[name] for a, r in lp.items()}
     if select is not None:
-        x, g, l = x[select], g[select], l[select]
+        x, g, l = x[select], g[select], {a: t[select] for a, t in l.items()}
     return assert_agrees(x, g, l, check=check, impl=target.name, name=name, dtype=case.torch_dtype,
                          gradient=gradient, magnitude=gold["magnitude"][name],
                          repro=_repro(case, check, target))

@@ -1,14 +1,19 @@
 """The agreement rule (docs/CONTRACT.md "5. The agreement rule") and exact comparisons, with precise failure messages.
 
-For an output X with gold ``X_gold`` (float64 oracle), ``X_lp`` (the oracle's math run in the
-implementation's dtype) and ``X_impl``::
+For an output X with gold ``X_gold`` (float64 oracle), the lp runs ``X_lp[a]`` (the oracle's
+math run in the implementation's dtype by each standard algorithm ``a``: naive, flash,
+prescaled; ``oracle/flash.py``) and ``X_impl``::
 
-    max|X_impl - X_gold| <= max(k * max|X_lp - X_gold| + 2 * max|X_gold.to(dtype) - X_gold|,
+    max|X_impl - X_gold| <= max(k * max_a max|X_lp[a] - X_gold| + 2 * max|X_gold.to(dtype) - X_gold|,
                                 FLOOR_ULPS * eps(dtype) * magnitude)
 
-with k = 2 for forward outputs and k = 3 for gradients. NaN/Inf in ``X_impl`` where the gold
-is finite always fails; where the gold is not finite (lse = -inf on empty rows) the values
-must match exactly.
+with k = 2 for forward outputs and k = 3 for gradients. The lp term is the largest error
+among the standard algorithms: the rounding the dtype forces is that of the algorithms
+correct kernels use, not of one of them (docs/agreement-rule.md derives it and measures it).
+An lp run that is not finite where the gold is (an algorithm overflowing in the dtype) is
+left out of the ensemble, never allowed to widen the bound. NaN/Inf in ``X_impl`` where the
+gold is finite always fails; where the gold is not finite (lse = -inf on empty rows) the
+values must match exactly.
 
 The absolute floor. The rule's right-hand side collapses to zero where the exact result is
 zero by cancellation: with a single key per query, P = 1 and dS = P * (dP - Delta) = 0
@@ -17,17 +22,24 @@ dP and Delta along different paths (Delta from the rounded output) and returns r
 That noise is of the order of the rounding of the terms that cancel, not of the result, so
 the floor is ``FLOOR_ULPS`` units of the dtype's epsilon times ``magnitude``, the largest sum
 of absolute terms behind one element (``sdpa_reference(..., magnitudes=True)`` computes it).
-FLOOR_ULPS = 4: the final rounding to the dtype costs half an ulp, an fp32 accumulation in a
-different order over n terms costs well under an ulp of the dtype for fp16/bf16, and for fp32
-a few ulps; 4 covers these with no room for a real error (a wrong scale, a dropped key, a
-misread stride) that moves results by a visible fraction of the terms.
-``meta_tests/test_negative_controls.py`` keeps a control showing an error of 10 floors is caught
-where the rule collapsed.
+FLOOR_ULPS = 4: dq = scale * sum_j P_j (dP_j - Delta) k_j, and each of dP_j, Delta (a sum
+formed from the rounded output) and the final product carries at most about one unit of
+rounding (eps) of its own absolute terms in a float32 accumulation; the flash ensemble
+member measures ~1 eps of the magnitude on such rows (docs/agreement-rule.md); 4 covers
+them with no room for a real error (a wrong scale, a dropped key, a misread stride) that
+moves results by a visible fraction of the terms. ``meta_tests/test_negative_controls.py``
+keeps a control showing an error of 10 floors is caught where the rule collapsed.
+
+One implementation: :func:`rule` turns measured maxima into a :class:`Verdict`;
+:func:`assert_agrees` measures whole tensors and raises with the full message;
+``fixtures``' RunningRule (outputs seen in chunks) and the fast kernels' smoke tests go
+through the same two.
 """
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +48,7 @@ from attention_oracle.properties.harness import report
 FLOOR_ULPS = 4
 K_FORWARD = 2
 K_GRADIENT = 3
+LP_DEFAULT = "naive"   # the name of an lp given as one tensor
 
 
 class OracleMismatch(AssertionError):
@@ -60,14 +73,57 @@ def noted(note: str):
 
 @dataclass
 class Verdict:
+    """The rule's terms for one output: ``lp`` is max|lp_a - gold| per algorithm (the finite
+    ones), ``algorithm`` the one that set the bound, ``excluded`` the non-finite ones."""
+
     err: float
     bound: float
     floor: float
     ratio: float
+    lp: dict = field(default_factory=dict)
+    algorithm: str = ""
+    round: float = 0.0
+    k: int = K_FORWARD
+    magnitude: float = 0.0
+    excluded: tuple = ()
 
     @property
     def allowed(self) -> float:
         return max(self.bound, self.floor)
+
+    @property
+    def m_lp(self) -> float:
+        return self.lp.get(self.algorithm, 0.0)
+
+    def terms(self, dtype) -> str:
+        """The rule's right-hand side, spelled out (one line)."""
+        each = ", ".join(f"{a} {_fmt(e)}" for a, e in self.lp.items())
+        left_out = f"; non-finite, left out: {', '.join(self.excluded)}" if self.excluded else ""
+        return (f"rule: {self.k}*max|lp-gold| ({_fmt(self.m_lp)}, set by {self.algorithm or '-'}; "
+                f"{each or 'no lp'}{left_out}) + 2*max|round(gold)-gold| ({_fmt(self.round)}) = "
+                f"{_fmt(self.bound)}; floor {FLOOR_ULPS}*eps({dtype})*magnitude({_fmt(self.magnitude)}) = "
+                f"{_fmt(self.floor)}")
+
+
+def rule(err: float, lp_errs: Mapping[str, float], round_err: float, magnitude: float,
+         dtype: torch.dtype, gradient: bool) -> Verdict:
+    """The agreement rule on measured maxima: ``err`` = max|impl - gold|, ``lp_errs`` =
+    {algorithm: max|lp_a - gold|} (non-finite ones are left out), ``round_err`` =
+    max|gold.to(dtype) - gold|, ``magnitude`` the floor's sum of absolute terms."""
+    k = K_GRADIENT if gradient else K_FORWARD
+    finite = {a: float(e) for a, e in lp_errs.items() if e == e and e != float("inf")}
+    excluded = tuple(a for a in lp_errs if a not in finite)
+    algorithm = max(finite, key=finite.get) if finite else ""
+    m_lp = finite.get(algorithm, 0.0)
+    bound = k * m_lp + 2 * round_err
+    floor = FLOOR_ULPS * eps(dtype) * float(magnitude)
+    allowed = max(bound, floor)
+    if err != err:  # NaN error: always a failure
+        ratio = float("inf")
+    else:
+        ratio = 0.0 if err == 0.0 else (err / allowed if allowed > 0 else float("inf"))
+    return Verdict(err, bound, floor, ratio, finite, algorithm, round_err, k, float(magnitude),
+                   excluded)
 
 
 def eps(dtype: torch.dtype) -> float:
@@ -92,15 +148,52 @@ def _fail(check, impl, name, body, repro, ratio=float("inf")):
     raise OracleMismatch(f"{_header(check, impl, name)}: {body}\n  reproduce: {repro}")
 
 
-def assert_agrees(x_impl: torch.Tensor, x_gold: torch.Tensor, x_lp: torch.Tensor, *,
-                  check: str, impl: str, name: str, dtype: torch.dtype, gradient: bool,
-                  magnitude: float, repro: str) -> Verdict:
-    """Apply the agreement rule to one output; raise OracleMismatch with a full message."""
+def lp_runs(x_lp) -> dict:
+    """``x_lp`` as {algorithm: tensor}: a dict as given, one tensor as the naive run."""
+    if isinstance(x_lp, Mapping):
+        if not x_lp:
+            raise ValueError("x_lp must hold at least one lp run")
+        return dict(x_lp)
+    return {LP_DEFAULT: x_lp}
+
+
+def _max_or_zero(t: torch.Tensor) -> float:
+    return float(t.max()) if t.numel() else 0.0
+
+
+def measure_lp(lp: Mapping[str, torch.Tensor], gold: torch.Tensor, finite: torch.Tensor) -> dict:
+    """{algorithm: max|lp_a - gold|} over the finite gold; inf for a run that is not finite
+    there (the rule then leaves it out)."""
+    zero = torch.zeros((), dtype=torch.float64, device=gold.device)
+    errs = {}
+    for a, x in lp.items():
+        x = x.detach().to(torch.float64).to(gold.device)
+        if tuple(x.shape) != tuple(gold.shape):
+            raise ValueError(f"lp run {a!r} has shape {tuple(x.shape)}, gold {tuple(gold.shape)}")
+        bad = finite & ~torch.isfinite(x)
+        errs[a] = float("inf") if bool(bad.any()) else _max_or_zero(torch.where(finite, (x - gold).abs(), zero))
+    return errs
+
+
+def round_error(gold: torch.Tensor, finite: torch.Tensor, dtype: torch.dtype) -> float:
+    """max|gold.to(dtype) - gold| over the finite gold."""
+    zero = torch.zeros((), dtype=torch.float64, device=gold.device)
+    return _max_or_zero(torch.where(finite, (gold.to(dtype).to(torch.float64) - gold).abs(), zero))
+
+
+def assert_agrees(x_impl: torch.Tensor, x_gold: torch.Tensor, x_lp, *, check: str, impl: str,
+                  name: str, dtype: torch.dtype, gradient: bool, magnitude: float,
+                  repro: str) -> Verdict:
+    """Apply the agreement rule to one output; raise OracleMismatch with a full message.
+
+    ``x_lp``: one tensor (the naive lp run) or {algorithm: tensor}, the lp runs of the
+    standard algorithms (``lp_runs``); the bound takes the largest of their errors.
+    """
+    lp = lp_runs(x_lp)
     if tuple(x_impl.shape) != tuple(x_gold.shape):
         _fail(check, impl, name, f"shape {tuple(x_impl.shape)} != expected {tuple(x_gold.shape)}", repro)
     impl64 = x_impl.detach().to(torch.float64)
     gold = x_gold.detach().to(torch.float64).to(impl64.device)
-    lp = x_lp.detach().to(torch.float64).to(impl64.device)
     finite = torch.isfinite(gold)
     if not bool(finite.all()):
         bad = (~finite) & (impl64 != gold)
@@ -115,28 +208,18 @@ def assert_agrees(x_impl: torch.Tensor, x_gold: torch.Tensor, x_lp: torch.Tensor
               f"gold={gold[at].item()} at {at}", repro)
     zero = torch.zeros((), dtype=torch.float64, device=gold.device)
     diff = torch.where(finite, (impl64 - gold).abs(), zero)
-    lp_err = torch.where(finite, (lp - gold).abs(), zero)
-    round_err = torch.where(finite, (gold.to(dtype).to(torch.float64) - gold).abs(), zero)
-    k = K_GRADIENT if gradient else K_FORWARD
-    m_lp = float(lp_err.max()) if lp_err.numel() else 0.0
-    m_round = float(round_err.max()) if round_err.numel() else 0.0
-    bound = k * m_lp + 2 * m_round
-    floor = FLOOR_ULPS * eps(dtype) * float(magnitude)
-    err = float(diff.max()) if diff.numel() else 0.0
-    allowed = max(bound, floor)
-    ratio = 0.0 if err == 0.0 else (err / allowed if allowed > 0 else float("inf"))
-    report.record_ratio(check, impl, ratio)
-    _target_ratio(f"{check}:{name}", ratio)
-    if err > allowed:
+    verdict = rule(_max_or_zero(diff), measure_lp(lp, gold, finite), round_error(gold, finite, dtype),
+                   magnitude, dtype, gradient)
+    report.record_ratio(check, impl, verdict.ratio)
+    _target_ratio(f"{check}:{name}", verdict.ratio)
+    if verdict.err > verdict.allowed:
         at = _index_of_max(diff)
-        body = (f"max|impl-gold| = {_fmt(err)} > allowed {_fmt(allowed)} (ratio {ratio:.2f})\n"
-                f"  rule: {k}*max|lp-gold| ({_fmt(m_lp)}) + 2*max|round(gold)-gold| ({_fmt(m_round)})"
-                f" = {_fmt(bound)}; floor {FLOOR_ULPS}*eps({dtype})*magnitude({_fmt(float(magnitude))})"
-                f" = {_fmt(floor)}\n"
-                f"  worst at {at}: impl={impl64[at].item():.6g} gold={gold[at].item():.6g} "
-                f"lp={lp[at].item():.6g}")
-        _fail(check, impl, name, body, repro, ratio)
-    return Verdict(err, bound, floor, ratio)
+        at_lp = " ".join(f"lp[{a}]={x.detach().to(torch.float64)[at].item():.6g}" for a, x in lp.items())
+        body = (f"max|impl-gold| = {_fmt(verdict.err)} > allowed {_fmt(verdict.allowed)} "
+                f"(ratio {verdict.ratio:.2f})\n  {verdict.terms(dtype)}\n"
+                f"  worst at {at}: impl={impl64[at].item():.6g} gold={gold[at].item():.6g} {at_lp}")
+        _fail(check, impl, name, body, repro, verdict.ratio)
+    return verdict
 
 
 def assert_exact(x_impl: torch.Tensor, x_expected: torch.Tensor, *, check: str, impl: str,

@@ -17,7 +17,7 @@ import dataclasses
 
 import torch
 
-from attention_oracle.oracle.sdpa import sdpa_reference
+from attention_oracle.oracle.sdpa import ALGORITHMS, sdpa_reference
 from attention_oracle.properties.harness.agreement import AFTER_STRIDED, assert_agrees, assert_exact, assert_true, noted
 from attention_oracle.properties.sdpa.cases import SdpaCase, SdpaInputs, build
 
@@ -37,16 +37,19 @@ def _grads(out, inp: SdpaInputs, dout, q=None, k=None, v=None):
 
 
 def _references(inp: SdpaInputs, case: SdpaCase, dout=None):
-    """Gold (float64, with magnitudes) and lp (the same math in the case's dtype)."""
+    """Gold (float64 naive math, with magnitudes) and lp: {algorithm: the oracle's result in
+    the case's dtype} for each standard algorithm (the agreement rule's ensemble)."""
     kw = dict(attn_mask=inp.attn_mask, **inp.kwargs)
     args = (inp.q.detach(), inp.k.detach(), inp.v.detach())
     gold = sdpa_reference(*args, dout, compute_dtype=torch.float64, magnitudes=True, **kw)
-    lp = sdpa_reference(*args, dout, compute_dtype=case.torch_dtype, **kw)
+    lp = {a: sdpa_reference(*args, dout, compute_dtype=case.torch_dtype, algorithm=a, **kw)
+          for a in ALGORITHMS}
     return gold, lp
 
 
 def _agree(name, x, gold, lp, case, target, check, gradient):
-    return assert_agrees(x, gold[name], lp[name], check=check, impl=target.name, name=name,
+    lp = {a: r[name] for a, r in lp.items()}
+    return assert_agrees(x, gold[name], lp, check=check, impl=target.name, name=name,
                          dtype=case.torch_dtype, gradient=gradient,
                          magnitude=gold["magnitude"][name], repro=case.repro(check, target.name))
 
