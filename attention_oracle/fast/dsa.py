@@ -22,9 +22,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-import triton
 from triton.runtime.errors import OutOfResources
 
+from .host import cdiv, next_pow2
 from .index import offset_rows, pdl_on
 from .kernels.dsa_bwd import dsa_bwd_kernel
 from .kernels.dsa_fwd import dsa_fwd_kernel
@@ -51,7 +51,7 @@ class KernelConfig:
 
 
 def _pow2(n, lo=16):
-    return max(lo, triton.next_power_of_2(max(int(n), 1)))
+    return max(lo, next_pow2(max(int(n), 1)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -241,7 +241,7 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
     pdl_kw = {"launch_pdl": True} if use_pdl else {}
 
     def launch(cfg):
-        grid = (T, triton.cdiv(H, cfg.block_h), triton.cdiv(DL, cfg.block_dv))
+        grid = (T, cdiv(H, cfg.block_h), cdiv(DL, cfg.block_dv))
         dsa_fwd_kernel[grid](
             q, qr, kv, kr, indices, topk_length if topk_length is not None else indices, out, lse,
             H, kv.shape[0], indices.shape[1], DL, DR,
@@ -278,7 +278,7 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
     if T > 0 and H > 0 and S > 0 and indices.shape[1] > 0:
 
         def launch(cfg):
-            grid = (T, triton.cdiv(H, cfg.block_h), triton.cdiv(DL, cfg.block_dv))
+            grid = (T, cdiv(H, cfg.block_h), cdiv(DL, cfg.block_dv))
             dsa_bwd_kernel[grid](
                 q, qr, kv, kr, indices, topk_length if topk_length is not None else indices,
                 out, dout, lse, dq, dqr, dkv_acc, dkr_acc,

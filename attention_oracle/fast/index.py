@@ -12,8 +12,8 @@ CUDA context is unusable afterwards, as after any device assert), on CPU (the in
 ``ValueError`` names the argument. The kernel never reads past its tensors either way.
 """
 import torch
-import triton
 
+from .host import next_pow2
 from .kernels import pdl
 from .kernels.index_offset import BAD_BITS, CHECK_BLOCK, offset_gather_kernel
 
@@ -156,7 +156,7 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
     lengths, flags = buf[:T], buf[T:]
     n_docs = cu_seqlens_q.numel() - 1
     n_rows = T if K > 0 and n_docs > 0 else 0
-    block_k = min(triton.next_power_of_2(max(K, 1)), _MAX_BLOCK_K)
+    block_k = min(next_pow2(max(K, 1)), _MAX_BLOCK_K)
     limit = _INT32_MAX if key_rows is None else min(int(key_rows), _INT32_MAX)
     use_pdl = pdl_on(device)
     offset_gather_kernel[(max(n_rows, 1),)](

@@ -128,19 +128,20 @@ def _offset_row(idx_ptr, cu_q_ptr, cu_k_ptr, topk_len_ptr, out_ptr, len_out_ptr,
     base = tl.arange(0, BLOCK_K)
     if COMPACT:
         # stable partition: valid rows to slots [0, n_valid), -1 to the rest; each slot is
-        # written exactly once, so the output needs no prior fill
-        n_valid = t * 0
+        # written exactly once, so the output needs no prior fill. Ranks are int32 (K < 2^31):
+        # int64 scans take twice the registers and instructions
+        n_valid = (t * 0).to(tl.int32)
         if not SINGLE_BLOCK:
             for start in range(0, K, BLOCK_K):
                 valid, _ = _valid_global_rows(idx_ptr, row_in, stride_ik, start + base, K, limit,
                                               seqlen_k, pos, k_start, CAUSAL)
-                n_valid += tl.sum(valid.to(tl.int64), axis=0)
-        valid_before = t * 0
+                n_valid += tl.sum(valid.to(tl.int32), axis=0)
+        valid_before = (t * 0).to(tl.int32)
         for start in range(0, K, BLOCK_K):
             offs = start + base
             valid, rows = _valid_global_rows(idx_ptr, row_in, stride_ik, offs, K, limit,
                                              seqlen_k, pos, k_start, CAUSAL)
-            flags = valid.to(tl.int64)
+            flags = valid.to(tl.int32)
             if SINGLE_BLOCK:
                 n_valid = tl.sum(flags, axis=0)
             rank_valid = valid_before + tl.cumsum(flags, axis=0) - 1

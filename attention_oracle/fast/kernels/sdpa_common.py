@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
+from ..host import next_pow2
 from .accurate_math import exp_accurate, log_accurate
 
 LOG2E = 1.4426950408889634
@@ -49,7 +50,7 @@ def autotune_enabled() -> bool:
 def tune_bucket(n: int) -> int:
     """Sequence-length bucket used as autotune key (powers of two, capped), so that
     every distinct length does not trigger a fresh tuning run."""
-    return min(triton.next_power_of_2(max(int(n), 1)), 16384)
+    return min(next_pow2(max(int(n), 1)), 16384)
 
 
 def smem_bytes(block_rows_pipelined, block_rows_resident, block_e, block_ev, elsize, stages):

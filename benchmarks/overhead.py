@@ -1,0 +1,107 @@
+"""Host overhead per call of fast's entry points at tiny shapes, against torch, with a profile.
+
+    python -m benchmarks.overhead [--out out/overhead.json] [--profile out/overhead_profile.txt]
+
+Host microseconds per call (benchmarks.timing.host_us: calls queued back to back, one sync)
+for fast SDPA (forward no_grad, training forward, forward+backward; B 1, H 1, L 16, D 64,
+bf16) beside torch's SDPA, and for fast DSA (forward, varlen forward, index preparation; T 4,
+H 64, 512 + 64 / 512, top-k 64). With ``--profile``, cProfile's top functions (by own time)
+of each fast entry point over 300 calls, to see where the host time goes.
+"""
+import argparse
+import cProfile
+import io
+import pstats
+
+import torch
+import torch.nn.functional as F
+
+import attention_oracle.fast.dsa as fdsa
+from attention_oracle.fast.index import offset_gather_kv_indices
+from attention_oracle.fast.sdpa import scaled_dot_product_attention as fast_sdpa
+
+from .timing import host_us, write_json
+
+
+def sdpa_calls():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 1, 16, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+                     for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    calls = {}
+    for name, fn in (("fast", fast_sdpa), ("torch", F.scaled_dot_product_attention)):
+        def fwd(fn=fn):
+            with torch.no_grad():
+                return fn(q, k, v)
+
+        def fwd_train(fn=fn):
+            return fn(q, k, v)
+
+        def fwdbwd(fn=fn):
+            return torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
+        calls.update({f"sdpa_{name}_fwd": fwd, f"sdpa_{name}_fwd_train": fwd_train,
+                      f"sdpa_{name}_fwdbwd": fwdbwd})
+    return calls
+
+
+def dsa_calls():
+    g = torch.Generator(device="cuda").manual_seed(1)
+    T, H, S, K = 4, 64, 64, 64
+    ql = torch.randn(T, H, 512, device="cuda", dtype=torch.bfloat16, generator=g)
+    qr = torch.randn(T, H, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    kv = torch.randn(S, 576, device="cuda", dtype=torch.bfloat16, generator=g)
+    local = torch.randint(0, S, (T, K), device="cuda", dtype=torch.int32, generator=g)
+    cu_q = torch.tensor([0, T], device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor([0, S], device="cuda", dtype=torch.int32)
+    kl, kr = kv[:, :512], kv[:, 512:]
+
+    def fwd():
+        with torch.no_grad():
+            return fdsa.dsa_sparse_attention(ql, qr, kl, kr, local, softmax_scale=0.05)
+
+    def varlen_fwd():
+        with torch.no_grad():
+            return fdsa.dsa_sparse_attention_varlen(ql, qr, kl, kr, local, cu_q, cu_k,
+                                                    softmax_scale=0.05)
+
+    def index_prep():
+        return offset_gather_kv_indices(local, cu_q, cu_k, compact=True, return_topk_length=True)
+    return {"dsa_fast_fwd": fwd, "dsa_fast_varlen_fwd": varlen_fwd,
+            "dsa_fast_index_prep": index_prep, "device_copy_tiny": lambda: local.clone()}
+
+
+def profile(fn, calls=300, top=16):
+    fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="out/overhead.json")
+    ap.add_argument("--profile", default=None)
+    args = ap.parse_args()
+    calls = {**sdpa_calls(), **dsa_calls()}
+    res = {name: host_us(fn) for name, fn in calls.items()}
+    for phase in ("fwd", "fwd_train", "fwdbwd"):
+        res[f"sdpa_fast_over_torch_{phase}"] = res[f"sdpa_fast_{phase}"] / res[f"sdpa_torch_{phase}"]
+    write_json(args.out, res)
+    for name, us in res.items():
+        print(f"{name:32s} {us:9.2f}" + ("" if "_over_" in name else " us"))
+    if args.profile:
+        with open(args.profile, "w") as fh:
+            for name, fn in calls.items():
+                if "_fast_" in name:
+                    fh.write(f"==== {name}\n{profile(fn)}\n")
+
+
+if __name__ == "__main__":
+    main()
