@@ -32,6 +32,7 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from attention_oracle.fast.sdpa import FP32_MODES, set_fp32_mode
 from attention_oracle.fast.sdpa import scaled_dot_product_attention as fast_sdpa
 
 from .timing import host_us, plot_panels, queued_ms, synced_ms, write_json
@@ -165,19 +166,34 @@ def bench_overhead(dtype=torch.bfloat16):
 
 
 def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128):
-    """fp32: fast against torch's fp32 default, forward and forward+backward."""
+    """fp32: fast (both fp32 modes, fast.sdpa.set_fp32_mode) against torch's fp32 default,
+    forward and forward+backward; fast's largest difference from torch's output per mode."""
     (q, k, v), dout = make_inputs(B, H, L, D, seed=4, dtype=torch.float32)
     rows = []
     for causal in (False, True):
         row = {"B": B, "H": H, "L": L, "D": D, "causal": causal,
                "default_backend": int(torch._fused_sdp_choice(q, k, v, is_causal=causal))}
+        with torch.no_grad():
+            ref = torch_default(q, k, v, causal)
         for phase in ("fwd", "fwdbwd"):
             fl = flops(B, H, L, L, D, causal, phase == "fwdbwd")
-            for name, impl in (("fast", fast), ("torch_default", torch_default)):
-                fn = phase_fn(phase, impl, q, k, v, dout, causal)
-                row[f"{phase}_{name}_tflops"] = fl / bench_ms(fn, rep) / 1e9
-                row[f"{phase}_{name}_synced_tflops"] = fl / synced_ms(fn, synced_reps) / 1e9
-            row[f"{phase}_ratio"] = row[f"{phase}_fast_tflops"] / row[f"{phase}_torch_default_tflops"]
+            fn = phase_fn(phase, torch_default, q, k, v, dout, causal)
+            row[f"{phase}_torch_default_tflops"] = fl / bench_ms(fn, rep) / 1e9
+            row[f"{phase}_torch_default_synced_tflops"] = fl / synced_ms(fn, synced_reps) / 1e9
+        for mode in FP32_MODES:
+            previous = set_fp32_mode(mode)
+            try:
+                with torch.no_grad():
+                    row[f"max_diff_out_{mode}"] = max_diff(fast(q, k, v, causal), ref)
+                for phase in ("fwd", "fwdbwd"):
+                    fl = flops(B, H, L, L, D, causal, phase == "fwdbwd")
+                    fn = phase_fn(phase, fast, q, k, v, dout, causal)
+                    row[f"{phase}_fast_{mode}_tflops"] = fl / bench_ms(fn, rep) / 1e9
+                    row[f"{phase}_fast_{mode}_synced_tflops"] = fl / synced_ms(fn, synced_reps) / 1e9
+                    row[f"{phase}_{mode}_ratio"] = (row[f"{phase}_fast_{mode}_tflops"]
+                                                    / row[f"{phase}_torch_default_tflops"])
+            finally:
+                set_fp32_mode(previous)
         rows.append(row)
     return rows
 
@@ -364,10 +380,11 @@ def main(argv=None):
     if not args.no_fp32 and left():
         result["fp32"] = bench_fp32(args.rep, args.synced_reps)
         for r in result["fp32"]:
-            print(f"fp32 causal={r['causal']}: fwd fast {r['fwd_fast_tflops']:.1f} vs torch "
-                  f"{r['fwd_torch_default_tflops']:.1f} TFLOP/s (x{r['fwd_ratio']:.2f}); f+b "
-                  f"{r['fwdbwd_fast_tflops']:.1f} vs {r['fwdbwd_torch_default_tflops']:.1f} "
-                  f"(x{r['fwdbwd_ratio']:.2f})", flush=True)
+            print(f"fp32 causal={r['causal']}: torch fwd {r['fwd_torch_default_tflops']:.1f} f+b "
+                  f"{r['fwdbwd_torch_default_tflops']:.1f} TFLOP/s; " + "; ".join(
+                      f"fast {m} fwd {r[f'fwd_fast_{m}_tflops']:.1f} (x{r[f'fwd_{m}_ratio']:.2f}) "
+                      f"f+b {r[f'fwdbwd_fast_{m}_tflops']:.1f} (x{r[f'fwdbwd_{m}_ratio']:.2f}) "
+                      f"maxdiff {r[f'max_diff_out_{m}']:.1e}" for m in FP32_MODES), flush=True)
         save()
     if not args.no_rank3 and left():
         result["rank3"] = bench_rank3(args.heads, 4096, 128, args.rep)

@@ -27,6 +27,7 @@ The kernels run on CUDA tensors natively and on CPU tensors under ``TRITON_INTER
 implementations, so ``torch.compile`` traces through them.
 """
 import math
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -227,10 +228,30 @@ def _precision(dtype):
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+FP32_MODES = ("accurate", "plain")
+_FP32 = {"mode": os.environ.get("ATTENTION_ORACLE_FAST_FP32", "accurate")}
+if _FP32["mode"] not in FP32_MODES:
+    raise ValueError(f"ATTENTION_ORACLE_FAST_FP32 must be one of {FP32_MODES}, "
+                     f"got {_FP32['mode']!r}")
+
+
+def set_fp32_mode(mode):
+    """The fp32 path of later calls: "accurate" (natural-unit scores from fp64-accumulated dots,
+    an accurate exp/log, IEEE division: module docstring) or "plain" (the 16-bit kernels'
+    flash algorithm in fp32 arithmetic: IEEE fp32 dots, exp2 of log2-unit scores, as the
+    agreement rule's flash lp reference computes). Default: $ATTENTION_ORACLE_FAST_FP32 or
+    "accurate". Returns the previous mode."""
+    if mode not in FP32_MODES:
+        raise ValueError(f"mode must be one of {FP32_MODES}, got {mode!r}")
+    previous, _FP32["mode"] = _FP32["mode"], mode
+    return previous
+
+
 def _natural(dtype):
-    """fp32 keeps scores and lse in natural units with an accurate exp (the rule allows about
-    two naive fp32 roundings); 16-bit inputs keep the log2-unit, ex2.approx fast path."""
-    return dtype == torch.float32
+    """fp32 in "accurate" mode keeps scores and lse in natural units with an accurate exp (the
+    old rule allowed about two naive fp32 roundings); 16-bit inputs and fp32 in "plain" mode
+    take the log2-unit, exp2 fast path."""
+    return dtype == torch.float32 and _FP32["mode"] == "accurate"
 
 
 def _lse_state_shape(q_shape, dtype):
