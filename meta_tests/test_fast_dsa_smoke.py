@@ -1,7 +1,8 @@
 """Quick correctness checks of fast/dsa.py and fast/index.py against a naive torch gather.
 
 The reference here is deliberately tiny and independent of oracle/: gold is the gather math
-in float64, lp the same math in the kernel's dtype (fp32 softmax), and the agreement rule of
+in float64, lp the same math in the kernel's dtype (fp32 softmax) beside the oracle's standard
+algorithms in that dtype (the rule's lp ensemble and its floor's magnitudes), and the agreement rule of
 docs/CONTRACT.md "5. The agreement rule" decides. On a CPU-only machine the kernels run under Triton's interpreter
 (fp32/fp16 only: the interpreter computes bf16 wrongly); on a GPU bf16 is checked too.
 """
@@ -16,6 +17,9 @@ if not torch.cuda.is_available():
 
 import attention_oracle.fast.dsa as fdsa  # noqa: E402
 from attention_oracle.fast.index import offset_gather_kv_indices  # noqa: E402
+from attention_oracle.oracle.dsa import dsa_reference  # noqa: E402
+from attention_oracle.properties.dsa.checks import lp_references  # noqa: E402
+from attention_oracle.properties.harness import agreement  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
@@ -54,25 +58,34 @@ def grads_of(fn, inputs, dout):
                                         for g, x in zip(grads, inputs)]
 
 
-def assert_agrees(name, impl, gold, lp, dtype, k):
-    """docs/CONTRACT.md "5. The agreement rule" with an absolute floor of 16 eps * max(1, |gold|).
+def assert_agrees(name, impl, gold, lp, dtype, k, magnitude):
+    """The suite's agreement rule (``agreement.assert_agrees``, docs/agreement-rule.md): ``lp``
+    one tensor or {algorithm: tensor}, the floor 4 eps(dtype) times ``magnitude`` (the oracle's
+    sum of absolute terms behind an element; it matters where a result cancels to 0, as dq
+    of a single-key row)."""
+    impl = impl.double().cpu()
+    assert torch.equal(torch.isfinite(impl), torch.isfinite(gold.cpu())), f"{name}: non-finite pattern differs"
+    lp = {a: t.cpu() for a, t in lp.items()} if isinstance(lp, dict) else lp.cpu()
+    agreement.assert_agrees(impl, gold.double().cpu(), lp, check="smoke.fast_dsa", impl="fast",
+                            name=name, dtype=dtype, gradient=k == 3, magnitude=magnitude,
+                            repro="pytest meta_tests/test_fast_dsa_smoke.py")
 
-    The floor covers results that are exactly zero by cancellation (dq of a single-key row);
-    the inputs here are O(1), so 16 eps of the dtype is the scale of one rounded term.
-    """
-    impl, gold, lp = impl.double().cpu(), gold.double().cpu(), lp.double().cpu()
-    finite = torch.isfinite(gold)
-    assert torch.equal(torch.isfinite(impl), finite), f"{name}: non-finite pattern differs"
-    assert torch.equal(impl[~finite], gold[~finite]), f"{name}: -inf entries differ"
-    if not finite.any():
-        return
-    impl, gold, lp = impl[finite], gold[finite], lp[finite]
-    err = (impl - gold).abs().max().item()
-    lp_err = (lp - gold).abs().max().item()
-    cast_err = (gold.to(dtype).double() - gold).abs().max().item()
-    floor = 16 * torch.finfo(dtype).eps * max(1.0, gold.abs().max().item())
-    bound = k * lp_err + 2 * cast_err + floor
-    assert err <= bound, f"{name}: err {err:.3e} > bound {bound:.3e} (lp {lp_err:.3e})"
+
+def oracle_terms(base, idx, topk_length, scale, dout, dtype):
+    """The oracle's lp runs (its standard algorithms in ``dtype``, ``dsa.checks.lp_references``)
+    and its float64 magnitudes, under this file's names: out, lse, grad0.. (the inputs' order)."""
+    rope = len(base) == 4
+    args = list(base) if rope else [base[0], None, base[1], None]
+    args = [None if t is None else t.detach() for t in args]
+    kw = dict(topk_length=topk_length, softmax_scale=scale)
+    gold = dsa_reference(*[None if t is None else t.double() for t in args], idx, dout.double(), **kw)
+    runs = lp_references(*[None if t is None else t.to(dtype) for t in args], idx, dout.to(dtype),
+                         compute_dtype=dtype, **kw)
+    names = (["dq_latent", "dq_rope", "dkv_latent", "dk_rope"] if rope else ["dq_latent", "dkv_latent"])
+    ours = ["out", "lse"] + [f"grad{i}" for i in range(len(names))]
+    theirs = ["out", "lse"] + names
+    lp = {o: {a: r[t] for a, r in runs.items()} for o, t in zip(ours, theirs)}
+    return lp, {o: gold["magnitude"][t] for o, t in zip(ours, theirs)}
 
 
 # ----------------------------------------------------------------------------- cases
@@ -141,10 +154,12 @@ def check_case(c, idx=None, dout_layout=None, packed=False):
         gold = grads_of(ref, [x.double() for x in base], dout.double())
         lp = grads_of(ref, [x.to(dtype) for x in base], dout)
     assert out.dtype == dtype and lse.dtype == torch.float32
-    assert_agrees("out", out, gold[0], lp[0], dtype, 2)
-    assert_agrees("lse", lse, gold[1], lp[1], dtype, 2)
+    ens, mag = oracle_terms(base, idx, tl_, scale, dout.to(c["dout"].dtype), dtype)
+    assert_agrees("out", out, gold[0], {"naive-autograd": lp[0], **ens["out"]}, dtype, 2, mag["out"])
+    assert_agrees("lse", lse, gold[1], {"naive-autograd": lp[1], **ens["lse"]}, dtype, 2, mag["lse"])
     for i, (gi, gg, gl) in enumerate(zip(grads, gold[2], lp[2])):
-        assert_agrees(f"grad{i}", gi, gg, gl, dtype, 3)
+        name = f"grad{i}"
+        assert_agrees(name, gi, gg, {"naive-autograd": gl, **ens[name]}, dtype, 3, mag[name])
     return out, lse, grads
 
 

@@ -100,7 +100,7 @@ def validate_sdpa_inputs(query, key, value, attn_mask=None, dropout_p=0.0, is_ca
 
 def _as_bhld(t: torch.Tensor) -> torch.Tensor:
     """[*batch, H, L, D] (or [N, L, D]) -> [B, H, L, D], B the product of batch dims."""
-    return t.reshape((-1,) + tuple(t.shape[-3:]))
+    return t.reshape((math.prod(t.shape[:-3]),) + tuple(t.shape[-3:]))   # -1 is ambiguous for L = 0
 
 
 def _chunk_rows(b: int, h: int, s: int, chunk_bytes: int) -> int:
@@ -236,6 +236,9 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
     mag_dv = torch.zeros_like(v) if (magnitudes and do is not None) else None
 
     step = _chunk_rows(b, hq, s_k, chunk_bytes)
+    if s_k == 0:  # no key: every row is empty (out = 0, lse = -inf, zero gradients)
+        lse.fill_(float("-inf"))
+        l_q = 0
     for r0 in range(0, l_q, step):
         r1 = min(l_q, r0 + step)
         qc = q[:, :, r0:r1]
