@@ -82,15 +82,23 @@ def poison_value(dtype: torch.dtype):
     return info.min if info.min < 0 else info.max
 
 
+_values: dict = {}
+
+
 def poison_(t: torch.Tensor) -> torch.Tensor:
     """Fill ``t`` in place with its dtype's poison; a tensor that cannot be filled is left."""
-    if type(t) is not torch.Tensor or t.numel() == 0 or t.device.type == "meta" or t.layout != torch.strided:
+    if type(t) is not torch.Tensor or t.numel() == 0 or t.layout != torch.strided or t.is_meta:
         return t
-    value = poison_value(t.dtype)
+    if t.dtype not in _values:
+        _values[t.dtype] = poison_value(t.dtype)
+    value = _values[t.dtype]
     if value is None:
         return t
     try:
-        with torch.no_grad():
+        if t.requires_grad:  # a leaf made with requires_grad=True: fill it outside autograd
+            with torch.no_grad():
+                t.fill_(value)
+        else:
             t.fill_(value)
     except (RuntimeError, TypeError):  # a dtype without a fill kernel on this device
         pass
