@@ -144,7 +144,7 @@ def _header(check: str, impl: str, name: str) -> str:
 
 
 def _fail(check, impl, name, body, repro, ratio=float("inf")):
-    report.record_ratio(check, impl, ratio)
+    report.record_ratio(check, impl, ratio, output=name)
     raise OracleMismatch(f"{_header(check, impl, name)}: {body}\n  reproduce: {repro}")
 
 
@@ -210,7 +210,7 @@ def assert_agrees(x_impl: torch.Tensor, x_gold: torch.Tensor, x_lp, *, check: st
     diff = torch.where(finite, (impl64 - gold).abs(), zero)
     verdict = rule(_max_or_zero(diff), measure_lp(lp, gold, finite), round_error(gold, finite, dtype),
                    magnitude, dtype, gradient)
-    report.record_ratio(check, impl, verdict.ratio)
+    report.record_ratio(check, impl, verdict.ratio, output=name)
     _target_ratio(f"{check}:{name}", verdict.ratio)
     if verdict.err > verdict.allowed:
         at = _index_of_max(diff)
@@ -236,7 +236,7 @@ def assert_exact(x_impl: torch.Tensor, x_expected: torch.Tensor, *, check: str, 
         differ = ~((a64 == b64) | (torch.isnan(a64) & torch.isnan(b64)))
     else:
         differ = a != b
-    report.record_ratio(check, impl, 0.0 if not bool(differ.any()) else float("inf"))
+    report.record_ratio(check, impl, 0.0 if not bool(differ.any()) else float("inf"), output=name)
     if bool(differ.any()):
         at = _index_of_max(differ.to(torch.int8))
         count = int(differ.sum())
