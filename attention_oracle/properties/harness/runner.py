@@ -17,6 +17,7 @@ from hypothesis import given, note, settings
 from attention_oracle.properties.harness import known_failures, poison, report
 from attention_oracle.properties.harness.agreement import OracleMismatch
 from attention_oracle.properties.harness.targets import Refused, Target
+from attention_oracle.properties.harness.triage import distinct, search
 
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))  # the directory that holds attention_oracle/
@@ -39,8 +40,11 @@ def run_check(check, target: Target, case) -> bool:
         return False
     except OracleMismatch as exc:
         why = known_failures.case_reason(target.name, check_name(check, case), target.device, case)
-        if not why:
-            raise
+        if not why:  # one exception class per (check, output): each bug is reported apart
+            mismatch = distinct(exc, check, target, case, check_name(check, case))
+            if mismatch is None:  # reported by an earlier round of this search
+                return True
+            raise mismatch from None
         report.record_known(why, str(exc), worst_before)
     return True
 
@@ -99,7 +103,7 @@ def run_property(check, target: Target, cases, *, function: str,
         settings_ = settings(max_examples=min(settings().max_examples, ISOLATED_EXAMPLES))
     if settings_ is not None:
         test = settings_(test)
-    test()
+    search(test)  # every distinct failure, each final one triaged
     if ran["ok"] == 0 and ran["refused"] > 0:
         sink = report.current()
         why = sink.refusal if sink else ""
