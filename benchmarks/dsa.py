@@ -167,15 +167,16 @@ def measure_fast(p, reps):
 # ----------------------------------------------------------------------------- NoPE rows
 
 def nope_gap_local(T, gen):
-    """A 16k causal document: slots [0, 512) and [1536, 2047) hold distinct random keys <= pos
-    (-1 where fewer exist), slots [512, 1536) are the gap (100% holes), slot 2047 the query's own
-    key. Without compaction a row runs to its last slot; compacted, to half of it."""
+    """A 16k causal document: slots [0, 512) and [1536, 2047) hold random keys <= pos
+    (duplicates possible; -1 in slot columns past pos), slots [512, 1536) are the gap (100%
+    holes), slot 2047 the query's own key. Without compaction a row runs to its last slot;
+    compacted, to half of it."""
     pos = torch.arange(T, device=DEVICE)[:, None]
     picks = (torch.rand(T, TOPK - 1024, device=DEVICE, generator=gen) * (pos + 1)).long()
     picks = torch.where(torch.arange(TOPK - 1024, device=DEVICE)[None, :] <= pos, picks, -1)
     local = torch.full((T, TOPK), -1, dtype=torch.int32, device=DEVICE)
     local[:, :512] = picks[:, :512].int()
-    local[:, 1536:TOPK - 1] = picks[:, 512:].int()
+    local[:, 1536:TOPK - 1] = picks[:, 512:TOPK - 1024 - 1].int()
     local[:, TOPK - 1] = pos[:, 0].int()
     return local
 
