@@ -96,3 +96,11 @@ def test_report_lists_what_was_declared_away():
                     f"(scaled_dot_product_attention); head dims > 128 (scaled_dot_product_attention); "
                     f"boolean masks (scaled_dot_product_attention); additive masks "
                     f"(scaled_dot_product_attention)")
+
+
+@settings(max_examples=20, database=None)
+@given(case=sdpa_cases.strategy_for("gradient_agreement", Capabilities(heads=(32,), l_le_s=True,
+                                                                       causal="only", ranks=(4,))))
+def test_sdpa_declared_heads_beyond_the_profile_and_causal_only(case):
+    assert case.hq == 32 and case.L <= case.S and case.causal and case.mask == "none"
+    assert case.rank == 4

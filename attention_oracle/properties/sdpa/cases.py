@@ -259,7 +259,7 @@ def sdpa_cases(draw, dtypes_or_caps, *, rank=None, empty_rows=None, layouts=True
     r = rank or draw(st.sampled_from(ranks))
     batch = tuple(draw(st.integers(1, lim["max_batch"])) for _ in range(r - 3))
     gqa = caps.gqa and draw(st.booleans())
-    heads = tuple(h for h in range(1, 9) if caps.heads_ok(h))
+    heads = tuple(h for h in range(1, 9) if caps.heads_ok(h)) or tuple(caps.heads)
     if gqa:
         hkv = draw(st.integers(1, lim["max_heads"]))
         groups = [n for n in range(1, max(1, 8 // hkv) + 1) if caps.heads_ok(hkv * n)]
