@@ -13,7 +13,7 @@ def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("calibration")
     before = (profiles.name(), profiles.size())
     code = calibrate.main(["--area", "sdpa", "--impl", "oracle", "--controls",
-                           "--control", "UnwrittenRows", "--examples", "2",
+                           "--control", "UnwrittenRows", "--examples", "2", "--control-examples", "2",
                            "--dtypes", "float32", "--out", str(out)])
     assert (profiles.name(), profiles.size()) == before, "the active profile must be restored"
     assert not poison.is_active()
@@ -53,7 +53,7 @@ def test_a_missed_target_fails_the_run(tmp_path):
     """A control the check cannot catch on the drawn cases (WrongGqaMapping on 1 example: the
     minimal case has one head) is reported NOT CAUGHT and turns the exit status to 1."""
     code = calibrate.main(["--area", "sdpa", "--impl", "controls", "--control", "WrongGqaMapping",
-                           "--examples", "1", "--dtypes", "float32", "--out", str(tmp_path),
+                           "--examples", "1", "--control-examples", "1", "--dtypes", "float32", "--out", str(tmp_path),
                            "--no-png"])
     data = json.loads((tmp_path / "calibration.json").read_text())
     (control,) = data["controls"]

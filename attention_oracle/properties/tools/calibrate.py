@@ -42,6 +42,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 CORRECT_TARGET = 0.5
 CONTROL_TARGET = 2.0
 FAST_INTERPRETED_EXAMPLES = 2
+CONTROL_EXAMPLES = 40  # as profiles.control_settings: a control is searched for, not sampled
 LOG_ZERO, LOG_INF = -4.0, 4.0  # where exact zeros and infinities sit on the histogram
 
 
@@ -281,7 +282,7 @@ def build_plan(a, device) -> Plan:
                     caps = target.capabilities.narrowed(dtypes=(dt,))
                     groups.append(Group("control", name, label, area, check, variant,
                                         str(dt).replace("torch.", ""),
-                                        cases_for(area, check, variant, caps, a.examples)))
+                                        cases_for(area, check, variant, caps, a.control_examples)))
     # checks that may fault a device run last: a broken CUDA context ends the calibration
     groups.sort(key=lambda g: g.check == "misaligned_inputs")
     return Plan(groups, skipped)
@@ -389,7 +390,8 @@ def summarize(plan: Plan) -> dict:
 def render(summary: dict, skipped: list, meta: dict) -> str:
     lines = [f"calibration: device {meta['device']}, torch {meta['torch']}, poison "
              f"{'on' if meta['poison'] else 'off'}, {meta['examples']} examples per group "
-             f"(fast interpreted: {meta['fast_examples']}), {meta['elapsed_s']} s"]
+             f"(controls {meta['control_examples']}, fast interpreted {meta['fast_examples']}), "
+             f"{meta['elapsed_s']} s"]
     lines += ["", f"Correct implementations: worst ratio per implementation and dtype "
                   f"(target <= {CORRECT_TARGET})"]
     rows = [("implementation", "dtype", "examples", "worst", "where", "verdict")]
@@ -483,6 +485,8 @@ def _csv(text: str) -> list[str]:
 def parse(argv):
     p = argparse.ArgumentParser(prog="attention-oracle calibrate", description=__doc__.splitlines()[0])
     p.add_argument("--examples", type=int, default=12, help="cases per (implementation, check, dtype)")
+    p.add_argument("--control-examples", type=int, default=CONTROL_EXAMPLES,
+                   help="cases per (control, check, dtype); the meta tests search up to 40")
     p.add_argument("--fast-examples", type=int, default=FAST_INTERPRETED_EXAMPLES,
                    help="cases per group for fast under Triton's CPU interpreter")
     p.add_argument("--dtypes", type=_csv, default=list(DTYPES), help="comma-separated")
@@ -508,8 +512,8 @@ def parse(argv):
     for area in a.area:
         if area not in AREAS:
             p.error(f"--area: unknown area {area!r}; expected some of {AREAS}")
-    if a.examples < 1 or a.fast_examples < 0:
-        p.error("--examples must be >= 1 and --fast-examples >= 0")
+    if a.examples < 1 or a.control_examples < 1 or a.fast_examples < 0:
+        p.error("--examples and --control-examples must be >= 1, --fast-examples >= 0")
     return a
 
 
@@ -536,7 +540,8 @@ def main(argv=None) -> int:
     meta = {"device": str(torch.cuda.get_device_name(device) if device.type == "cuda" else device),
             "torch": torch.__version__, "triton": triton.__version__,
             "interpreter": os.environ.get("TRITON_INTERPRET") == "1", "poison": not a.no_poison,
-            "examples": a.examples, "fast_examples": a.fast_examples, "dtypes": a.dtypes,
+            "examples": a.examples, "control_examples": a.control_examples,
+            "fast_examples": a.fast_examples, "dtypes": a.dtypes,
             "areas": a.area, "sizes": "large" if large else "small", "budget_s": a.budget_s,
             "targets": {"correct_max": CORRECT_TARGET, "control_min": CONTROL_TARGET}, **status}
     text = render(summary, plan.skipped, meta)
