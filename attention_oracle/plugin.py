@@ -34,6 +34,7 @@ from attention_oracle.properties.harness import (
     profiles,
     report,
     targets,
+    triage,
     user_known,
 )
 
@@ -62,6 +63,8 @@ def pytest_addoption(parser):
                     help="your own known failures (TOML or JSON: implementation, check, optional "
                          "'where' on case fields, reason): counted as known; entries that match "
                          "no failure are reported stale")
+    group.addoption("--no-triage", action="store_true", default=False,
+                    help="do not vary a failing example's fields to say what the failure depends on")
     group.addoption("--no-poison", action="store_true", default=False,
                     help="do not fill tensors from torch.empty & co. with NaN / sentinels while "
                          "a check runs (debugging only; also ORACLE_NO_POISON=1)")
@@ -92,6 +95,7 @@ def pytest_configure(config):
     profiles.activate(chosen, on_gpu=torch.cuda.is_available())
     poison.set_enabled(not (config.getoption("no_poison") or os.environ.get("ORACLE_NO_POISON") == "1"))
     _install_user_known(config)
+    triage.set_enabled(not config.getoption("no_triage"))
     _load_baseline(config)
     if _WORKER:
         torch.set_num_threads(1)

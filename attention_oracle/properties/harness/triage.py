@@ -16,9 +16,10 @@ Two things happen to a mismatch that escapes a check (``runner.run_check``):
    "only with causal=True", "only with mask in {bool_full, bool_bcast}"), and the fields it does
    not depend on.
 
-Variants stay inside the contract and the target's declaration: dtypes come from the target's
-capabilities, a variant the target refuses (NotImplementedError) or that the oracle itself
-cannot run (an input beyond the contract) is left out. Triage is deterministic (a fixed list of
+Variants stay inside the contract and the target's declaration: a variant outside the target's
+capabilities (dtypes, head dims, heads, masks, causal, L <= S, ranks, GQA, layouts), one the
+target refuses (NotImplementedError) or one the oracle itself cannot run (an input beyond the
+contract) is left out. Triage is deterministic (a fixed list of
 variants per field, in order) and bounded (``MAX_VARIANTS`` runs and ``MAX_SECONDS``).
 """
 from __future__ import annotations
@@ -275,6 +276,42 @@ VARIANTS = {
 # ----------------------------------------------------------------------------- running
 
 
+def _mask_family(mask: str) -> str:
+    return "none" if mask == "none" else ("bool" if mask.startswith("bool") else "float")
+
+
+def _within(target, case) -> bool:
+    """Whether ``case`` is inside what the target declares (its capabilities, if any)."""
+    caps = getattr(target, "capabilities", None)
+    if caps is None:
+        return True
+    fn = getattr(case, "function", None)
+    if fn and hasattr(caps, "for_function"):
+        caps = caps.for_function(fn)
+    from attention_oracle.properties.harness.case import dtype_name
+    if hasattr(case, "dtype") and case.dtype not in {dtype_name(d) for d in caps.dtypes}:
+        return False
+    if case.AREA == "sdpa":
+        return (caps.head_dim_ok(case.E) and caps.head_dim_ok(case.Ev) and caps.heads_ok(case.hq)
+                and _mask_family(case.mask) in caps.masks and case.rank in caps.ranks
+                and not (caps.causal == "only" and not case.causal)
+                and not (caps.causal == "never" and case.causal)
+                and not (caps.l_le_s and case.L > case.S)
+                and not (case.gqa and case.hq != case.hkv and not caps.gqa)
+                and all(getattr(case, f) in caps.layouts for f in ("layout_q", "layout_k", "layout_v")))
+    if case.AREA == "dsa":
+        return (caps.head_dim_ok(case.Dl) and caps.heads_ok(case.H)
+                and (not case.rope or caps.rope_dim_ok(case.Dr)))
+    return True
+
+
+def _safe_within(target, case) -> bool:
+    try:
+        return _within(target, case)
+    except (AttributeError, TypeError, ValueError):  # a case or declaration of another shape
+        return True
+
+
 def _outcome(check, target, variant, output) -> str:
     """'fails' | 'passes' | 'skip' (refused, not offered, or beyond the contract) | 'other:NAME'
     (fails on another output first: another bug, which hides whether this one stays)."""
@@ -314,7 +351,7 @@ def _run_variants(check, target, case, deadline: float, output=None):
             if tried >= MAX_VARIANTS or time.monotonic() > deadline:
                 return seen, True
             variant = _replace(case, **changes)
-            if variant is None or variant == case:
+            if variant is None or variant == case or not _safe_within(target, variant):
                 continue
             tried += 1
             seen.append((label, rule_field, value, variant, _outcome(check, target, variant, output)))
