@@ -7,17 +7,23 @@ This is the only module that reads the environment:
 - no CUDA device: ``TRITON_INTERPRET=1`` is set before any Triton kernel module is imported;
 - ``CI``: the default Hypothesis profile becomes ``ci``;
 - ``ORACLE_NO_POISON=1`` (or ``--no-poison``): new tensors are not poisoned while checks run;
-- ``PYTEST_XDIST_WORKER``: one torch thread per worker, workers spread over the GPUs.
+- ``PYTEST_XDIST_WORKER``: one torch thread per worker, worker ``gwN`` on GPU ``N % count``;
+- ``ORACLE_FUZZ_DB``, ``ORACLE_FUZZ_READ``, ``ORACLE_CORPUS`` (or ``--oracle-fuzz-db``,
+  ``--oracle-fuzz-read``, ``--oracle-corpus``): the fuzz profile's shared example database, the
+  read-only databases beside it, and the directory its failures are saved to (``fuzzing.py``).
 
 GPU memory. Workers share each device. Every test on a CUDA machine holds a shared lock on the
 device for its duration and hands its cached memory back to the driver when it ends; a test
 marked ``full_size`` (problems that need most of the device) takes the lock exclusively, so it
-runs alone on the device (``attention_oracle.properties.harness.gpu_lock``).
+runs alone on the device (``attention_oracle.properties.harness.gpu_lock``). With several GPUs
+there is one lock per device, and the full-size tests are spread over the devices (each runs on
+its own, whichever worker takes it), so they run one per GPU at the same time.
 """
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 import torch
@@ -28,7 +34,8 @@ if not torch.cuda.is_available():
 
 from attention_oracle.properties.harness import (
     baseline,
-    gpu_lock,  # noqa: E402
+    fuzzing,  # noqa: E402
+    gpu_lock,
     known_failures,
     poison,
     profiles,
@@ -55,6 +62,20 @@ def pytest_addoption(parser):
     group.addoption("--oracle-failures", metavar="FILE", default=None,
                     help="append every failure (full text) and skip reason to FILE as it "
                          "happens: survives an interrupted run")
+    group.addoption("--oracle-fuzz-db", metavar="DIR", default=None,
+                    help="fuzz profile: the example database, shared by every process and host of "
+                         f"a campaign (default {fuzzing.DEFAULT_DB}; also ORACLE_FUZZ_DB)")
+    group.addoption("--oracle-fuzz-read", metavar="DIR", action="append", default=[],
+                    help="fuzz profile: also replay this database, never writing to it (a team's "
+                         "copy); repeatable; also ORACLE_FUZZ_READ (path-separated)")
+    group.addoption("--oracle-fuzz-examples", metavar="N", type=int, default=None,
+                    help="fuzz profile: examples per test (default 2000)")
+    group.addoption("--oracle-fuzz-replay-only", action="store_true", default=False,
+                    help="fuzz profile: replay the database's examples, search nothing new")
+    group.addoption("--oracle-corpus", metavar="DIR", default=None,
+                    help="where the fuzz profile saves the failures it finds, once each, and from "
+                         f"where every run replays them (default {fuzzing.DEFAULT_CORPUS}; also "
+                         "ORACLE_CORPUS)")
     group.addoption("--baseline", metavar="OLD.json", default=None,
                     help="compare with an earlier --oracle-report (same or another implementation): "
                          "worst ratio per check before/after; a newly failing check or a ratio "
@@ -92,16 +113,56 @@ def pytest_configure(config):
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     chosen = config.getoption("hypothesis_profile", None) or _default_profile()
-    profiles.activate(chosen, on_gpu=torch.cuda.is_available())
+    _configure_fuzzing(config)
+    profiles.activate(chosen, on_gpu=torch.cuda.is_available(), fuzz_database=fuzzing.database(),
+                      fuzz_examples=fuzzing.settings()["examples"],
+                      replay_only=fuzzing.settings()["replay_only"])
     poison.set_enabled(not (config.getoption("no_poison") or os.environ.get("ORACLE_NO_POISON") == "1"))
     _install_user_known(config)
     triage.set_enabled(not config.getoption("no_triage"))
     _load_baseline(config)
     if _WORKER:
         torch.set_num_threads(1)
-        if torch.cuda.is_available() and torch.cuda.device_count() > 1:
-            index = int(_WORKER.lstrip("gw") or 0)
-            torch.cuda.set_device(index % torch.cuda.device_count())
+    device = gpu_lock.device_for_worker(_WORKER, _device_count())
+    if device is not None:  # before any CUDA call: the worker's context and tensors live there
+        torch.cuda.set_device(device)
+
+
+def _device_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+_CUTOFF = "ATTENTION_ORACLE_CORPUS_CUTOFF"  # the controller's start, inherited by its workers
+
+
+def _configure_fuzzing(config) -> None:
+    if not _WORKER:  # a nested run is a controller of its own: it sets its own start
+        os.environ[_CUTOFF] = repr(time.time())
+    read = config.getoption("oracle_fuzz_read") or \
+        [p for p in os.environ.get("ORACLE_FUZZ_READ", "").split(os.pathsep) if p]
+    try:
+        fuzzing.configure(db=config.getoption("oracle_fuzz_db") or os.environ.get("ORACLE_FUZZ_DB"),
+                          read=tuple(read),
+                          corpus=config.getoption("oracle_corpus") or os.environ.get("ORACLE_CORPUS"),
+                          examples=config.getoption("oracle_fuzz_examples"),
+                          replay_only=config.getoption("oracle_fuzz_replay_only"),
+                          cutoff=float(os.environ[_CUTOFF]) if os.environ.get(_CUTOFF) else None)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _fuzz_header() -> list[str]:
+    lines = []
+    if _device_count() > 1:
+        lines.append(f"attention-oracle: {_device_count()} GPUs; xdist worker gwN runs on GPU N % "
+                     f"{_device_count()}; full-size tests spread over the GPUs, one lock per GPU")
+    if profiles.name() == "fuzz":
+        s = fuzzing.settings()
+        mode = "replay only" if s["replay_only"] else f"{s['examples'] or 'default'} examples per test"
+        lines.append(f"attention-oracle fuzzing: database {s['db']}"
+                     + (f" (+ read-only {', '.join(s['read'])})" if s["read"] else "")
+                     + f"; found failures saved to {s['corpus']}; {mode}")
+    return lines
 
 
 def _install_user_known(config) -> None:
@@ -173,7 +234,7 @@ def pytest_sessionstart(session):
 def pytest_report_header(config):
     names = targets.parse_names(config.getoption("impl"), os.environ.get("ORACLE_IMPL"))
     device = targets.default_device()
-    return [f"attention-oracle: implementations {names}; device {device}; "
+    return _fuzz_header() + [f"attention-oracle: implementations {names}; device {device}; "
             f"hypothesis profile {profiles.name()} ({profiles.size()} sizes); "
             f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}; torch {torch.__version__}; "
             f"poisoned allocations {'on' if poison.is_enabled() else 'off'}"]
@@ -219,6 +280,22 @@ def _is_conformance(item) -> bool:
     return module is not None and module.__name__.startswith(CONFORMANCE)
 
 
+_FULL_SIZE_DEVICE = pytest.StashKey[int]()
+_FULL_SIZE_SEEN: list[int] = [0]
+
+
+def pytest_itemcollected(item):
+    """With several GPUs, the k-th full-size test (collection order, the same in every worker)
+    runs on GPU k % count, in an xdist group of its device: one worker per device takes them."""
+    count = _device_count()
+    if count < 2 or item.get_closest_marker("full_size") is None:
+        return
+    device = gpu_lock.full_size_device(_FULL_SIZE_SEEN[0], count)
+    _FULL_SIZE_SEEN[0] += 1
+    item.stash[_FULL_SIZE_DEVICE] = device
+    item.add_marker(pytest.mark.xdist_group(f"on_device_{device}"))
+
+
 def pytest_collection_modifyitems(config, items):
     if _named_impls(config):
         # --impl NAME judges NAME: the suite's own tests (meta_tests) are not part of that run
@@ -255,10 +332,11 @@ def _device_share(request):
         yield
         return
     exclusive = request.node.get_closest_marker("full_size") is not None
-    with gpu_lock.hold(exclusive=exclusive):
+    device = request.node.stash.get(_FULL_SIZE_DEVICE, None)  # None: this worker's device
+    with torch.cuda.device(device), gpu_lock.hold(exclusive=exclusive, device=device):
         yield
         if not _POISONED:  # a broken context raises the fault again on every call
-            gpu_lock.release_cached_memory()
+            gpu_lock.release_cached_memory(device)
 
 
 @pytest.fixture(autouse=True)
@@ -293,7 +371,26 @@ def pytest_runtest_makereport(item, call):
     sink = getattr(item, "_oracle_sink", None)
     if call.when == "call" and sink is not None:
         item.user_properties.append(("oracle_sink", sink.as_dict()))
-    yield
+    outcome = yield
+    if call.when == "call" and sink is not None and sink.failures and profiles.name() == "fuzz":
+        _save_found(item, sink, outcome.get_result())
+
+
+def _save_found(item, sink, rep) -> None:
+    """Fuzz profile: the failing examples Hypothesis reported (shrunk) join the corpus, once each
+    (a case already there, found by another process or host, is not written again)."""
+    if not rep.failed:
+        return
+    impl = _identity(item)["impl"]
+    lines = []
+    for found in sink.failures:
+        try:
+            path, new = fuzzing.save_found(found["check"], found["case"], impl, str(targets.default_device()))
+        except Exception as exc:  # an unwritable corpus must not hide the failure itself
+            lines.append(f"could not save {found['check']} to {fuzzing.corpus_dir()}: {exc!r}")
+            continue
+        lines.append(f"{'saved to' if new else 'already in'} the corpus: {path}")
+    rep.sections.append(("attention-oracle corpus", "\n".join(lines)))
 
 
 def _outcome(rep) -> str:

@@ -1,4 +1,5 @@
-"""The device lock between pytest workers (properties/gpu_lock.py): exclusive excludes shared."""
+"""The device lock between pytest workers (properties/harness/gpu_lock.py): exclusive excludes
+shared on the same device, and only there (one lock per device)."""
 import os
 import subprocess
 import sys
@@ -11,25 +12,26 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOLDER = """
 import sys, time
 from attention_oracle.properties.harness import gpu_lock
-with gpu_lock.hold(exclusive={exclusive}):
+with gpu_lock.hold(exclusive={exclusive}, device={device}):
     print("held", flush=True)
     time.sleep({seconds})
 """
 
 
-def _holder(tmp_path, exclusive: bool, seconds: float) -> subprocess.Popen:
+def _holder(tmp_path, exclusive: bool, seconds: float, device: int | None = None) -> subprocess.Popen:
     env = {"TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER.format(exclusive=exclusive, seconds=seconds)],
+    code = HOLDER.format(exclusive=exclusive, seconds=seconds, device=device)
+    proc = subprocess.Popen([sys.executable, "-c", code],
                             stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
     assert proc.stdout.readline().strip() == "held"
     return proc
 
 
-def _time_to_acquire(tmp_path, monkeypatch, exclusive: bool) -> float:
+def _time_to_acquire(tmp_path, monkeypatch, exclusive: bool, device: int | None = None) -> float:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.delenv(gpu_lock._HELD, raising=False)
     start = time.perf_counter()
-    with gpu_lock.hold(exclusive=exclusive):
+    with gpu_lock.hold(exclusive=exclusive, device=device):
         return time.perf_counter() - start
 
 
@@ -52,6 +54,32 @@ def test_exclusive_waits_for_shared(tmp_path, monkeypatch):
     waited = _time_to_acquire(tmp_path, monkeypatch, exclusive=True)
     proc.wait()
     assert waited >= 0.5, f"an exclusive hold was granted beside a shared one ({waited:.2f} s)"
+
+
+def _two_devices_or_cpu():
+    """The per-device tests name devices 0 and 1: CUDA indices on a GPU host (two needed), the
+    index-named lock files on a CPU machine."""
+    import pytest
+    import torch
+    if torch.cuda.is_available() and torch.cuda.device_count() < 2:
+        pytest.skip(f"needs two CUDA devices (this host has {torch.cuda.device_count()})")
+
+
+def test_exclusive_on_one_device_does_not_hold_back_another(tmp_path, monkeypatch):
+    _two_devices_or_cpu()
+    proc = _holder(tmp_path, exclusive=True, seconds=2.0, device=1)
+    waited = _time_to_acquire(tmp_path, monkeypatch, exclusive=False, device=0)
+    proc.wait()
+    assert waited < 1.0, f"device 0 waited {waited:.2f} s for an exclusive hold of device 1"
+
+
+def test_exclusive_on_a_device_holds_back_that_device(tmp_path, monkeypatch):
+    """Negative control of the previous test: the same pair of holds, on one device, waits."""
+    _two_devices_or_cpu()
+    proc = _holder(tmp_path, exclusive=True, seconds=1.0, device=1)
+    waited = _time_to_acquire(tmp_path, monkeypatch, exclusive=False, device=1)
+    proc.wait()
+    assert waited >= 0.5, f"a shared hold of device 1 was granted beside an exclusive one ({waited:.2f} s)"
 
 
 FAULT_THEN_WORK = '''

@@ -1,13 +1,15 @@
 """The regression corpus: every case saved under fixtures/regressions/ is replayed on every
-selected implementation (``attention-oracle replay --save NAME`` adds one)."""
+selected implementation (``attention-oracle replay --save NAME`` adds one), and so is every
+failure a fuzz campaign saved in its corpus directory (``--oracle-corpus DIR``, default
+``.hypothesis/corpus``; entries written after this run started wait for the next run)."""
 import pytest
 
-from attention_oracle.properties.harness import registry
+from attention_oracle.properties.harness import fuzzing, registry
 from attention_oracle.properties.harness.case import load_case
 from attention_oracle.properties.harness.runner import run_check
 from attention_oracle.properties.tools.replay import corpus
 
-ENTRIES = corpus()
+ENTRIES = corpus(fuzzing.corpus_dir(), before=fuzzing.corpus_cutoff())
 
 
 def _known_failure(entry: dict, impl_name: str, device: str) -> str:

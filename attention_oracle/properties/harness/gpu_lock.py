@@ -1,16 +1,26 @@
-"""One GPU shared by many pytest-xdist workers: a readers-writer lock between processes.
+"""GPUs shared by many pytest-xdist workers: placement, and a readers-writer lock per device.
 
-Ordinary tests take the lock shared; a test that needs most of the device (the full-size DSA
-fixtures: tens of GiB) takes it exclusively, so no other worker holds device memory beyond its
-CUDA context while it runs (each test returns its cached blocks to the driver when it ends:
-``release_cached_memory``). Without this, a 14-worker run on one H200 ran out of memory: the
-full-size worker held ~82 GiB and the thirteen others 2-6 GiB each (NOTES.md, GPU run 13).
+Placement. Worker ``gwN`` runs on CUDA device ``N % device_count`` (:func:`device_for_worker`;
+the plugin sets it before any test). Its tensors live there: the targets' device is plain
+``cuda``, the current device. An isolated example (a fresh ``replay`` process) is given the same
+device (:func:`replay_device_args`).
 
-The lock is ``flock`` on a file in the temporary directory, per user, so it also spans several
+The lock. Ordinary tests take their device's lock shared; a test that needs most of a device
+(the full-size DSA fixtures: tens of GiB) takes it exclusively, so no other worker holds memory
+on that device beyond its CUDA context while it runs (each test returns its cached blocks to the
+driver when it ends: ``release_cached_memory``). Without this, a 14-worker run on one H200 ran
+out of memory: the full-size worker held ~82 GiB and the thirteen others 2-6 GiB each (NOTES.md,
+GPU run 13). There is one lock per device, so on a host with several GPUs the full-size tests
+run one per GPU at the same time (:func:`full_size_device` spreads them; the plugin runs each on
+its device, whichever worker takes it), not one per host.
+
+The lock is ``flock`` on a file in the temporary directory, per user and per device
+(:func:`lock_path`, keyed by the device's UUID where torch exposes it, so that runs with
+different ``CUDA_VISIBLE_DEVICES`` agree on which file is which GPU), so it also spans several
 pytest runs on the same machine. Readers are not held back for a waiting writer: a full-size
-test waits until no ordinary test runs, which in a busy run happens near its end, so the
-full-size tests run last and alone. (Writer preference would idle every worker until the
-longest running test ends, minutes in the gpu profile, once per full-size test.)
+test waits until no ordinary test runs on its device, which in a busy run happens near its end,
+so the full-size tests run last and alone on their devices. (Writer preference would idle every
+worker until the longest running test ends, minutes in the gpu profile, once per full-size test.)
 """
 from __future__ import annotations
 
@@ -18,13 +28,66 @@ import contextlib
 import fcntl
 import gc
 import os
+import re
 import tempfile
 
 import torch
 
 
-def _path(kind: str) -> str:
-    return os.path.join(tempfile.gettempdir(), f"attention-oracle-gpu-{os.getuid()}.{kind}")
+def worker_index(worker: str | None) -> int | None:
+    """``gw3`` -> 3 (pytest-xdist's ``PYTEST_XDIST_WORKER``); None outside xdist."""
+    if not worker:
+        return None
+    m = re.fullmatch(r"gw(\d+)", worker)
+    if m is None:
+        raise ValueError(f"PYTEST_XDIST_WORKER={worker!r}: expected gw<N>")
+    return int(m.group(1))
+
+
+def device_for_worker(worker: str | None, device_count: int) -> int | None:
+    """The CUDA device index worker ``gwN`` runs on: ``N % device_count``, round robin.
+
+    None when there is nothing to choose (not an xdist worker, or fewer than two devices): the
+    process stays on torch's default device."""
+    index = worker_index(worker)
+    if index is None or device_count < 2:
+        return None
+    return index % device_count
+
+
+def full_size_device(position: int, device_count: int) -> int:
+    """The device of the ``position``-th full-size test (collection order): round robin, so
+    that with D devices D of them run at once, each alone on its device."""
+    return position % max(device_count, 1)
+
+
+def device_key(device: int | None = None) -> str:
+    """Names a device for its lock file: ``cuda-<uuid>`` where torch gives the UUID, else
+    ``cuda<index>``; ``cpu`` for no device on a machine without CUDA."""
+    if not torch.cuda.is_available():
+        return "cpu" if device is None else f"cuda{device}"
+    index = torch.cuda.current_device() if device is None else device
+    if index not in _KEYS:
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        _KEYS[index] = f"cuda-{uuid}" if uuid else f"cuda{index}"
+    return _KEYS[index]
+
+
+_KEYS: dict[int, str] = {}
+
+
+def lock_path(key: str, kind: str = "lock") -> str:
+    """The lock file of the device named ``key``, per user, in the temporary directory."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", key)
+    return os.path.join(tempfile.gettempdir(), f"attention-oracle-gpu-{os.getuid()}.{safe}.{kind}")
+
+
+def replay_device_args() -> list[str]:
+    """``--cuda-device N`` for a ``replay`` process started by this one: the isolated example
+    runs on this worker's device, not on device 0. Empty with fewer than two devices."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        return []
+    return ["--cuda-device", str(torch.cuda.current_device())]
 
 
 @contextlib.contextmanager
@@ -42,8 +105,9 @@ _HELD = "ATTENTION_ORACLE_GPU_LOCK_HELD"
 
 
 @contextlib.contextmanager
-def hold(exclusive: bool):
-    """Hold the device shared (ordinary test) or exclusively (full-size test).
+def hold(exclusive: bool, device: int | None = None):
+    """Hold ``device`` (default: the current one) shared (ordinary test) or exclusively
+    (full-size test).
 
     A process started by a test that holds the lock (a nested pytest run) inherits it through
     the environment: its tests run inside the parent's hold (an exclusive test nested in a
@@ -54,22 +118,24 @@ def hold(exclusive: bool):
         return
     os.environ[_HELD] = "1"
     try:
-        with _hold(exclusive):
+        with _hold(exclusive, device):
             yield
     finally:
         del os.environ[_HELD]
 
 
 @contextlib.contextmanager
-def _hold(exclusive: bool):
-    with _flock(_path("lock"), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH):
+def _hold(exclusive: bool, device: int | None):
+    with _flock(lock_path(device_key(device)), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH):
         if exclusive:
             release_cached_memory()
         yield
 
 
-def release_cached_memory() -> None:
-    """Return this process' cached CUDA blocks to the driver (its live tensors stay)."""
+def release_cached_memory(device: int | None = None) -> None:
+    """Return this process' cached CUDA blocks (on ``device``, default the current one) to the
+    driver; its live tensors stay."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         gc.collect()
-        torch.cuda.empty_cache()
+        with torch.cuda.device(torch.cuda.current_device() if device is None else device):
+            torch.cuda.empty_cache()

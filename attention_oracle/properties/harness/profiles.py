@@ -4,8 +4,10 @@
   print_blob), sized so ``.ci/run`` finishes well within 20 minutes on 2 CPU cores.
 - ``dev``: quick local runs.
 - ``gpu``: more and larger examples; bf16 included (the fast kernels run natively there).
-- ``fuzz``: thousands of examples, a persistent example database under ``.hypothesis/fuzz``,
-  and targeted search on the error ratio (``target()`` is fed by the agreement rule).
+- ``fuzz``: thousands of examples, a persistent example database (``.hypothesis/fuzz`` unless
+  the plugin passes another: a shared directory for a campaign over several processes or hosts,
+  ``fuzzing.py``), and targeted search on the error ratio (``target()`` is fed by the agreement
+  rule). ``replay_only``: the database's examples only, no new search.
 
 ``size()`` tells the strategies how large to draw ("small" for CPU profiles, "large" for gpu
 and fuzz on a GPU). conftest loads the profile; nothing here reads the environment.
@@ -13,7 +15,7 @@ and fuzz on a GPU). conftest loads the profile; nothing here reads the environme
 from __future__ import annotations
 
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
             HealthCheck.function_scoped_fixture]
@@ -23,7 +25,8 @@ _EXAMPLES = {"ci": 12, "dev": 6, "gpu": 40, "fuzz": 2000}
 _active = {"name": "dev", "size": "small"}
 
 
-def register() -> None:
+def register(fuzz_database: ExampleDatabase | None = None, fuzz_examples: int | None = None,
+             replay_only: bool = False) -> None:
     settings.register_profile("ci", settings.get_profile("ci"), max_examples=_EXAMPLES["ci"],
                               deadline=None, suppress_health_check=_SLOW_OK, print_blob=True)
     settings.register_profile("dev", max_examples=_EXAMPLES["dev"], deadline=None,
@@ -31,16 +34,18 @@ def register() -> None:
     settings.register_profile("gpu", max_examples=_EXAMPLES["gpu"], deadline=None,
                               suppress_health_check=_SLOW_OK, print_blob=True, derandomize=True,
                               database=None)
-    settings.register_profile("fuzz", max_examples=_EXAMPLES["fuzz"], deadline=None,
+    settings.register_profile("fuzz", max_examples=fuzz_examples or _EXAMPLES["fuzz"], deadline=None,
                               suppress_health_check=_SLOW_OK, print_blob=True,
-                              database=DirectoryBasedExampleDatabase(".hypothesis/fuzz"),
-                              phases=list(Phase))
+                              database=fuzz_database or DirectoryBasedExampleDatabase(".hypothesis/fuzz"),
+                              phases=[Phase.explicit, Phase.reuse] if replay_only else list(Phase))
 
 
-def activate(name: str, on_gpu: bool) -> None:
+def activate(name: str, on_gpu: bool, fuzz_database: ExampleDatabase | None = None,
+             fuzz_examples: int | None = None, replay_only: bool = False) -> None:
+    """Load profile ``name``; the ``fuzz_*`` arguments shape the fuzz profile (see register)."""
     if name not in PROFILES:
         raise ValueError(f"unknown hypothesis profile {name!r}; expected one of {PROFILES}")
-    register()
+    register(fuzz_database, fuzz_examples, replay_only)
     settings.load_profile(name)
     _active["name"] = name
     _active["size"] = "large" if (on_gpu and name in ("gpu", "fuzz")) else "small"

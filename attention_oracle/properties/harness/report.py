@@ -29,11 +29,12 @@ class Sink:
         self.refusal = ""
         self.known = 0
         self.known_first = ""
+        self.failures: list[dict] = []  # {"check", "case"} of each failing example reported
         self.known_entries: dict[str, int] = {}  # --known-failures entry label -> examples it took
 
     def as_dict(self) -> dict:
         return {"worst": self.worst, "examples": self.examples, "refused": self.refused,
-                "functions": sorted(self.functions), "refusal": self.refusal,
+                "functions": sorted(self.functions), "refusal": self.refusal, "failures": list(self.failures),
                 "known": self.known, "known_first": self.known_first,
                 "known_entries": dict(self.known_entries)}
 
@@ -86,6 +87,13 @@ def record_known_entry(label: str) -> None:
     sink = _sink.get()
     if sink is not None:
         sink.known_entries[label] = sink.known_entries.get(label, 0) + 1
+
+
+def record_failure(check: str, case_json: str) -> None:
+    """A failing example the test reports (Hypothesis' shrunk one): the fuzz profile saves it."""
+    sink = _sink.get()
+    if sink is not None:
+        sink.failures.append({"check": check, "case": case_json})
 
 
 def record_call(function: str, refused: bool, reason: str = "") -> None:

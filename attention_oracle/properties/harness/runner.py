@@ -14,7 +14,7 @@ import sys
 import pytest
 from hypothesis import given, note, settings
 
-from attention_oracle.properties.harness import known_failures, poison, report
+from attention_oracle.properties.harness import fuzzing, gpu_lock, known_failures, poison, report
 from attention_oracle.properties.harness.agreement import OracleMismatch
 from attention_oracle.properties.harness.targets import Refused, Target
 from attention_oracle.properties.harness.triage import distinct, search
@@ -25,6 +25,16 @@ ISOLATED_EXAMPLES = 5  # each isolated example pays a process start, CUDA initia
 
 
 def run_check(check, target: Target, case) -> bool:
+    """Run one case; False if the implementation refused it. A failure Hypothesis reports
+    (its final, shrunk example) is noted for the fuzz profile's corpus (``fuzzing``)."""
+    try:
+        return _run_check(check, target, case)
+    except Exception as exc:
+        fuzzing.note_failure(check_name(check, case), case.to_json(), exc)
+        raise
+
+
+def _run_check(check, target: Target, case) -> bool:
     """Run one case; False if the implementation refused it.
 
     A mismatch on a case of a known failure class (``known_failures.KNOWN_CASES``) is counted
@@ -66,7 +76,7 @@ def run_isolated(check, target: Target, case) -> bool:
     name = check_name(check, case)
     flags = [] if poison.is_enabled() else ["--no-poison"]
     proc = subprocess.run([sys.executable, "-m", "attention_oracle.properties.tools.replay", "--impl", target.name,
-                           *flags, "--check", name, case.to_json()],
+                           *flags, *gpu_lock.replay_device_args(), "--check", name, case.to_json()],
                           capture_output=True, text=True, timeout=600,
                           cwd=_PACKAGE_PARENT)
     text = (proc.stdout + proc.stderr).strip()
@@ -98,11 +108,14 @@ def run_property(check, target: Target, cases, *, function: str,
         note(f"replay: {case.repro(check_name(check, case), target.name)}")
         ran["ok" if run_check(check, target, case) else "refused"] += 1
 
+    if (settings_ or settings()).database is not None:  # ci and gpu keep none: seeds unchanged
+        fuzzing.key_test(one, fuzzing.key_of(check, function, target.name, target.device.type))
     test = given(case=cases)(one)
     if settings_ is None and getattr(check, "ISOLATE_ON_CUDA", False) and target.device.type == "cuda":
         settings_ = settings(max_examples=min(settings().max_examples, ISOLATED_EXAMPLES))
     if settings_ is not None:
         test = settings_(test)
+    test = fuzzing.reruns_keep_entries(test)  # a second search keeps the first one's failures
     search(test)  # every distinct failure, each final one triaged
     if ran["ok"] == 0 and ran["refused"] > 0:
         sink = report.current()

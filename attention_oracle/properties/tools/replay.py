@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 
 from attention_oracle.properties.harness import poison, registry
 from attention_oracle.properties.harness.agreement import OracleMismatch
@@ -47,26 +48,50 @@ CORPUS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.ab
                       "fixtures", "regressions")
 
 
-def save(name: str, check: str, case_dict: dict, note: str = "") -> str:
-    """Write one corpus entry; the case is validated by rebuilding it first."""
+def save(name: str, check: str, case_dict: dict, note: str = "", corpus_dir: str | None = None,
+         exclusive: bool = False) -> str | None:
+    """Write one corpus entry, ``<corpus_dir>/NAME.json`` (default: the package's corpus); the
+    case is validated by rebuilding it first. ``exclusive``: never replace an entry; returns None
+    when NAME is there already (between processes too: the entry is linked into place, which is
+    atomic and refuses an existing name, also on network file systems)."""
     load_case(case_dict)
     registry.check(check)
-    os.makedirs(CORPUS, exist_ok=True)
-    path = os.path.join(CORPUS, f"{name}.json")
-    with open(path, "w") as f:
-        json.dump({"check": check, "note": note, "case": case_dict}, f, indent=2, sort_keys=True)
-        f.write("\n")
+    where = corpus_dir or CORPUS
+    os.makedirs(where, exist_ok=True)
+    path = os.path.join(where, f"{name}.json")
+    text = json.dumps({"check": check, "note": note, "case": case_dict}, indent=2, sort_keys=True) + "\n"
+    if not exclusive:
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+    fd, tmp = tempfile.mkstemp(dir=where, prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.link(tmp, path)
+    except FileExistsError:
+        return None
+    finally:
+        os.unlink(tmp)
     return path
 
 
-def corpus() -> list[tuple[str, dict]]:
-    """(name, entry) for every file of the regression corpus."""
-    if not os.path.isdir(CORPUS):
-        return []
-    out = []
-    for fname in sorted(os.listdir(CORPUS)):
-        if fname.endswith(".json"):
-            with open(os.path.join(CORPUS, fname)) as f:
+def corpus(*extra: str, before: float | None = None) -> list[tuple[str, dict]]:
+    """(name, entry) for every file of the regression corpus, then of each ``extra`` directory
+    (a fuzz campaign's corpus; one that does not exist adds nothing; a name seen already is
+    skipped; with ``before``, an extra entry modified at or after that time is left out)."""
+    out, seen = [], set()
+    for where in (CORPUS, *extra):
+        if not os.path.isdir(where):
+            continue
+        for fname in sorted(os.listdir(where)):
+            path = os.path.join(where, fname)
+            if not fname.endswith(".json") or fname[:-5] in seen:
+                continue
+            if where != CORPUS and before is not None and os.stat(path).st_mtime >= before:
+                continue
+            seen.add(fname[:-5])
+            with open(path) as f:
                 out.append((fname[:-5], json.load(f)))
     return out
 
@@ -78,15 +103,22 @@ def main(argv=None) -> int:
     p.add_argument("--file", help="a regression-corpus JSON file (holds check and case)")
     p.add_argument("--save", metavar="NAME", help="add the case to fixtures/regressions/NAME.json")
     p.add_argument("--note", default="", help="with --save: what the case found")
+    p.add_argument("--corpus", metavar="DIR", default=None,
+                   help="with --save: write to DIR instead of the package's fixtures/regressions")
+    p.add_argument("--cuda-device", type=int, default=None, metavar="N",
+                   help="run on CUDA device N (the isolated runner passes its worker's device)")
     p.add_argument("--no-poison", action="store_true",
                    help="leave new tensors uninitialised (by default torch.empty and its family "
                         "return NaN / sentinel-filled tensors while the check runs)")
     p.add_argument("case", nargs="?", help="the case JSON printed by a failure")
     a = p.parse_args(argv)
+    if a.cuda_device is not None:
+        import torch
+        torch.cuda.set_device(a.cuda_device)
     if a.no_poison:
         poison.set_enabled(False)
     if a.save:
-        print(save(a.save, a.check, json.loads(a.case), a.note))
+        print(save(a.save, a.check, json.loads(a.case), a.note, corpus_dir=a.corpus))
     if a.file:
         with open(a.file) as f:
             entry = json.load(f)
