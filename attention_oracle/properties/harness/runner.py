@@ -17,7 +17,7 @@ from hypothesis import given, note, settings
 from attention_oracle.properties.harness import fuzzing, gpu_lock, known_failures, poison, report
 from attention_oracle.properties.harness.agreement import OracleMismatch
 from attention_oracle.properties.harness.targets import Refused, Target
-from attention_oracle.properties.harness.triage import distinct, search
+from attention_oracle.properties.harness.triage import MAX_ROUNDS, distinct, search
 
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))  # the directory that holds attention_oracle/
@@ -116,7 +116,8 @@ def run_property(check, target: Target, cases, *, function: str,
     if settings_ is not None:
         test = settings_(test)
     test = fuzzing.reruns_keep_entries(test)  # a second search keeps the first one's failures
-    search(test)  # every distinct failure, each final one triaged
+    isolated = getattr(check, "ISOLATE_ON_CUDA", False) and target.device.type == "cuda"
+    search(test, rounds=1 if isolated else MAX_ROUNDS)  # every distinct failure, each triaged
     if ran["ok"] == 0 and ran["refused"] > 0:
         sink = report.current()
         why = sink.refusal if sink else ""
