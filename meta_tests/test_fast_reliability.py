@@ -1,6 +1,6 @@
 """fast's varlen entries refuse bad metadata; the oracle and fast refuse a non-finite scale.
 
-Bad varlen metadata (CONTRACT section 4) is flagged by the index kernel and fails without a
+Bad varlen metadata (docs/CONTRACT.md "4. Varlen index preparation") is flagged by the index kernel and fails without a
 host sync: on CPU (the interpreter) a ValueError names the argument; on CUDA a device-side
 assertion fails the process (checked in a subprocess, since a device assert leaves the CUDA
 context unusable). Each check keeps a negative control: the same corruption with fast's

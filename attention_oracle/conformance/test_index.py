@@ -1,4 +1,4 @@
-"""Varlen index preparation checks (CONTRACT section 4) on every selected implementation;
+"""Varlen index preparation checks (docs/CONTRACT.md "4. Varlen index preparation") on every selected implementation;
 ``int64_indices`` is beyond the contract (a clear error naming the argument also passes)."""
 import pytest
 

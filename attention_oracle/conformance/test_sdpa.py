@@ -1,4 +1,4 @@
-"""SDPA checks (CONTRACT sections 2 and 5) on every selected implementation.
+"""SDPA checks (docs/CONTRACT.md "2. SDPA" and "5. The agreement rule") on every selected implementation.
 
 Cases are drawn within what the implementation declares (``Target.capabilities``); a check
 that needs something it declares away is skipped with that reason.

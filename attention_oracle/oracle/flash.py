@@ -2,7 +2,7 @@
 
 This is the lp run of the fused kernels (FlashAttention-2 and kernels written like it): the
 agreement rule measures the rounding it makes in the implementation's dtype beside the
-naive math's (CONTRACT section 5, docs/agreement-rule.md). In the accumulation dtype
+naive math's (docs/CONTRACT.md "5. The agreement rule", docs/agreement-rule.md). In the accumulation dtype
 (float32 for 16-bit inputs, else the dtype itself):
 
 - scores ``r`` are the raw dot products q.k (float32 dot of the inputs' values), and the
@@ -47,7 +47,7 @@ def accumulation_dtype(compute_dtype: torch.dtype) -> torch.dtype:
 
 
 def lse_dtype(acc: torch.dtype) -> torch.dtype:
-    """lse is stored as float32 (CONTRACT sections 2, 3); a float64 run keeps float64."""
+    """lse is stored as float32 (docs/CONTRACT.md "2. SDPA", "3. DSA sparse attention"); a float64 run keeps float64."""
     return torch.float64 if acc == torch.float64 else torch.float32
 
 

@@ -145,7 +145,7 @@ def _amax(t: torch.Tensor) -> float:
 # ----------------------------------------------------------------------------- algorithms
 #
 # The agreement rule's lp term is the largest error among the standard algorithms run in the
-# implementation's dtype (CONTRACT section 5, docs/agreement-rule.md). Besides the naive math
+# implementation's dtype (docs/CONTRACT.md "5. The agreement rule", docs/agreement-rule.md). Besides the naive math
 # (scores, softmax, P.V, all in the compute dtype), the oracle runs "prescaled" (q and k
 # multiplied by sqrt(scale) in the dtype before the product, then the naive math with scale 1:
 # PyTorch's math backend) and "flash" (fused-kernel numerics, ``oracle/flash.py``).

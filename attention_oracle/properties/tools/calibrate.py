@@ -11,7 +11,7 @@ same cases for every implementation) and runs each check on:
 - every correct built-in available here (``oracle``, ``fast``, ``torch``, ``torch-*``): the
   ratio err / allowed of every output (0 for an exact match, inf for a failed exact
   convention, NaN where the gold is finite, or an error) is recorded. Target: the worst ratio
-  per implementation and dtype <= 0.5 (CONTRACT section 5: correct kernels pass with room).
+  per implementation and dtype <= 0.5 (docs/CONTRACT.md "5. The agreement rule": correct kernels pass with room).
   Examples in a known failure class (``known_failures``) are reported apart;
 - every negative control (``attention_oracle/controls/*_broken.py``) on the check meant to
   catch it: the control's ratio is the largest over its examples. Target >= 2 in every dtype;
