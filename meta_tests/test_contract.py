@@ -111,3 +111,20 @@ def test_conformance_run_fails_with_the_message_not_a_collection_error(tmp_path)
     assert "1 failed" in out, out[-3000:]
     assert "missing parameter 'enable_gqa'" in out, out[-3000:]
     assert "Traceback" not in out and "contract: scaled_dot_product_attention(query, key, value" in out
+
+
+def test_citations_name_sections_that_exist():
+    """Docstrings cite docs/CONTRACT.md by section name; every cited name is a heading there."""
+    import re
+    headings = set(re.findall(r"^## (.+)$", open(os.path.join(ROOT, "docs", "CONTRACT.md")).read(), re.M))
+    bad = []
+    for base in ("attention_oracle", "meta_tests", "benchmarks"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, base)):
+            for f in files:
+                if not f.endswith(".py"):
+                    continue
+                text = open(os.path.join(dirpath, f)).read()
+                bad += [f"{f}: {m}" for m in re.findall(r"CONTRACT sections? \d", text)]
+                cited = (" ".join(m.split()) for m in re.findall(r'docs/CONTRACT\.md,? "([^"]+)"', text))
+                bad += [f"{f}: {m}" for m in cited if m not in headings]
+    assert not bad, bad
