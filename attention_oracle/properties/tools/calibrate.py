@@ -110,6 +110,14 @@ def _unsupported(area: str, check: str, variant: str, caps) -> str:
     return unsupported(check, caps, rope=variant == "rope", varlen=_varlen(check))
 
 
+def _dtypes_for(area: str, check: str, dtypes: list) -> list:
+    """Index checks judge integer outputs whatever the attention dtype: they run in the first
+    dtype only (``compacted_attention`` attends, and runs in every dtype)."""
+    if area == "index" and check != "compacted_attention":
+        return dtypes[:1]
+    return dtypes
+
+
 def _variants(area: str, kind: str) -> tuple[str, ...]:
     if area != "dsa":
         return ("",)
@@ -256,7 +264,7 @@ def build_plan(a, device) -> Plan:
                     if not target.offers(fn):
                         skip(name, area, check, "*", f"does not offer {fn}")
                         continue
-                    for dt in dtypes:
+                    for dt in _dtypes_for(area, check, dtypes):
                         dname = str(dt).replace("torch.", "")
                         if dt not in target.dtypes:
                             why = " (Triton's interpreter computes bf16 wrongly)" if name == "fast" else ""
@@ -278,7 +286,7 @@ def build_plan(a, device) -> Plan:
                 skip(label, area, check, "*", f"unavailable: {target.unavailable}")
                 continue
             for variant in _variants(area, "control"):
-                for dt in dtypes:
+                for dt in _dtypes_for(area, check, dtypes):
                     caps = target.capabilities.narrowed(dtypes=(dt,))
                     groups.append(Group("control", name, label, area, check, variant,
                                         str(dt).replace("torch.", ""),
