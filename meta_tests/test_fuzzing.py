@@ -30,6 +30,9 @@ from attention_oracle.properties.tools import replay
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BROKEN = "attention_oracle.controls.sdpa_broken:WrongScale"
 CHECK = "sdpa.forward_agreement"
+# replay the database only; at most 2 stored examples per test beyond the failures (a later
+# round of the runner's search replays the stored examples that do not fail: keep it short)
+REPLAY = ("--oracle-fuzz-replay-only", "--oracle-fuzz-examples", "2")
 
 
 def _env() -> dict:
@@ -42,7 +45,7 @@ def _env() -> dict:
 def _fuzz_command(db, corpus, *extra) -> list[str]:
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0",
             "--hypothesis-profile", "fuzz", "--oracle-fuzz-db", str(db), "--oracle-corpus", str(corpus),
-            "--impl", BROKEN, "attention_oracle/conformance/test_sdpa.py",
+            "--no-triage", "--impl", BROKEN, "attention_oracle/conformance/test_sdpa.py",
             "attention_oracle/conformance/test_regressions.py", "-k", "forward_agreement", *extra]
 
 
@@ -58,11 +61,11 @@ def _cases(out: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def found(tmp_path_factory):
-    """Process A: five examples of the fuzz profile find WrongScale's failure, shrink it, and
+    """Process A: up to 60 examples of the fuzz profile find WrongScale's failure, shrink it, and
     save it to the shared database and to the corpus."""
     tmp = tmp_path_factory.mktemp("campaign")
     db, corpus = tmp / "db", tmp / "corpus"
-    proc = _fuzz(db, corpus, "--oracle-fuzz-examples", "5")
+    proc = _fuzz(db, corpus, "--oracle-fuzz-examples", "60")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     paths = sorted(corpus.glob("*.json"))  # one per distinct failure (check and output)
     assert paths, proc.stdout[-3000:]
@@ -88,7 +91,7 @@ def test_the_shrunk_failures_land_in_the_corpus(found):
 def test_a_later_process_replays_the_failure_from_the_shared_database(found, tmp_path):
     """B searches nothing, so it can only fail on what the database holds: A's case. It also
     replays the corpus entry through test_regressions, and writes no second entry."""
-    b = _fuzz(found.db, found.corpus, "--oracle-fuzz-replay-only")
+    b = _fuzz(found.db, found.corpus, *REPLAY)
     assert b.returncode == 1, b.stdout[-3000:]
     assert "attention-oracle fuzzing: database" in b.stdout and "replay only" in b.stdout
     assert _sorted(_cases(b.stdout)) == found.cases, b.stdout[-3000:]
@@ -97,7 +100,7 @@ def test_a_later_process_replays_the_failure_from_the_shared_database(found, tmp
         assert re.search(rf"FAILED \S*test_regression\[{re.escape(BROKEN)}-{path.stem}\]", b.stdout), b.stdout[-2000:]
     assert sorted(found.corpus.glob("*.json")) == found.paths
     # Negative control: the same process with an empty database has nothing to replay.
-    alone = _fuzz(tmp_path / "empty-db", tmp_path / "empty-corpus", "--oracle-fuzz-replay-only")
+    alone = _fuzz(tmp_path / "empty-db", tmp_path / "empty-corpus", *REPLAY)
     assert alone.returncode == 0, alone.stdout[-3000:]
     assert "1 skipped" in alone.stdout and _cases(alone.stdout) == []
     assert not (tmp_path / "empty-corpus").exists()
@@ -107,8 +110,8 @@ def test_two_processes_finding_the_failure_at_once_write_one_entry(found, tmp_pa
     """C replays the shared database, D only reads it as a team's copy beside its own (empty)
     one: both fail on A's case at about the same moment, and the corpus gets one entry."""
     corpus = tmp_path / "corpus"
-    commands = [_fuzz_command(found.db, corpus, "--oracle-fuzz-replay-only"),
-                _fuzz_command(tmp_path / "own-db", corpus, "--oracle-fuzz-replay-only",
+    commands = [_fuzz_command(found.db, corpus, *REPLAY),
+                _fuzz_command(tmp_path / "own-db", corpus, *REPLAY,
                               "--oracle-fuzz-read", str(found.db))]
     procs = [subprocess.Popen(c, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for c in commands]
