@@ -13,13 +13,14 @@ naive math's (docs/CONTRACT.md "5. The agreement rule", docs/agreement-rule.md).
 - with an additive float mask (or a scale <= 0) the scores are the scaled, masked scores in
   natural units, as kernels taking a bias add it (xformers' memory-efficient kernel), and
   exponentials are ``exp2(fl(r - m) * log2(e))``: subtracting first keeps a bias of
-  ``finfo.min`` finite; lse = fl(m + log(l)); the backward's scores are recomputed by the
-  caller with another rounding (one rounding of the scaled dot), as a backward GEMM does;
+  ``finfo.min`` finite; lse = fl(m + log(l));
 - P (unnormalised, <= 1) is rounded to the dtype before the P.V product, which accumulates
   in float32; out = fl(o * fl(1 / l)), rounded once to the dtype; lse is stored as float32;
-- backward: P is recomputed from the stored lse the same way (``exp2(fma(r, c,
+- backward: the scores are recomputed in another summation order than the forward's (the
+  callers take the dot rounded once from float64: a backward GEMM is free to block the dot
+  differently), and P from them and the stored lse the same way (``exp2(fma(r, c,
   -fl(lse * log2(e))))``, or ``exp2(fl(r - lse) * log2(e))``), so a row with one key has
-  P = 1 only up to that rounding; Delta = rowsum(dO * O) from the rounded output,
+  P = 1 only up to those roundings; Delta = rowsum(dO * O) from the rounded output,
   dS = P * (dP - Delta); dS and P are rounded to the dtype before the dq / dk / dv
   products, which accumulate in float32.
 

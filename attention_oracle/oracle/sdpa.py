@@ -167,12 +167,12 @@ def _flash_chunk(qc, k, v, doc, mask_c, is_causal, row0, sc, cd, acc):
     out, lse = flash.forward(r, v, cd, r_scale)
     if doc is None:
         return out, lse, None
-    if r_scale is None:  # the backward recomputes the scaled scores: one rounding of the
-        # scaled dot (a GEMM's alpha), not the forward's two, so P differs from the forward's
-        # by an ulp of the scores (PyTorch's CPU flash; P != 1 with one key)
-        wide = torch.float64 if acc == torch.float32 else acc
-        r = _masked_scores(qc.to(wide), k.to(wide), mask_c, is_causal, row0, sc).to(acc)
-    p = flash.probabilities(r, lse, r_scale)
+    # the backward recomputes the scores with another summation order than the forward's:
+    # modelled by the dot rounded once (from float64), so P differs from the forward's by the
+    # forward dot's rounding (PyTorch's CPU flash; with one key P != 1)
+    wide = torch.float64 if acc == torch.float32 else acc
+    r = _masked_scores(qc.to(wide), k.to(wide), mask_c, is_causal, row0, sc if r_scale is None else 1.0)
+    p = flash.probabilities(r.to(acc), lse, r_scale)
     do = doc.to(acc)
     dp = torch.matmul(do, v.to(acc).transpose(-1, -2))
     ds, p = flash.softmax_backward(p, dp, do, out, cd)
