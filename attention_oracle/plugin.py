@@ -21,6 +21,7 @@ its own, whichever worker takes it), so they run one per GPU at the same time.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -126,6 +127,10 @@ def pytest_configure(config):
     device = gpu_lock.device_for_worker(_WORKER, _device_count())
     if device is not None:  # before any CUDA call: the worker's context and tensors live there
         torch.cuda.set_device(device)
+        _PLACED[0] = device
+
+
+_PLACED = [0]  # this process' device (the lock of a test names it without initialising CUDA)
 
 
 def _device_count() -> int:
@@ -332,8 +337,10 @@ def _device_share(request):
         yield
         return
     exclusive = request.node.get_closest_marker("full_size") is not None
-    device = request.node.stash.get(_FULL_SIZE_DEVICE, None)  # None: this worker's device
-    with torch.cuda.device(device), gpu_lock.hold(exclusive=exclusive, device=device):
+    pinned = request.node.stash.get(_FULL_SIZE_DEVICE, None)  # a full-size test's own device
+    device = _PLACED[0] if pinned is None else pinned
+    on_device = contextlib.nullcontext() if pinned is None else torch.cuda.device(pinned)
+    with on_device, gpu_lock.hold(exclusive=exclusive, device=device):
         yield
         if not _POISONED:  # a broken context raises the fault again on every call
             gpu_lock.release_cached_memory(device)

@@ -70,6 +70,15 @@ def test_one_lock_file_per_device(monkeypatch, tmp_path):
         assert "/" not in os.path.basename(p)  # a UUID with odd characters stays one file name
 
 
+@pytest.mark.parametrize("index,visible,name", [
+    (0, None, "0"), (1, "", "1"), (0, "3,5", "3"), (1, "3,5", "5"), (1, " 2 , 7 ", "7"),
+    (0, "GPU-1b2c,GPU-9f0e", "GPU-1b2c"), (1, "MIG-aa,MIG-bb", "MIG-bb"),
+])
+def test_a_lock_names_the_physical_device(index, visible, name):
+    """Runs with different CUDA_VISIBLE_DEVICES on one host take the same GPU's lock file."""
+    assert gpu_lock.physical_id(index, visible) == name
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU naming of devices (no CUDA here)")
 def test_device_keys_without_cuda():
     assert gpu_lock.device_key() == "cpu"

@@ -15,8 +15,8 @@ run one per GPU at the same time (:func:`full_size_device` spreads them; the plu
 its device, whichever worker takes it), not one per host.
 
 The lock is ``flock`` on a file in the temporary directory, per user and per device
-(:func:`lock_path`, keyed by the device's UUID where torch exposes it, so that runs with
-different ``CUDA_VISIBLE_DEVICES`` agree on which file is which GPU), so it also spans several
+(:func:`lock_path`, keyed by the physical device, so that runs with different
+``CUDA_VISIBLE_DEVICES`` agree on which file is which GPU), so it also spans several
 pytest runs on the same machine. Readers are not held back for a waiting writer: a full-size
 test waits until no ordinary test runs on its device, which in a busy run happens near its end,
 so the full-size tests run last and alone on their devices. (Writer preference would idle every
@@ -61,19 +61,23 @@ def full_size_device(position: int, device_count: int) -> int:
     return position % max(device_count, 1)
 
 
+def physical_id(index: int, visible: str | None) -> str:
+    """The host's name of visible CUDA device ``index`` under ``CUDA_VISIBLE_DEVICES=visible``:
+    its entry there (a physical index or a GPU-/MIG- UUID), the index itself when unset."""
+    entries = [e.strip() for e in (visible or "").split(",") if e.strip()]
+    return entries[index] if index < len(entries) else str(index)
+
+
 def device_key(device: int | None = None) -> str:
-    """Names a device for its lock file: ``cuda-<uuid>`` where torch gives the UUID, else
-    ``cuda<index>``; ``cpu`` for no device on a machine without CUDA."""
+    """Names a device for its lock file, the same in every process on the host whatever its
+    ``CUDA_VISIBLE_DEVICES`` (in one form, indices or UUIDs): ``cuda-<physical id>``; ``cpu``
+    for no device on a machine without CUDA (``cuda<index>`` for a named one). Initialises
+    nothing: ``device=None`` is the current device once CUDA is initialised, else device 0."""
     if not torch.cuda.is_available():
         return "cpu" if device is None else f"cuda{device}"
-    index = torch.cuda.current_device() if device is None else device
-    if index not in _KEYS:
-        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-        _KEYS[index] = f"cuda-{uuid}" if uuid else f"cuda{index}"
-    return _KEYS[index]
-
-
-_KEYS: dict[int, str] = {}
+    if device is None:
+        device = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    return f"cuda-{physical_id(device, os.environ.get('CUDA_VISIBLE_DEVICES'))}"
 
 
 def lock_path(key: str, kind: str = "lock") -> str:
