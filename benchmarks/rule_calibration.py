@@ -14,13 +14,16 @@ forward), ``fast`` with ``--fast`` (Triton's interpreter on CPU, fp32/fp16 only:
 the negative controls of the agreement checks (``controls/sdpa_broken.py``,
 ``controls/dsa_broken.py``).
 
-    python -m benchmarks.rule_calibration                      # CPU, ~10 minutes on 2 cores
+    python -m benchmarks.rule_calibration --examples 8          # CPU, ~20 minutes on 2 busy cores
     python -m benchmarks.rule_calibration --examples 20 --fast --json out.json
+    python -m benchmarks.rule_calibration --device cuda --dtypes float32   # F7 / F8 on a GPU
+    python -m benchmarks.rule_calibration --corpus             # the SDPA corpus, both rules
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -114,68 +117,77 @@ class Algorithm:
 
 # ----------------------------------------------------------------------------- measuring
 
-def _worst(area: str, check_name: str, target: Target, dtype: torch.dtype, examples: int,
-           rule: str) -> dict:
-    """Worst ratio, failures and examples run of one check under one rule."""
-    module, strategy = (sdpa_checks, sdpa_strategy) if area == "sdpa" else (dsa_checks, dsa_strategy)
-    check = module.CHECKS[check_name]
-    saved = module.ALGORITHMS
-    module.ALGORITHMS = RULES[rule]
-    tally = {"worst": 0.0, "failed": 0, "run": 0, "first": "", "case": "", "worst_case": ""}
+def cases_for(area: str, check_name: str, target: Target, dtype: torch.dtype, examples: int) -> list:
+    """The check's first ``examples`` derandomized Hypothesis cases within the target's
+    capabilities: drawn once, so that both rules judge the very same inputs."""
+    strategy = sdpa_strategy if area == "sdpa" else dsa_strategy
     caps = target.capabilities.narrowed(dtypes=(dtype,))
     cases = strategy(check_name, caps) if area == "sdpa" else strategy(check_name, caps, rope=True)
+    drawn = []
 
     @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
     @given(case=cases)
-    def run(case):
-        sink, token = report.open_sink()
-        try:
-            check(target, case)
-            tally["run"] += 1
-        except Refused:
-            return
-        except OracleMismatch as exc:
-            tally["run"] += 1
-            tally["failed"] += 1
-            if not tally["first"]:
-                tally["first"], tally["case"] = str(exc).splitlines()[0][:300], case.to_json()
-        finally:
-            report.close_sink(token)
-        if sink.worst > tally["worst"]:
-            tally["worst"], tally["worst_case"] = sink.worst, case.to_json()
+    def draw(case):
+        drawn.append(case)
 
+    draw()
+    return drawn
+
+
+def worst(area: str, check_name: str, target: Target, cases: list, rule: str) -> dict:
+    """Worst ratio, failures and examples run (refusals left out) of one check under one rule."""
+    module = sdpa_checks if area == "sdpa" else dsa_checks
+    check = module.CHECKS[check_name]
+    saved = module.ALGORITHMS
+    module.ALGORITHMS = RULES[rule]
+    tally = {"worst": 0.0, "failed": 0, "run": 0, "first": "", "case": "", "worst_case": ""}
     try:
-        run()
+        for case in cases:
+            sink, token = report.open_sink()
+            try:
+                check(target, case)
+                tally["run"] += 1
+            except Refused:
+                continue
+            except OracleMismatch as exc:
+                tally["run"] += 1
+                tally["failed"] += 1
+                if not tally["first"]:
+                    tally["first"], tally["case"] = str(exc).splitlines()[0][:300], case.to_json()
+            finally:
+                report.close_sink(token)
+            if sink.worst > tally["worst"]:
+                tally["worst"], tally["worst_case"] = sink.worst, case.to_json()
     finally:
         module.ALGORITHMS = saved
     return tally
 
 
-def _targets(include_fast: bool) -> list[tuple[str, str, Target]]:
-    """(area, label, target) for every implementation measured."""
-    cpu = torch.device("cpu")
+def _targets(include_fast: bool, device: str = "cpu") -> list[tuple[str, str, Target]]:
+    """(area, label, target) for every implementation measured (unavailable ones left out)."""
+    dev = torch.device(device)
     out = []
     for alg in RULES["ensemble"]:
-        out += [("sdpa", f"algo:{alg}", Target(f"algo:{alg}", Algorithm(alg), cpu)),
-                ("dsa", f"algo:{alg}", Target(f"algo:{alg}", Algorithm(alg), cpu))]
-    for name in ("torch-math", "torch-flash", "torch", "torch-flex"):
-        t = load(name, cpu)
+        out += [("sdpa", f"algo:{alg}", Target(f"algo:{alg}", Algorithm(alg), dev)),
+                ("dsa", f"algo:{alg}", Target(f"algo:{alg}", Algorithm(alg), dev))]
+    for name in ("torch-math", "torch-flash", "torch-efficient", "torch-cudnn", "torch", "torch-flex"):
+        t = load(name, dev)
         if not t.unavailable:
             out.append(("sdpa", name, t))
     if include_fast:
-        t = load("fast", cpu)
+        t = load("fast", dev)
         out += [("sdpa", "fast", t), ("dsa", "fast", t)]
     for c in SDPA_CONTROLS:
-        out.append(("sdpa", f"control:{c}", load(f"attention_oracle.controls.sdpa_broken:{c}", cpu)))
+        out.append(("sdpa", f"control:{c}", load(f"attention_oracle.controls.sdpa_broken:{c}", dev)))
     for c in DSA_CONTROLS:
-        out.append(("dsa", f"control:{c}", load(f"attention_oracle.controls.dsa_broken:{c}", cpu)))
+        out.append(("dsa", f"control:{c}", load(f"attention_oracle.controls.dsa_broken:{c}", dev)))
     return out
 
 
-def calibrate(examples: int, include_fast: bool, dtypes=tuple(DTYPES)) -> list[dict]:
+def calibrate(examples: int, include_fast: bool, dtypes=tuple(DTYPES), device: str = "cpu") -> list[dict]:
     rows = []
-    for area, label, target in _targets(include_fast):
+    for area, label, target in _targets(include_fast, device):
         controls = SDPA_CONTROLS if area == "sdpa" else DSA_CONTROLS
         checks = (controls[label.split(":", 1)[1]],) if label.startswith("control:") else CHECKS
         for dname in dtypes:
@@ -185,9 +197,10 @@ def calibrate(examples: int, include_fast: bool, dtypes=tuple(DTYPES)) -> list[d
             for check_name in checks:
                 t0 = time.perf_counter()
                 row = {"area": area, "impl": label, "dtype": dname, "check": check_name}
+                cases = cases_for(area, check_name, target, dtype, examples)
                 for rule in RULES:
-                    r = _worst(area, check_name, target, dtype, examples, rule)
-                    row[rule] = {k: r[k] for k in ("worst", "failed", "run", "first", "case", "worst_case")}
+                    r = worst(area, check_name, target, cases, rule)
+                    row[rule] = r
                 row["seconds"] = round(time.perf_counter() - t0, 1)
                 rows.append(row)
                 print(_line(row), flush=True)
@@ -218,6 +231,30 @@ def floor_figures(seeds: int = 40, dtypes=tuple(DTYPES)) -> dict:
     return out
 
 
+def corpus_figures(impls=("torch-math", "torch-flash", "torch"), device: str = "cpu") -> list[dict]:
+    """The SDPA regression corpus (fixtures/regressions) under both rules, per implementation."""
+    from attention_oracle.properties.harness.case import load_case
+    from attention_oracle.properties.tools.replay import corpus
+    rows = []
+    for name, entry in corpus():
+        area, check_name = entry["check"].split(".", 1)
+        if area != "sdpa" or check_name not in sdpa_checks.CHECKS:
+            continue
+        case = load_case(entry["case"])
+        for impl in impls:
+            target = load(impl, torch.device(device))
+            if target.unavailable:
+                continue
+            row = {"entry": name, "impl": impl, "check": check_name}
+            for rule in RULES:
+                r = worst("sdpa", check_name, target, [case], rule)
+                row[rule] = "refused" if r["run"] == 0 else f"{r['worst']:.3f}"
+            rows.append(row)
+            print(f"{name:36} {impl:12} ensemble {row['ensemble']:>8}  naive-only {row['naive']:>8}",
+                  flush=True)
+    return rows
+
+
 def _line(row: dict) -> str:
     e, n = row["ensemble"], row["naive"]
     return (f"{row['area']:4} {row['impl']:32} {row['dtype']:8} {row['check']:18} "
@@ -231,13 +268,20 @@ def main(argv=None) -> None:
     ap.add_argument("--fast", action="store_true", help="include fast (slow under the interpreter)")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--device", default="cpu", help="cuda: the fused CUDA backends too (F7, F8)")
+    ap.add_argument("--corpus", action="store_true", help="only the SDPA regression corpus")
     args = ap.parse_args(argv)
+    if args.corpus:
+        corpus_figures(device=args.device)
+        return
     dtypes = tuple(args.dtypes.split(","))
+    if args.fast and args.device == "cpu":  # before fast's kernels are imported (FACTS.md)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     floors = floor_figures(dtypes=dtypes)
     for dname, worst in floors.items():
         print(f"single-key dq (cancels to 0), lp error in eps * magnitude, {dname}: "
               + ", ".join(f"{a} {w:.3f}" for a, w in worst.items()), flush=True)
-    rows = calibrate(args.examples, args.fast, dtypes)
+    rows = calibrate(args.examples, args.fast, dtypes, args.device)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"floor": floors, "rows": rows}, f, indent=1)
