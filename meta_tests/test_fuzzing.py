@@ -59,25 +59,33 @@ def _cases(out: str) -> list[dict]:
     return [json.loads(m) for m in re.findall(r"^E?\s*case: (\{.*\})$", out, re.M)]
 
 
-@pytest.fixture(scope="module")
-def found(tmp_path_factory):
+def test_a_campaign_shares_one_database_and_one_corpus(tmp_path):
+    """One test, so that under xdist one worker runs the campaign (A's search is the cost)."""
+    found = _process_a(tmp_path / "a")
+    _the_shrunk_failures_land_in_the_corpus(found)
+    _a_later_process_replays_the_failure_from_the_shared_database(found, tmp_path / "b")
+    _two_processes_finding_the_failure_at_once_write_one_entry(found, tmp_path / "cd")
+
+
+def _process_a(tmp):
     """Process A: up to 60 examples of the fuzz profile find WrongScale's failure, shrink it, and
     save it to the shared database and to the corpus."""
-    tmp = tmp_path_factory.mktemp("campaign")
     db, corpus = tmp / "db", tmp / "corpus"
     proc = _fuzz(db, corpus, "--oracle-fuzz-examples", "60")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     paths = sorted(corpus.glob("*.json"))  # one per distinct failure (check and output)
     assert paths, proc.stdout[-3000:]
     return SimpleNamespace(tmp=tmp, db=db, corpus=corpus, paths=paths, out=proc.stdout,
-                           cases=sorted((json.loads(p.read_text())["case"] for p in paths), key=json.dumps))
+                           cases=_sorted(json.loads(p.read_text())["case"] for p in paths))
 
 
 def _sorted(cases):
-    return sorted(cases, key=json.dumps)
+    """Distinct cases, in a fixed order (two failures, of two outputs, can shrink to one case:
+    Hypothesis prints it twice, the corpus holds it once)."""
+    return [json.loads(t) for t in sorted({json.dumps(c, sort_keys=True) for c in cases})]
 
 
-def test_the_shrunk_failures_land_in_the_corpus(found):
+def _the_shrunk_failures_land_in_the_corpus(found):
     assert found.cases == _sorted(_cases(found.out))  # the final (shrunk) examples Hypothesis reported
     for path in found.paths:
         entry = json.loads(path.read_text())
@@ -88,7 +96,7 @@ def test_the_shrunk_failures_land_in_the_corpus(found):
         assert replay.replay("oracle", CHECK, entry["case"]) == 0  # a correct implementation passes it
 
 
-def test_a_later_process_replays_the_failure_from_the_shared_database(found, tmp_path):
+def _a_later_process_replays_the_failure_from_the_shared_database(found, tmp_path):
     """B searches nothing, so it can only fail on what the database holds: A's case. It also
     replays the corpus entry through test_regressions, and writes no second entry."""
     b = _fuzz(found.db, found.corpus, *REPLAY)
@@ -106,7 +114,7 @@ def test_a_later_process_replays_the_failure_from_the_shared_database(found, tmp
     assert not (tmp_path / "empty-corpus").exists()
 
 
-def test_two_processes_finding_the_failure_at_once_write_one_entry(found, tmp_path):
+def _two_processes_finding_the_failure_at_once_write_one_entry(found, tmp_path):
     """C replays the shared database, D only reads it as a team's copy beside its own (empty)
     one: both fail on A's case at about the same moment, and the corpus gets one entry."""
     corpus = tmp_path / "corpus"
