@@ -538,7 +538,7 @@ def test_fp32_block_dots_not_folded(tmp_path):
     """fp32 P.V (forward) and dS.K (backward, dq and dq_rope) must be summed per slot block and
     added to the accumulator, not chained through it: Triton's combine pass turns
     ``acc * alpha + tl.dot(p, v)`` into ``tl.dot(p, v, acc * alpha)`` natively, so the fp32
-    accumulator became ONE sequential FMA chain over all slots of a row (GPU runs 13-16:
+    accumulator became ONE sequential FMA chain over all slots of a row (NOTES.md:
     `index.compacted_attention` K = 2048, 1536 duplicate slots of one key, out error 4.46e-05,
     ratio 22). The interpreter does not fold, so this compiles the kernels for sm_90 (no GPU
     needed) and reads the TTIR. Negative control: a plain ``acc + tl.dot`` loop is flagged."""

@@ -66,7 +66,7 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False):
     32 / 64 latent). With the fp64 score dots and the per-block dot sums of the fp32 path, the
     16-bit configs spill heavily (offline sm_90a, backward 64 heads one tile: 1104 B stack
     frame; Dl 512: 13 KB) and the 64-head one-tile backward gave an illegal address on the
-    H200 for H = 128, Dl = 64 (GPU run 17, NOTES.md), as it had in 16-bit before. fp32 is the
+    H200 for H = 128, Dl = 64 (NOTES.md), as it had in 16-bit before. fp32 is the
     accuracy path: it has no speed target.
     """
     block_h = min(64, _pow2(h))
@@ -83,7 +83,7 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False):
         # one-tile config with transposed dkv gave wrong dkv and an illegal address
         # (Triton 3.6, heavy spills): it is not offered. (For Dl <= 256 the first config is one
         # tile all the same, BLOCK_DC being capped at the latent; in 16-bit it stays under
-        # 500 B of spills there and passed every GPU run.)
+        # 500 B of spills there and passed the suite natively.)
         return (KernelConfig(block_h, 32, 64, 256, 8, 3, True),
                 KernelConfig(min(block_h, 32), 32, latent, latent, 8, 3, True) if one else
                 KernelConfig(min(block_h, 32), 32, 64, 128, 8, 3, True),

@@ -8,7 +8,7 @@ production geometry is assumed (bf16, H=64, Dl=512, Dr=64, K=2048, packed [S, 57
 integer arguments that Triton would specialise as divisible by 16 on the GPU are marked so,
 unit strides are constants. Prints the shared memory the kernel needs (the H200 allows
 232448 bytes) and, from the ptxas bundled with Triton, registers and spill bytes. On the H200
-(Triton 3.6) the shared-memory figures matched what the GPU run reported (315392 for the
+(Triton 3.6) the shared-memory figures matched what the H200 reported (315392 for the
 refused 64-head one-tile backward), so configs can be screened before spending device time.
 """
 import os

@@ -21,6 +21,12 @@ _MISALIGNED = ("PyTorch's fused CUDA backends fault or raise on legal strides th
                "16-byte aligned (CUDA 'misaligned address', 'key is not correctly aligned "
                "(strideM)', 'cutlassF: no kernel found'): NOTES.md, Findings, F1")
 
+_MIN_BIAS_ROWS_BWD = ("A flash backward that recomputes P from its float32 lse breaks down on rows "
+                      "whose every key carries a finfo.min bias (Hugging Face padding): fl(min + "
+                      "log(l)) = min absorbs log(l), so P = 1 per key instead of 1/l (dq 297 where "
+                      "|gold| is 62; PyTorch's CPU flash and fast alike; torch-math passes): "
+                      "NOTES.md, Findings, F10")
+
 _CUDNN_MASKED_ROWS = ("cuDNN SDPA does not give 0 for a fully masked query row (out 1.04 where "
                       "the contract's value is 0, dq nonzero; H200, torch 2.11): NOTES.md, "
                       "Findings, F2")
@@ -86,6 +92,10 @@ def _finite_minimum_rows(case) -> bool:
             and mask.startswith(("finfo_min", "mixed_inf")))
 
 
+def _finfo_min_rows(case) -> bool:
+    return str(getattr(case, "mask", "")).startswith("finfo_min")
+
+
 def _sixteen_bit_strided_dout(case) -> bool:
     return getattr(case, "dtype", None) in ("float16", "bfloat16") and getattr(
         case, "layout_dout", "contiguous") != "contiguous"
@@ -95,7 +105,13 @@ def _sixteen_bit_strided_dout(case) -> bool:
 # recomputed from the stored lse) are no known failures since the rule's lp ensemble holds
 # those algorithms (prescaled, flash): NOTES.md, F3 and F4. F7 and F8 (CUDA) await the same
 # re-judgement on a GPU; their classes are CUDA-only and hide nothing on the CPU.
+_BACKWARD_CHECKS = ("sdpa.gradient_agreement", "sdpa.strided_dout", "sdpa.misaligned_inputs",
+                    "sdpa.rank3_equals_rank4")
+
 KNOWN_CASES: tuple[KnownCase, ...] = (
+    KnownCase(("torch-flash", "torch"), _BACKWARD_CHECKS, ("cpu",), _finfo_min_rows,
+              _MIN_BIAS_ROWS_BWD),
+    KnownCase(("fast",), _BACKWARD_CHECKS, ("cpu", "cuda"), _finfo_min_rows, _MIN_BIAS_ROWS_BWD),
     KnownCase(("torch-cudnn",), ("sdpa.forward_agreement", "sdpa.gradient_agreement",
                                  "sdpa.strided_dout", "sdpa.rank3_equals_rank4"),
               ("cuda",), _has_fully_masked_rows, _CUDNN_MASKED_ROWS),
