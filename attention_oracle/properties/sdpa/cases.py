@@ -219,11 +219,12 @@ def _mask_choices(caps: Capabilities, causal: bool, empty_rows) -> tuple:
 
 
 def _shrunk_for_long_rows(caps: Capabilities, batch, hq, hkv, E, Ev):
-    """Long rows (L * S > 4096): one batch entry, one kv head and at most 64 channels where
+    """Long rows (L * S > 4096): one batch entry, one kv head (two with GQA) and at most 64 channels where
     declared, so that the float64 oracle and the lp runs stay quick on a CPU."""
     group = hq // hkv
-    if caps.heads_ok(group):
-        hq, hkv = group, 1
+    kv = 2 if hkv > 1 and group > 1 else 1  # two kv heads keep a GQA head mapping visible
+    if caps.heads_ok(kv * group):
+        hq, hkv = kv * group, kv
     cap = lambda d: 64 if d > 64 and caps.head_dim_ok(64) else d  # noqa: E731
     return tuple(1 for _ in batch), hq, hkv, cap(E), cap(Ev)
 
@@ -261,10 +262,11 @@ def sdpa_cases(draw, dtypes_or_caps, *, rank=None, empty_rows=None, layouts=True
     gqa = caps.gqa and draw(st.booleans())
     heads = tuple(h for h in range(1, 9) if caps.heads_ok(h)) or tuple(caps.heads)
     if gqa:
-        hkv = draw(st.integers(1, lim["max_heads"]))
+        # a head mapping is only visible with two or more kv heads and groups of two or more
+        hkv = draw(st.sampled_from(tuple(range(2, lim["max_heads"] + 1)) * 3 + (1,)))
         groups = [n for n in range(1, max(1, 8 // hkv) + 1) if caps.heads_ok(hkv * n)]
         if groups:
-            hq = hkv * draw(st.sampled_from(groups))
+            hq = hkv * draw(st.sampled_from([n for n in groups if n > 1] * 2 + groups))
         else:
             gqa, hkv = False, draw(st.sampled_from(heads))
             hq = hkv
