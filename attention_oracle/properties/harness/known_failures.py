@@ -25,7 +25,7 @@ _MIN_BIAS_ROWS_BWD = ("A flash backward that recomputes P from its float32 lse b
                       "whose every key carries a finfo.min bias (Hugging Face padding): fl(min + "
                       "log(l)) = min absorbs log(l), so P = 1 per key instead of 1/l (dq 297 where "
                       "|gold| is 62; PyTorch's CPU flash and fast alike; torch-math passes): "
-                      "NOTES.md, Findings, F10")
+                      "NOTES.md, Findings, F11")
 
 _CUDNN_MASKED_ROWS = ("cuDNN SDPA does not give 0 for a fully masked query row (out 1.04 where "
                       "the contract's value is 0, dq nonzero; H200, torch 2.11): NOTES.md, "
@@ -103,8 +103,8 @@ def _sixteen_bit_strided_dout(case) -> bool:
 
 # F3 (PyTorch's math backend prescaling q and k) and F4 (PyTorch's CPU flash backward, P
 # recomputed from the stored lse) are no known failures since the rule's lp ensemble holds
-# those algorithms (prescaled, flash): NOTES.md, F3 and F4. F7 and F8 (CUDA) await the same
-# re-judgement on a GPU; their classes are CUDA-only and hide nothing on the CPU.
+# those algorithms (prescaled, flash): NOTES.md, F3 and F4. F7 was re-judged on the H200; F8
+# (CUDA) awaits it; both classes are CUDA-only and hide nothing on the CPU.
 _BACKWARD_CHECKS = ("sdpa.gradient_agreement", "sdpa.strided_dout", "sdpa.misaligned_inputs",
                     "sdpa.rank3_equals_rank4")
 
