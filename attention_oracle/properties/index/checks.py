@@ -20,6 +20,7 @@ import torch
 from attention_oracle.oracle.dsa import dsa_reference
 from attention_oracle.oracle.index import document_of_token
 from attention_oracle.oracle.index import offset_gather_kv_indices as oracle_offset
+from attention_oracle.properties.dsa.checks import lp_references
 from attention_oracle.properties.harness.agreement import assert_agrees, assert_exact, assert_true
 from attention_oracle.properties.harness.targets import Refused
 from attention_oracle.properties.index.cases import IndexCase, IndexInputs, build_index
@@ -159,13 +160,14 @@ def compacted_attention(target, case: IndexCase) -> None:
                               causal=case.causal, topk_length=inp.topk_length)
     scale = case.D ** -0.5  # explicit: the contract leaves softmax_scale=None to each implementation
     gold = dsa_reference(q, None, kv, None, gold_rows, compute_dtype=torch.float64, softmax_scale=scale)
-    lp = dsa_reference(q, None, kv, None, gold_rows, compute_dtype=case.torch_dtype, magnitudes=False,
+    lp = lp_references(q, None, kv, None, gold_rows, compute_dtype=case.torch_dtype,
                        softmax_scale=scale)
     for label, rows, lengths in (("holey", holey, holey_len), ("compacted", compacted, compact_len)):
         out, lse = target.call(ATTN_FN, q, kv, rows, topk_length=lengths, softmax_scale=scale,
                                return_lse=True)
         for name, x in (("out", out), ("lse", lse)):
-            assert_agrees(x, gold[name], lp[name], check=check, impl=target.name,
+            assert_agrees(x, gold[name], {a: r[name] for a, r in lp.items()}, check=check,
+                          impl=target.name,
                           name=f"{name} ({label} rows)", dtype=case.torch_dtype, gradient=False,
                           magnitude=gold["magnitude"][name], repro=_repro(case, check, target))
 
