@@ -7,26 +7,19 @@ rounded, <= 1/4) to the naive algorithm's (<= 1/2), and the run must fail naming
 """
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
 from attention_oracle.properties.harness import baseline
+from meta_tests.helpers import run_suite
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECK = "attention_oracle/conformance/test_sdpa.py::test_forward_agreement"
 SUBTLE = "attention_oracle.controls.versions:InputDtypeMath"
 
 
 def _pytest(*args, report=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env.pop("ORACLE_IMPL", None)
     extra = ["--oracle-report", str(report)] if report else []
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                           "--hypothesis-profile", "ci", CHECK, *extra, *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return run_suite(CHECK, *extra, *args)
 
 
 @pytest.fixture(scope="module")

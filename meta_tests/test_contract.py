@@ -7,15 +7,13 @@ control keeps to the contract.
 """
 import inspect
 import os
-import subprocess
-import sys
 
 import pytest
 
 from attention_oracle import contract, fast, oracle
 from attention_oracle.properties.harness import targets
+from meta_tests.helpers import ROOT, run_suite
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTROLS = "attention_oracle.controls.contract_broken"
 
 
@@ -99,13 +97,8 @@ def test_contract_functions_are_the_one_list():
 
 
 def test_conformance_run_fails_with_the_message_not_a_collection_error(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env.pop("ORACLE_IMPL", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                           "--hypothesis-profile", "ci",
-                           "attention_oracle/conformance/test_sdpa.py::test_forward_agreement",
-                           "--impl", f"{CONTROLS}:NoEnableGqa"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_suite("attention_oracle/conformance/test_sdpa.py::test_forward_agreement",
+                     "--impl", f"{CONTROLS}:NoEnableGqa")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert "1 failed" in out, out[-3000:]

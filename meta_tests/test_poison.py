@@ -5,18 +5,17 @@ import threading
 
 import pytest
 import torch
-from hypothesis import given
 
 from attention_oracle.controls import dsa_broken, sdpa_broken
 from attention_oracle.properties.dsa import checks as dsa_checks
 from attention_oracle.properties.dsa.cases import strategy_for as dsa_strategy
-from attention_oracle.properties.harness import poison, profiles, report
-from attention_oracle.properties.harness.agreement import OracleMismatch
+from attention_oracle.properties.harness import poison, report
 from attention_oracle.properties.harness.runner import run_check
 from attention_oracle.properties.harness.targets import Target, load
 from attention_oracle.properties.sdpa import checks as sdpa_checks
 from attention_oracle.properties.sdpa.cases import SdpaCase
 from attention_oracle.properties.sdpa.cases import strategy_for as sdpa_strategy
+from meta_tests.helpers import caught_message
 
 DTYPES = (torch.float32, torch.float16)
 
@@ -141,21 +140,11 @@ def test_run_check_poisons_the_implementation_and_its_backward():
     assert not poison.is_active()
 
 
-def _search(check, target, cases):
-    @profiles.control_settings()
-    @given(case=cases)
-    def search(case):
-        run_check(check, target, case)
-
-    with report.silenced(), pytest.raises(OracleMismatch) as caught:
-        search()
-    return str(caught.value)
-
 
 def test_sdpa_unwritten_rows_caught_by_forward_check():
     target = load("attention_oracle.controls.sdpa_broken:UnwrittenRows")
     assert sdpa_broken.CONTROLS["UnwrittenRows"] == "forward_agreement"
-    text = _search(sdpa_checks.forward_agreement, target, sdpa_strategy("forward_agreement", DTYPES))
+    text = caught_message(sdpa_checks.forward_agreement, target, sdpa_strategy("forward_agreement", DTYPES))
     assert "sdpa.forward_agreement" in text and "UnwrittenRows" in text
     assert "NaN/Inf where the gold is finite" in text and "impl=nan" in text
 
@@ -163,7 +152,7 @@ def test_sdpa_unwritten_rows_caught_by_forward_check():
 def test_dsa_unwritten_rows_caught_by_forward_check():
     target = load("attention_oracle.controls.dsa_broken:UnwrittenRows", torch.device("cpu"))
     assert dsa_broken.CONTROLS["UnwrittenRows"] == "forward_agreement"
-    text = _search(dsa_checks.forward_agreement, target,
+    text = caught_message(dsa_checks.forward_agreement, target,
                    dsa_strategy("forward_agreement", DTYPES, rope=True))
     assert "dsa.forward_agreement" in text and "UnwrittenRows" in text
     assert "NaN/Inf where the gold is finite" in text

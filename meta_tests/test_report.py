@@ -4,20 +4,13 @@ Negative controls of the report itself: a broken implementation shows up as fail
 table with its worst ratio, and a function that refuses every input fails the run.
 """
 import json
-import os
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from meta_tests.helpers import run_suite
 
 
 def _pytest(*args, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env.pop("ORACLE_IMPL", None)
     report = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                           "--hypothesis-profile", "ci", "--oracle-report", str(report), *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_suite("--oracle-report", str(report), *args)
     return proc, json.loads(report.read_text()) if report.exists() else None
 
 

@@ -5,9 +5,6 @@
 report both gradient bugs apart (one exception class per check and output), and every final
 failure must say which field it depends on. A real pytest run shows the forward bug's rule.
 """
-import os
-import subprocess
-import sys
 
 import pytest
 from hypothesis import settings
@@ -18,8 +15,8 @@ from attention_oracle.properties.harness.agreement import OracleMismatch
 from attention_oracle.properties.harness.targets import load
 from attention_oracle.properties.sdpa import checks
 from attention_oracle.properties.sdpa.cases import SdpaCase
+from meta_tests.helpers import run_suite
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTROL = "attention_oracle.controls.multi_bug:ThreeBugs"
 SEARCH = settings(max_examples=30, derandomize=True, database=None, deadline=None,
                   report_multiple_bugs=True)
@@ -89,13 +86,8 @@ def test_distinct_classes_per_check_and_output():
 
 
 def test_real_run_prints_the_dependency(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env.pop("ORACLE_IMPL", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                           "--hypothesis-profile", "ci",
-                           "attention_oracle/conformance/test_sdpa.py::test_forward_agreement",
-                           "--impl", CONTROL], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = run_suite("attention_oracle/conformance/test_sdpa.py::test_forward_agreement",
+                     "--impl", CONTROL)
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "OracleMismatch[sdpa.forward_agreement:out]" in proc.stdout
     assert "L: fails only when L % 16 != 0" in proc.stdout, proc.stdout[-4000:]

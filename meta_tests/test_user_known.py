@@ -7,31 +7,24 @@ counted as known; an entry covering the wrong class leaves it red and is reporte
 entry for an implementation that does not fail is stale.
 """
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from attention_oracle.properties.harness import report, user_known
 from attention_oracle.properties.sdpa.cases import SdpaCase
+from meta_tests.helpers import run_suite
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTROL = "attention_oracle.controls.sdpa_broken:CausalOffByOne"
 CHECK = "attention_oracle/conformance/test_sdpa.py::test_forward_agreement"
 
 
 def _pytest(tmp_path, known_text: str, name: str = "known.toml", impls=(CONTROL,)):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env.pop("ORACLE_IMPL", None)
     known = tmp_path / name
     known.write_text(known_text)
     report_path = tmp_path / "report.json"
     args = [a for i in impls for a in ("--impl", i)]
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                           "--hypothesis-profile", "ci", "--oracle-report", str(report_path),
-                           "--known-failures", str(known), CHECK, *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_suite("--oracle-report", str(report_path), "--known-failures", str(known), CHECK,
+                     *args)
     rep = json.loads(report_path.read_text()) if report_path.exists() else None
     return proc, rep
 
