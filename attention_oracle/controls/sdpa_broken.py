@@ -97,14 +97,18 @@ def _modify_in_place(dout):
     return dout
 
 
-class _ForgetsKeyGradScale(torch.autograd.Function):
-    """Oracle forward; backward returns dk without the softmax scale (dS^T Q, not scale dS^T Q)."""
+class _OracleForward(torch.autograd.Function):
+    """The oracle's forward, saving what a written-out backward needs; subclasses break the backward."""
 
     @staticmethod
     def forward(ctx, q, k, v, mask, kwargs):
         ctx.save_for_backward(q, k, v)
         ctx.mask, ctx.kwargs = mask, kwargs
         return sdpa_reference(q, k, v, attn_mask=mask, **kwargs)["out"].to(q.dtype)
+
+
+class _ForgetsKeyGradScale(_OracleForward):
+    """Oracle forward; backward returns dk without the softmax scale (dS^T Q, not scale dS^T Q)."""
 
     @staticmethod
     def backward(ctx, dout):
@@ -290,15 +294,9 @@ class FiniteMinReadAsMasked(_Base):
 FP32_EXP_UNDERFLOW = -87.3  # log of float32's smallest normal: exp() of less is 0 (or subnormal)
 
 
-class _UnstableBackward(torch.autograd.Function):
+class _UnstableBackward(_OracleForward):
     """Oracle forward; the backward recomputes P as exp(s) / exp(lse) in float32, without
     subtracting lse first: a row whose lse is below float32's exp range gives 0/0 = NaN."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, mask, kwargs):
-        ctx.save_for_backward(q, k, v)
-        ctx.mask, ctx.kwargs = mask, kwargs
-        return sdpa_reference(q, k, v, attn_mask=mask, **kwargs)["out"].to(q.dtype)
 
     @staticmethod
     def backward(ctx, dout):
