@@ -21,7 +21,9 @@ Checks run with poisoned allocations, as in the suite (``--no-poison`` to compar
 run round-robin (example 1 of every group, then example 2, ...), so ``--budget-s`` cuts every
 group's last examples evenly; what was cut is printed and written. Under Triton's CPU
 interpreter fast gets ``--fast-examples`` (default 2) cases per group. Output:
-``DIR/calibration.json`` (every example's ratios, per-group and per-target summaries) and
+``DIR/calibration.json`` (every example's ratios, per-group and per-target summaries),
+``DIR/calibration.txt`` (the tables; both rewritten after every round, so a run cut short still
+leaves them) and
 ``DIR/calibration.png`` (histogram of log10 ratios). Exit status 1 when a target is missed.
 """
 from __future__ import annotations
@@ -33,7 +35,9 @@ import os
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from attention_oracle.properties.tools.collect import CaseBook, Group, Stopped, collect, stop_on_sigterm
 
 CORRECT_BUILTINS = ("oracle", "fast", "torch", "torch-math", "torch-flash", "torch-efficient",
                     "torch-cudnn", "torch-flex")
@@ -44,25 +48,6 @@ CONTROL_TARGET = 2.0
 FAST_INTERPRETED_EXAMPLES = 2
 CONTROL_EXAMPLES = 40  # as profiles.control_settings: a control is searched for, not sampled
 LOG_ZERO, LOG_INF = -4.0, 4.0  # where exact zeros and infinities sit on the histogram
-
-
-@dataclass
-class Group:
-    """One (implementation, check, variant, dtype) and the cases it runs."""
-
-    kind: str                 # "correct" or "control"
-    impl: str                 # target name as given to targets.load
-    label: str                # short name for tables (control class name or built-in)
-    area: str
-    check: str
-    variant: str              # "rope" / "nope" for DSA, "" elsewhere
-    dtype: str
-    cases: list = field(default_factory=list)
-    examples: list = field(default_factory=list)  # one dict per run example
-
-    @property
-    def check_name(self) -> str:
-        return f"{self.area}.{self.check}" + (f"[{self.variant}]" if self.variant else "")
 
 
 # ----------------------------------------------------------------------------- what to run
@@ -104,6 +89,9 @@ def _varlen(check: str) -> bool:
 
 def _unsupported(area: str, check: str, variant: str, caps) -> str:
     """Why the target's declared capabilities exclude this check ('' if they do not)."""
+    if area == "sdpa":
+        from attention_oracle.properties.sdpa.cases import unsupported
+        return unsupported(check, caps)
     if area != "dsa":
         return ""
     from attention_oracle.properties.dsa.cases import unsupported
@@ -124,97 +112,6 @@ def _variants(area: str, kind: str) -> tuple[str, ...]:
     return ("rope",) if kind == "control" else ("nope", "rope")  # controls: as their meta test
 
 
-def _strategy(area: str, check: str, variant: str, caps):
-    """The suite's strategy for the check, within ``caps`` (the target's, narrowed to one dtype)."""
-    if area == "sdpa":
-        from attention_oracle.properties.sdpa.cases import strategy_for
-        return strategy_for(check, caps)
-    if area == "dsa":
-        from attention_oracle.properties.dsa.cases import strategy_for
-        return strategy_for(check, caps, rope=variant == "rope")
-    from attention_oracle.properties.index.cases import strategy_for
-    return strategy_for(check, caps)
-
-
-def draw_cases(strategy, n: int) -> list:
-    """The first ``n`` cases a derandomized Hypothesis run draws (no shrinking, no database)."""
-    from hypothesis import HealthCheck, Phase, given, settings
-
-    drawn: list = []
-
-    @settings(max_examples=n, phases=[Phase.generate], database=None, derandomize=True,
-              deadline=None, suppress_health_check=list(HealthCheck), print_blob=False)
-    @given(case=strategy)
-    def collect(case):
-        drawn.append(case)
-
-    collect()
-    return drawn[:n]
-
-
-# ----------------------------------------------------------------------------- running one example
-
-
-def _outputs(ratios) -> dict:
-    """{output: worst ratio} from the sink's (check, output, ratio) records."""
-    worst: dict = {}
-    for _check, output, ratio in ratios:
-        key = output or "*"
-        worst[key] = max(worst.get(key, 0.0), ratio)
-    return worst
-
-
-def _output_of(message: str) -> str:
-    head = message.split("\n", 1)[0]
-    for part in head.split():
-        if part.startswith("output="):
-            return part[len("output="):].rstrip(":")
-    return "*"
-
-
-def run_example(check, target, case, check_name: str, use_poison: bool) -> dict:
-    """Run one check on one case; the example's outcome, worst ratio and ratio per output."""
-    from attention_oracle.properties.harness import known_failures, poison, report
-    from attention_oracle.properties.harness.agreement import OracleMismatch
-    from attention_oracle.properties.harness.targets import Refused
-
-    sink, token = report.open_sink(keep_ratios=True)
-    outcome, message = "passed", ""
-    t0 = time.perf_counter()
-    try:
-        with poison.poisoned(enabled=use_poison):
-            check(target, case)
-    except Refused as exc:
-        outcome, message = "refused", str(exc)[:300]
-    except OracleMismatch as exc:
-        outcome, message = "failed", str(exc)
-    except Exception as exc:  # a crash of the implementation is a failure, ratio inf
-        outcome, message = "error", f"{type(exc).__name__}: {exc}"[:2000]
-    finally:
-        report.close_sink(token)
-    outputs = _outputs(sink.ratios)
-    if outcome in ("failed", "error"):
-        key = _output_of(message) if outcome == "failed" else "error"
-        if outcome == "error" or key not in outputs:
-            outputs[key] = max(outputs.get(key, 0.0), math.inf if outcome == "error" else sink.worst)
-    ratio = max(outputs.values(), default=0.0) if outcome != "refused" else None
-    known = known_failures.case_reason(target.name, check_name, target.device, case)
-    return {"outcome": outcome, "ratio": ratio, "outputs": outputs, "known": known,
-            "seconds": round(time.perf_counter() - t0, 4), "case": case.to_json(),
-            "message": message[:3000] if outcome != "passed" else ""}
-
-
-def _cuda_broken(device) -> bool:
-    import torch
-    if device.type != "cuda":
-        return False
-    try:
-        torch.cuda.synchronize()
-        return False
-    except Exception:
-        return True
-
-
 # ----------------------------------------------------------------------------- the plan
 
 
@@ -232,14 +129,8 @@ def build_plan(a, device) -> Plan:
     dtypes = [NAMED[d] for d in a.dtypes]
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     groups, skipped = [], []
-    drawn: dict = {}
-
-    def cases_for(area, check, variant, caps, n):
-        """Drawn once per (check, variant, capabilities): targets declaring the same get the same."""
-        key = (area, check, variant, caps)
-        if len(drawn.get(key, ())) < n:
-            drawn[key] = draw_cases(_strategy(area, check, variant, caps), n)
-        return drawn[key][:n]
+    book = CaseBook()
+    cases_for = book.cases
 
     def skip(impl, area, check, dtype, reason):
         skipped.append({"impl": impl, "area": area, "check": check, "dtype": dtype, "reason": reason})
@@ -253,6 +144,7 @@ def build_plan(a, device) -> Plan:
         n = a.examples
         if name == "fast" and interpreted:
             n = min(n, a.fast_examples)
+        n = a.examples_for.get(name, n)
         for area in a.area:
             for check in registry.checks(area):
                 if known_failures.reason(name, f"{area}.{check}", device):
@@ -273,7 +165,8 @@ def build_plan(a, device) -> Plan:
                         caps = target.capabilities.narrowed(dtypes=(dt,))
                         why = _unsupported(area, check, variant, caps)
                         if why:
-                            skip(name, area, f"{check}[{variant}]", dname, f"declares {why}")
+                            where = f"{check}[{variant}]" if variant else check
+                            skip(name, area, where, dname, f"declares {why}")
                             continue
                         groups.append(Group("correct", name, name, area, check, variant, dname,
                                             cases_for(area, check, variant, caps, n)))
@@ -294,36 +187,6 @@ def build_plan(a, device) -> Plan:
     # checks that may fault a device run last: a broken CUDA context ends the calibration
     groups.sort(key=lambda g: g.check == "misaligned_inputs")
     return Plan(groups, skipped)
-
-
-def execute(plan: Plan, device, budget_s: float | None, use_poison: bool, log=print) -> dict:
-    """Run every group's examples round-robin until done or out of budget."""
-    from attention_oracle.properties.harness import registry
-    from attention_oracle.properties.harness.targets import load
-
-    start = time.monotonic()
-    targets: dict = {}
-    rounds = max((len(g.cases) for g in plan.groups), default=0)
-    stopped = ""
-    for i in range(rounds):
-        for g in plan.groups:
-            if i >= len(g.cases):
-                continue
-            if budget_s is not None and time.monotonic() - start > budget_s:
-                stopped = stopped or f"budget of {budget_s:.0f} s spent"
-            if stopped:
-                continue
-            if g.impl not in targets:
-                targets[g.impl] = load(g.impl, device)
-            check = registry.checks(g.area)[g.check]
-            g.examples.append(run_example(check, targets[g.impl], g.cases[i],
-                                          f"{g.area}.{g.check}", use_poison))
-            if _cuda_broken(device):
-                stopped = f"CUDA context broke during {g.label} {g.check_name} {g.dtype} (example {i})"
-                log(f"calibrate: {stopped}; stopping")
-        if not stopped:
-            log(f"calibrate: round {i + 1}/{rounds} done after {time.monotonic() - start:.0f} s")
-    return {"elapsed_s": round(time.monotonic() - start, 1), "stopped": stopped}
 
 
 # ----------------------------------------------------------------------------- summaries
@@ -490,6 +353,13 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def _name_count(text: str) -> tuple[str, int]:
+    name, sep, n = text.partition("=")
+    if not sep or not name.strip() or not n.strip().isdigit() or int(n) < 1:
+        raise argparse.ArgumentTypeError(f"expected NAME=N with N >= 1, got {text!r}")
+    return name.strip(), int(n)
+
+
 def parse(argv):
     p = argparse.ArgumentParser(prog="attention-oracle calibrate", description=__doc__.splitlines()[0])
     p.add_argument("--examples", type=int, default=12, help="cases per (implementation, check, dtype)")
@@ -497,6 +367,9 @@ def parse(argv):
                    help="cases per (control, check, dtype); the meta tests search up to 40")
     p.add_argument("--fast-examples", type=int, default=FAST_INTERPRETED_EXAMPLES,
                    help="cases per group for fast under Triton's CPU interpreter")
+    p.add_argument("--examples-for", type=_name_count, action="append", default=[],
+                   metavar="NAME=N", help="cases per group for one implementation (repeatable), "
+                   "e.g. torch-flex=2 (flex compiles per shape on CUDA) or fast=4")
     p.add_argument("--dtypes", type=_csv, default=list(DTYPES), help="comma-separated")
     p.add_argument("--impl", type=_csv, action="extend", default=[],
                    help="correct implementations (comma-separated, repeatable; 'controls' adds the "
@@ -520,12 +393,47 @@ def parse(argv):
     for area in a.area:
         if area not in AREAS:
             p.error(f"--area: unknown area {area!r}; expected some of {AREAS}")
+    a.examples_for = dict(a.examples_for)
     if a.examples < 1 or a.control_examples < 1 or a.fast_examples < 0:
         p.error("--examples and --control-examples must be >= 1, --fast-examples >= 0")
     return a
 
 
+def _meta(a, device, large: bool, status: dict) -> dict:
+    import torch
+    import triton
+    return {"device": str(torch.cuda.get_device_name(device) if device.type == "cuda" else device),
+            "torch": torch.__version__, "triton": triton.__version__,
+            "interpreter": os.environ.get("TRITON_INTERPRET") == "1", "poison": not a.no_poison,
+            "examples": a.examples, "control_examples": a.control_examples,
+            "fast_examples": a.fast_examples, "examples_for": a.examples_for, "dtypes": a.dtypes,
+            "areas": a.area, "sizes": "large" if large else "small", "budget_s": a.budget_s,
+            "targets": {"correct_max": CORRECT_TARGET, "control_min": CONTROL_TARGET}, **status}
+
+
+def write_report(plan: Plan, meta: dict, out: str, png: bool) -> tuple[dict, str]:
+    """Summarize what has run so far; write DIR/calibration.json, DIR/calibration.txt (the
+    tables) and, with ``png``, DIR/calibration.png. Returns the summary and the tables' text."""
+    summary = summarize(plan)
+    text = render(summary, plan.skipped, meta)
+    os.makedirs(out, exist_ok=True)
+    examples = [{"kind": g.kind, "impl": g.label, "check": g.check_name, "dtype": g.dtype, **e}
+                for g in plan.groups for e in g.examples]
+    for e in examples:  # keep the file readable: the case only where something happened
+        if e["outcome"] == "passed" and (e["ratio"] or 0) <= CORRECT_TARGET and e["kind"] == "correct":
+            e.pop("case")
+    with open(os.path.join(out, "calibration.json"), "w") as f:
+        json.dump(_jsonable({"meta": meta, **summary, "skipped": plan.skipped, "examples": examples}),
+                  f, indent=1)
+    with open(os.path.join(out, "calibration.txt"), "w") as f:
+        f.write(text + "\n")
+    if png:
+        plot(plan, summary, os.path.join(out, "calibration.png"))
+    return summary, text
+
+
 def main(argv=None) -> int:
+    start = time.monotonic()  # the budget counts from here: drawing the cases is part of it
     a = parse(sys.argv[1:] if argv is None else argv)
     import torch
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -534,39 +442,37 @@ def main(argv=None) -> int:
     from attention_oracle.properties.harness import profiles
     previous = (profiles.name(), profiles.size())
     large = (a.sizes or ("large" if device.type == "cuda" else "small")) == "large"
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     profiles.activate("gpu" if large else "dev", on_gpu=large)
     try:
-        plan = build_plan(a, device)
-        print(f"calibrate: {len(plan.groups)} groups, "
-              f"{sum(len(g.cases) for g in plan.groups)} examples planned on {device}", flush=True)
-        status = execute(plan, device, a.budget_s, not a.no_poison,
-                         log=lambda m: print(m, file=sys.stderr, flush=True))
+        with stop_on_sigterm():
+            plan = build_plan(a, device)
+        print(f"calibrate: {len(plan.groups)} groups, {sum(len(g.cases) for g in plan.groups)} "
+              f"examples planned on {device} ({time.monotonic() - start:.0f} s to draw them)",
+              flush=True)
+
+        def partial(rounds: int) -> None:
+            status = {"elapsed_s": round(time.monotonic() - start, 1), "rounds": rounds,
+                      "stopped": "in progress"}
+            write_report(plan, _meta(a, device, large, status), a.out, png=False)
+
+        status = collect(plan.groups, device, budget_s=a.budget_s, start=start,
+                         use_poison=not a.no_poison, after_round=partial, log=log)
+    except Stopped as exc:
+        log(f"calibrate: stopped by {exc} while drawing the cases; nothing to report")
+        return 1
     finally:
         profiles.activate(previous[0], on_gpu=previous[1] == "large")
-    summary = summarize(plan)
-    import triton
-    meta = {"device": str(torch.cuda.get_device_name(device) if device.type == "cuda" else device),
-            "torch": torch.__version__, "triton": triton.__version__,
-            "interpreter": os.environ.get("TRITON_INTERPRET") == "1", "poison": not a.no_poison,
-            "examples": a.examples, "control_examples": a.control_examples,
-            "fast_examples": a.fast_examples, "dtypes": a.dtypes,
-            "areas": a.area, "sizes": "large" if large else "small", "budget_s": a.budget_s,
-            "targets": {"correct_max": CORRECT_TARGET, "control_min": CONTROL_TARGET}, **status}
-    text = render(summary, plan.skipped, meta)
-    print(text)
-    os.makedirs(a.out, exist_ok=True)
-    examples = [{"kind": g.kind, "impl": g.label, "check": g.check_name, "dtype": g.dtype, **e}
-                for g in plan.groups for e in g.examples]
-    for e in examples:  # keep the file readable: the case only where something happened
-        if e["outcome"] == "passed" and (e["ratio"] or 0) <= CORRECT_TARGET and e["kind"] == "correct":
-            e.pop("case")
-    with open(os.path.join(a.out, "calibration.json"), "w") as f:
-        json.dump(_jsonable({"meta": meta, **summary, "skipped": plan.skipped, "examples": examples}),
-                  f, indent=1)
+    meta = _meta(a, device, large, status)
+    summary, text = write_report(plan, meta, a.out, png=False)
+    print(text, flush=True)
     if not a.no_png:
-        plot(plan, summary, os.path.join(a.out, "calibration.png"))
-    print(f"written: {os.path.join(a.out, 'calibration.json')}"
-          + ("" if a.no_png else f", {os.path.join(a.out, 'calibration.png')}"))
+        try:
+            plot(plan, summary, os.path.join(a.out, "calibration.png"))
+        except Exception as exc:  # the tables are written: a plotting problem must not lose them
+            log(f"calibrate: calibration.png not written: {type(exc).__name__}: {exc}")
+    print(f"written: {os.path.join(a.out, 'calibration.json')}, calibration.txt"
+          + ("" if a.no_png else ", calibration.png"))
     missed = ([r for r in summary["correct"] if not r["meets_target"]]
               + [c for c in summary["controls"] if not c["meets_target"]])
     if missed or status["stopped"].startswith("CUDA"):
