@@ -218,6 +218,8 @@ def _bytes_per_query(ops: _Operands, compute_itemsize: int, grads: bool, magnitu
     if magnitude:
         m = torch.finfo(_MAGNITUDE_DTYPE).bits // 8
         total += m * (2 * rows + 5 * scores + (2 * rows if grads else 0) + 3 * head_rows)
+        if grads:  # the accumulation terms: |dout| @ |kv|^T and their products
+            total += m * (3 * scores + rows + 2 * head_rows)
     return total + 64 * K  # index, validity and routing vectors
 
 
@@ -365,22 +367,32 @@ class _Magnitudes:
     They give the suite an absolute error floor where a result cancels to (near) zero:
     out: sum_s P |V|; lse: |row max| + |log sum|; dq: scale sum_s P (|dP| + |Delta|) |K|; dkv row r:
     scale sum_{(t,h,s) -> r} P (|dP| + |Delta|) |q| + sum P |dout|.
+
+    ``acc`` holds the floor's accumulation terms of the gradients whose dS cancels: the same
+    sums with |dP| + |Delta| replaced by sqrt(Dl) (|dout| . |kv_latent[s]| + |dout| . |out|),
+    the sums of absolute products of those two length-Dl dot products (docs/agreement-rule.md).
     """
 
     def __init__(self, ops: _Operands, grads: bool):
         self.values = {"out": 0.0, "lse": 0.0}
-        self.dkv = self.dkr = None
+        self.acc = {}
+        self.dkv = self.dkr = self.acc_dkv = self.acc_dkr = None
         if grads:
             self.values.update(dq_latent=0.0, dkv_latent=0.0)
+            self.acc.update(dq_latent=0.0, dkv_latent=0.0)
             dev = ops.q_latent.device
             self.dkv = torch.zeros(ops.S + 1, ops.Dl, dtype=_MAGNITUDE_DTYPE, device=dev)
+            self.acc_dkv = torch.zeros_like(self.dkv)
             if ops.q_rope is not None:
                 self.values.update(dq_rope=0.0, dk_rope=0.0)
+                self.acc.update(dq_rope=0.0, dk_rope=0.0)
                 self.dkr = torch.zeros(ops.S + 1, ops.Dr, dtype=_MAGNITUDE_DTYPE, device=dev)
+                self.acc_dkr = torch.zeros_like(self.dkr)
 
-    def _raise(self, key: str, tensor: torch.Tensor) -> None:
+    def _raise(self, key: str, tensor: torch.Tensor, table: dict | None = None) -> None:
+        table = self.values if table is None else table
         if tensor.numel():
-            self.values[key] = max(self.values[key], float(tensor.max()))
+            table[key] = max(table[key], float(tensor.max()))
 
     def add_forward(self, ch: _Chunk) -> None:
         md = _MAGNITUDE_DTYPE
@@ -403,6 +415,24 @@ class _Magnitudes:
             self._raise("dq_rope", torch.matmul(A, ch.kr.to(md).abs()).mul_(scale))
             slots = torch.matmul(A_t, ch.qr.to(md).abs()).mul_(scale)
             self.dkr.index_add_(0, ch.route.reshape(-1), slots.reshape(-1, slots.shape[2]))
+        self._add_accumulation(ch, P, dout.to(md).abs(), abs(scale))
+
+    def _add_accumulation(self, ch: _Chunk, P: torch.Tensor, dout_abs: torch.Tensor,
+                          scale: float) -> None:
+        md = _MAGNITUDE_DTYPE
+        kl_abs = ch.kl.to(md).abs()
+        terms = torch.matmul(dout_abs, kl_abs.transpose(1, 2))
+        terms += (dout_abs * ch.out.to(md).abs()).sum(dim=2, keepdim=True)
+        W = P * terms * math.sqrt(ch.kl.shape[2])
+        W_t = W.transpose(1, 2)
+        route = ch.route.reshape(-1)
+        self._raise("dq_latent", torch.matmul(W, kl_abs).mul_(scale), self.acc)
+        slots = torch.matmul(W_t, ch.ql.to(md).abs()).mul_(scale)
+        self.acc_dkv.index_add_(0, route, slots.reshape(-1, slots.shape[2]))
+        if self.acc_dkr is not None:
+            self._raise("dq_rope", torch.matmul(W, ch.kr.to(md).abs()).mul_(scale), self.acc)
+            slots = torch.matmul(W_t, ch.qr.to(md).abs()).mul_(scale)
+            self.acc_dkr.index_add_(0, route, slots.reshape(-1, slots.shape[2]))
 
     def key_rows(self) -> dict:
         """Per-element magnitudes of the key gradients (float64 ``[S, D]``): a caller that runs
@@ -414,11 +444,22 @@ class _Magnitudes:
             rows["dk_rope"] = self.dkr[:-1]
         return rows
 
+    def accumulation_rows(self) -> dict:
+        """The accumulation terms of the key gradients per element (as :meth:`key_rows`)."""
+        rows = {}
+        if self.acc_dkv is not None:
+            rows["dkv_latent"] = self.acc_dkv[:-1]
+        if self.acc_dkr is not None:
+            rows["dk_rope"] = self.acc_dkr[:-1]
+        return rows
+
     def finish(self) -> dict:
         if self.dkv is not None:
             self._raise("dkv_latent", self.dkv[:-1])
+            self._raise("dkv_latent", self.acc_dkv[:-1], self.acc)
         if self.dkr is not None:
             self._raise("dk_rope", self.dkr[:-1])
+            self._raise("dk_rope", self.acc_dkr[:-1], self.acc)
         return dict(self.values)
 
 
@@ -484,6 +525,8 @@ def _attend(ops: _Operands, dout: torch.Tensor | None, *, compute_dtype: torch.d
         result["magnitude"] = tally.finish()
         if grads:
             result["magnitude_rows"] = tally.key_rows()
+            result["magnitude_acc"] = dict(tally.acc)
+            result["magnitude_acc_rows"] = tally.accumulation_rows()
     return result
 
 
@@ -524,7 +567,9 @@ def dsa_reference(q_latent, q_rope, kv_latent, k_rope, indices, dout=None, *, to
         ``kv_latent``), ``dk_rope`` (shape of ``k_rope``, None for NoPE), all in compute dtype;
         plus ``magnitude``: {output name: python float} when ``magnitudes``, and with ``dout``
         ``magnitude_rows``: {"dkv_latent", "dk_rope": float64 per-element magnitudes, shaped
-        ``[S, D]``} (what a chunked caller sums over query chunks).
+        ``[S, D]``} (what a chunked caller sums over query chunks), ``magnitude_acc``
+        {gradient name: python float} and ``magnitude_acc_rows`` (the same for the floor's
+        accumulation term; ``_Magnitudes``).
     """
     ops = _validate_operands(q_latent, q_rope, kv_latent, k_rope, indices, topk_length,
                              softmax_scale)

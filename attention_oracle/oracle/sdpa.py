@@ -142,6 +142,16 @@ def _amax(t: torch.Tensor) -> float:
     return float(t.abs().max()) if t.numel() else 0.0
 
 
+def _accumulation_weights(p, dout, v, out):
+    """sqrt(Ev) * P * (|dO| @ |V|^T + rowsum(|dO| * |out|)) ``[b, h, l, s]``: per score, the
+    sums of absolute products of the two length-Ev dot products dP and Delta, scaled by the
+    square root of their length (the probabilistic bound on summing them in any order)."""
+    ev = v.shape[-1]
+    terms = torch.matmul(dout.abs(), v.abs().transpose(-1, -2))
+    terms += (dout.abs() * out.abs()).sum(-1, keepdim=True)
+    return p * terms * math.sqrt(ev)
+
+
 # ----------------------------------------------------------------------------- algorithms
 #
 # The agreement rule's lp term is the largest error among the standard algorithms run in the
@@ -195,7 +205,10 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
     output, the largest sum of absolute terms behind one element (used for the agreement
     rule's absolute floor): out: P @ |V|; dq: scale * (P * (|dP| + |Delta|)) @ |K|; dk: the
     transpose with |Q|; dv: P^T @ |dO|; lse: |row max| + |log sum of weights| (the two terms
-    lse adds).
+    lse adds). With dout also ``magnitude_acc`` {dq, dk}: the floor's accumulation term,
+    sqrt(Ev) * scale * (P * (|dO| @ |V|^T + rowsum(|dO| * |out|))) @ |K| (and its transpose
+    with |Q|): the sums of absolute products behind dP and Delta, the two length-Ev dot
+    products whose difference dS cancels (docs/agreement-rule.md, "The floor").
     """
     validate_sdpa_inputs(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
     if algorithm not in ALGORITHMS:
@@ -232,8 +245,10 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
         grads = {"dq": torch.zeros_like(q), "dk": torch.zeros_like(k, dtype=acc),
                  "dv": torch.zeros_like(v, dtype=acc)}
     mags = {"out": 0.0, "lse": 0.0, "dq": 0.0}
+    mags_acc = {"dq": 0.0}
     mag_dk = torch.zeros_like(k) if (magnitudes and do is not None) else None
     mag_dv = torch.zeros_like(v) if (magnitudes and do is not None) else None
+    acc_dk = torch.zeros_like(k) if (magnitudes and do is not None) else None
 
     step = _chunk_rows(b, hq, s_k, chunk_bytes)
     if s_k == 0:  # no key: every row is empty (out = 0, lse = -inf, zero gradients)
@@ -276,6 +291,9 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
             mags["dq"] = max(mags["dq"], _amax(torch.matmul(w, k.abs()) * sc))
             mag_dk += torch.matmul(w.transpose(-1, -2), qc.abs()) * sc
             mag_dv += torch.matmul(p.transpose(-1, -2), doc.abs())
+            w_acc = _accumulation_weights(p, doc, v, oc)
+            mags_acc["dq"] = max(mags_acc["dq"], _amax(torch.matmul(w_acc, k.abs()) * sc))
+            acc_dk += torch.matmul(w_acc.transpose(-1, -2), qc.abs()) * sc
 
     result = {
         "out": out.reshape(tuple(query.shape[:-1]) + (v.shape[-1],)),
@@ -289,6 +307,7 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
             if mag_dk is not None:
                 mag_dk = mag_dk.reshape(b, hkv, group, s_k, -1).sum(2)
                 mag_dv = mag_dv.reshape(b, hkv, group, s_k, -1).sum(2)
+                acc_dk = acc_dk.reshape(b, hkv, group, s_k, -1).sum(2)
         dq = grads["dq"]
         if algorithm == "prescaled":  # the chain rule through q * sqrt(scale), k * sqrt(scale)
             dq, dk = dq * q_root, dk * root
@@ -299,6 +318,8 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
         if magnitudes:
             mags["dk"] = _amax(mag_dk)
             mags["dv"] = _amax(mag_dv)
+            mags_acc["dk"] = _amax(acc_dk)
+            result["magnitude_acc"] = mags_acc
     if magnitudes:
         result["magnitude"] = mags
     return result

@@ -47,6 +47,12 @@ import torch
 from attention_oracle.properties.harness import report
 
 FLOOR_ULPS = 4
+# the accumulation term of the floor: each of the two length-n dot products that dS = P (dP -
+# Delta) subtracts, summed in any order in the accumulation precision u, errs by at most
+# lam sqrt(n) u sum|terms| with high probability (Higham & Mary's probabilistic bound); lam = 4
+# gives FLOOR_ACC = lam / 2 = 2 units of eps(accumulation) times the oracle's
+# ``magnitude_acc`` (sqrt(n) times those sums: docs/agreement-rule.md, "The floor")
+FLOOR_ACC = 2
 K_FORWARD = 2
 K_GRADIENT = 3
 # an lp error above this fraction of the magnitude (the sum of absolute terms behind an
@@ -92,6 +98,7 @@ class Verdict:
     k: int = K_FORWARD
     magnitude: float = 0.0
     excluded: tuple = ()
+    acc_magnitude: float = 0.0
 
     @property
     def allowed(self) -> float:
@@ -108,15 +115,23 @@ class Verdict:
                     f"{', '.join(self.excluded)}" if self.excluded else "")
         return (f"rule: {self.k}*max|lp-gold| ({_fmt(self.m_lp)}, set by {self.algorithm or '-'}; "
                 f"{each or 'no lp'}{left_out}) + 2*max|round(gold)-gold| ({_fmt(self.round)}) = "
-                f"{_fmt(self.bound)}; floor {FLOOR_ULPS}*eps({dtype})*magnitude({_fmt(self.magnitude)}) = "
-                f"{_fmt(self.floor)}")
+                f"{_fmt(self.bound)}; floor {FLOOR_ULPS}*eps({dtype})*magnitude({_fmt(self.magnitude)})"
+                f"{self._acc_terms(dtype)} = {_fmt(self.floor)}")
+
+    def _acc_terms(self, dtype) -> str:
+        if not self.acc_magnitude:
+            return ""
+        return (f" + {FLOOR_ACC}*eps({accumulation_dtype(dtype)})*magnitude_acc"
+                f"({_fmt(self.acc_magnitude)})")
 
 
 def rule(err: float, lp_errs: Mapping[str, float], round_err: float, magnitude: float,
-         dtype: torch.dtype, gradient: bool) -> Verdict:
+         dtype: torch.dtype, gradient: bool, acc_magnitude: float = 0.0) -> Verdict:
     """The agreement rule on measured maxima: ``err`` = max|impl - gold|, ``lp_errs`` =
     {algorithm: max|lp_a - gold|} (non-finite ones are left out), ``round_err`` =
-    max|gold.to(dtype) - gold|, ``magnitude`` the floor's sum of absolute terms."""
+    max|gold.to(dtype) - gold|, ``magnitude`` the floor's sum of absolute terms,
+    ``acc_magnitude`` its accumulation term (the oracle's ``magnitude_acc``; 0 where no
+    dot products cancel)."""
     k = K_GRADIENT if gradient else K_FORWARD
     limit = BREAKDOWN * float(magnitude) if magnitude > 0 else float("inf")
     finite = {a: float(e) for a, e in lp_errs.items() if e == e and e <= limit}
@@ -124,18 +139,30 @@ def rule(err: float, lp_errs: Mapping[str, float], round_err: float, magnitude: 
     algorithm = max(finite, key=finite.get) if finite else ""
     m_lp = finite.get(algorithm, 0.0)
     bound = k * m_lp + 2 * round_err
-    floor = FLOOR_ULPS * eps(dtype) * float(magnitude)
+    floor = floor_of(dtype, magnitude, acc_magnitude)
     allowed = max(bound, floor)
     if err != err:  # NaN error: always a failure
         ratio = float("inf")
     else:
         ratio = 0.0 if err == 0.0 else (err / allowed if allowed > 0 else float("inf"))
     return Verdict(err, bound, floor, ratio, finite, algorithm, round_err, k, float(magnitude),
-                   excluded)
+                   excluded, float(acc_magnitude))
+
+
+def floor_of(dtype: torch.dtype, magnitude: float, acc_magnitude: float = 0.0) -> float:
+    """The absolute floor: FLOOR_ULPS eps(dtype) magnitude + FLOOR_ACC eps(accumulation)
+    acc_magnitude."""
+    return (FLOOR_ULPS * eps(dtype) * float(magnitude)
+            + FLOOR_ACC * eps(accumulation_dtype(dtype)) * float(acc_magnitude))
 
 
 def eps(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The precision kernels accumulate dot products in: float32 for 16-bit and fp32 inputs."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _index_of_max(t: torch.Tensor) -> tuple:
@@ -191,11 +218,12 @@ def round_error(gold: torch.Tensor, finite: torch.Tensor, dtype: torch.dtype) ->
 
 def assert_agrees(x_impl: torch.Tensor, x_gold: torch.Tensor, x_lp, *, check: str, impl: str,
                   name: str, dtype: torch.dtype, gradient: bool, magnitude: float,
-                  repro: str) -> Verdict:
+                  repro: str, acc_magnitude: float = 0.0) -> Verdict:
     """Apply the agreement rule to one output; raise OracleMismatch with a full message.
 
     ``x_lp``: one tensor (the naive lp run) or {algorithm: tensor}, the lp runs of the
     standard algorithms (``lp_runs``); the bound takes the largest of their errors.
+    ``magnitude`` / ``acc_magnitude``: the oracle's ``magnitude`` / ``magnitude_acc`` of the output.
     """
     lp = lp_runs(x_lp)
     if tuple(x_impl.shape) != tuple(x_gold.shape):
@@ -217,7 +245,7 @@ def assert_agrees(x_impl: torch.Tensor, x_gold: torch.Tensor, x_lp, *, check: st
     zero = torch.zeros((), dtype=torch.float64, device=gold.device)
     diff = torch.where(finite, (impl64 - gold).abs(), zero)
     verdict = rule(_max_or_zero(diff), measure_lp(lp, gold, finite), round_error(gold, finite, dtype),
-                   magnitude, dtype, gradient)
+                   magnitude, dtype, gradient, acc_magnitude)
     report.record_ratio(check, impl, verdict.ratio, output=name)
     _target_ratio(f"{check}:{name}", verdict.ratio)
     if verdict.err > verdict.allowed:
