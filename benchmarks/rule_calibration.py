@@ -14,9 +14,17 @@ forward), ``fast`` with ``--fast`` (Triton's interpreter on CPU, fp32/fp16 only:
 the negative controls of the agreement checks (``controls/sdpa_broken.py``,
 ``controls/dsa_broken.py``).
 
+Cases are drawn and judged by ``attention_oracle/properties/tools/collect.py`` (the loop the
+calibration report uses too): examples round-robin over the groups, so ``--budget-s`` cuts every
+row's last examples evenly and SIGTERM still prints the rows collected. Rows give examples run
+out of those planned; refusals are left out. On CUDA torch-flex gets 3 cases per check
+(``--examples-for torch-flex=N``): it compiles per shape.
+
     python -m benchmarks.rule_calibration --examples 8          # CPU, ~20 minutes on 2 busy cores
     python -m benchmarks.rule_calibration --examples 20 --fast --json out.json
     python -m benchmarks.rule_calibration --device cuda --dtypes float32   # F7 / F8 on a GPU
+    python -m benchmarks.rule_calibration --device cuda --dtypes float32 --budget-s 120 \
+        --examples-for torch-flex=3 --impl torch,torch-efficient,torch-cudnn,torch-flex
     python -m benchmarks.rule_calibration --corpus             # the SDPA corpus, both rules
 """
 from __future__ import annotations
@@ -27,21 +35,17 @@ import os
 import time
 
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
 
 from attention_oracle.oracle.dsa import dsa_reference
 from attention_oracle.oracle.sdpa import sdpa_reference
-from attention_oracle.properties.dsa import checks as dsa_checks
-from attention_oracle.properties.dsa.cases import strategy_for as dsa_strategy
-from attention_oracle.properties.harness import report
-from attention_oracle.properties.harness.agreement import OracleMismatch
-from attention_oracle.properties.harness.targets import Refused, Target, load
-from attention_oracle.properties.sdpa import checks as sdpa_checks
-from attention_oracle.properties.sdpa.cases import strategy_for as sdpa_strategy
+from attention_oracle.properties.harness import registry
+from attention_oracle.properties.harness.targets import Target, load
+from attention_oracle.properties.tools.collect import CaseBook, Group, collect, run_example
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CHECKS = ("forward_agreement", "gradient_agreement")
 RULES = {"ensemble": ("naive", "flash", "prescaled"), "naive": ("naive",)}
+FLEX_CUDA_EXAMPLES = 3  # flex compiles per shape on CUDA (~30 s a shape): a few shapes per check
 
 SDPA_CONTROLS = {  # the controls whose catching check is an agreement check
     "WrongScale": "forward_agreement", "CausalOffByOne": "forward_agreement",
@@ -117,55 +121,40 @@ class Algorithm:
 
 # ----------------------------------------------------------------------------- measuring
 
-def cases_for(area: str, check_name: str, target: Target, dtype: torch.dtype, examples: int) -> list:
-    """The check's first ``examples`` derandomized Hypothesis cases within the target's
-    capabilities: drawn once, so that both rules judge the very same inputs."""
-    strategy = sdpa_strategy if area == "sdpa" else dsa_strategy
-    caps = target.capabilities.narrowed(dtypes=(dtype,))
-    cases = strategy(check_name, caps) if area == "sdpa" else strategy(check_name, caps, rope=True)
-    drawn = []
+def judge_both(check, target, case, check_name: str, use_poison: bool) -> dict:
+    """One case judged under each rule: {rule: collect.run_example(...)} (known classes are
+    recorded by run_example and ignored here: every example is judged by the rule)."""
+    return {rule: run_example(check, target, case, check_name, use_poison, algorithms=algs)
+            for rule, algs in RULES.items()}
 
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
-    @given(case=cases)
-    def draw(case):
-        drawn.append(case)
 
-    draw()
-    return drawn
+def tally(examples: list) -> dict:
+    """Worst ratio, failures (a mismatch or an error) and examples run (refusals left out) of
+    one rule's judged examples, with the first failure's message and the worst case."""
+    out = {"worst": 0.0, "failed": 0, "run": 0, "first": "", "case": "", "worst_case": ""}
+    for e in examples:
+        if e["outcome"] == "refused":
+            continue
+        out["run"] += 1
+        if e["outcome"] in ("failed", "error"):
+            out["failed"] += 1
+            if not out["first"]:
+                out["first"], out["case"] = e["message"].splitlines()[0][:300], e["case"]
+        if e["ratio"] > out["worst"]:
+            out["worst"], out["worst_case"] = e["ratio"], e["case"]
+    return out
 
 
 def worst(area: str, check_name: str, target: Target, cases: list, rule: str) -> dict:
-    """Worst ratio, failures and examples run (refusals left out) of one check under one rule."""
-    module = sdpa_checks if area == "sdpa" else dsa_checks
-    check = module.CHECKS[check_name]
-    saved = module.ALGORITHMS
-    module.ALGORITHMS = RULES[rule]
-    tally = {"worst": 0.0, "failed": 0, "run": 0, "first": "", "case": "", "worst_case": ""}
-    try:
-        for case in cases:
-            sink, token = report.open_sink()
-            try:
-                check(target, case)
-                tally["run"] += 1
-            except Refused:
-                continue
-            except OracleMismatch as exc:
-                tally["run"] += 1
-                tally["failed"] += 1
-                if not tally["first"]:
-                    tally["first"], tally["case"] = str(exc).splitlines()[0][:300], case.to_json()
-            finally:
-                report.close_sink(token)
-            if sink.worst > tally["worst"]:
-                tally["worst"], tally["worst_case"] = sink.worst, case.to_json()
-    finally:
-        module.ALGORITHMS = saved
-    return tally
+    """:func:`tally` of one check under one rule on ``cases`` (no poisoning)."""
+    check = registry.checks(area)[check_name]
+    return tally([run_example(check, target, c, f"{area}.{check_name}", False,
+                              algorithms=RULES[rule]) for c in cases])
 
 
-def _targets(include_fast: bool, device: str = "cpu") -> list[tuple[str, str, Target]]:
-    """(area, label, target) for every implementation measured (unavailable ones left out)."""
+def _targets(include_fast: bool, device: str = "cpu", only=None) -> list[tuple[str, str, Target]]:
+    """(area, label, target) for every implementation measured (unavailable ones left out);
+    ``only``: labels to keep (``algo:*``, ``torch-*``, ``fast``, ``control:*``, or ``controls``)."""
     dev = torch.device(device)
     out = []
     for alg in RULES["ensemble"]:
@@ -182,29 +171,64 @@ def _targets(include_fast: bool, device: str = "cpu") -> list[tuple[str, str, Ta
         out.append(("sdpa", f"control:{c}", load(f"attention_oracle.controls.sdpa_broken:{c}", dev)))
     for c in DSA_CONTROLS:
         out.append(("dsa", f"control:{c}", load(f"attention_oracle.controls.dsa_broken:{c}", dev)))
+    if only:
+        keep = lambda label: label in only or ("controls" in only and label.startswith("control:"))  # noqa: E731
+        out = [t for t in out if keep(t[1])]
     return out
 
 
-def calibrate(examples: int, include_fast: bool, dtypes=tuple(DTYPES), device: str = "cpu") -> list[dict]:
-    rows = []
-    for area, label, target in _targets(include_fast, device):
+def plan(examples: int, include_fast: bool, dtypes=tuple(DTYPES), device: str = "cpu",
+         examples_for=None, only=None) -> list[Group]:
+    """One group per (implementation, dtype, check): the check's first derandomized cases
+    within the target's capabilities (RoPE for DSA), drawn once so both rules judge the very
+    same inputs. ``examples_for``: {label: cases} overriding ``examples``."""
+    book, groups = CaseBook(), []
+    for area, label, target in _targets(include_fast, device, only):
         controls = SDPA_CONTROLS if area == "sdpa" else DSA_CONTROLS
         checks = (controls[label.split(":", 1)[1]],) if label.startswith("control:") else CHECKS
+        n = (examples_for or {}).get(label, examples)
+        variant = "rope" if area == "dsa" else ""
         for dname in dtypes:
             dtype = DTYPES[dname]
             if dtype not in target.dtypes:
                 continue
+            caps = target.capabilities.narrowed(dtypes=(dtype,))
             for check_name in checks:
-                t0 = time.perf_counter()
-                row = {"area": area, "impl": label, "dtype": dname, "check": check_name}
-                cases = cases_for(area, check_name, target, dtype, examples)
-                for rule in RULES:
-                    r = worst(area, check_name, target, cases, rule)
-                    row[rule] = r
-                row["seconds"] = round(time.perf_counter() - t0, 1)
-                rows.append(row)
-                print(_line(row), flush=True)
+                kind = "control" if label.startswith("control:") else "correct"
+                groups.append(Group(kind, label, label, area, check_name, variant, dname,
+                                    book.cases(area, check_name, variant, caps, n), target=target))
+    return groups
+
+
+def rows_of(groups: list[Group]) -> list[dict]:
+    """One row per group: each rule's :func:`tally`, the examples planned and the seconds spent."""
+    rows = []
+    for g in groups:
+        row = {"area": g.area, "impl": g.label, "dtype": g.dtype, "check": g.check,
+               "planned": len(g.cases), "ran": len(g.examples)}
+        for rule in RULES:
+            row[rule] = tally([e[rule] for e in g.examples])
+        row["seconds"] = round(sum(e[r]["seconds"] for e in g.examples for r in RULES), 1)
+        rows.append(row)
     return rows
+
+
+def calibrate(examples: int, include_fast: bool, dtypes=tuple(DTYPES), device: str = "cpu",
+              examples_for=None, only=None, budget_s=None, start=None) -> tuple[list[dict], dict]:
+    """Both rules on every group's cases (round-robin, within ``budget_s``); the rows and
+    collect's status (elapsed, rounds, why it stopped)."""
+    groups = plan(examples, include_fast, dtypes, device, examples_for, only)
+    print(f"rule_calibration: {len(groups)} groups, {sum(len(g.cases) for g in groups)} examples "
+          f"planned on {device}", flush=True)
+    status = collect(groups, torch.device(device), budget_s=budget_s, start=start, use_poison=False,
+                     judge=judge_both, log=lambda m: print(m, flush=True))
+    rows = rows_of(groups)
+    for row in rows:
+        print(_line(row), flush=True)
+    if status["stopped"]:
+        print(f"rule_calibration: {status['stopped']} (rounds done: {status['rounds']}; rows show "
+              f"run/planned)", flush=True)
+    return rows, status
 
 
 def floor_figures(seeds: int = 40, dtypes=tuple(DTYPES)) -> dict:
@@ -238,7 +262,7 @@ def corpus_figures(impls=("torch-math", "torch-flash", "torch"), device: str = "
     rows = []
     for name, entry in corpus():
         area, check_name = entry["check"].split(".", 1)
-        if area != "sdpa" or check_name not in sdpa_checks.CHECKS:
+        if area != "sdpa" or check_name not in registry.checks("sdpa"):
             continue
         case = load_case(entry["case"])
         for impl in impls:
@@ -257,18 +281,35 @@ def corpus_figures(impls=("torch-math", "torch-flash", "torch"), device: str = "
 
 def _line(row: dict) -> str:
     e, n = row["ensemble"], row["naive"]
+    cut = f"   cases {row['ran']}/{row['planned']}" if "planned" in row else ""
     return (f"{row['area']:4} {row['impl']:32} {row['dtype']:8} {row['check']:18} "
             f"ensemble {e['worst']:9.3f} ({e['failed']}/{e['run']} fail)   "
-            f"naive-only {n['worst']:9.3f} ({n['failed']}/{n['run']} fail)   {row['seconds']} s")
+            f"naive-only {n['worst']:9.3f} ({n['failed']}/{n['run']} fail)   {row['seconds']} s{cut}")
+
+
+def _name_count(text: str) -> tuple[str, int]:
+    name, sep, n = text.partition("=")
+    if not sep or not n.isdigit() or int(n) < 1:
+        raise argparse.ArgumentTypeError(f"expected NAME=N with N >= 1, got {text!r}")
+    return name, int(n)
 
 
 def main(argv=None) -> None:
+    start = time.monotonic()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=12, help="Hypothesis examples per check")
+    ap.add_argument("--examples-for", type=_name_count, action="append", default=[],
+                    metavar="LABEL=N", help="examples per check for one implementation (repeatable); "
+                    f"on CUDA torch-flex defaults to {FLEX_CUDA_EXAMPLES} (it compiles per shape)")
+    ap.add_argument("--impl", default="", help="comma-separated labels to measure (algo:naive, "
+                    "torch-flex, fast, control:WrongScale, controls, ...); default: all")
     ap.add_argument("--fast", action="store_true", help="include fast (slow under the interpreter)")
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--device", default="cpu", help="cuda: the fused CUDA backends too (F7, F8)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop starting examples after this many seconds (from the start)")
+    ap.add_argument("--no-floor", action="store_true", help="skip the single-key floor figures")
     ap.add_argument("--corpus", action="store_true", help="only the SDPA regression corpus")
     args = ap.parse_args(argv)
     if args.corpus:
@@ -277,14 +318,18 @@ def main(argv=None) -> None:
     dtypes = tuple(args.dtypes.split(","))
     if args.fast and args.device == "cpu":  # before fast's kernels are imported (FACTS.md)
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    floors = floor_figures(dtypes=dtypes)
-    for dname, worst in floors.items():
+    examples_for = {"torch-flex": FLEX_CUDA_EXAMPLES} if args.device.startswith("cuda") else {}
+    examples_for.update(dict(args.examples_for))
+    only = [t for t in args.impl.split(",") if t] or None
+    floors = {} if args.no_floor else floor_figures(dtypes=dtypes)
+    for dname, w in floors.items():
         print(f"single-key dq (cancels to 0), lp error in eps * magnitude, {dname}: "
-              + ", ".join(f"{a} {w:.3f}" for a, w in worst.items()), flush=True)
-    rows = calibrate(args.examples, args.fast, dtypes, args.device)
+              + ", ".join(f"{a} {x:.3f}" for a, x in w.items()), flush=True)
+    rows, status = calibrate(args.examples, args.fast, dtypes, args.device, examples_for, only,
+                             args.budget_s, start)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"floor": floors, "rows": rows}, f, indent=1)
+            json.dump({"floor": floors, "rows": rows, "status": status}, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

@@ -69,10 +69,10 @@ def draw_cases(strategy, n: int) -> list:
     @settings(max_examples=n, phases=[Phase.generate], database=None, derandomize=True,
               deadline=None, suppress_health_check=list(HealthCheck), print_blob=False)
     @given(case=strategy)
-    def collect_cases(case):
+    def collect(case):  # the name and source seed the derandomized draw: keep them as they are
         drawn.append(case)
 
-    collect_cases()
+    collect()
     return drawn[:n]
 
 
