@@ -200,6 +200,28 @@ def plan(examples: int, include_fast: bool, dtypes=tuple(DTYPES), device: str = 
     return groups
 
 
+def f8_cases() -> list:
+    """SDPA cases shaped like F8's failing examples (NOTES.md, Findings, F8: torch-flex fp32 on
+    CUDA): [2, 2, 1, 256] q with one kv head (GQA), S 35, Ev 24, a float mask, scale 1.0 (out
+    5.63x, dq 1.83x under the naive rule); E 96, S 5, a broadcast bool mask (out 1.28x). The
+    recorded seeds are lost: three seeds per shape (flex compiles once per shape)."""
+    from attention_oracle.properties.sdpa.cases import SdpaCase
+    shapes = [dict(batch=(2,), hq=2, hkv=1, gqa=True, L=1, S=35, E=256, Ev=24, mask="float_full",
+                   scale=1.0),
+              dict(batch=(1,), hq=2, hkv=2, L=4, S=5, E=96, Ev=96, mask="bool_bcast")]
+    return [SdpaCase(dtype="float32", seed=seed, **shape) for shape in shapes for seed in (1, 2, 3)]
+
+
+def f8_groups(device: str) -> list[Group]:
+    """torch-flex on :func:`f8_cases`, forward and gradient (label ``torch-flex:F8``)."""
+    target = load("torch-flex", torch.device(device))
+    if target.unavailable:
+        print(f"rule_calibration: --f8: torch-flex unavailable: {target.unavailable}", flush=True)
+        return []
+    return [Group("correct", "torch-flex:F8", "torch-flex:F8", "sdpa", check, "", "float32",
+                  f8_cases(), target=target) for check in CHECKS]
+
+
 def rows_of(groups: list[Group]) -> list[dict]:
     """One row per group: each rule's :func:`tally`, the examples planned and the seconds spent."""
     rows = []
@@ -214,10 +236,12 @@ def rows_of(groups: list[Group]) -> list[dict]:
 
 
 def calibrate(examples: int, include_fast: bool, dtypes=tuple(DTYPES), device: str = "cpu",
-              examples_for=None, only=None, budget_s=None, start=None) -> tuple[list[dict], dict]:
+              examples_for=None, only=None, budget_s=None, start=None,
+              f8: bool = False) -> tuple[list[dict], dict]:
     """Both rules on every group's cases (round-robin, within ``budget_s``); the rows and
-    collect's status (elapsed, rounds, why it stopped)."""
-    groups = plan(examples, include_fast, dtypes, device, examples_for, only)
+    collect's status (elapsed, rounds, why it stopped). ``f8``: F8's shapes first."""
+    groups = (f8_groups(device) if f8 else []) + plan(examples, include_fast, dtypes, device,
+                                                     examples_for, only)
     print(f"rule_calibration: {len(groups)} groups, {sum(len(g.cases) for g in groups)} examples "
           f"planned on {device}", flush=True)
     status = collect(groups, torch.device(device), budget_s=budget_s, start=start, use_poison=False,
@@ -310,6 +334,8 @@ def main(argv=None) -> None:
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop starting examples after this many seconds (from the start)")
     ap.add_argument("--no-floor", action="store_true", help="skip the single-key floor figures")
+    ap.add_argument("--f8", action="store_true",
+                    help="also torch-flex on cases shaped like F8's (fp32; CUDA compiles flex)")
     ap.add_argument("--corpus", action="store_true", help="only the SDPA regression corpus")
     args = ap.parse_args(argv)
     if args.corpus:
@@ -326,7 +352,7 @@ def main(argv=None) -> None:
         print(f"single-key dq (cancels to 0), lp error in eps * magnitude, {dname}: "
               + ", ".join(f"{a} {x:.3f}" for a, x in w.items()), flush=True)
     rows, status = calibrate(args.examples, args.fast, dtypes, args.device, examples_for, only,
-                             args.budget_s, start)
+                             args.budget_s, start, args.f8)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"floor": floors, "rows": rows, "status": status}, f, indent=1, default=str)
