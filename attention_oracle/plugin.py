@@ -105,6 +105,7 @@ MARKERS = (
     "gpu: needs a CUDA device (skipped on CPU)",
     "slow: full-size fixtures (GPU profile only)",
     "full_size: needs most of a GPU; runs alone on the device (exclusive lock)",
+    "beyond_contract: a check of inputs beyond the contract (a clear error naming the argument passes)",
 )
 CONFORMANCE = "attention_oracle.conformance."
 
@@ -269,11 +270,18 @@ def impl(request) -> targets.Target:
 
 
 def _identity(item) -> dict:
-    module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else "?"
-    area = module[len("test_"):] if module.startswith("test_") else module
-    check = f"{area}.{item.originalname[len('test_'):] if item.originalname.startswith('test_') else item.originalname}"
+    """{"impl", "check"} of a test: a test generated from the check registry carries its check's
+    name (``oracle_check``); a hand-written one is named ``<area>.<test name less test_>``."""
+    check = getattr(getattr(item, "function", None), "oracle_check", None) or _check_from_names(item)
     impl_name = item.callspec.params.get("impl", "-") if hasattr(item, "callspec") else "-"
     return {"impl": impl_name, "check": check}
+
+
+def _check_from_names(item) -> str:
+    module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else "?"
+    area = module[len("test_"):] if module.startswith("test_") else module
+    name = item.originalname
+    return f"{area}.{name[len('test_'):] if name.startswith('test_') else name}"
 
 
 def _named_impls(config) -> bool:

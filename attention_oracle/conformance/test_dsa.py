@@ -1,91 +1,22 @@
 """DSA sparse attention checks (docs/CONTRACT.md "3. DSA sparse attention" and "5. The agreement rule") on every selected implementation.
 
-Each check runs on NoPE and RoPE cases (``variant``); the varlen checks on the ``_varlen``
-forms. A target lacking the function is skipped by ``run_property``. Fixed edge cases
-(T = 0, K = 1, every slot a hole, every row cut to length 0) run as plain examples.
+One test per declared check (``properties/dsa/checks.py`` and ``edges.py``,
+``harness/registry.py``): ``test_<check>[impl-variant]``, each on NoPE and RoPE cases
+(``variant``); the varlen checks on the ``_varlen`` forms. A target lacking the function is
+skipped by ``run_property``. Fixed edge cases (T = 0, K = 1, every slot a hole, every row cut
+to length 0) run as plain examples.
 """
 import dataclasses
 
 import pytest
 
-from attention_oracle.properties.dsa import checks, edges
-from attention_oracle.properties.dsa.cases import FUNCTIONS, DsaCase, strategy_for, unsupported
+from attention_oracle.properties.dsa import checks
+from attention_oracle.properties.dsa.cases import VARIANTS, DsaCase
+from attention_oracle.properties.harness import registry
 from attention_oracle.properties.harness.case import dtype_name
-from attention_oracle.properties.harness.runner import run_check, run_property
+from attention_oracle.properties.harness.runner import run_check
 
-VARIANTS = {"nope": False, "rope": True}
-
-
-def _run(check, impl, variant, *, varlen=False):
-    rope = VARIANTS[variant]
-    why = unsupported(check.__name__, impl, rope=rope, varlen=varlen)
-    if why:
-        pytest.skip(f"not verified: {why} (capabilities declared by {impl.name})")
-    cases = strategy_for(check.__name__, impl, rope=rope)
-    run_property(check, impl, cases, function=FUNCTIONS[(rope, varlen)])
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_forward_agreement(impl, variant):
-    _run(checks.forward_agreement, impl, variant)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_gradient_agreement(impl, variant):
-    _run(checks.gradient_agreement, impl, variant)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_empty_rows(impl, variant):
-    _run(checks.empty_rows, impl, variant)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_duplicates_counted(impl, variant):
-    _run(checks.duplicates_counted, impl, variant)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_strided_dout(impl, variant):
-    _run(checks.strided_dout, impl, variant)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_chunked_backward(impl, variant):
-    _run(checks.chunked_backward, impl, variant)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_varlen_agreement(impl, variant):
-    _run(checks.varlen_agreement, impl, variant, varlen=True)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_varlen_isolation(impl, variant):
-    _run(checks.varlen_isolation, impl, variant, varlen=True)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_misaligned_inputs(impl, variant):
-    _run(checks.misaligned_inputs, impl, variant)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_default_scale(impl, variant):
-    """softmax_scale=None is the contract's 1/sqrt(D), where the implementation declares it."""
-    _run(edges.default_scale, impl, variant)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_int64_indices(impl, variant):
-    """int64 indices (beyond the contract): right, or a clear error naming ``indices``."""
-    _run(edges.int64_indices, impl, variant)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_varlen_int64_indices(impl, variant):
-    """int64 gather_kv_indices (beyond the contract): right, or a clear error naming it."""
-    _run(edges.varlen_int64_indices, impl, variant, varlen=True)
+globals().update(registry.conformance_tests("dsa"))
 
 
 def _edge_cases(dtype: str):
@@ -104,7 +35,7 @@ def _edge_cases(dtype: str):
 @pytest.mark.parametrize("edge", sorted(_edge_cases("float32")))
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_edge_cases(impl, variant, edge):
-    case = dataclasses.replace(_edge_cases(dtype_name(impl.dtypes[0]))[edge], rope=VARIANTS[variant])
+    case = dataclasses.replace(_edge_cases(dtype_name(impl.dtypes[0]))[edge], **VARIANTS[variant])
     if not impl.offers(case.function):
         pytest.skip(f"{impl.name} does not offer {case.function}")
     ran = 0

@@ -493,20 +493,28 @@ def dsa_cases(draw, dtypes_or_caps, *, rope: bool, varlen: bool = False, empty_r
     )
 
 
+# ----------------------------------------------------------------------------- the area (harness/registry.py)
+
+VARIANTS = {"nope": {"rope": False}, "rope": {"rope": True}}
+DEFAULT_VARIANT = "rope"
+
+
+def strategy(target_or_caps, params: dict):
+    """DSA cases with a check's declared parameters (``dsa_cases``' keywords; ``rope`` from the
+    variant)."""
+    return dsa_cases(resolve(target_or_caps), **params)
+
+
+def function_for(params: dict) -> str:
+    return FUNCTIONS[(params["rope"], params.get("varlen", False))]
+
+
+def unsupported_for(check: str, target_or_caps, params: dict) -> str:
+    return unsupported(check, target_or_caps, rope=params["rope"], varlen=params.get("varlen", False))
+
+
 def strategy_for(check: str, target_or_caps, *, rope: bool = True):
-    """The cases each DSA check is run on (shared by tests and negative controls), drawn
+    """The cases the DSA check ``check`` declares (``properties.harness.registry``), drawn
     within the target's capabilities (a Target, a Capabilities, or a tuple of dtypes)."""
-    caps = resolve(target_or_caps)
-    if check == "strided_dout":
-        return dsa_cases(caps, rope=rope, dout_layouts=("transposed", "sliced", "broadcast"))
-    if check == "empty_rows":
-        return dsa_cases(caps, rope=rope, empty_rows=True)
-    if check == "duplicates_counted":
-        return dsa_cases(caps, rope=rope, duplicates=True, min_T=1)
-    if check in ("varlen_agreement", "varlen_int64_indices"):
-        return dsa_cases(caps, rope=rope, varlen=True)
-    if check == "varlen_isolation":
-        return dsa_cases(caps, rope=rope, varlen=True, poison=True)
-    if check == "chunked_backward":
-        return dsa_cases(caps, rope=rope, min_T=2)
-    return dsa_cases(caps, rope=rope)
+    from attention_oracle.properties.harness import registry
+    return registry.strategy(f"dsa.{check}", target_or_caps, "rope" if rope else "nope")

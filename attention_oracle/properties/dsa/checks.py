@@ -1,5 +1,7 @@
-"""The DSA checks (docs/CONTRACT.md sections 3-5). Each is ``check(target, case)`` and raises
-OracleMismatch on a failure; the implementation is reached only through ``target.call``.
+"""The DSA checks (docs/CONTRACT.md sections 3-5). Each is declared (``harness/registry.py``)
+with the cases it runs on and called as ``check(target, case)``; its body judges through a
+``Judge`` and raises OracleMismatch on a failure; the implementation is reached only through
+``target.call``.
 
 forward_agreement: out (and lse, where ``return_lse=True`` is answered) against the float64
     oracle under the agreement rule; out in the input dtype, lse float32.
@@ -44,7 +46,9 @@ from attention_oracle.properties.dsa.cases import (
     document_key_mask,
     document_query_mask,
 )
-from attention_oracle.properties.harness.agreement import AFTER_STRIDED, assert_agrees, assert_exact, assert_true, noted
+from attention_oracle.properties.harness.agreement import AFTER_STRIDED
+from attention_oracle.properties.harness.judge import Judge
+from attention_oracle.properties.harness.registry import declare, declared
 from attention_oracle.properties.harness.targets import Refused
 
 GLOBAL = {True: FUNCTIONS[(True, False)], False: FUNCTIONS[(False, False)]}
@@ -125,105 +129,79 @@ def references(inp: DsaInputs, dout=None, *, rows=None, topk="same") -> tuple[di
     return gold, lp_references(*args, idx, dout, compute_dtype=c.torch_dtype, **kw)
 
 
-def _repro(case, check, target):
-    return case.repro(check, target.name)
-
-
-def agree(name, x, gold, lp, case, target, check, *, gradient, select=None):
-    g, l = gold[name], {a: r[name] for a, r in lp.items()}
-    if select is not None:
-        x, g, l = x[select], g[select], {a: t[select] for a, t in l.items()}
-    return assert_agrees(x, g, l, check=check, impl=target.name, name=name, dtype=case.torch_dtype,
-                         gradient=gradient, magnitude=gold["magnitude"][name],
-                         repro=_repro(case, check, target))
-
-
-def assert_close_to(name, x, y, allowed, what, case, target, check):
-    """``max|x - y| <= allowed`` (two results of the implementation that must agree)."""
-    gap = float((x.detach().double() - y.detach().double()).abs().max()) if x.numel() else 0.0
-    assert_true(gap <= allowed, check=check, impl=target.name, name=name,
-                message=f"{what}: differ by {gap:.3e} > allowed {allowed:.3e}",
-                repro=_repro(case, check, target))
-
-
-def _lse_or_none(target, inp: DsaInputs, check: str, **kw):
+def _lse_or_none(judge: Judge, inp: DsaInputs, **kw):
     """The implementation's lse, or None when it refuses ``return_lse=True`` (e.g. no_lse)."""
-    return _out_and_lse(target, inp, check, recompute_out=False, **kw)[1]
+    return _out_and_lse(judge, inp, recompute_out=False, **kw)[1]
 
 
-def _out_and_lse(target, inp: DsaInputs, check: str, *, recompute_out=True, **kw):
+def _out_and_lse(judge: Judge, inp: DsaInputs, *, recompute_out=True, **kw):
     """``(out, lse)`` from one ``return_lse=True`` call; if lse is refused, ``(out, None)``
     with out from a plain call (``(None, None)`` without ``recompute_out``)."""
+    target = judge.target
     try:
         result = call(target, inp, return_lse=True, **kw)
     except Refused:
         return (call(target, inp, **kw) if recompute_out else None), None
     ok = isinstance(result, (tuple, list)) and len(result) == 2
-    assert_true(ok, check=check, impl=target.name, name="lse",
-                message=f"return_lse=True must give (out, lse), got {type(result).__name__}",
-                repro=_repro(inp.case, check, target))
+    judge.true("lse", ok, f"return_lse=True must give (out, lse), got {type(result).__name__}")
     lse = result[1]
-    assert_true(lse.dtype == torch.float32, check=check, impl=target.name, name="lse",
-                message=f"lse dtype {lse.dtype} != float32", repro=_repro(inp.case, check, target))
+    judge.true("lse", lse.dtype == torch.float32, f"lse dtype {lse.dtype} != float32")
     return result[0], lse
 
 
 # ----------------------------------------------------------------------------- checks
 
 
-def forward_agreement(target, case: DsaCase, check: str = "dsa.forward_agreement") -> None:
-    inp = build(case, target.device)
-    out = call(target, inp)
+@declare("dsa")
+def forward_agreement(judge: Judge, case: DsaCase) -> None:
+    """out (and lse, where return_lse=True is answered) against the float64 oracle under the rule."""
+    inp = build(case, judge.target.device)
+    out = call(judge.target, inp)
     gold, lp = references(inp)
-    assert_true(out.dtype == case.torch_dtype, check=check, impl=target.name, name="out",
-                message=f"dtype {out.dtype} != input dtype {case.torch_dtype}",
-                repro=_repro(case, check, target))
-    agree("out", out, gold, lp, case, target, check, gradient=False)
-    lse = _lse_or_none(target, inp, check)
+    judge.true("out", out.dtype == case.torch_dtype, f"dtype {out.dtype} != input dtype {case.torch_dtype}")
+    judge.agrees_with("out", out, gold, lp, gradient=False)
+    lse = _lse_or_none(judge, inp)
     if lse is not None:
-        agree("lse", lse, gold, lp, case, target, check, gradient=False)
+        judge.agrees_with("lse", lse, gold, lp, gradient=False)
 
 
-def gradient_agreement(target, case: DsaCase, check: str = "dsa.gradient_agreement") -> None:
-    inp = build(case, target.device)
+@declare("dsa")
+def gradient_agreement(judge: Judge, case: DsaCase) -> None:
+    """The gradients of every differentiable input for a contiguous dout, under the rule."""
+    inp = build(case, judge.target.device)
     dout = inp.dout.contiguous()
-    got = grads(call(target, inp), inp, dout)
+    got = grads(call(judge.target, inp), inp, dout)
     gold, lp = references(inp, dout)
     for name, g in got.items():
-        agree(name, g, gold, lp, case, target, check, gradient=True)
+        judge.agrees_with(name, g, gold, lp, gradient=True)
 
 
-def empty_rows(target, case: DsaCase) -> None:
-    check = "dsa.empty_rows"
-    inp = build(case, target.device)
-    repro = _repro(case, check, target)
+@declare("dsa", cases=dict(empty_rows=True))
+def empty_rows(judge: Judge, case: DsaCase) -> None:
+    """Rows with no valid slot: out = 0, lse = -inf, dq = 0; unnamed key rows get zero gradient."""
+    inp = build(case, judge.target.device)
     valid = valid_slots(inp)
     empty = ~valid.any(dim=1)
-    out = call(target, inp)
+    out = call(judge.target, inp)
     got = grads(out, inp, inp.dout.contiguous())
     for name, x in [("out", out)] + list(got.items()):
         bad = ~torch.isfinite(x)
-        assert_true(not bool(bad.any()), check=check, impl=target.name, name=name,
-                    message=f"{int(bad.sum())} non-finite value(s) with empty rows present", repro=repro)
-    assert_exact(out[empty], torch.zeros_like(out[empty]), check=check, impl=target.name,
-                 name="out", what="out on empty rows", repro=repro)
+        judge.true(name, not bool(bad.any()), f"{int(bad.sum())} non-finite value(s) with empty rows present")
+    judge.exact("out", out[empty], torch.zeros_like(out[empty]), what="out on empty rows")
     for name in ("dq_latent", "dq_rope"):
         if name in got:
             x = got[name][empty]
-            assert_exact(x, torch.zeros_like(x), check=check, impl=target.name, name=name,
-                         what=f"{name} on empty rows", repro=repro)
+            judge.exact(name, x, torch.zeros_like(x), what=f"{name} on empty rows")
     rows, _ = global_rows(inp)
     named = torch.zeros(case.S, dtype=torch.bool, device=valid.device)
     named[rows[valid].to(torch.int64)] = True
     for name in ("dkv_latent", "dk_rope"):
         if name in got:
             x = got[name].flatten(1)[~named]
-            assert_exact(x, torch.zeros_like(x), check=check, impl=target.name, name=name,
-                         what=f"{name} on key rows no valid slot names", repro=repro)
-    lse = _lse_or_none(target, inp, check)
+            judge.exact(name, x, torch.zeros_like(x), what=f"{name} on key rows no valid slot names")
+    lse = _lse_or_none(judge, inp)
     if lse is not None:
-        assert_exact(lse[empty], torch.full_like(lse[empty], float("-inf")), check=check,
-                     impl=target.name, name="lse", what="lse on empty rows", repro=repro)
+        judge.exact("lse", lse[empty], torch.full_like(lse[empty], float("-inf")), what="lse on empty rows")
 
 
 def without_duplicates(indices: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,58 +219,62 @@ def without_duplicates(indices: torch.Tensor, valid: torch.Tensor) -> tuple[torc
     return once, touched
 
 
-def duplicates_counted(target, case: DsaCase) -> None:
-    check = "dsa.duplicates_counted"
+@declare("dsa", cases=dict(duplicates=True, min_T=1))
+def duplicates_counted(judge: Judge, case: DsaCase) -> None:
+    """Duplicate indices count once per slot: agreement, and removing them changes the answer."""
     if case.varlen:
         raise ValueError("duplicates_counted runs on global-index cases")
+    target = judge.target
     inp = build(case, target.device)
     dout = inp.dout.contiguous()
     out = call(target, inp)
     got = grads(out, inp, dout)
     gold, lp = references(inp, dout)
-    v_twice = agree("out", out, gold, lp, case, target, check, gradient=False)
+    v_twice = judge.agrees_with("out", out, gold, lp, gradient=False)
     for name, g in got.items():
-        agree(name, g, gold, lp, case, target, check, gradient=True)
+        judge.agrees_with(name, g, gold, lp, gradient=True)
     once_idx, touched = without_duplicates(inp.indices.cpu(), valid_slots(inp).cpu())
     if not bool(touched.any()):
         return
     once_idx = once_idx.to(inp.indices.device)
     out_once = call(target, inp, indices=once_idx)
     gold1, lp1 = references(inp, rows=once_idx)
-    v_once = agree("out", out_once, gold1, lp1, case, target, check, gradient=False)
+    v_once = judge.agrees_with("out", out_once, gold1, lp1, gradient=False)
     rows = touched.to(out.device)
     gold_gap = float((gold["out"][rows] - gold1["out"][rows]).abs().max())
     slack = v_twice.allowed + v_once.allowed
     if gold_gap > slack:
         impl_gap = float((out[rows].detach().double() - out_once[rows].detach().double()).abs().max())
-        assert_true(impl_gap >= gold_gap - slack, check=check, impl=target.name, name="out",
-                    message=f"rows with a duplicate slot and the same rows with it removed differ by "
-                            f"{impl_gap:.3e}; the oracle's differ by {gold_gap:.3e} (slack {slack:.3e}): "
-                            f"duplicates are not counted once per slot",
-                    repro=_repro(case, check, target))
+        judge.true("out", impl_gap >= gold_gap - slack,
+                   f"rows with a duplicate slot and the same rows with it removed differ by "
+                   f"{impl_gap:.3e}; the oracle's differ by {gold_gap:.3e} (slack {slack:.3e}): "
+                   f"duplicates are not counted once per slot")
 
 
-def strided_dout(target, case: DsaCase) -> None:
-    check = "dsa.strided_dout"
+@declare("dsa", cases=dict(dout_layouts=("transposed", "sliced", "broadcast")))
+def strided_dout(judge: Judge, case: DsaCase) -> None:
+    """Gradients for a strided dout equal those for ``dout.contiguous()``; dout is not modified."""
+    target = judge.target
     inp = build(case, target.device)
     before = inp.dout.clone()
     strided = grads(call(target, inp), inp, inp.dout)
-    assert_exact(inp.dout, before, check=check, impl=target.name, name="dout", what="dout was modified",
-                 repro=_repro(case, check, target))
+    judge.exact("dout", inp.dout, before, what="dout was modified")
     contiguous = grads(call(target, inp), inp, before.contiguous())
     gold, lp = references(inp, before.contiguous())
     for name in strided:
-        with noted(AFTER_STRIDED.format(layout=case.layout_dout)):
-            verdict = agree(name, contiguous[name], gold, lp, case, target, check, gradient=True)
-        assert_close_to(name, strided[name], contiguous[name], verdict.allowed,
-                        f"gradient with {case.layout_dout} dout (strides {tuple(inp.dout.stride())}) "
-                        f"vs contiguous dout", case, target, check)
+        with judge.noted(AFTER_STRIDED.format(layout=case.layout_dout)):
+            verdict = judge.agrees_with(name, contiguous[name], gold, lp, gradient=True)
+        judge.close(name, strided[name], contiguous[name], verdict.allowed,
+                    f"gradient with {case.layout_dout} dout (strides {tuple(inp.dout.stride())}) "
+                    f"vs contiguous dout")
 
 
-def chunked_backward(target, case: DsaCase) -> None:
-    check = "dsa.chunked_backward"
+@declare("dsa", cases=dict(min_T=2))
+def chunked_backward(judge: Judge, case: DsaCase) -> None:
+    """Forward+backward per query chunk, gradients summed, equals the one-shot backward."""
     if case.varlen:
         raise ValueError("chunked_backward runs on global-index cases")
+    target = judge.target
     inp = build(case, target.device)
     step = max(1, case.q_chunk)
     summed = {n: torch.zeros_like(t, dtype=torch.float64) for n, t in
@@ -308,77 +290,73 @@ def chunked_backward(target, case: DsaCase) -> None:
     one_shot = grads(call(target, inp), inp, dout)
     gold, lp = references(inp, dout)
     if outs:
-        agree("out", torch.cat(outs), gold, lp, case, target, check, gradient=False)
+        judge.agrees_with("out", torch.cat(outs), gold, lp, gradient=False)
     for name, total in summed.items():
-        verdict = agree(name, one_shot[name], gold, lp, case, target, check, gradient=True)
-        agree(name, total, gold, lp, case, target, check, gradient=True)
-        assert_close_to(name, total, one_shot[name], 2 * verdict.allowed,
-                        f"backward summed over query chunks of {step} vs one-shot", case, target, check)
+        verdict = judge.agrees_with(name, one_shot[name], gold, lp, gradient=True)
+        judge.agrees_with(name, total, gold, lp, gradient=True)
+        judge.close(name, total, one_shot[name], 2 * verdict.allowed,
+                    f"backward summed over query chunks of {step} vs one-shot")
 
 
-def varlen_agreement(target, case: DsaCase) -> None:
-    check = "dsa.varlen_agreement"
+@declare("dsa", cases=dict(varlen=True))
+def varlen_agreement(judge: Judge, case: DsaCase) -> None:
+    """The ``_varlen`` form against the oracle, and against the implementation's own
+    ``offset_gather_kv_indices`` + global form."""
+    target = judge.target
     inp = build(case, target.device)
     dout = inp.dout.contiguous()
-    out, lse = _out_and_lse(target, inp, check)
+    out, lse = _out_and_lse(judge, inp)
     got = grads(out, inp, dout)
     gold, lp = references(inp, dout)
-    verdict = agree("out", out, gold, lp, case, target, check, gradient=False)
+    verdict = judge.agrees_with("out", out, gold, lp, gradient=False)
     for name, g in got.items():
-        agree(name, g, gold, lp, case, target, check, gradient=True)
+        judge.agrees_with(name, g, gold, lp, gradient=True)
     if lse is not None:
-        agree("lse", lse, gold, lp, case, target, check, gradient=False)
+        judge.agrees_with("lse", lse, gold, lp, gradient=False)
     fn = GLOBAL[case.rope]
     if target.offers(INDEX_FN) and target.offers(fn):
         rows = target.call(INDEX_FN, inp.indices, inp.cu_seqlens_q, inp.cu_seqlens_k,
                            causal=case.causal, topk_length=inp.topk_length)
         composed = call(target, inp, indices=rows, topk_length=None, function=fn)
-        agree("out", composed, gold, lp, case, target, check, gradient=False)
-        assert_close_to("out", out, composed, 2 * verdict.allowed,
-                        "varlen form vs offset_gather_kv_indices + global form", case, target, check)
+        judge.agrees_with("out", composed, gold, lp, gradient=False)
+        judge.close("out", out, composed, 2 * verdict.allowed,
+                    "varlen form vs offset_gather_kv_indices + global form")
 
 
-def varlen_isolation(target, case: DsaCase) -> None:
-    check = "dsa.varlen_isolation"
+@declare("dsa", cases=dict(varlen=True, poison=True))
+def varlen_isolation(judge: Judge, case: DsaCase) -> None:
+    """Keys outside one document poisoned: its outputs agree, no key row outside gets gradient."""
     if case.poison_doc < 0:
         raise ValueError("varlen_isolation needs a case with poison_doc set")
+    target = judge.target
     inp = build(case, target.device)
-    repro = _repro(case, check, target)
     queries = document_query_mask(case).to(target.device)
     keys = document_key_mask(case).to(target.device)
     dout = inp.dout.contiguous()
     out = call(target, inp)
     got = grads(out, inp, dout)
     gold, lp = references(inp, dout)
-    agree("out", out, gold, lp, case, target, check, gradient=False, select=queries)
+    judge.agrees_with("out", out, gold, lp, gradient=False, select=queries)
     for name, g in got.items():
         if name.startswith("dq"):
-            agree(name, g, gold, lp, case, target, check, gradient=True, select=queries)
+            judge.agrees_with(name, g, gold, lp, gradient=True, select=queries)
         else:
             outside = g.flatten(1)[~keys]
-            assert_exact(outside, torch.zeros_like(outside), check=check, impl=target.name, name=name,
-                         what=f"gradient reached key rows outside document {case.poison_doc}",
-                         repro=repro)
-            agree(name, g, gold, lp, case, target, check, gradient=True)
+            judge.exact(name, outside, torch.zeros_like(outside),
+                        what=f"gradient reached key rows outside document {case.poison_doc}")
+            judge.agrees_with(name, g, gold, lp, gradient=True)
 
 
-def misaligned_inputs(target, case: DsaCase) -> None:
+@declare("dsa", isolate_on_cuda=True)  # a faulting kernel must not poison the run's context
+def misaligned_inputs(judge: Judge, case: DsaCase) -> None:
     """q, q_rope, key rows and dout at odd row strides and offsets: agree, or refuse."""
-    check = "dsa.misaligned_inputs"
     case = dataclasses.replace(case, layout_q="misaligned", layout_q_rope="misaligned",
                                layout_kv="misaligned", layout_dout="misaligned")
-    forward_agreement(target, case, check)
-    gradient_agreement(target, case, check)
+    forward_agreement.body(judge.for_case(case), case)
+    gradient_agreement.body(judge.for_case(case), case)
 
 
-misaligned_inputs.ISOLATE_ON_CUDA = True  # a faulting kernel must not poison the run's context
+# beyond-contract checks live in their own module; imported here so that replay and the corpus see them
+from attention_oracle.properties.dsa import edges as _edges  # noqa: E402, F401
 
-CHECKS = {f.__name__: f for f in (forward_agreement, gradient_agreement, empty_rows,
-                                   duplicates_counted, strided_dout, chunked_backward,
-                                   varlen_agreement, varlen_isolation, misaligned_inputs)}
-
-
-# beyond-contract checks live in their own module; registered here so replay and the corpus see them
-from attention_oracle.properties.dsa import edges as _edges  # noqa: E402
-
-CHECKS.update(_edges.CHECKS)
+CHECKS = declared("dsa")

@@ -1,4 +1,4 @@
-"""DSA checks beyond the contract (registered into ``properties.dsa.checks.CHECKS``).
+"""DSA checks beyond the contract (declared in the ``dsa`` area, ``harness/registry.py``).
 
 default_scale: ``softmax_scale=None`` gives the contract's 1/sqrt(Dl + Dr) (NoPE 1/sqrt(D));
     run only for implementations that declare ``default_scale`` (oracle and fast do; other
@@ -19,49 +19,53 @@ from attention_oracle.properties.dsa import checks as base
 from attention_oracle.properties.dsa.cases import DsaCase, build
 from attention_oracle.properties.harness.beyond import Declined, attempt
 from attention_oracle.properties.harness.capabilities import resolve
+from attention_oracle.properties.harness.judge import Judge
+from attention_oracle.properties.harness.registry import declare
 
 
-def _forward_and_gradients(target, inp, out, gold, lp, case, check) -> None:
-    base.agree("out", out, gold, lp, case, target, check, gradient=False)
+def _forward_and_gradients(judge: Judge, inp, out, gold, lp) -> None:
+    judge.agrees_with("out", out, gold, lp, gradient=False)
     got = base.grads(out, inp, inp.dout.contiguous())
     for name, g in got.items():
-        base.agree(name, g, gold, lp, case, target, check, gradient=True)
+        judge.agrees_with(name, g, gold, lp, gradient=True)
 
 
-def default_scale(target, case: DsaCase) -> None:
-    check = "dsa.default_scale"
+@declare("dsa", beyond=True)
+def default_scale(judge: Judge, case: DsaCase) -> None:
+    """softmax_scale=None is the contract's 1/sqrt(D), where the implementation declares it."""
     explicit = dataclasses.replace(case, scale=1.0 / math.sqrt(case.qk_dim))
     implicit = dataclasses.replace(case, scale=None)
-    inp = build(implicit, target.device)   # values equal explicit's (same effective scale)
-    out = base.call(target, inp)
-    gold, lp = base.references(build(explicit, target.device), inp.dout.contiguous())
-    _forward_and_gradients(target, inp, out, gold, lp, explicit, check)
+    inp = build(implicit, judge.target.device)   # values equal explicit's (same effective scale)
+    out = base.call(judge.target, inp)
+    gold, lp = base.references(build(explicit, judge.target.device), inp.dout.contiguous())
+    _forward_and_gradients(judge.for_case(explicit), inp, out, gold, lp)
 
 
-def _int64_check(target, case: DsaCase, check: str, argument: str) -> None:
+def _int64_check(judge: Judge, case: DsaCase, argument: str) -> None:
+    target = judge.target
     inp = build(case, target.device)
     declared = torch.int64 in resolve(target, case.function).index_dtypes
     wide = inp.indices.to(torch.int64)
     try:
         out = attempt(lambda: base.call(target, inp, indices=wide), argument=argument,
-                      what=f"int64 {argument}", declared=declared, check=check,
-                      impl=target.name, repro=case.repro(check, target.name))
+                      what=f"int64 {argument}", declared=declared, judge=judge)
     except Declined:
         return
     gold, lp = base.references(inp, inp.dout.contiguous())
-    _forward_and_gradients(target, inp, out, gold, lp, case, check)
+    _forward_and_gradients(judge, inp, out, gold, lp)
 
 
-def int64_indices(target, case: DsaCase) -> None:
+@declare("dsa", beyond=True)
+def int64_indices(judge: Judge, case: DsaCase) -> None:
+    """int64 indices (beyond the contract): right, or a clear error naming ``indices``."""
     if case.varlen:
         raise ValueError("int64_indices runs on global-index cases")
-    _int64_check(target, case, "dsa.int64_indices", "indices")
+    _int64_check(judge, case, "indices")
 
 
-def varlen_int64_indices(target, case: DsaCase) -> None:
+@declare("dsa", cases=dict(varlen=True), beyond=True)
+def varlen_int64_indices(judge: Judge, case: DsaCase) -> None:
+    """int64 gather_kv_indices (beyond the contract): right, or a clear error naming it."""
     if not case.varlen:
         raise ValueError("varlen_int64_indices runs on varlen cases")
-    _int64_check(target, case, "dsa.varlen_int64_indices", "gather_kv_indices")
-
-
-CHECKS = {f.__name__: f for f in (default_scale, int64_indices, varlen_int64_indices)}
+    _int64_check(judge, case, "gather_kv_indices")

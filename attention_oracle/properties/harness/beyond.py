@@ -9,7 +9,6 @@ implementation *declares* it supports the input, only the right result passes.
 """
 from __future__ import annotations
 
-from attention_oracle.properties.harness.agreement import assert_true
 from attention_oracle.properties.harness.targets import ContractViolation, Refused
 
 CLEAR_ERRORS = (TypeError, ValueError, NotImplementedError)
@@ -19,8 +18,9 @@ class Declined(Exception):
     """The implementation refused a beyond-contract input clearly (a passing outcome)."""
 
 
-def attempt(thunk, *, argument: str, what: str, declared: bool, check: str, impl: str, repro: str):
-    """``thunk()``'s result, or raise :class:`Declined` when it refused clearly; fail otherwise."""
+def attempt(thunk, *, argument: str, what: str, declared: bool, judge):
+    """``thunk()``'s result, or raise :class:`Declined` when it refused clearly; fail otherwise
+    (through ``judge``, the check's :class:`~attention_oracle.properties.harness.judge.Judge`)."""
     try:
         return thunk()
     except ContractViolation:
@@ -30,14 +30,12 @@ def attempt(thunk, *, argument: str, what: str, declared: bool, check: str, impl
     except CLEAR_ERRORS as exc:
         err = exc
     except Exception as exc:  # noqa: BLE001 (any other exception is the failure reported)
-        assert_true(False, check=check, impl=impl, name=argument,
-                    message=f"{what} (beyond the contract): raised {type(exc).__name__}: {exc}; a "
-                            f"right result or a TypeError/ValueError/NotImplementedError naming "
-                            f"{argument!r} is expected", repro=repro)
+        judge.true(argument, False,
+                   f"{what} (beyond the contract): raised {type(exc).__name__}: {exc}; a "
+                   f"right result or a TypeError/ValueError/NotImplementedError naming "
+                   f"{argument!r} is expected")
     text = f"{type(err).__name__}: {err}"
-    assert_true(not declared, check=check, impl=impl, name=argument,
-                message=f"{what}: declared supported (capabilities) but raised {text}", repro=repro)
-    assert_true(argument in str(err), check=check, impl=impl, name=argument,
-                message=f"{what}: the error does not name the argument {argument!r}: {text}",
-                repro=repro)
+    judge.true(argument, not declared, f"{what}: declared supported (capabilities) but raised {text}")
+    judge.true(argument, argument in str(err),
+               f"{what}: the error does not name the argument {argument!r}: {text}")
     raise Declined(text)

@@ -1,9 +1,12 @@
 """Run one check over Hypothesis-drawn cases against one target.
 
-A check is ``check(target, case)``: it raises OracleMismatch on a failure, and the target's
+A check is ``check(target, case)`` (a declared one, ``registry.Check``, judges through its
+``Judge``): it raises OracleMismatch on a failure, and the target's
 :class:`~attention_oracle.properties.harness.targets.Refused` when the implementation refuses the case (counted as
 unsupported: the example is skipped, not failed). If every example was refused, the test is
 skipped as "unsupported"; the report turns a function refused everywhere into a failure.
+:func:`run_declared` is what a generated conformance test runs: the declaration's capability
+and function requirements, then the search over its cases.
 """
 from __future__ import annotations
 
@@ -60,8 +63,9 @@ def _run_check(check, target: Target, case) -> bool:
 
 
 def check_name(check, case) -> str:
-    """The name a check reports under: ``area.check`` (``sdpa.strided_dout``)."""
-    return f"{case.AREA}.{check.__name__}"
+    """The name a check reports under: ``area.check`` (``sdpa.strided_dout``); a declared check
+    knows it, a plain function is named by the case's area."""
+    return getattr(check, "full_name", None) or f"{case.AREA}.{check.__name__}"
 
 
 def run_isolated(check, target: Target, case) -> bool:
@@ -121,3 +125,16 @@ def run_property(check, target: Target, cases, *, function: str,
         sink = report.current()
         why = sink.refusal if sink else ""
         pytest.skip(f"unsupported: {target.name} refused all {ran['refused']} examples ({why})")
+
+
+def run_declared(check, target: Target, variant: str = "") -> None:
+    """One conformance test: a declared check (``registry.Check``) on ``target`` over its cases
+    (``variant``: one of ``check.variants``). Skipped, with the reason, where the target's
+    declared capabilities exclude the check or it lacks a function the check needs."""
+    why = check.unsupported(target, variant)
+    if why:
+        pytest.skip(f"not verified: {why} (capabilities declared by {target.name})")
+    for function in check.needs:
+        if not target.offers(function):
+            pytest.skip(f"{target.name} does not offer {function}")
+    run_property(check, target, check.strategy(target, variant), function=check.function(variant))

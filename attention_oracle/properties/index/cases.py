@@ -305,15 +305,29 @@ def index_cases(draw, *, compact=None, causal=None, dtypes=(torch.float32,), max
     )
 
 
+# ----------------------------------------------------------------------------- the area (harness/registry.py)
+
+VARIANTS = {"": {}}
+ATTENTION_FN = "dsa_sparse_attention_nope"  # compacted_attention's; its dtypes are the cases'
+
+
+def strategy(target_or_caps, params: dict):
+    """Index cases with a check's declared parameters (``index_cases``' keywords), in the
+    dtypes the target declares for NoPE attention."""
+    return index_cases(dtypes=resolve(target_or_caps, ATTENTION_FN).dtypes, **params)
+
+
+def function_for(params: dict) -> str:
+    return IndexCase.function
+
+
+def unsupported_for(check: str, target_or_caps, params: dict) -> str:
+    return ""
+
+
 def strategy_for(check: str, target_or_caps=(torch.float32,)):
-    """The cases each index check is run on (shared by tests and negative controls); the
+    """The cases the index check ``check`` declares (``properties.harness.registry``); the
     attention dtype of ``compacted_attention`` from the target's capabilities (a Target, a
     Capabilities, or a tuple of dtypes)."""
-    dtypes = resolve(target_or_caps, "dsa_sparse_attention_nope").dtypes
-    if check in ("compaction_stable", "compaction_idempotent"):
-        return index_cases(compact=True, dtypes=dtypes)
-    if check == "compacted_attention":
-        return index_cases(compact=True, dtypes=dtypes, max_tokens=24, out_modes=("none",))
-    if check == "int64_indices":
-        return index_cases(dtypes=dtypes, out_modes=("none", "fresh"))
-    return index_cases(dtypes=dtypes)
+    from attention_oracle.properties.harness import registry
+    return registry.strategy(f"index.{check}", target_or_caps)

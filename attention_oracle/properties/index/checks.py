@@ -1,4 +1,6 @@
-"""The varlen index-preparation checks (docs/CONTRACT.md "4. Varlen index preparation"). Each is ``check(target, case)``.
+"""The varlen index-preparation checks (docs/CONTRACT.md "4. Varlen index preparation"). Each is
+declared (``harness/registry.py``) with the cases it runs on and called as ``check(target, case)``;
+its body judges through a ``Judge``.
 
 offset_equals_oracle: ``offset_gather_kv_indices`` equals the oracle exactly for every option
     (causal, compact, topk_length, return_topk_length, ``out`` fresh or aliasing the input,
@@ -21,16 +23,13 @@ from attention_oracle.oracle.dsa import dsa_reference
 from attention_oracle.oracle.index import document_of_token
 from attention_oracle.oracle.index import offset_gather_kv_indices as oracle_offset
 from attention_oracle.properties.dsa.checks import lp_references
-from attention_oracle.properties.harness.agreement import assert_agrees, assert_exact, assert_true
+from attention_oracle.properties.harness.judge import Judge
+from attention_oracle.properties.harness.registry import declare, declared
 from attention_oracle.properties.harness.targets import Refused
-from attention_oracle.properties.index.cases import IndexCase, IndexInputs, build_index
+from attention_oracle.properties.index.cases import ATTENTION_FN, IndexCase, IndexInputs, build_index
 
 FN = IndexCase.function
-ATTN_FN = "dsa_sparse_attention_nope"
-
-
-def _repro(case, check, target):
-    return case.repro(check, target.name)
+ATTN_FN = ATTENTION_FN
 
 
 def _call(target, inp: IndexInputs, case: IndexCase, *, compact=None, return_topk_length=None,
@@ -44,26 +43,22 @@ def _call(target, inp: IndexInputs, case: IndexCase, *, compact=None, return_top
     return result
 
 
-def _split(result, with_lengths: bool, check, target, case):
+def _split(judge: Judge, result, with_lengths: bool):
     if not with_lengths:
         return result, None
     ok = isinstance(result, (tuple, list)) and len(result) == 2
-    assert_true(ok, check=check, impl=target.name, name="lengths",
-                message=f"return_topk_length=True must give (rows, lengths), got {type(result).__name__}",
-                repro=_repro(case, check, target))
+    judge.true("lengths", ok, f"return_topk_length=True must give (rows, lengths), got {type(result).__name__}")
     return result[0], result[1]
 
 
-def _rows_and_lengths(target, inp, case, check, *, compact):
-    rows, lengths = _split(_call(target, inp, case, compact=compact, return_topk_length=True),
-                           True, check, target, case)
-    return rows, lengths
+def _rows_and_lengths(judge: Judge, inp, case, *, compact):
+    return _split(judge, _call(judge.target, inp, case, compact=compact, return_topk_length=True), True)
 
 
-def offset_equals_oracle(target, case: IndexCase) -> None:
-    check = "index.offset_equals_oracle"
-    repro = _repro(case, check, target)
-    inp = build_index(case, target.device)
+@declare("index")
+def offset_equals_oracle(judge: Judge, case: IndexCase) -> None:
+    """``offset_gather_kv_indices`` equals the oracle exactly for every option."""
+    inp = build_index(case, judge.target.device)
     original = inp.gather_kv_indices.clone()
     expected = oracle_offset(original, inp.cu_seqlens_q, inp.cu_seqlens_k, causal=case.causal,
                              return_topk_length=True, compact=case.compact,
@@ -73,20 +68,16 @@ def offset_equals_oracle(target, case: IndexCase) -> None:
         out = torch.full(original.shape, 7777, dtype=torch.int32, device=original.device)
     elif case.out == "alias":
         out = inp.gather_kv_indices
-    rows, lengths = _split(_call(target, inp, case, out=out), case.return_topk_length, check, target, case)
-    assert_exact(rows, expected[0], check=check, impl=target.name, name="rows",
-                 what=f"global rows (causal={case.causal}, compact={case.compact}, topk={case.topk})",
-                 repro=repro)
+    rows, lengths = _split(judge, _call(judge.target, inp, case, out=out), case.return_topk_length)
+    judge.exact("rows", rows, expected[0],
+                what=f"global rows (causal={case.causal}, compact={case.compact}, topk={case.topk})")
     if lengths is not None:
-        assert_exact(lengths, expected[1], check=check, impl=target.name, name="lengths",
-                     what="returned topk lengths", repro=repro)
+        judge.exact("lengths", lengths, expected[1], what="returned topk lengths")
     if out is not None:
-        assert_true(rows.data_ptr() == out.data_ptr() or rows.numel() == 0, check=check,
-                    impl=target.name, name="rows", message="the result is not the given `out` tensor",
-                    repro=repro)
+        judge.true("rows", rows.data_ptr() == out.data_ptr() or rows.numel() == 0,
+                   "the result is not the given `out` tensor")
     if case.out != "alias":
-        assert_exact(inp.gather_kv_indices, original, check=check, impl=target.name,
-                     name="gather_kv_indices", what="the input was modified", repro=repro)
+        judge.exact("gather_kv_indices", inp.gather_kv_indices, original, what="the input was modified")
 
 
 def _stable_partition(holey: torch.Tensor) -> torch.Tensor:
@@ -98,37 +89,35 @@ def _stable_partition(holey: torch.Tensor) -> torch.Tensor:
     return expected
 
 
-def compaction_stable(target, case: IndexCase) -> None:
-    check = "index.compaction_stable"
-    inp = build_index(case, target.device)
-    holey, _ = _rows_and_lengths(target, inp, case, check, compact=False)
-    compacted, _ = _rows_and_lengths(target, inp, case, check, compact=True)
-    assert_exact(compacted.cpu(), _stable_partition(holey.cpu()), check=check, impl=target.name,
-                 name="rows", what="compacted rows are not the holey rows' valid entries in slot order",
-                 repro=_repro(case, check, target))
+@declare("index", cases=dict(compact=True))
+def compaction_stable(judge: Judge, case: IndexCase) -> None:
+    """The compacted row is the holey row's valid entries in slot order, then -1."""
+    inp = build_index(case, judge.target.device)
+    holey, _ = _rows_and_lengths(judge, inp, case, compact=False)
+    compacted, _ = _rows_and_lengths(judge, inp, case, compact=True)
+    judge.exact("rows", compacted.cpu(), _stable_partition(holey.cpu()),
+                what="compacted rows are not the holey rows' valid entries in slot order")
 
 
-def compaction_idempotent(target, case: IndexCase) -> None:
-    check = "index.compaction_idempotent"
-    inp = build_index(case, target.device)
-    rows, lengths = _rows_and_lengths(target, inp, case, check, compact=True)
+@declare("index", cases=dict(compact=True))
+def compaction_idempotent(judge: Judge, case: IndexCase) -> None:
+    """Compacting the compacted rows again changes neither rows nor lengths."""
+    inp = build_index(case, judge.target.device)
+    rows, lengths = _rows_and_lengths(judge, inp, case, compact=True)
     doc = document_of_token(inp.cu_seqlens_q, rows.shape[0])
     start = inp.cu_seqlens_k.to(torch.int64)[doc]
     local = torch.where(rows >= 0, rows.to(torch.int64) - start[:, None], -1).to(torch.int32)
-    again, again_lengths = _split(_call(target, inp, case, compact=True, return_topk_length=True,
-                                        indices=local, topk_length=lengths),
-                                  True, check, target, case)
-    repro = _repro(case, check, target)
-    assert_exact(again, rows, check=check, impl=target.name, name="rows",
-                 what="compacting compacted rows changed them", repro=repro)
-    assert_exact(again_lengths, lengths, check=check, impl=target.name, name="lengths",
-                 what="compacting compacted rows changed the lengths", repro=repro)
+    again, again_lengths = _split(judge, _call(judge.target, inp, case, compact=True, return_topk_length=True,
+                                               indices=local, topk_length=lengths), True)
+    judge.exact("rows", again, rows, what="compacting compacted rows changed them")
+    judge.exact("lengths", again_lengths, lengths, what="compacting compacted rows changed the lengths")
 
 
-def lengths_right(target, case: IndexCase) -> None:
-    check = "index.lengths_right"
-    inp = build_index(case, target.device)
-    rows, lengths = _rows_and_lengths(target, inp, case, check, compact=case.compact)
+@declare("index")
+def lengths_right(judge: Judge, case: IndexCase) -> None:
+    """The returned lengths are the count of valid slots (compact) or the last valid slot + 1."""
+    inp = build_index(case, judge.target.device)
+    rows, lengths = _rows_and_lengths(judge, inp, case, compact=case.compact)
     valid = rows >= 0
     K = rows.shape[1]
     if case.compact:
@@ -136,9 +125,8 @@ def lengths_right(target, case: IndexCase) -> None:
     else:
         slot_plus_one = torch.arange(1, K + 1, device=rows.device)
         expected = torch.where(valid, slot_plus_one, 0).amax(dim=1) if K else valid.sum(dim=1)
-    assert_exact(lengths, expected.to(torch.int32), check=check, impl=target.name, name="lengths",
-                 what=f"lengths vs the rows returned (compact={case.compact})",
-                 repro=_repro(case, check, target))
+    judge.exact("lengths", lengths, expected.to(torch.int32),
+                what=f"lengths vs the rows returned (compact={case.compact})")
 
 
 def _attention_values(case: IndexCase, device):
@@ -148,14 +136,16 @@ def _attention_values(case: IndexCase, device):
     return q.to(device, case.torch_dtype), kv.to(device, case.torch_dtype)
 
 
-def compacted_attention(target, case: IndexCase) -> None:
-    check = "index.compacted_attention"
+@declare("index", cases=dict(compact=True, max_tokens=24, out_modes=("none",)), needs=(ATTN_FN,))
+def compacted_attention(judge: Judge, case: IndexCase) -> None:
+    """NoPE attention over the compacted rows equals attention over the holey rows."""
+    target = judge.target
     if not target.offers(ATTN_FN):  # counted as not run (skipped), never as a vacuous pass
         raise Refused(f"{target.name} does not offer {ATTN_FN}, needed to attend over its rows")
     inp = build_index(case, target.device)
     q, kv = _attention_values(case, target.device)
-    holey, holey_len = _rows_and_lengths(target, inp, case, check, compact=False)
-    compacted, compact_len = _rows_and_lengths(target, inp, case, check, compact=True)
+    holey, holey_len = _rows_and_lengths(judge, inp, case, compact=False)
+    compacted, compact_len = _rows_and_lengths(judge, inp, case, compact=True)
     gold_rows = oracle_offset(inp.gather_kv_indices, inp.cu_seqlens_q, inp.cu_seqlens_k,
                               causal=case.causal, topk_length=inp.topk_length)
     scale = case.D ** -0.5  # explicit: the contract leaves softmax_scale=None to each implementation
@@ -166,17 +156,11 @@ def compacted_attention(target, case: IndexCase) -> None:
         out, lse = target.call(ATTN_FN, q, kv, rows, topk_length=lengths, softmax_scale=scale,
                                return_lse=True)
         for name, x in (("out", out), ("lse", lse)):
-            assert_agrees(x, gold[name], {a: r[name] for a, r in lp.items()}, check=check,
-                          impl=target.name,
-                          name=f"{name} ({label} rows)", dtype=case.torch_dtype, gradient=False,
-                          magnitude=gold["magnitude"][name], repro=_repro(case, check, target))
+            judge.agrees(f"{name} ({label} rows)", x, gold[name], {a: r[name] for a, r in lp.items()},
+                         magnitude=gold["magnitude"][name], gradient=False)
 
 
-CHECKS = {f.__name__: f for f in (offset_equals_oracle, compaction_stable, compaction_idempotent,
-                                   lengths_right, compacted_attention)}
+# beyond-contract checks live in their own module; imported here so that replay and the corpus see them
+from attention_oracle.properties.index import edges as _edges  # noqa: E402, F401
 
-
-# beyond-contract checks live in their own module; registered here so replay and the corpus see them
-from attention_oracle.properties.index import edges as _edges  # noqa: E402
-
-CHECKS.update(_edges.CHECKS)
+CHECKS = declared("index")

@@ -1,4 +1,4 @@
-"""Index-preparation checks beyond the contract (registered into ``properties.index.checks.CHECKS``).
+"""Index-preparation checks beyond the contract (declared in the ``index`` area, ``harness/registry.py``).
 
 int64_indices: ``offset_gather_kv_indices`` on int64 ``gather_kv_indices`` (the contract's
     are int32): the oracle's int32 rows and lengths exactly, or a clear TypeError/ValueError/
@@ -10,18 +10,20 @@ from __future__ import annotations
 import torch
 
 from attention_oracle.oracle.index import offset_gather_kv_indices as oracle_offset
-from attention_oracle.properties.harness.agreement import assert_exact
 from attention_oracle.properties.harness.beyond import Declined, attempt
 from attention_oracle.properties.harness.capabilities import resolve
+from attention_oracle.properties.harness.judge import Judge
+from attention_oracle.properties.harness.registry import declare
 from attention_oracle.properties.index import checks as base
 from attention_oracle.properties.index.cases import IndexCase, build_index
 
 ARGUMENT = "gather_kv_indices"
 
 
-def int64_indices(target, case: IndexCase) -> None:
-    check = "index.int64_indices"
-    repro = case.repro(check, target.name)
+@declare("index", cases=dict(out_modes=("none", "fresh")), beyond=True)
+def int64_indices(judge: Judge, case: IndexCase) -> None:
+    """int64 gather_kv_indices (beyond the contract): the oracle's rows, or a clear error naming it."""
+    target = judge.target
     inp = build_index(case, target.device)
     wide = inp.gather_kv_indices.to(torch.int64)
     declared = torch.int64 in resolve(target, case.function).index_dtypes
@@ -30,15 +32,9 @@ def int64_indices(target, case: IndexCase) -> None:
                              topk_length=inp.topk_length)
     try:
         result = attempt(lambda: base._call(target, inp, case, indices=wide, return_topk_length=True),
-                         argument=ARGUMENT, what=f"int64 {ARGUMENT}", declared=declared,
-                         check=check, impl=target.name, repro=repro)
+                         argument=ARGUMENT, what=f"int64 {ARGUMENT}", declared=declared, judge=judge)
     except Declined:
         return
-    rows, lengths = base._split(result, True, check, target, case)
-    assert_exact(rows, expected[0], check=check, impl=target.name, name="rows",
-                 what="global rows from int64 indices", repro=repro)
-    assert_exact(lengths, expected[1], check=check, impl=target.name, name="lengths",
-                 what="lengths from int64 indices", repro=repro)
-
-
-CHECKS = {f.__name__: f for f in (int64_indices,)}
+    rows, lengths = base._split(judge, result, True)
+    judge.exact("rows", rows, expected[0], what="global rows from int64 indices")
+    judge.exact("lengths", lengths, expected[1], what="lengths from int64 indices")

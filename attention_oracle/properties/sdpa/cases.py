@@ -313,16 +313,26 @@ def sdpa_cases(draw, dtypes_or_caps, *, rank=None, empty_rows=None, layouts=True
     )
 
 
+# ----------------------------------------------------------------------------- the area (harness/registry.py)
+
+VARIANTS = {"": {}}
+
+
+def strategy(target_or_caps, params: dict):
+    """SDPA cases with a check's declared parameters (``sdpa_cases``' keywords)."""
+    return sdpa_cases(resolve(target_or_caps, SDPA_FN), **params)
+
+
+def function_for(params: dict) -> str:
+    return SdpaCase.function
+
+
+def unsupported_for(check: str, target_or_caps, params: dict) -> str:
+    return unsupported(check, target_or_caps)
+
+
 def strategy_for(check: str, target_or_caps):
-    """The cases each SDPA check is run on (shared by tests and negative controls), drawn
+    """The cases the SDPA check ``check`` declares (``properties.harness.registry``), drawn
     within the target's capabilities (a Target, a Capabilities, or a tuple of dtypes)."""
-    caps = resolve(target_or_caps, SDPA_FN)
-    if check == "strided_dout":
-        return sdpa_cases(caps, dout_layouts=("transposed", "sliced", "broadcast"))
-    if check == "rank3_equals_rank4":
-        return sdpa_cases(caps, rank=3)
-    if check == "fully_masked_rows":
-        return sdpa_cases(caps, empty_rows=True)
-    if check == "misaligned_inputs":
-        return sdpa_cases(caps, layouts=False, dout_layouts=("contiguous",))
-    return sdpa_cases(caps)
+    from attention_oracle.properties.harness import registry
+    return registry.strategy(f"sdpa.{check}", target_or_caps)

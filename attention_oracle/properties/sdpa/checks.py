@@ -1,4 +1,6 @@
-"""The SDPA checks. Each is ``check(target, case)`` and raises OracleMismatch on failure.
+"""The SDPA checks. Each is declared (``harness/registry.py``) with the cases it runs on, and
+called as ``check(target, case)``; its body judges through a ``Judge`` and raises OracleMismatch
+on failure.
 
 forward_agreement, gradient_agreement: docs/CONTRACT.md "5. The agreement rule" against the float64 oracle.
 strided_dout: gradients for a strided ``dout`` equal those for ``dout.contiguous()`` and
@@ -18,7 +20,9 @@ import dataclasses
 import torch
 
 from attention_oracle.oracle.sdpa import ALGORITHMS, sdpa_reference
-from attention_oracle.properties.harness.agreement import AFTER_STRIDED, assert_agrees, assert_exact, assert_true, noted
+from attention_oracle.properties.harness.agreement import AFTER_STRIDED
+from attention_oracle.properties.harness.judge import Judge, max_gap
+from attention_oracle.properties.harness.registry import declare, declared
 from attention_oracle.properties.sdpa.cases import SdpaCase, SdpaInputs, build
 
 FN = SdpaCase.function
@@ -47,57 +51,55 @@ def _references(inp: SdpaInputs, case: SdpaCase, dout=None):
     return gold, lp
 
 
-def _agree(name, x, gold, lp, case, target, check, gradient):
-    lp = {a: r[name] for a, r in lp.items()}
-    return assert_agrees(x, gold[name], lp, check=check, impl=target.name, name=name,
-                         dtype=case.torch_dtype, gradient=gradient,
-                         magnitude=gold["magnitude"][name], repro=case.repro(check, target.name))
-
-
-def forward_agreement(target, case: SdpaCase, check: str = "sdpa.forward_agreement") -> None:
+@declare("sdpa")
+def forward_agreement(judge: Judge, case: SdpaCase) -> None:
+    """out (and lse, where offered) against the float64 oracle under the agreement rule."""
+    target = judge.target
     inp = build(case, target.device, requires_grad=False)
     out = _call(target, inp)
     gold, lp = _references(inp, case)
-    assert_true(out.dtype == case.torch_dtype, check=check, impl=target.name, name="out",
-                message=f"dtype {out.dtype} != input dtype {case.torch_dtype}",
-                repro=case.repro(check, target.name))
-    _agree("out", out, gold, lp, case, target, check, gradient=False)
+    judge.true("out", out.dtype == case.torch_dtype, f"dtype {out.dtype} != input dtype {case.torch_dtype}")
+    judge.agrees_with("out", out, gold, lp, gradient=False)
     if target.offers(FN_LSE):
         _, lse = target.call(FN_LSE, inp.q, inp.k, inp.v, attn_mask=inp.attn_mask, **inp.kwargs)
-        _agree("lse", lse, gold, lp, case, target, check, gradient=False)
+        judge.agrees_with("lse", lse, gold, lp, gradient=False)
 
 
-def gradient_agreement(target, case: SdpaCase, check: str = "sdpa.gradient_agreement") -> None:
-    inp = build(case, target.device)
+@declare("sdpa")
+def gradient_agreement(judge: Judge, case: SdpaCase) -> None:
+    """dq, dk, dv for a contiguous dout against the float64 oracle under the agreement rule."""
+    inp = build(case, judge.target.device)
     dout = inp.dout.contiguous()
-    grads = _grads(_call(target, inp), inp, dout)
+    grads = _grads(_call(judge.target, inp), inp, dout)
     gold, lp = _references(inp, case, dout)
     for name, g in grads.items():
-        _agree(name, g, gold, lp, case, target, check, gradient=True)
+        judge.agrees_with(name, g, gold, lp, gradient=True)
 
 
-def strided_dout(target, case: SdpaCase) -> None:
-    check = "sdpa.strided_dout"
+@declare("sdpa", cases=dict(dout_layouts=("transposed", "sliced", "broadcast")))
+def strided_dout(judge: Judge, case: SdpaCase) -> None:
+    """Gradients for a strided dout equal those for ``dout.contiguous()``; dout is not modified."""
+    target = judge.target
     inp = build(case, target.device)
     before = inp.dout.clone()
     strided = _grads(_call(target, inp), inp, inp.dout)
-    assert_exact(inp.dout, before, check=check, impl=target.name, name="dout", what="dout was modified",
-                 repro=case.repro(check, target.name))
+    judge.exact("dout", inp.dout, before, what="dout was modified")
     contiguous = _grads(_call(target, inp), inp, before.contiguous())
     gold, lp = _references(inp, case, before.contiguous())
     for name in strided:
-        with noted(AFTER_STRIDED.format(layout=case.layout_dout)):
-            verdict = _agree(name, contiguous[name], gold, lp, case, target, check, gradient=True)
-        gap = float((strided[name].double() - contiguous[name].double()).abs().max()) if strided[name].numel() else 0.0
-        assert_true(gap <= verdict.allowed, check=check, impl=target.name, name=name,
-                    message=f"gradient with {case.layout_dout} dout (strides {tuple(inp.dout.stride())}) "
-                            f"differs from the contiguous-dout gradient by {gap:.3e} > allowed {verdict.allowed:.3e}",
-                    repro=case.repro(check, target.name))
+        with judge.noted(AFTER_STRIDED.format(layout=case.layout_dout)):
+            verdict = judge.agrees_with(name, contiguous[name], gold, lp, gradient=True)
+        gap = max_gap(strided[name], contiguous[name])
+        judge.true(name, gap <= verdict.allowed,
+                   f"gradient with {case.layout_dout} dout (strides {tuple(inp.dout.stride())}) "
+                   f"differs from the contiguous-dout gradient by {gap:.3e} > allowed {verdict.allowed:.3e}")
 
 
-def rank3_equals_rank4(target, case: SdpaCase) -> None:
-    """``case`` is rank 3; the rank-4 inputs are unsqueezed views of the very same tensors."""
-    check = "sdpa.rank3_equals_rank4"
+@declare("sdpa", cases=dict(rank=3))
+def rank3_equals_rank4(judge: Judge, case: SdpaCase) -> None:
+    """``[N, L, E]`` inputs give what the same data as ``[1, N, L, E]`` gives; ``case`` is rank 3,
+    the rank-4 inputs are unsqueezed views of the very same tensors."""
+    target = judge.target
     inp = build(case, target.device)
     dout = inp.dout.contiguous()
     out3 = _call(target, inp)
@@ -110,12 +112,11 @@ def rank3_equals_rank4(target, case: SdpaCase) -> None:
     gold, lp = _references(inp, case, dout)
     pairs = [("out", out3, out4[0])] + [(n, g3[n], g4[n][0]) for n in g3]
     for name, x3, x4 in pairs:
-        verdict = _agree(name, x4, gold, lp, case, target, check, gradient=name != "out")
-        _agree(name, x3, gold, lp, case, target, check, gradient=name != "out")
-        gap = float((x3.detach().double() - x4.detach().double()).abs().max()) if x3.numel() else 0.0
-        assert_true(gap <= verdict.allowed, check=check, impl=target.name, name=name,
-                    message=f"rank-3 and rank-4 results differ by {gap:.3e} > allowed {verdict.allowed:.3e}",
-                    repro=case.repro(check, target.name))
+        verdict = judge.agrees_with(name, x4, gold, lp, gradient=name != "out")
+        judge.agrees_with(name, x3, gold, lp, gradient=name != "out")
+        gap = max_gap(x3, x4)
+        judge.true(name, gap <= verdict.allowed,
+                   f"rank-3 and rank-4 results differ by {gap:.3e} > allowed {verdict.allowed:.3e}")
 
 
 def _empty_rows(inp: SdpaInputs, case: SdpaCase) -> torch.Tensor:
@@ -126,52 +127,46 @@ def _empty_rows(inp: SdpaInputs, case: SdpaCase) -> torch.Tensor:
     return ~takes.any(-1)
 
 
-def fully_masked_rows(target, case: SdpaCase) -> None:
-    check = "sdpa.fully_masked_rows"
+@declare("sdpa", cases=dict(empty_rows=True))
+def fully_masked_rows(judge: Judge, case: SdpaCase) -> None:
+    """out = 0 exactly, zero gradients, nothing non-finite, lse = -inf on rows no key takes part in."""
+    target = judge.target
     inp = build(case, target.device)
     rows = _empty_rows(inp, case)
-    repro = case.repro(check, target.name)
     out = _call(target, inp)
     grads = _grads(out, inp, inp.dout.contiguous())
     for name, x in [("out", out)] + list(grads.items()):
         bad = ~torch.isfinite(x)
-        assert_true(not bool(bad.any()), check=check, impl=target.name, name=name,
-                    message=f"{int(bad.sum())} non-finite value(s) with fully masked rows present",
-                    repro=repro)
-    zeros = torch.zeros_like(out[rows])
-    assert_exact(out[rows], zeros, check=check, impl=target.name, name="out", what="out on fully masked rows",
-                 repro=repro)
-    assert_exact(grads["dq"][rows], torch.zeros_like(grads["dq"][rows]), check=check, impl=target.name,
-                 name="dq", what="dq on fully masked rows", repro=repro)
+        judge.true(name, not bool(bad.any()),
+                   f"{int(bad.sum())} non-finite value(s) with fully masked rows present")
+    judge.exact("out", out[rows], torch.zeros_like(out[rows]), what="out on fully masked rows")
+    judge.exact("dq", grads["dq"][rows], torch.zeros_like(grads["dq"][rows]), what="dq on fully masked rows")
     if target.offers(FN_LSE):
         _, lse = target.call(FN_LSE, inp.q, inp.k, inp.v, attn_mask=inp.attn_mask, **inp.kwargs)
-        assert_exact(lse[rows], torch.full_like(lse[rows], float("-inf")), check=check, impl=target.name,
-                     name="lse", what="lse on fully masked rows", repro=repro)
+        judge.exact("lse", lse[rows], torch.full_like(lse[rows], float("-inf")),
+                    what="lse on fully masked rows")
 
 
-def determinism(target, case: SdpaCase) -> None:
-    check = "sdpa.determinism"
-    inp = build(case, target.device)
+@declare("sdpa")
+def determinism(judge: Judge, case: SdpaCase) -> None:
+    """The same call twice gives bitwise-equal outputs and gradients."""
+    inp = build(case, judge.target.device)
     dout = inp.dout.contiguous()
     results = []
     for _ in range(2):
-        out = _call(target, inp)
+        out = _call(judge.target, inp)
         results.append({"out": out.detach(), **_grads(out, inp, dout)})
     for name in results[0]:
-        assert_exact(results[1][name], results[0][name], check=check, impl=target.name, name=name,
-                     what="second identical call differs", repro=case.repro(check, target.name))
+        judge.exact(name, results[1][name], results[0][name], what="second identical call differs")
 
 
-def misaligned_inputs(target, case: SdpaCase) -> None:
-    check = "sdpa.misaligned_inputs"
+@declare("sdpa", cases=dict(layouts=False, dout_layouts=("contiguous",)), isolate_on_cuda=True)
+def misaligned_inputs(judge: Judge, case: SdpaCase) -> None:
+    """q, k, v and dout at odd row strides and offsets: outputs and gradients agree, or refuse."""
     case = dataclasses.replace(case, layout_q="misaligned", layout_k="misaligned",
                                layout_v="misaligned", layout_dout="misaligned")
-    forward_agreement(target, case, check)
-    gradient_agreement(target, case, check)
+    forward_agreement.body(judge.for_case(case), case)
+    gradient_agreement.body(judge.for_case(case), case)
 
 
-misaligned_inputs.ISOLATE_ON_CUDA = True
-
-CHECKS = {f.__name__: f for f in (forward_agreement, gradient_agreement, strided_dout,
-                                   rank3_equals_rank4, fully_masked_rows, determinism,
-                                   misaligned_inputs)}
+CHECKS = declared("sdpa")
