@@ -375,3 +375,70 @@ def test_bitwise_score_check_catches_one_ulp():
     with pytest.raises(AssertionError, match="differ"):
         assert_bitwise("control", torch.nextafter(exact, torch.full_like(exact, math.inf)), exact)
     assert_bitwise("control", exact.clone(), exact)
+
+
+# ----------------------------------------------------------------------------- finfo.min rows (F11)
+
+MIN_ROW_CASES = [(d, "accurate") for d in DTYPES] + [(torch.float32, "plain")]
+
+
+def finfo_min_inputs(dtype, gen, empty_row=True):
+    """GQA inputs with an additive mask holding ``finfo(dtype).min`` on every key of some rows
+    (Hugging Face padding), on some keys of another, and (``empty_row``) -inf on a whole row."""
+    L, S, E = 12, 31, 32
+    q = randn(2, 4, L, E, dtype=dtype, gen=gen)
+    k = randn(2, 2, S, E, dtype=dtype, gen=gen)
+    v = randn(2, 2, S, E, dtype=dtype, gen=gen)
+    low = torch.finfo(dtype).min
+    mask = torch.zeros(2, 1, L, S)
+    mask[:, :, 3] = low
+    mask[1, :, 0] = low
+    mask[0, :, 5, 7:] = low
+    if empty_row:
+        mask[1, :, 9] = float("-inf")
+    return q, k, v, mask.to(DEVICE, dtype)
+
+
+@pytest.mark.parametrize("dtype,fp32_mode", MIN_ROW_CASES,
+                         ids=lambda x: str(x).split(".")[-1])
+def test_finfo_min_rows(dtype, fp32_mode, gen):
+    """F11 (NOTES.md): a row whose every key carries finfo(dtype).min has scores that all round
+    to min (even in fp64), so m = min and m + log(l) rounds to m: a backward recomputing
+    P = exp(s - lse) gets 1 per key instead of 1 / l. The kernels keep m and log l apart; out,
+    lse and every gradient agree with the oracle (16-bit and both fp32 modes: the log2-unit
+    kernels would also overflow log2(e) * min to -inf and call the row empty)."""
+    import attention_oracle.fast.sdpa as fast_sdpa
+    previous = fast_sdpa.set_fp32_mode(fp32_mode)
+    try:
+        q, k, v, mask = finfo_min_inputs(dtype, gen)
+        out, grads = check_case(q, k, v, mask=mask, enable_gqa=True)
+    finally:
+        fast_sdpa.set_fp32_mode(previous)
+    assert torch.all(out[1, :, 9] == 0) and torch.all(grads[0][1, :, 9] == 0)
+
+
+def dq_with_p_from_rounded_lse(q, k, v, mask, dout, scale):
+    """Negative control for the test above: float64 dq with P = exp(s - fl32(lse)), the broken
+    flash backward (enable_gqa inputs, no empty row)."""
+    rep = q.shape[1] // k.shape[1]
+    q, k, v, dout = (t.double() for t in (q, k, v, dout))
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = q @ k.transpose(-2, -1) * scale + mask.double()
+    p = torch.exp(s - torch.logsumexp(s, -1, keepdim=True).float().double())
+    delta = (dout * (torch.softmax(s, -1) @ v)).sum(-1, keepdim=True)
+    return scale * (p * (dout @ v.transpose(-2, -1) - delta)) @ k
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float16],
+                         ids=lambda d: str(d).split(".")[-1])
+def test_finfo_min_rows_catch_p_from_rounded_lse(dtype, gen):
+    """The agreement check of test_finfo_min_rows fails dq whose P was recomputed from the
+    rounded lse on those inputs (not for fp16: its min, -65504, is small enough that a float32
+    lse keeps log l)."""
+    q, k, v, mask = finfo_min_inputs(dtype, gen, empty_row=False)
+    dout = randn(2, 4, q.shape[2], v.shape[3], dtype=dtype, gen=gen)
+    gold, runs = oracle_terms(q, k, v, mask, False, None, True, dout)
+    bad = dq_with_p_from_rounded_lse(q, k, v, mask, dout, 1.0 / math.sqrt(q.shape[-1]))
+    with report.silenced(), pytest.raises(AssertionError):
+        agreement("dq", bad.to(dtype), gold["dq"], {a: r["dq"] for a, r in runs.items()}, 3,
+                  gold["magnitude"]["dq"])

@@ -35,17 +35,19 @@ import torch
 from .host import cdiv, next_pow2
 from .kernels.sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel, sdpa_bwd_preprocess_kernel
 from .kernels.sdpa_common import (
-    LN2,
     LOG2E,
     MASK_ADD,
     MASK_BOOL,
     MASK_NONE,
+    STATS_LSE,
     CachedLauncher,
     chunk_of,
     interpreting,
+    stats_rows,
     tune_bucket,
 )
 from .kernels.sdpa_fwd import sdpa_fwd_kernel
+from .launch import DirectLauncher
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_with_lse"]
 
@@ -255,21 +257,16 @@ def _natural(dtype):
 
 
 def _lse_state_shape(q_shape, dtype):
-    """The forward's saved row statistics: ``[Z1, Z2, Hq, L]`` (lse2, log2 units) for 16-bit;
-    for fp32 ``[2, Z1, Z2, Hq, L]``: the natural-log lse ``hi`` and its rounding error ``lo``
-    (lse = hi + lo; the backward forms P = exp(s - hi - lo) in fp64)."""
-    rows = tuple(q_shape[:4])
-    return ((2,) + rows) if _natural(dtype) else rows
+    """The forward's saved row statistics ``[R, Z1, Z2, Hq, L]`` float32, rows ``STATS_*``
+    (:mod:`fast.kernels.sdpa_common`): m, log l, the public lse and, for fp32 (R = 4), the
+    rounding error of log l."""
+    return (stats_rows(_natural(dtype)),) + tuple(q_shape[:4])
 
 
-def _lse_parts(lse_k, dtype):
-    """(hi, lo) views of the saved statistics; lo is hi itself (unused) for 16-bit."""
-    return (lse_k[0], lse_k[1]) if _natural(dtype) else (lse_k, lse_k)
-
-
-def _qk_scale(dtype, scale):
-    """The factor the kernels apply to q.k: scale (natural units) or scale*log2(e) (log2)."""
-    return scale if _natural(dtype) else scale * LOG2E
+def _qk_scale(dtype, scale, kind):
+    """The factor the kernels apply to q.k: scale (natural units: fp32, or an additive mask)
+    or scale*log2(e) (log2 units)."""
+    return scale if _natural(dtype) or kind == MASK_ADD else scale * LOG2E
 
 
 def _mask_kind_and_arg(mask):
@@ -286,6 +283,7 @@ def _mask_kind_and_arg(mask):
 _FWD = CachedLauncher(sdpa_fwd_kernel)
 _DKDV = CachedLauncher(sdpa_bwd_dkdv_kernel)
 _DQ = CachedLauncher(sdpa_bwd_dq_kernel)
+_PRE = DirectLauncher(sdpa_bwd_preprocess_kernel)
 
 
 def _dtype_of(t):
@@ -300,12 +298,9 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
     lse_k = torch.empty(_lse_state_shape(q.shape, q.dtype), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse_k
-    if S == 0:
+    if S == 0:  # only the public lse is read (the backward returns zeros)
         lse_k.fill_(float("-inf"))
-        if _natural(q.dtype):
-            lse_k[1].zero_()
         return out.zero_(), lse_k
-    lse_hi, lse_lo = _lse_parts(lse_k, q.dtype)
     kind, mask_arg = _mask_kind_and_arg(mask)
 
     def grid(meta):
@@ -313,9 +308,10 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
 
     tune_l, tune_s, block_e, block_ev = tune_bucket(L), tune_bucket(S), _block(E), _block(EV)
     key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, q.dtype, _dtype_of(mask_arg))
-    args = (q, k, v, mask_arg if mask_arg is not None else q, out, lse_hi, lse_lo,
+    args = (q, k, v, mask_arg if mask_arg is not None else q, out, lse_k,
             *q.stride(), *k.stride(), *v.stride(), *_strides5(mask_arg), *out.stride(),
-            Z2, HQ, HQ // HKV, L, S, E, EV, _qk_scale(q.dtype, scale), tune_l, tune_s)
+            lse_k.stride(0), Z2, HQ, HQ // HKV, L, S, E, EV, _qk_scale(q.dtype, scale, kind),
+            tune_l, tune_s)
     _FWD(key, grid, args, {"L": L, "S": S, "E": E, "EV": EV},
          CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(q.dtype), NATURAL=_natural(q.dtype),
          CHUNK_E=chunk_of(block_e), BLOCK_E=block_e, BLOCK_EV=block_ev)
@@ -324,7 +320,7 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
 
 def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     """Gradients (dq, dk, dv) shaped like q, k, v (rank 5); dout read through its strides.
-    ``lse_k`` is the forward's lse in the kernels' units (natural for fp32, log2 otherwise)."""
+    ``lse_k`` is the forward's saved row statistics (:func:`_lse_state_shape`)."""
     Z1, Z2, HQ, L, E = q.shape
     HKV, S, EV = k.shape[2], k.shape[3], v.shape[4]
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -339,15 +335,15 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     common_strides = (*q.stride(), *k.stride(), *v.stride(), *_strides5(mask_arg), *dout.stride())
     block_e, block_ev = _block(E), _block(EV)
     pre_block = 64 if interpreting() else max(16, min(128, 8192 // block_ev))
-    sdpa_bwd_preprocess_kernel[(cdiv(L, pre_block), Z1 * Z2 * HQ)](
-        out, dout, delta, *out.stride(), *dout.stride(), Z2, HQ, L, EV,
-        BLOCK_M=pre_block, BLOCK_EV=block_ev)
+    _PRE((cdiv(L, pre_block), Z1 * Z2 * HQ),
+         (out, dout, delta, *out.stride(), *dout.stride(), Z2, HQ, L, EV),
+         {"BLOCK_M": pre_block, "BLOCK_EV": block_ev})
     meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(q.dtype),
                 NATURAL=_natural(q.dtype), CHUNK_E=chunk_of(block_e), CHUNK_EV=chunk_of(block_ev),
                 BLOCK_E=block_e, BLOCK_EV=block_ev)
-    lse_hi, lse_lo = _lse_parts(lse_k, q.dtype)
     tune_l, tune_s = tune_bucket(L), tune_bucket(S)
-    scalars = (Z2, HQ, HQ // HKV, L, S, E, EV, _qk_scale(q.dtype, scale), scale, tune_l, tune_s)
+    scalars = (lse_k.stride(0), Z2, HQ, HQ // HKV, L, S, E, EV, _qk_scale(q.dtype, scale, kind),
+               scale, tune_l, tune_s)
     sizes = {"L": L, "S": S, "E": E, "EV": EV}
     key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, q.dtype, _dtype_of(mask_arg),
            dout.dtype)
@@ -356,13 +352,13 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
         return (cdiv(S, m["BLOCK_N"]), Z1 * Z2 * HKV)
 
     _DKDV(key + (HQ // HKV,), grid_kv,
-          (q, k, v, mask_ptr, dout, lse_hi, lse_lo, delta, dk, dv,
+          (q, k, v, mask_ptr, dout, lse_k, delta, dk, dv,
            *common_strides, *dk.stride(), *dv.stride(), *scalars), sizes, **meta)
 
     def grid_q(m):
         return (cdiv(L, m["BLOCK_M"]), Z1 * Z2 * HQ)
 
-    _DQ(key, grid_q, (q, k, v, mask_ptr, dout, lse_hi, lse_lo, delta, dq,
+    _DQ(key, grid_q, (q, k, v, mask_ptr, dout, lse_k, delta, dq,
                       *common_strides, *dq.stride(), *scalars), sizes, **meta)
     return dq, dk, dv
 
@@ -373,8 +369,7 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
 def _sdpa_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                  is_causal: bool, scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
     """Rank-5 forward: returns (out [Z1,Z2,Hq,L,Ev], the row statistics of
-    :func:`_lse_state_shape`: float32 lse2 [Z1,Z2,Hq,L] for fp16/bf16, (hi, lo) [2,Z1,Z2,Hq,L]
-    natural log for fp32)."""
+    :func:`_lse_state_shape`)."""
     return _launch_fwd(q, k, v, mask, is_causal, scale)
 
 
@@ -457,7 +452,7 @@ def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dro
     lse is not differentiable."""
     out, lse_k, out_shape = _attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                        enable_gqa)
-    return out, _lse_view(lse_k, out_shape, query.dtype)
+    return out, _lse_view(lse_k, out_shape)
 
 
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
@@ -494,10 +489,10 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     return _from_rank5(out5, out_shape), lse_k, out_shape
 
 
-def _lse_view(lse_k, out_shape, dtype):
+def _lse_view(lse_k, out_shape):
     """Natural-log lse shaped [..., Hq, L], a tensor of its own (the kernels' buffer is saved
-    for the backward): fp32's is ``hi`` (natural already), 16-bit's is converted from log2."""
-    lse = lse_k[0].clone() if _natural(dtype) else lse_k * LN2
+    for the backward)."""
+    lse = lse_k[STATS_LSE].clone()
     if len(out_shape) == 3:
         return lse.squeeze(1).squeeze(0)
     if len(out_shape) == 4:

@@ -1,13 +1,13 @@
 """Flash-attention backward kernels: Delta preprocess, dK/dV (loop over queries), dQ (loop over keys).
 
-With P = softmax(S) recomputed from the forward's logsumexp, dP = dO V^T,
+With P = softmax(S) recomputed from the forward's row statistics, dP = dO V^T,
 Delta = rowsum(dO * O) and dS = P * (dP - Delta):
-dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K. A row with no key (lse = -inf) is
-treated as lse = +inf, so its P, dS and every contribution are exactly 0.
+dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K. A row with no key has m = +inf saved, so
+its P, dS and every contribution are exactly 0.
 
-P is recomputed in the forward's units (constexpr ``NATURAL``, see
-:mod:`fast.kernels.sdpa_common`): fp32 ``P = exp(s - hi - lo)`` evaluated in fp64 with the
-forward's natural-log lse = hi + lo; 16-bit ``P = exp2(fl(scale*log2e) * q.k - lse2)``.
+P is recomputed in the forward's units as ``exp((s - m) - log l)`` (``recompute_p``; m and
+log l apart, never their rounded sum: NOTES.md, F11; see :mod:`fast.kernels.sdpa_common`):
+fp32 in fp64 with log l = hi + lo; 16-bit with the fast exp2.
 
 ``dO`` is read through its own strides (head-major, sliced or stride-0 views work in place).
 The dK/dV program owns one key block of one kv head and loops over every query head of its
@@ -23,9 +23,10 @@ from .sdpa_common import (
     autotune_enabled,
     batch_offset,
     dot_nt_f64,
+    load_row_stats,
     load_tile,
     make_prune,
-    softmax_exp,
+    recompute_p,
 )
 
 
@@ -75,7 +76,7 @@ def _make_prune(pipelined, resident, fp32_shape, safe):
 
 
 @triton.jit
-def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, lse_ptr, lo_ptr,
+def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, stats_row, s_stat,
                      delta_ptr, offs_n, lo, hi, L, S, E, EV,
                      s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale,
                      MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_M: tl.constexpr,
@@ -85,25 +86,17 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, l
                      PREC: tl.constexpr, NATURAL: tl.constexpr):
     """Accumulate dK (unscaled) and dV of one key block over query blocks [lo, hi).
 
-    fp32 (NATURAL): scores and dP from chunked dots (k, v re-read), P = exp((s - hi) - lo)
-    with the forward's lse = hi + lo, and each query block's dot added to dK/dV, not chained."""
+    fp32 (NATURAL): scores and dP from chunked dots (k, v re-read), P in fp64 from the saved
+    m and log l = hi + lo, and each query block's dot added to dK/dV, not chained."""
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        # rows past L load as q = dO = 0 and lse = +inf, so their P is exactly 0
+        # rows past L load as q = dO = 0 and m = +inf, so their P is exactly 0
         q = load_tile(q_base, offs_m, offs_e, s_qm, s_qe, L, E, CHECK_M, CHECK_E)
-        if CHECK_M:
-            lse = tl.load(lse_ptr + offs_m, mask=offs_m < L, other=float("inf"))
-        else:
-            lse = tl.load(lse_ptr + offs_m)
-        lse = tl.where(lse == float("-inf"), float("inf"), lse)
+        m, log_l, log_l_lo = load_row_stats(stats_row, s_stat, offs_m, L, CHECK_M, NATURAL)
         if NATURAL:
-            if CHECK_M:
-                lse_lo = tl.load(lo_ptr + offs_m, mask=offs_m < L, other=0.0)
-            else:
-                lse_lo = tl.load(lo_ptr + offs_m)
             sT = dot_nt_f64(k_base, offs_n, s_kn, s_ke, S, q_base, offs_m, s_qm, s_qe, L, E,
                                 CHECK_N, CHECK_M, CHECK_E, BLOCK_N, BLOCK_M, BLOCK_E,
                             CHUNK_E)
@@ -111,13 +104,8 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, l
         else:
             sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
         if MASK_KIND != 0:
-            sT = apply_attn_mask(sT, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, True,
-                                 NATURAL)
-        if NATURAL:  # exp(s - hi - lo), in fp64
-            pT = softmax_exp(sT.to(tl.float64) - lse[None, :].to(tl.float64), lse_lo[None, :],
-                             NATURAL)
-        else:
-            pT = softmax_exp(sT, lse[None, :], NATURAL)
+            sT = apply_attn_mask(sT, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, True)
+        pT = recompute_p(sT, m[None, :], log_l[None, :], log_l_lo[None, :], NATURAL, MASK_KIND)
         if DIAG:
             pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
         if CHECK_N:  # rows past S are never stored, but keep them finite (no inf * 0 = nan)
@@ -148,7 +136,7 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, l
                  **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
 @triton.jit(do_not_specialize=["Z2", "HQ"])
-def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, LSE_LO, Delta, DK, DV,
+def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV,
                          s_qz1, s_qz2, s_qh, s_qm, s_qe,
                          s_kz1, s_kz2, s_kh, s_kn, s_ke,
                          s_vz1, s_vz2, s_vh, s_vn, s_ve,
@@ -156,7 +144,7 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, LSE_LO, Delta, DK, DV,
                          s_dz1, s_dz2, s_dh, s_dm, s_de,
                          s_gkz1, s_gkz2, s_gkh, s_gkn, s_gke,
                          s_gvz1, s_gvz2, s_gvh, s_gvn, s_gve,
-                         Z2, HQ, GROUP, L, S, E, EV, qk_scale, scale,
+                         s_stat, Z2, HQ, GROUP, L, S, E, EV, qk_scale, scale,
                          TUNE_L, TUNE_S,
                          CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PREC: tl.constexpr,
                          NATURAL: tl.constexpr, CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
@@ -188,19 +176,18 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, LSE_LO, Delta, DK, DV,
         mask_base = Mask
         if MASK_KIND != 0:
             mask_base = Mask + batch_offset(pid_bh, HQ, 1, Z2, s_mz1, s_mz2, s_mh, False)
-        lse_ptr = LSE + pid_bh.to(tl.int64) * L
-        lo_ptr = LSE_LO + pid_bh.to(tl.int64) * L
+        stats_row = Stats + pid_bh.to(tl.int64) * L
         delta_ptr = Delta + pid_bh.to(tl.int64) * L
         if CAUSAL:
             dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
-                                      lse_ptr, lo_ptr, delta_ptr, offs_n, diag_lo, diag_hi, L, S, E, EV,
+                                      stats_row, s_stat, delta_ptr, offs_n, diag_lo, diag_hi, L, S, E, EV,
                                       s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
                                       qk_scale,
                                       MASK_KIND, True, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
                                       NATURAL)
             dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
-                                      lse_ptr, lo_ptr, delta_ptr, offs_n, diag_hi, L, L, S, E, EV,
+                                      stats_row, s_stat, delta_ptr, offs_n, diag_hi, L, L, S, E, EV,
                                       s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
                                       qk_scale,
                                       MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
@@ -208,7 +195,7 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, LSE_LO, Delta, DK, DV,
                                       NATURAL)
         else:
             dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
-                                      lse_ptr, lo_ptr, delta_ptr, offs_n, 0, L, L, S, E, EV,
+                                      stats_row, s_stat, delta_ptr, offs_n, 0, L, L, S, E, EV,
                                       s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
                                       qk_scale,
                                       MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
@@ -232,7 +219,7 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, LSE, LSE_LO, Delta, DK, DV,
 
 
 @triton.jit
-def _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base, mask_base,
+def _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, v_base, mask_base,
                  offs_m, lo, hi, L, S, E, EV,
                  s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                  MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_M: tl.constexpr,
@@ -258,13 +245,8 @@ def _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base,
         else:
             s2 = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         if MASK_KIND != 0:
-            s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, False,
-                                 NATURAL)
-        if NATURAL:  # exp(s - hi - lo), in fp64
-            p = softmax_exp(s2.to(tl.float64) - lse[:, None].to(tl.float64), lse_lo[:, None],
-                            NATURAL)
-        else:
-            p = softmax_exp(s2, lse[:, None], NATURAL)
+            s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, False)
+        p = recompute_p(s2, m[:, None], log_l[:, None], log_l_lo[:, None], NATURAL, MASK_KIND)
         if DIAG:
             p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
         if CHECK_N:  # an out-of-range key's P could overflow (inf * 0 = nan in the dot)
@@ -288,14 +270,14 @@ def _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base,
                  **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
 @triton.jit(do_not_specialize=["Z2", "HQ"])
-def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, LSE, LSE_LO, Delta, DQ,
+def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, Stats, Delta, DQ,
                        s_qz1, s_qz2, s_qh, s_qm, s_qe,
                        s_kz1, s_kz2, s_kh, s_kn, s_ke,
                        s_vz1, s_vz2, s_vh, s_vn, s_ve,
                        s_mz1, s_mz2, s_mh, s_mm, s_mn,
                        s_dz1, s_dz2, s_dh, s_dm, s_de,
                        s_gqz1, s_gqz2, s_gqh, s_gqm, s_gqe,
-                       Z2, HQ, GROUP, L, S, E, EV, qk_scale, scale,
+                       s_stat, Z2, HQ, GROUP, L, S, E, EV, qk_scale, scale,
                        TUNE_L, TUNE_S,
                        CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PREC: tl.constexpr,
                        NATURAL: tl.constexpr, CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
@@ -320,28 +302,25 @@ def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, LSE, LSE_LO, Delta, DQ,
         mask_base = Mask + batch_offset(pid_bh, HQ, GROUP, Z2, s_mz1, s_mz2, s_mh, False)
     q = load_tile(q_base, offs_m, offs_e, s_qm, s_qe, L, E, CHECK_M, CHECK_E)
     do = load_tile(do_base, offs_m, offs_ev, s_dm, s_de, L, EV, CHECK_M, CHECK_EV)
-    lse = tl.load(LSE + pid_bh.to(tl.int64) * L + offs_m, mask=offs_m < L, other=float("inf"))
-    lse = tl.where(lse == float("-inf"), float("inf"), lse)
-    lse_lo = lse
-    if NATURAL:
-        lse_lo = tl.load(LSE_LO + pid_bh.to(tl.int64) * L + offs_m, mask=offs_m < L, other=0.0)
+    m, log_l, log_l_lo = load_row_stats(Stats + pid_bh.to(tl.int64) * L, s_stat, offs_m, L, True,
+                                        NATURAL)
     delta = tl.load(Delta + pid_bh.to(tl.int64) * L + offs_m, mask=offs_m < L, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_E], dtype=tl.float32)
     if CAUSAL:
         free_hi = tl.minimum(start_m, S)
-        dq = _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base, mask_base,
+        dq = _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, v_base, mask_base,
                           offs_m, 0, free_hi,
                           L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                           BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
         diag_hi = tl.minimum(start_m + BLOCK_M, S)
-        dq = _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base, mask_base,
+        dq = _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, v_base, mask_base,
                           offs_m, free_hi,
                           diag_hi, L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, True, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                           BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
     else:
-        dq = _dq_key_loop(dq, q, do, lse, lse_lo, delta, q_base, do_base, k_base, v_base, mask_base,
+        dq = _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, v_base, mask_base,
                           offs_m, 0, S,
                           L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,

@@ -7,12 +7,23 @@ Score units (constexpr ``NATURAL``, chosen from the dtype by the launcher):
 
 * fp32 (``NATURAL=True``): scores in natural units, ``s = fl(q.k * scale) + additive_mask``,
   one rounding (from an fp64-accumulated dot, see ``dot_nt_f64``); the softmax subtracts the
-  running row max of ``s`` and exponentiates in fp64 (``softmax_exp``), ``lse = m + log(l)`` in
-  fp64 kept as fp32 hi + lo, and the output is divided with IEEE round-to-nearest (``div_rn``).
-  The lse buffers the backward reads are natural-log.
-* fp16/bf16 (``NATURAL=False``): scores in log2 units (``s2 = fl(scale * log2(e)) * q.k +
-  log2(e) * additive_mask``) and the hardware ``ex2.approx``; the lse buffer is log2 units.
-  Their rule's bound is ~2^13 times looser, and this path is the fast one.
+  running row max of ``s`` and exponentiates in fp64 (``softmax_exp``), ``log(l)`` in fp64 is
+  kept as fp32 hi + lo, and the output is divided with IEEE round-to-nearest (``div_rn``).
+* fp16/bf16 and fp32 "plain" (``NATURAL=False``): the hardware ``ex2.approx``. Without an
+  additive mask the scores are in log2 units (``s2 = fl(scale * log2(e)) * q.k``); with one
+  (``MASK_KIND == MASK_ADD``) they stay natural, ``s = fl(scale) * q.k + mask``, and the
+  exponent is ``(s - m) * log2(e)``: ``log2(e) * finfo.min`` overflows fp32 to -inf, which
+  would turn a row whose every key carries a ``finfo.min`` bias into an empty one. Their
+  rule's bound is ~2^13 times looser, and this path is the fast one.
+
+Saved row statistics (``STATS_*`` rows of one float32 buffer ``[R, Z1*Z2*HQ*L]``, row stride
+``s_stat``): the row max ``m`` (in the scores' units; +inf for a row with no key, so the
+backward's P is exactly 0), ``log l`` (natural for fp32, log2 otherwise; 0 for a row with no
+key), the public natural-log lse (-inf for a row with no key) and, for fp32, the rounding
+error of ``log l`` (R = 4; else R = 3). m and log l are kept apart because on a row whose every
+key carries a ``finfo.min`` bias, ``m + log l`` rounds to m (even in fp64) and a P recomputed
+as ``exp(s - lse)`` would be 1 per key instead of 1 / l (NOTES.md, F11); the backward forms
+``P = exp((s - m) - log l)``.
 
 Why (NOTES.md, Findings, F5): in fp32 the rule allows about two of the naive math's roundings.
 The log2 path multiplies by ``fl(scale*log2e)`` (a rounding the naive math does not make when
@@ -27,6 +38,7 @@ import triton.language as tl
 import triton.testing
 
 from ..host import next_pow2
+from ..launch import DirectLauncher
 from .accurate_math import exp_accurate, log_accurate
 
 LOG2E = 1.4426950408889634
@@ -35,6 +47,17 @@ LN2 = 0.6931471805599453
 MASK_NONE = 0
 MASK_BOOL = 1
 MASK_ADD = 2
+
+# rows of the saved row statistics (module docstring)
+STATS_M = 0
+STATS_LOG_L = 1
+STATS_LSE = 2
+STATS_LOG_L_LO = 3
+
+
+def stats_rows(natural: bool) -> int:
+    """Rows of the saved statistics: m, log l, lse, and log l's rounding error for fp32."""
+    return 4 if natural else 3
 
 
 def interpreting() -> bool:
@@ -71,13 +94,60 @@ log64 = log_accurate
 
 
 @triton.jit
-def softmax_exp(a, b, NATURAL: tl.constexpr):
-    """exp(a - b) for natural-unit scores (fp32 path: difference and exp in fp64, one rounding
-    to fp32), 2**(a - b) for log2-unit ones (16-bit path: fp32 and the fast exp2)."""
+def softmax_exp(a, b, NATURAL: tl.constexpr, MASK_KIND: tl.constexpr):
+    """exp(a - b) of scores in the kernel's units (module docstring): fp32 difference and exp
+    in fp64, one rounding to fp32 (NATURAL); natural-unit scores with the fast exp2 (16-bit with
+    an additive mask); 2**(a - b) of log2-unit scores (16-bit otherwise)."""
     if NATURAL:
         return exp64(a.to(tl.float64) - b.to(tl.float64)).to(tl.float32)
+    elif MASK_KIND == 2:
+        return tl.math.exp2((a - b) * 1.4426950408889634)
     else:
         return tl.math.exp2(a - b)
+
+
+@triton.jit
+def recompute_p(s, m, log_l, log_l_lo, NATURAL: tl.constexpr, MASK_KIND: tl.constexpr):
+    """The backward's P = exp((s - m) - log l) from the saved statistics, broadcast by the
+    caller (``m`` = +inf on rows with no key gives P = 0). fp32: in fp64 with log l = hi + lo;
+    16-bit: log l in log2 units, s - m in the scores' units."""
+    if NATURAL:
+        d = s.to(tl.float64) - m.to(tl.float64)
+        return exp64(d - (log_l.to(tl.float64) + log_l_lo.to(tl.float64))).to(tl.float32)
+    elif MASK_KIND == 2:
+        return tl.math.exp2((s - m) * 1.4426950408889634 - log_l)
+    else:
+        return tl.math.exp2((s - m) - log_l)
+
+
+@triton.jit
+def store_row_stat(ptrs, x, inb, CHECK: tl.constexpr):
+    """Store one row statistic per query row (masked by ``inb`` when CHECK)."""
+    if CHECK:
+        tl.store(ptrs, x, mask=inb)
+    else:
+        tl.store(ptrs, x)
+
+
+@triton.jit
+def load_row_stats(stats_row, s_stat, offs, n, CHECK: tl.constexpr, NATURAL: tl.constexpr):
+    """(m, log l, log l's rounding error) of rows ``offs`` from the saved statistics at
+    ``stats_row`` (this head's first row); rows >= n (when CHECK) read as m = +inf, log l = 0,
+    so their P is exactly 0. The error is 0 (not loaded) on the 16-bit path."""
+    if CHECK:
+        inb = offs < n
+        m = tl.load(stats_row + offs, mask=inb, other=float("inf"))
+        log_l = tl.load(stats_row + s_stat + offs, mask=inb, other=0.0)
+    else:
+        m = tl.load(stats_row + offs)
+        log_l = tl.load(stats_row + s_stat + offs)
+    log_l_lo = tl.zeros_like(log_l)
+    if NATURAL:
+        if CHECK:
+            log_l_lo = tl.load(stats_row + 3 * s_stat + offs, mask=offs < n, other=0.0)
+        else:
+            log_l_lo = tl.load(stats_row + 3 * s_stat + offs)
+    return m, log_l, log_l_lo
 
 
 @triton.jit
@@ -147,11 +217,12 @@ def chunk_of(block: int) -> int:
 
 @triton.jit
 def apply_attn_mask(s2, mask_ptr, offs_m, offs_n, s_mm, s_mn, L, S,
-                    MASK_KIND: tl.constexpr, TRANSPOSED: tl.constexpr, NATURAL: tl.constexpr):
-    """Apply an attention mask tile to scores ``s2`` (natural units if NATURAL, else log2).
+                    MASK_KIND: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """Apply an attention mask tile to scores ``s2``.
 
     ``s2`` is [M, N] (query rows, key cols) or, when TRANSPOSED, [N, M]. Boolean masks set
-    excluded scores to -inf; additive masks add ``mask`` (natural) or ``log2(e) * mask``.
+    excluded scores to -inf; additive masks add ``mask`` (the scores are in natural units
+    whenever the mask is additive: module docstring).
     Out-of-range entries load as "keep" / 0 and are handled by the callers' bounds logic."""
     if TRANSPOSED:
         ptrs = mask_ptr + offs_n[:, None] * s_mn + offs_m[None, :] * s_mm
@@ -163,11 +234,7 @@ def apply_attn_mask(s2, mask_ptr, offs_m, offs_n, s_mm, s_mn, L, S,
         keep = tl.load(ptrs, mask=inb, other=1)
         s2 = tl.where(keep != 0, s2, float("-inf"))
     elif MASK_KIND == 2:
-        add = tl.load(ptrs, mask=inb, other=0.0).to(tl.float32)
-        if NATURAL:
-            s2 = s2 + add
-        else:
-            s2 = s2 + add * 1.4426950408889634
+        s2 = s2 + tl.load(ptrs, mask=inb, other=0.0).to(tl.float32)
     return s2
 
 
@@ -250,14 +317,17 @@ class CachedLauncher:
     heuristics' Python layers once the launch key has a tuned config.
 
     The first launch of a key goes through the autotuner (it tunes or reads its disk cache) and
-    its ``best_config`` is remembered under the key; later launches call the JIT function with
-    that config and :func:`bounds_checks` directly, as the autotuner would. The key must hold
-    everything the autotuner keys on: its ``key`` arguments and the dtypes of the tensors.
-    ``grid(meta)`` maps the config's kwargs to the launch grid."""
+    its ``best_config`` is remembered under the key; later launches run the JIT function with
+    that config and :func:`bounds_checks`, as the autotuner would, through a
+    :class:`~attention_oracle.fast.launch.DirectLauncher` (the compiled kernel's own launcher
+    once Triton has launched that specialization). The key must hold everything the autotuner
+    keys on: its ``key`` arguments and the dtypes of the tensors. ``grid(meta)`` maps the
+    config's kwargs to the launch grid."""
 
     def __init__(self, autotuned):
         self.autotuned = autotuned
         self.jit = autotuned.fn.fn  # Autotuner -> Heuristics -> JITFunction
+        self.direct = DirectLauncher(self.jit)
         self.configs = {}
 
     def __call__(self, key, grid, args, sizes, **meta):
@@ -270,4 +340,4 @@ class CachedLauncher:
             return
         block = {"BLOCK_M": kwargs["BLOCK_M"], "BLOCK_N": kwargs["BLOCK_N"],
                  "BLOCK_E": meta["BLOCK_E"], "BLOCK_EV": meta["BLOCK_EV"]}
-        self.jit[grid(kwargs)](*args, **meta, **kwargs, **bounds_checks({**sizes, **block}))
+        self.direct(grid(kwargs), args, {**meta, **kwargs, **bounds_checks({**sizes, **block})})

@@ -1,9 +1,9 @@
 """Flash-attention forward kernel (online softmax, one program per query block and head).
 
-Writes ``out [Z1, Z2, HQ, L, EV]`` in the input dtype and ``lse [Z1*Z2*HQ, L]`` float32: the
-row logsumexp of the scaled, masked scores, natural log for fp32 (``NATURAL``) and log2 units
-for 16-bit inputs, -inf for a row with no key left (whose output is 0). fp32 also writes
-``LSE_LO``, the rounding error of LSE (lse = LSE + LSE_LO), for the backward. See
+Writes ``out [Z1, Z2, HQ, L, EV]`` in the input dtype (0 for a row with no key left) and the
+row statistics ``Stats`` (rows ``STATS_*`` of :mod:`fast.kernels.sdpa_common`, row stride
+``s_stat``): the row max m and log l apart for the backward, and the public lse, the natural
+log of the row sum of exp(scaled, masked scores), float32, -inf for a row with no key. See
 :mod:`fast.kernels.sdpa_common` for the layout conventions and the choice of units.
 """
 import triton
@@ -20,6 +20,7 @@ from .sdpa_common import (
     log64,
     make_prune,
     softmax_exp,
+    store_row_stat,
 )
 
 _FWD_SAFE = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)
@@ -51,7 +52,7 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
                    NATURAL: tl.constexpr):
     """Online-softmax accumulation over key blocks [lo, hi). DIAG applies the causal mask.
 
-    ``qk_scale`` is ``scale`` (NATURAL, fp32) or ``scale * log2(e)`` (16-bit); the scores,
+    ``qk_scale`` is ``scale`` (fp32, or an additive mask) or ``scale * log2(e)``; the scores,
     row max ``m_i`` and exponentials are in the matching units. fp32 forms the scores from
     CHUNK_E-wide partial dots (q re-read per key block) and adds each block's P.V to the
     rescaled accumulator instead of chaining it into one FMA sequence over every key."""
@@ -69,8 +70,7 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
             k = load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E)
             s2 = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         if MASK_KIND != 0:
-            s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, False,
-                                 NATURAL)
+            s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, False)
         if DIAG:
             s2 = tl.where(offs_m[:, None] >= offs_n[None, :], s2, float("-inf"))
         if CHECK_N:
@@ -78,8 +78,8 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
         m_new = tl.maximum(m_i, tl.max(s2, 1))
         # a row that has seen only -inf so far keeps m = -inf; shift by 0 to avoid inf - inf
         m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = softmax_exp(s2, m_shift[:, None], NATURAL)
-        alpha = softmax_exp(m_i, m_shift, NATURAL)
+        p = softmax_exp(s2, m_shift[:, None], NATURAL, MASK_KIND)
+        alpha = softmax_exp(m_i, m_shift, NATURAL, MASK_KIND)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
         acc = acc * alpha[:, None]
@@ -96,13 +96,13 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
                  prune_configs_by={"early_config_prune": _prune_fwd}, **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
 @triton.jit(do_not_specialize=["Z2", "HQ"])
-def sdpa_fwd_kernel(Q, K, V, Mask, Out, LSE, LSE_LO,
+def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
                     s_qz1, s_qz2, s_qh, s_qm, s_qe,
                     s_kz1, s_kz2, s_kh, s_kn, s_ke,
                     s_vz1, s_vz2, s_vh, s_vn, s_ve,
                     s_mz1, s_mz2, s_mh, s_mm, s_mn,
                     s_oz1, s_oz2, s_oh, s_om, s_oe,
-                    Z2, HQ, GROUP, L, S, E, EV, qk_scale,
+                    s_stat, Z2, HQ, GROUP, L, S, E, EV, qk_scale,
                     TUNE_L, TUNE_S,
                     CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PREC: tl.constexpr,
                     NATURAL: tl.constexpr, CHUNK_E: tl.constexpr,
@@ -157,30 +157,31 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, LSE, LSE_LO,
     l_safe = tl.where(empty, 1.0, l_i)
     if NATURAL:  # fp32: IEEE division (a plain fp32 `/` compiles to div.full.f32, ~2 ulp)
         out = tl.math.div_rn(acc, l_safe[:, None])
-        # lse = m + log(l) in fp64, kept as hi + lo (fp32 each): the backward forms
-        # P = exp(s - hi - lo) in fp64, so the rounding of hi (|lse| * 2^-24, a relative error
-        # of every P in the row) is not in P; the public lse is hi
-        m_safe = tl.where(empty, 0.0, m_i)
-        lse64 = m_safe.to(tl.float64) + log64(l_safe.to(tl.float64))
-        hi = lse64.to(tl.float32)
-        lo = (lse64 - hi.to(tl.float64)).to(tl.float32)
-        lse = tl.where(empty, float("-inf"), hi)
-        lo_ptrs = LSE_LO + pid_bh.to(tl.int64) * L + offs_m
-        if CHECK_M:
-            tl.store(lo_ptrs, lo, mask=offs_m < L)
-        else:
-            tl.store(lo_ptrs, lo)
+        # log l in fp64, kept as hi + lo (fp32 each): the backward forms
+        # P = exp((s - m) - (hi + lo)) in fp64, so the rounding of hi is not in P
+        log_l64 = log64(l_safe.to(tl.float64))
+        log_l = log_l64.to(tl.float32)
+        log_l_lo = (log_l64 - log_l.to(tl.float64)).to(tl.float32)
+        lse = (tl.where(empty, 0.0, m_i).to(tl.float64) + log_l64).to(tl.float32)
     else:
         out = acc / l_safe[:, None]
-        lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_safe))
+        log_l = tl.math.log2(l_safe)
+        if MASK_KIND == 2:  # natural-unit scores
+            lse = m_i + log_l * 0.6931471805599453
+        else:
+            lse = (m_i + log_l) * 0.6931471805599453
     o_ptrs = o_base + offs_m[:, None] * s_om + offs_ev[None, :] * s_oe
     if CHECK_M or CHECK_EV:
         tl.store(o_ptrs, out.to(Out.dtype.element_ty),
                  mask=(offs_m[:, None] < L) & (offs_ev[None, :] < EV))
     else:
         tl.store(o_ptrs, out.to(Out.dtype.element_ty))
-    lse_ptrs = LSE + pid_bh.to(tl.int64) * L + offs_m
-    if CHECK_M:
-        tl.store(lse_ptrs, lse, mask=offs_m < L)
-    else:
-        tl.store(lse_ptrs, lse)
+    # a row with no key: m = +inf and log l = 0 make the backward's P exactly 0
+    stats_ptrs = Stats + pid_bh.to(tl.int64) * L + offs_m
+    store_row_stat(stats_ptrs, tl.where(empty, float("inf"), m_i), offs_m < L, CHECK_M)
+    store_row_stat(stats_ptrs + s_stat, log_l, offs_m < L, CHECK_M)
+    store_row_stat(stats_ptrs + 2 * s_stat, tl.where(empty, float("-inf"), lse), offs_m < L,
+                   CHECK_M)
+    if NATURAL:
+        store_row_stat(stats_ptrs + 3 * s_stat, log_l_lo, offs_m < L, CHECK_M)
+

@@ -111,7 +111,6 @@ _BACKWARD_CHECKS = ("sdpa.gradient_agreement", "sdpa.strided_dout", "sdpa.misali
 KNOWN_CASES: tuple[KnownCase, ...] = (
     KnownCase(("torch-flash", "torch"), _BACKWARD_CHECKS, ("cpu",), _finfo_min_rows,
               _MIN_BIAS_ROWS_BWD),
-    KnownCase(("fast",), _BACKWARD_CHECKS, ("cpu", "cuda"), _finfo_min_rows, _MIN_BIAS_ROWS_BWD),
     KnownCase(("torch-cudnn",), ("sdpa.forward_agreement", "sdpa.gradient_agreement",
                                  "sdpa.strided_dout", "sdpa.rank3_equals_rank4"),
               ("cuda",), _has_fully_masked_rows, _CUDNN_MASKED_ROWS),
