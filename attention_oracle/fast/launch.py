@@ -1,0 +1,204 @@
+"""Direct launches of compiled Triton kernels, without ``JITFunction.run``'s per-call work.
+
+``kernel[grid](*args, **kwargs)`` costs ~25-30 us of host time per launch on the H200 machine
+(NOTES.md, Issue 12: Triton's binder and ``native_specialize_impl`` over ~45 arguments, the
+cache key, option parsing). :class:`DirectLauncher` makes the first launch of each
+specialization that way and keeps the ``CompiledKernel`` Triton returned; later launches with
+the same specialization key call the kernel's C launcher directly (``CompiledKernel.run``,
+whose calling convention Triton 3.2-3.8 share).
+
+The specialization key (:func:`specialization_key`) distinguishes at least everything Triton
+specializes a compiled kernel on, so two launches sharing a key run the same compiled kernel:
+
+* tensors: the dtype and whether ``data_ptr()`` is a multiple of 16;
+* ints: i32 / i64 / u64 by range, the value 1, divisibility by 16 (Triton ignores the last two
+  for ``do_not_specialize`` arguments; keeping them only adds cache entries);
+* floats (fp32), bools (u1), None (a constexpr): their type;
+* every keyword argument (constexprs and options such as ``num_warps``) by value;
+* the current CUDA device.
+
+Anything else (an argument of another type, launch hooks or pre-run hooks installed, Triton's
+interpreter, a ``CompiledKernel`` without the expected attributes, an exception on the first
+direct launch) falls back to ``kernel[grid](...)``. Not covered: changing Triton's process-wide
+knobs (``TRITON_DEBUG``, instrumentation) after the first launch; ``check`` mode (below) finds
+any key collision.
+
+Modes (``set_launch_mode`` / ``$ATTENTION_ORACLE_FAST_LAUNCH``): ``direct`` (default),
+``triton`` (always ``kernel[grid](...)``), ``check`` (direct, and every direct launch also asks
+Triton, with ``warmup=True``, which compiled kernel it would run, raising if it differs).
+"""
+import inspect
+import os
+import warnings
+
+LAUNCH_MODES = ("direct", "triton", "check")
+_MODE = {"mode": os.environ.get("ATTENTION_ORACLE_FAST_LAUNCH", "direct")}
+if _MODE["mode"] not in LAUNCH_MODES:
+    raise ValueError(f"ATTENTION_ORACLE_FAST_LAUNCH must be one of {LAUNCH_MODES}, "
+                     f"got {_MODE['mode']!r}")
+
+# int codes of specialization_key: (i32, i64, u64) x (not / divisible by 16), and the value 1
+_I32_MIN, _I32_MAX = -2**31, 2**31 - 1
+_I64_MIN, _I64_MAX = -2**63, 2**63 - 1
+_ONE, _FLOAT, _BOOL, _NONE = 6, 7, 8, 9
+_MAX_KERNELS = 4096  # entries per launcher before the cache is emptied (shapes are in the key)
+
+
+def set_launch_mode(mode):
+    """Launch mode of later calls (module docstring); returns the previous one."""
+    if mode not in LAUNCH_MODES:
+        raise ValueError(f"mode must be one of {LAUNCH_MODES}, got {mode!r}")
+    previous, _MODE["mode"] = _MODE["mode"], mode
+    return previous
+
+
+def launch_mode():
+    return _MODE["mode"]
+
+
+class Unkeyable(TypeError):
+    """An argument whose Triton specialization the key does not model."""
+
+
+def _int_code(a):
+    if a == 1:
+        return _ONE
+    div = a & 15 == 0
+    if _I32_MIN <= a <= _I32_MAX:
+        return div
+    if _I64_MIN <= a <= _I64_MAX:
+        return 2 + div
+    return 4 + div
+
+
+def specialization_key(args):
+    """One hashable entry per positional argument (module docstring); raises
+    :class:`Unkeyable` for a type it does not model."""
+    out = []
+    append = out.append
+    for a in args:
+        c = a.__class__
+        if c is int:
+            append(_int_code(a))
+        elif c is float:
+            append(_FLOAT)
+        elif c is bool:
+            append(_BOOL)
+        elif a is None:
+            append(_NONE)
+        else:
+            try:
+                append((a.dtype, a.data_ptr() & 15 == 0))
+            except AttributeError as exc:
+                raise Unkeyable(f"argument of type {c.__name__}") from exc
+    return tuple(out)
+
+
+def _grid3(grid):
+    g = tuple(grid)
+    return (g + (1, 1))[:3] if len(g) < 3 else g
+
+
+class _Entry:
+    """What a direct launch needs of one compiled kernel."""
+    __slots__ = ("kernel", "run", "function", "packed", "tail")
+
+    def __init__(self, kernel, tail):
+        self.kernel = kernel
+        self.run = kernel.run  # initialises the module handles on Triton versions that defer it
+        self.function = kernel.function
+        self.packed = kernel.packed_metadata
+        self.tail = tail
+
+
+class DirectLauncher:
+    """``launcher(grid, args, kwargs)`` launches ``jit[grid](*args, **kwargs)`` (``grid`` a tuple
+    of at most 3 ints, ``args`` the leading positional parameters, ``kwargs`` the remaining
+    parameters and Triton options), directly once the specialization has been launched once."""
+
+    def __init__(self, jit):
+        self.jit = jit
+        self.kernels = {}
+        self.names = None
+        self.defaults = None
+        self.usable = _is_jit_function(jit)
+        self.driver = None
+
+    def __call__(self, grid, args, kwargs):
+        mode = _MODE["mode"]
+        if mode == "triton" or not self.usable or getattr(self.jit, "pre_run_hooks", None):
+            self.jit[grid](*args, **kwargs)
+            return
+        try:
+            key = (self._device(), specialization_key(args), tuple(kwargs.items()))
+            hash(key)
+        except Exception:  # noqa: BLE001 - an unmodelled argument, no driver: Triton's own path
+            self.jit[grid](*args, **kwargs)
+            return
+        entry = self.kernels.get(key)
+        if entry is None:
+            kernel = self.jit.run(*args, grid=grid, warmup=False, **kwargs)
+            self._remember(key, kernel, len(args), kwargs)
+            return
+        if mode == "check":
+            self._check(entry, grid, args, kwargs)
+        knobs = self.knobs
+        if knobs.launch_enter_hook is not None or knobs.launch_exit_hook is not None:
+            self.jit[grid](*args, **kwargs)
+            return
+        g0, g1, g2 = _grid3(grid)
+        try:
+            entry.run(g0, g1, g2, self.stream(key[0]), entry.function, entry.packed, None, None,
+                      None, *args, *entry.tail)
+        except Exception as exc:  # noqa: BLE001 - any failure: back to Triton's own path for good
+            self.usable = False
+            warnings.warn(f"{self.jit.fn.__name__}: direct launch failed ({exc!r}); "
+                          f"using Triton's launch path from now on", RuntimeWarning, stacklevel=2)
+            self.jit[grid](*args, **kwargs)
+
+    def _device(self):
+        if self.driver is None:
+            from triton import knobs
+            from triton.runtime.driver import driver
+            active = driver.active
+            self.device_of, self.stream = active.get_current_device, active.get_current_stream
+            self.knobs = knobs.runtime
+            self.driver = active
+        return self.device_of()
+
+    def _remember(self, key, kernel, n_args, kwargs):
+        if kernel is None or hasattr(kernel, "result"):  # not compiled yet (a hook or async mode)
+            return
+        if self.names is None:
+            self.names = [p.name for p in self.jit.params]
+            self.defaults = [_default_of(p) for p in self.jit.params]
+        try:
+            tail = tuple(kwargs[n] if n in kwargs else d
+                         for n, d in zip(self.names[n_args:], self.defaults[n_args:]))
+            entry = _Entry(kernel, tail)
+        except (AttributeError, KeyError):
+            self.usable = False
+            return
+        if len(self.kernels) >= _MAX_KERNELS:
+            self.kernels.clear()
+        self.kernels[key] = entry
+
+    def _check(self, entry, grid, args, kwargs):
+        expected = self.jit.run(*args, grid=grid, warmup=True, **kwargs)
+        if expected is not entry.kernel:
+            raise RuntimeError(f"{self.jit.fn.__name__}: the direct launcher's specialization key "
+                               f"maps these arguments to another compiled kernel than Triton's")
+
+
+def _default_of(param):
+    default = getattr(param, "default", inspect.Parameter.empty)
+    return None if default is inspect.Parameter.empty else default
+
+
+def _is_jit_function(jit):
+    """Only a native JITFunction (not the interpreter's) offers the direct path."""
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return False
+    return isinstance(jit, JITFunction) and hasattr(jit, "params")

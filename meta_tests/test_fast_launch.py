@@ -1,0 +1,180 @@
+"""The direct launcher (attention_oracle/fast/launch.py) on a stand-in compiled kernel.
+
+CPU-only checks of its logic: which launches go through Triton's ``JITFunction.run`` and which
+through the compiled kernel's own launcher, with which arguments; and that its specialization
+key is at least as fine as Triton's own (``native_specialize_impl``), so two launches sharing a
+key run the same compiled kernel. On a GPU, ``ATTENTION_ORACLE_FAST_LAUNCH=check`` runs the
+real kernels with every direct launch checked against Triton's choice.
+"""
+import itertools
+import types
+import warnings
+
+import pytest
+import torch
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+from attention_oracle.fast import launch
+from attention_oracle.fast.launch import DirectLauncher, set_launch_mode, specialization_key
+
+
+def _kernel(X, n, scale, BLOCK: tl.constexpr, FLAG: tl.constexpr = 3):
+    pass
+
+
+class FakeCompiled:
+    """What DirectLauncher reads of a CompiledKernel; records direct launches."""
+
+    def __init__(self, name, log, fail=False):
+        self.name, self.log, self.fail = name, log, fail
+        self.function, self.packed_metadata = f"fn-{name}", f"meta-{name}"
+
+    def run(self, *a):
+        if self.fail:
+            raise RuntimeError("launcher exploded")
+        self.log.append(("direct", self.name, a))
+
+
+@pytest.fixture
+def rig(monkeypatch):
+    """A real JITFunction whose ``run`` is replaced by a recorder, and a launcher with a stand-in
+    driver (device 0, stream 77, no launch hooks)."""
+    jit = JITFunction(_kernel)
+    log, compiled = [], {}
+
+    def run(*args, grid, warmup, **kwargs):
+        try:
+            spec = specialization_key(args)
+        except launch.Unkeyable:
+            spec = tuple(map(repr, args))
+        key = (spec, tuple(sorted(kwargs.items())))
+        kernel = compiled.setdefault(key, FakeCompiled(str(len(compiled)), log))
+        log.append(("warmup" if warmup else "triton", kernel.name, args, grid))
+        return kernel
+
+    monkeypatch.setattr(jit, "run", run, raising=False)
+    launcher = DirectLauncher(jit)
+    launcher.driver = object()
+    launcher.device_of = lambda: 0
+    launcher.stream = lambda device: 77
+    launcher.knobs = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    previous = set_launch_mode("direct")
+    yield launcher, log, compiled
+    set_launch_mode(previous)
+
+
+def test_second_launch_is_direct_with_every_parameter(rig):
+    launcher, log, _ = rig
+    x = torch.empty(64)
+    launcher((4, 2), (x, 17, 0.5), {"BLOCK": 32, "num_warps": 4})
+    launcher((5,), (x, 17, 0.25), {"BLOCK": 32, "num_warps": 4})
+    assert [e[0] for e in log] == ["triton", "direct"]
+    # grid padded to 3, stream, function, metadata, no launch metadata / hooks, then the
+    # parameters in signature order with the constexprs (FLAG from its default)
+    assert log[1][2] == (5, 1, 1, 77, "fn-0", "meta-0", None, None, None, x, 17, 0.25, 32, 3)
+
+
+@pytest.mark.parametrize("change", ["alignment", "dtype", "one", "div16", "int64", "constexpr",
+                                    "option"])
+def test_a_new_specialization_goes_through_triton(rig, change):
+    launcher, log, _ = rig
+    buf = torch.empty(64)
+    base = dict(x=buf[:16], n=32, kw={"BLOCK": 32, "num_warps": 4})
+    changed = dict(base)
+    if change == "alignment":
+        changed["x"] = buf[1:17]
+    elif change == "dtype":
+        changed["x"] = torch.empty(16, dtype=torch.float16)
+    elif change == "one":
+        changed["n"] = 1
+    elif change == "div16":
+        changed["n"] = 33
+    elif change == "int64":
+        changed["n"] = 2**33
+    elif change == "constexpr":
+        changed["kw"] = {"BLOCK": 64, "num_warps": 4}
+    else:
+        changed["kw"] = {"BLOCK": 32, "num_warps": 8}
+    for c in (base, base, changed, changed):
+        launcher((1,), (c["x"], c["n"], 1.0), c["kw"])
+    assert [e[0] for e in log] == ["triton", "direct", "triton", "direct"]
+
+
+def test_check_mode_raises_on_a_different_kernel(rig):
+    launcher, log, compiled = rig
+    x = torch.empty(16)
+    set_launch_mode("check")
+    launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
+    launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
+    assert [e[0] for e in log] == ["triton", "warmup", "direct"]
+    for key in compiled:  # Triton now picks another compiled kernel for the same arguments
+        compiled[key] = FakeCompiled("other", log)
+    with pytest.raises(RuntimeError, match="another compiled kernel"):
+        launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
+
+
+def test_triton_mode_hooks_and_unkeyable_arguments_take_triton_path(rig):
+    launcher, log, _ = rig
+    x = torch.empty(16)
+    set_launch_mode("triton")
+    launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
+    launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
+    set_launch_mode("direct")
+    launcher.knobs.launch_enter_hook = print
+    launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
+    launcher.knobs.launch_enter_hook = None
+    launcher((1,), (x, "not an argument Triton knows", 1.0), {"BLOCK": 16})
+    assert [e[0] for e in log] == ["triton"] * 4
+
+
+def test_a_failing_direct_launch_falls_back_for_good(rig):
+    launcher, log, compiled = rig
+    x = torch.empty(16)
+    launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
+    for kernel in compiled.values():
+        kernel.fail = True
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
+    assert any("direct launch failed" in str(w.message) for w in caught)
+    launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
+    assert [e[0] for e in log] == ["triton", "triton", "triton"] and not launcher.usable
+
+
+def test_interpreted_functions_never_launch_directly():
+    assert not DirectLauncher(object()).usable
+
+
+INTS = [0, 1, 2, 15, 16, 17, 32, -1, -16, -17, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16,
+        -2**31, -2**31 - 1, -2**31 - 16, 2**62, 2**63 - 1, 2**63, 2**63 + 16, 2**64 - 16]
+
+
+def _tensors():
+    buf = torch.empty(128)
+    return [buf[:8], buf[1:9], buf[4:12], torch.empty(8, dtype=torch.float16),
+            torch.empty(8, dtype=torch.bfloat16), torch.empty(8, dtype=torch.uint8)[1:],
+            torch.empty(8, dtype=torch.int32)]
+
+
+def _triton_specialization(a, specialize=True):
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+    return native_specialize_impl(BaseBackend, a, False, specialize, True)
+
+
+def test_key_is_at_least_as_fine_as_tritons():
+    """Equal keys imply equal Triton specializations (pairs of ints, of tensors, and mixed
+    types: floats, bools, None)."""
+    values = INTS + _tensors() + [0.5, 3.0, True, False, None]
+    for a, b in itertools.combinations(values, 2):
+        if specialization_key((a,)) == specialization_key((b,)):
+            for spec in (True, False):
+                assert _triton_specialization(a, spec) == _triton_specialization(b, spec), (a, b)
+
+
+def test_key_control_detects_a_coarser_key(monkeypatch):
+    """Negative control for the test above: a key that forgets divisibility by 16 fails it."""
+    monkeypatch.setattr(launch, "_int_code", lambda a: 0 if -2**31 <= a < 2**31 else 2)
+    with pytest.raises(AssertionError):
+        test_key_is_at_least_as_fine_as_tritons()
