@@ -229,6 +229,7 @@ def test_sdpa_negative_control_finite_scale_runs(which):
 
 
 def test_oracle_sdpa_validation_names_scale():
+    from attention_oracle.validation import check_sdpa_inputs
     q, k, v = _sdpa_inputs()
     with pytest.raises(ValueError, match="scale must be finite"):
-        osdpa.validate_sdpa_inputs(q, k, v, scale=math.nan)
+        check_sdpa_inputs(q, k, v, scale=math.nan)

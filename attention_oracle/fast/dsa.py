@@ -18,19 +18,17 @@ The varlen forms run :func:`fast.index.offset_gather_kv_indices` (one launch, no
 and then the global kernel with the returned lengths.
 """
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
 from triton.runtime.errors import OutOfResources
 
-from .host import cdiv, next_pow2
+from ..validation import FLOAT_DTYPES, check_dsa_inputs, key_rows
+from .host import cdiv, check_device, next_pow2
 from .index import offset_rows, pdl_on
 from .kernels.dsa_bwd import dsa_bwd_kernel
 from .kernels.dsa_fwd import dsa_fwd_kernel
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_INDEX_DTYPES = (torch.int32, torch.int64)
 _ONE_TILE_MAX = 512  # widest latent kept as one register tile (Dl = 512 production path)
 _LOG2E = 1.4426950408889634
 
@@ -132,82 +130,13 @@ def _launch_first_fitting(kind, q, dr, launch, config):
 
 # ----------------------------------------------------------------------------- validation
 
-def _check_float(name, x, ndims):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}")
-    if x.dtype not in _FLOAT_DTYPES:
-        raise NotImplementedError(f"{name}: dtype {x.dtype} is not supported by fast DSA "
-                                  f"(float16, bfloat16, float32)")
-    if x.dim() not in ndims:
-        raise ValueError(f"{name} must have {' or '.join(map(str, ndims))} dimensions, "
-                         f"got shape {tuple(x.shape)}")
-
-
-def _as_key_rows(name, x):
-    """[S, D] or [S, 1, D] -> [S, D] view."""
-    _check_float(name, x, (2, 3))
-    if x.dim() == 3:
-        if x.shape[1] != 1:
-            raise ValueError(f"{name} of rank 3 must be [S, 1, D] (one kv head), "
-                             f"got shape {tuple(x.shape)}")
-        x = x[:, 0]
-    return x
-
-
-def _check_indices(name, x, T, ndim):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"{name} must be int32 or int64, got {x.dtype}")
-    if x.dim() != ndim or x.shape[0] != T:
-        want = f"[{T}, K]" if ndim == 2 else f"[{T}]"
-        raise ValueError(f"{name} must have shape {want}, got {tuple(x.shape)}")
-
-
-def _check_same(tensors, attr):
-    first_name, first = tensors[0]
-    for name, x in tensors[1:]:
-        if getattr(x, attr) != getattr(first, attr):
-            err = TypeError if attr == "dtype" else ValueError
-            raise err(f"{name} has {attr} {getattr(x, attr)}, {first_name} has "
-                      f"{getattr(first, attr)}")
-
-
-def _validate(q, q_rope, kv, k_rope, indices, topk_length, softmax_scale):
-    """Checks inputs; returns (kv [S, Dl] view, k_rope [S, Dr] view or None)."""
-    q_name = "q_latent" if q_rope is not None else "q"
-    kv_name = "kv_latent" if q_rope is not None else "kv"
-    _check_float(q_name, q, (3,))
-    kv = _as_key_rows(kv_name, kv)
-    floats = [(q_name, q), (kv_name, kv)]
-    T, H, DL = q.shape
-    if kv.shape[1] != DL:
-        raise ValueError(f"{kv_name} head dim {kv.shape[1]} != {q_name} head dim {DL}")
-    if q_rope is not None:
-        _check_float("q_rope", q_rope, (3,))
-        k_rope = _as_key_rows("k_rope", k_rope)
-        if tuple(q_rope.shape[:2]) != (T, H):
-            raise ValueError(f"q_rope must be [{T}, {H}, Dr], got {tuple(q_rope.shape)}")
-        if k_rope.shape != (kv.shape[0], q_rope.shape[2]):
-            raise ValueError(f"k_rope must be [{kv.shape[0]}, {q_rope.shape[2]}], "
-                             f"got {tuple(k_rope.shape)}")
-        floats += [("q_rope", q_rope), ("k_rope", k_rope)]
-    _check_same(floats, "dtype")
-    _check_indices("indices", indices, T, 2)
-    tensors = floats + [("indices", indices)]
-    if topk_length is not None:
-        _check_indices("topk_length", topk_length, T, 1)
-        tensors.append(("topk_length", topk_length))
-    _check_same(tensors, "device")
-    if softmax_scale is not None:
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-            raise TypeError(f"softmax_scale must be a number or None, "
-                            f"got {type(softmax_scale).__name__}")
-        if not math.isfinite(softmax_scale):
-            raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
-    return kv, k_rope
+def _validate(q, q_rope, kv, k_rope, indices, topk_length, softmax_scale, rope):
+    """The contract's checks (attention_oracle/validation.py) and fast's device; returns
+    (kv [S, Dl] view, k_rope [S, Dr] view or None, scale)."""
+    checked = check_dsa_inputs(q, q_rope, kv, k_rope, indices, topk_length, softmax_scale,
+                               rope=rope, dtypes=FLOAT_DTYPES)
+    check_device(q.device)
+    return checked
 
 
 # ----------------------------------------------------------------------------- launches
@@ -333,18 +262,13 @@ class _DsaFunction(torch.autograd.Function):
         return dq, dqr, dkv, dkr, None, None, None
 
 
-def _default_scale(softmax_scale, width):
-    return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(width)
-
-
 def dsa_sparse_attention_nope(q, kv, indices, *, topk_length=None, softmax_scale=None,
                               return_lse=False):
     """NoPE DSA: q [T, H, D], kv [S, D] or [S, 1, D], indices [T, K] -> out [T, H, D] (+ lse).
 
     Scores scale * q . kv[idx] (scale default 1/sqrt(D)); values kv[idx].
     """
-    kv_rows, _ = _validate(q, None, kv, None, indices, topk_length, softmax_scale)
-    scale = _default_scale(softmax_scale, q.shape[2])
+    kv_rows, _, scale = _validate(q, None, kv, None, indices, topk_length, softmax_scale, False)
     out, lse = _attend(q, None, kv_rows, None, indices, topk_length, scale)
     return (out, lse) if return_lse else out
 
@@ -356,11 +280,8 @@ def dsa_sparse_attention(q_latent, q_rope, kv_latent, k_rope, indices, *, topk_l
     Scores scale * (q_latent . kv_latent[idx] + q_rope . k_rope[idx]) (scale default
     1/sqrt(Dl + Dr)); values kv_latent[idx]; out [T, H, Dl] (+ lse [T, H] fp32).
     """
-    if q_rope is None or k_rope is None:
-        raise ValueError("q_rope and k_rope are required (use dsa_sparse_attention_nope)")
-    kv_rows, kr_rows = _validate(q_latent, q_rope, kv_latent, k_rope, indices, topk_length,
-                                 softmax_scale)
-    scale = _default_scale(softmax_scale, q_latent.shape[2] + q_rope.shape[2])
+    kv_rows, kr_rows, scale = _validate(q_latent, q_rope, kv_latent, k_rope, indices, topk_length,
+                                        softmax_scale, True)
     out, lse = _attend(q_latent, q_rope, kv_rows, kr_rows, indices, topk_length, scale)
     return (out, lse) if return_lse else out
 
@@ -368,7 +289,7 @@ def dsa_sparse_attention(q_latent, q_rope, kv_latent, k_rope, indices, *, topk_l
 def _global_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal, topk_length, kv,
                     kv_name):
     """(global rows, lengths); cu_seqlens_k[-1] past kv's rows fails (fast.index docstring)."""
-    _check_float(kv_name, kv, (2, 3))
+    kv = key_rows(kv_name, kv, FLOAT_DTYPES)
     # compaction pays off whenever rows have holes; lengths then stop the slot loop early
     return offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal=causal, compact=True,
                        topk_length=topk_length, key_rows=kv.shape[0], key_rows_name=kv_name)

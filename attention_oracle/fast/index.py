@@ -13,11 +13,11 @@ CUDA context is unusable afterwards, as after any device assert), on CPU (the in
 """
 import torch
 
-from .host import next_pow2
+from ..validation import check_index_inputs
+from .host import check_device, next_pow2
 from .kernels import pdl
 from .kernels.index_offset import BAD_BITS, CHECK_BLOCK, offset_gather_kernel
 
-_INDEX_DTYPES = (torch.int32, torch.int64)
 _MAX_BLOCK_K = 4096
 _INT32_MAX = 2**31 - 1
 _ASSERT_MSG = ("fast offset_gather_kv_indices: bad varlen metadata (cu_seqlens_q must start at 0, "
@@ -64,15 +64,6 @@ def raise_on_bad_metadata(flags, key_rows_name=None):
         raise ValueError(describe_bad_metadata(bits, key_rows_name))
 
 
-def _check_index_tensor(name, x, ndim):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"{name} must be int32 or int64, got {x.dtype}")
-    if x.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(x.shape)}")
-
-
 def _needs_scratch(out, idx, compact, K):
     """True when the kernel cannot write its result straight into ``out``.
 
@@ -86,36 +77,6 @@ def _needs_scratch(out, idx, compact, K):
         return False
     same_view = out.data_ptr() == idx.data_ptr() and out.stride() == idx.stride()
     return not same_view or (compact and K > _MAX_BLOCK_K)
-
-
-def _check_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, out):
-    _check_index_tensor("gather_kv_indices", gather_kv_indices, 2)
-    _check_index_tensor("cu_seqlens_q", cu_seqlens_q, 1)
-    _check_index_tensor("cu_seqlens_k", cu_seqlens_k, 1)
-    T, K = gather_kv_indices.shape
-    if cu_seqlens_q.numel() < 1:
-        raise ValueError("cu_seqlens_q must hold at least one entry (the leading 0)")
-    if cu_seqlens_k.shape != cu_seqlens_q.shape:
-        raise ValueError(f"cu_seqlens_k must have the shape of cu_seqlens_q "
-                         f"{tuple(cu_seqlens_q.shape)}, got {tuple(cu_seqlens_k.shape)}")
-    device = gather_kv_indices.device
-    named = [("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)]
-    if topk_length is not None:
-        _check_index_tensor("topk_length", topk_length, 1)
-        if topk_length.shape[0] != T:
-            raise ValueError(f"topk_length must have shape ({T},), got {tuple(topk_length.shape)}")
-        named.append(("topk_length", topk_length))
-    if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-        if out.dtype != torch.int32:
-            raise TypeError(f"out must be int32, got {out.dtype}")
-        if tuple(out.shape) != (T, K):
-            raise ValueError(f"out must have shape {(T, K)}, got {tuple(out.shape)}")
-        named.append(("out", out))
-    for name, x in named:
-        if x.device != device:
-            raise ValueError(f"{name} is on {x.device}, gather_kv_indices on {device}")
 
 
 def offset_gather_kv_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False,
@@ -145,9 +106,9 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
                 compact=False, topk_length=None, key_rows=None, key_rows_name=None):
     """:func:`offset_gather_kv_indices` returning (rows, lengths); ``key_rows`` (the S of the
     keys the rows will index, named ``key_rows_name`` in errors) also bounds cu_seqlens_k[-1]."""
-    _check_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, out)
-    T, K = gather_kv_indices.shape
+    T, K = check_index_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, out)
     device = gather_kv_indices.device
+    check_device(device)
     result = out
     if _needs_scratch(out, gather_kv_indices, compact, K):
         result = torch.empty((T, K), dtype=torch.int32, device=device)

@@ -32,7 +32,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from .host import cdiv, next_pow2
+from ..validation import FLOAT_DTYPES, check_sdpa_inputs
+from .host import cdiv, check_device, next_pow2
 from .kernels.sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel, sdpa_bwd_preprocess_kernel
 from .kernels.sdpa_common import (
     LOG2E,
@@ -52,116 +53,27 @@ from .launch import DirectLauncher
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_with_lse"]
 
 MAX_HEAD_DIM = 256
-_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 # ----------------------------------------------------------------------------- validation
+# (attention_oracle/validation.py checks the contract's inputs; these are fast's own limits)
 
-def _check_tensor(name, t):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() < 3:
-        raise ValueError(f"{name} must have rank >= 3 ([..., seq, dim]), got shape {tuple(t.shape)}")
-
-
-def _check_dtypes(query, key, value):
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
-    if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, "
-                        f"{value.dtype}")
-    if query.dtype not in _SUPPORTED_DTYPES:
-        raise NotImplementedError(f"query dtype {query.dtype} is not supported (fp16, bf16, fp32)")
-
-
-def _check_device(query, key, value, attn_mask):
-    dev = query.device
-    for name, t in (("key", key), ("value", value), ("attn_mask", attn_mask)):
-        if t is not None and t.device != dev:
-            raise ValueError(f"{name} is on {t.device} but query is on {dev}")
-    if dev.type == "cuda" and not interpreting():
-        return
-    if dev.type == "cpu" and interpreting():
-        return
-    raise NotImplementedError(f"tensors on {dev} need "
-                              f"{'a CUDA device' if not interpreting() else 'the CPU'} "
-                              f"({'TRITON_INTERPRET=1 is set' if interpreting() else 'Triton runs on CUDA; set TRITON_INTERPRET=1 for CPU'})")
-
-
-def _check_scalars(dropout_p, is_causal, scale, enable_gqa):
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
-        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
-    if dropout_p != 0.0:
-        raise NotImplementedError("dropout_p != 0 is not supported by the fast SDPA kernels")
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if not isinstance(enable_gqa, bool):
-        raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-        if not math.isfinite(scale):
-            raise ValueError(f"scale must be finite, got {scale}")
-
-
-def _check_mask(attn_mask, is_causal):
-    if attn_mask is None:
-        return
-    if not isinstance(attn_mask, torch.Tensor):
-        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-        raise TypeError(f"attn_mask must be bool or floating point, got {attn_mask.dtype}")
-    if is_causal:
-        raise ValueError("attn_mask must be None when is_causal=True (as in PyTorch)")
-    if attn_mask.requires_grad and torch.is_grad_enabled():
-        raise NotImplementedError("a gradient with respect to attn_mask is not supported")
-
-
-def _broadcast_shapes(*shapes):
-    """torch.broadcast_shapes for plain tuples, without its cost (~10 us a call) on the common
-    case of equal shapes; raises RuntimeError as it does."""
-    first = tuple(shapes[0])
-    if all(tuple(s) == first for s in shapes[1:]):
-        return first
-    ndim = max(len(s) for s in shapes)
-    out = []
-    for i in range(-ndim, 0):
-        dims = {s[i] for s in shapes if len(s) >= -i} - {1}
-        if len(dims) > 1:
-            raise RuntimeError(f"shapes {shapes} do not broadcast")
-        out.append(dims.pop() if dims else 1)
-    return tuple(out)
-
-
-def _check_shapes(query, key, value, enable_gqa):
-    """Return (batch_shape, Hq, Hkv) after checking the head/sequence/feature dims."""
-    E, Ek, Ev = query.shape[-1], key.shape[-1], value.shape[-1]
-    if Ek != E:
-        raise ValueError(f"key head dim {Ek} differs from query head dim {E}")
-    if key.shape[-2] != value.shape[-2]:
-        raise ValueError(f"key length {key.shape[-2]} differs from value length {value.shape[-2]}")
-    for name, d in (("query/key head dim", E), ("value head dim", Ev)):
+def _check_head_dims(query, value):
+    for name, d in (("query/key head dim", query.shape[-1]), ("value head dim", value.shape[-1])):
         if d == 0 or d > MAX_HEAD_DIM:
             raise NotImplementedError(f"{name} {d} is outside 1..{MAX_HEAD_DIM}")
-    lead = [t.shape[:-3] for t in (query, key, value)]
-    try:
-        batch = _broadcast_shapes(*lead)
-    except RuntimeError as exc:
-        raise ValueError(f"batch dims of query/key/value do not broadcast: {lead}") from exc
-    hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
-    if enable_gqa:
-        if hk != hv:
-            raise ValueError(f"enable_gqa: key heads {hk} differ from value heads {hv}")
-        if hk == 0 or hq % hk != 0:
-            raise ValueError(f"enable_gqa: query heads {hq} are not a multiple of key heads {hk}")
-        return batch, hq, hk
-    try:
-        h = _broadcast_shapes((hq,), (hk,), (hv,))[0]
-    except RuntimeError as exc:
-        raise ValueError(f"head dims of query/key/value ({hq}, {hk}, {hv}) do not match; "
-                         f"pass enable_gqa=True for grouped-query attention") from exc
-    return batch, h, h
+
+
+def _common_kv_heads(key, value, hk, hv):
+    """GQA with different key and value head counts (PyTorch allows it where both divide Hq):
+    both repeated to lcm(Hk, Hv) heads, which keeps query head h on key head h // (Hq / Hk) and
+    value head h // (Hq / Hv). A copy, but the kernels take one group size."""
+    h = math.lcm(hk, hv)
+    if h != hk:
+        key = key.repeat_interleave(h // hk, dim=-3)
+    if h != hv:
+        value = value.repeat_interleave(h // hv, dim=-3)
+    return key, value, h
 
 
 # ----------------------------------------------------------------------------- layout
@@ -457,32 +369,23 @@ def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dro
 
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """Validates, launches; returns (out, the kernels' row statistics, out's shape)."""
-    _check_scalars(dropout_p, is_causal, scale, enable_gqa)
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        _check_tensor(name, t)
-    _check_mask(attn_mask, is_causal)
-    _check_dtypes(query, key, value)
-    _check_device(query, key, value, attn_mask)
-    batch, hq, hkv = _check_shapes(query, key, value, enable_gqa)
+    batch, hq, hkv, hv, scale = check_sdpa_inputs(query, key, value, attn_mask, dropout_p,
+                                                  is_causal, scale, enable_gqa, dtypes=FLOAT_DTYPES)
+    check_device(query.device)
+    _check_head_dims(query, value)
+    if hkv != hv:
+        key, value, hkv = _common_kv_heads(key, value, hkv, hv)
     L, S, E = query.shape[-2], key.shape[-2], query.shape[-1]
     q = _expand_to(query, batch, hq)
     k = _expand_to(key, batch, hkv)
     v = _expand_to(value, batch, hkv)
     mask5 = None
     if attn_mask is not None:
-        full = tuple(batch) + (hq, L, S)
-        try:
-            mask = attn_mask.expand(full) if attn_mask.dim() <= len(full) else None
-        except RuntimeError:
-            mask = None
-        if mask is None:
-            raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {full}")
-        mask5 = _to_rank5(mask, "attn_mask")
+        mask5 = _to_rank5(attn_mask.expand(batch + (hq, L, S)), "attn_mask")
     _check_tile_offsets((("query", q), ("key", k), ("value", v), ("attn_mask", mask5)))
     if max(L, S) * max(E, value.shape[-1]) > _INT32_MAX:  # the outputs/gradients are contiguous
         raise NotImplementedError(f"query/key: {max(L, S)} rows x head dim overflow the kernels' "
                                   f"int32 in-head addressing")
-    scale = float(1.0 / math.sqrt(E) if scale is None else scale)
     out5, lse_k = _forward(_to_rank5(q, "query"), _to_rank5(k, "key"), _to_rank5(v, "value"),
                            mask5, is_causal, scale)
     out_shape = tuple(q.shape[:-1]) + (value.shape[-1],)

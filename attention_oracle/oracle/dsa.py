@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..validation import check_dsa_inputs, floating_tensor, key_rows
 from . import flash
 from .flash import ALGORITHMS
 from .index import offset_gather_kv_indices
@@ -59,7 +60,6 @@ __all__ = [
 ]
 
 DEFAULT_CHUNK_BYTES = 2 * 2**30
-_INDEX_DTYPES = (torch.int32, torch.int64)
 _MAGNITUDE_DTYPE = torch.float64
 
 
@@ -102,101 +102,17 @@ class _Operands:
         return 0 if self.q_rope is None else self.q_rope.shape[2]
 
 
-_ROPE_NAMES = ("q_latent", "q_rope", "kv_latent", "k_rope")
-_NOPE_NAMES = ("q", None, "kv", None)
-
-
-def _check_float_tensor(name: str, value) -> None:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if not value.dtype.is_floating_point:
-        raise TypeError(f"{name} must have a floating-point dtype, got {value.dtype}")
-
-
-def _key_rows_2d(name: str, value: torch.Tensor) -> torch.Tensor:
-    """Accept ``[S, D]`` or ``[S, 1, D]`` key rows; return the ``[S, D]`` view."""
-    if value.dim() == 2:
-        return value
-    if value.dim() == 3 and value.shape[1] == 1:
-        return value[:, 0, :]
-    raise ValueError(f"{name} must be [S, D] or [S, 1, D], got shape {tuple(value.shape)}")
-
-
 def _validate_operands(q_latent, q_rope, kv_latent, k_rope, indices, topk_length,
-                       softmax_scale, names=_ROPE_NAMES) -> _Operands:
-    """Check every operand and return them normalised; errors name the offending argument."""
-    ql_name, qr_name, kv_name, kr_name = names
-    _check_float_tensor(ql_name, q_latent)
-    _check_float_tensor(kv_name, kv_latent)
-    if (q_rope is None) != (k_rope is None):
-        raise ValueError(f"{qr_name} and {kr_name} must be given together (both or neither)")
-    has_rope = q_rope is not None
-    if has_rope:
-        _check_float_tensor(qr_name, q_rope)
-        _check_float_tensor(kr_name, k_rope)
-    if q_latent.dim() != 3:
-        raise ValueError(f"{ql_name} must be [T, H, D], got shape {tuple(q_latent.shape)}")
-    kv2 = _key_rows_2d(kv_name, kv_latent)
-    T, H, Dl = q_latent.shape
-    if kv2.shape[1] != Dl:
-        raise ValueError(f"{kv_name} has {kv2.shape[1]} channels but {ql_name} has {Dl}")
-    kr2 = None
-    if has_rope:
-        if q_rope.dim() != 3:
-            raise ValueError(f"{qr_name} must be [T, H, Dr], got shape {tuple(q_rope.shape)}")
-        if q_rope.shape[0] != T:
-            raise ValueError(f"{qr_name} has {q_rope.shape[0]} tokens but {ql_name} has {T}")
-        if q_rope.shape[1] != H:
-            raise ValueError(f"{qr_name} has {q_rope.shape[1]} heads but {ql_name} has {H}")
-        kr2 = _key_rows_2d(kr_name, k_rope)
-        if kr2.shape[1] != q_rope.shape[2]:
-            raise ValueError(f"{kr_name} has {kr2.shape[1]} channels but {qr_name} has {q_rope.shape[2]}")
-        if kr2.shape[0] != kv2.shape[0]:
-            raise ValueError(f"{kr_name} has {kr2.shape[0]} rows but {kv_name} has {kv2.shape[0]}")
-    float_tensors = [(ql_name, q_latent), (kv_name, kv_latent)]
-    if has_rope:
-        float_tensors += [(qr_name, q_rope), (kr_name, k_rope)]
-    for name, tensor in float_tensors[1:]:
-        if tensor.dtype != q_latent.dtype:
-            raise TypeError(f"{name} is {tensor.dtype} but {ql_name} is {q_latent.dtype}; "
-                            f"all float operands must share one dtype")
-    if not isinstance(indices, torch.Tensor):
-        raise TypeError(f"indices must be a torch.Tensor, got {type(indices).__name__}")
-    if indices.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"indices must be int32 or int64, got {indices.dtype}")
-    if indices.dim() != 2 or indices.shape[0] != T:
-        raise ValueError(f"indices must be [T={T}, K], got shape {tuple(indices.shape)}")
-    if topk_length is not None:
-        if not isinstance(topk_length, torch.Tensor):
-            raise TypeError(f"topk_length must be a torch.Tensor, got {type(topk_length).__name__}")
-        if topk_length.dtype not in _INDEX_DTYPES:
-            raise TypeError(f"topk_length must be int32 or int64, got {topk_length.dtype}")
-        if tuple(topk_length.shape) != (T,):
-            raise ValueError(f"topk_length must have shape [{T}], got {tuple(topk_length.shape)}")
-    device = q_latent.device
-    others = float_tensors[1:] + [("indices", indices)]
-    if topk_length is not None:
-        others.append(("topk_length", topk_length))
-    for name, tensor in others:
-        if tensor.device != device:
-            raise ValueError(f"{name} is on {tensor.device} but {ql_name} is on {device}")
-    Dr = q_rope.shape[2] if has_rope else 0
-    scale = _resolve_scale(softmax_scale, Dl + Dr)
+                       softmax_scale, rope=None) -> _Operands:
+    """Check every operand (attention_oracle/validation.py; ``rope`` as there) and return them
+    normalised; errors name the offending argument."""
+    kv2, kr2, scale = check_dsa_inputs(q_latent, q_rope, kv_latent, k_rope, indices, topk_length,
+                                       softmax_scale, rope=rope)
     return _Operands(q_latent, q_rope, kv2, kr2, indices, topk_length, scale)
 
 
-def _resolve_scale(softmax_scale, qk_dim: int) -> float:
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(qk_dim) if qk_dim > 0 else 1.0
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}")
-    if not math.isfinite(softmax_scale):
-        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
-    return float(softmax_scale)
-
-
 def _validate_dout(dout, ops: _Operands) -> None:
-    _check_float_tensor("dout", dout)
+    floating_tensor("dout", dout)
     expected = (ops.T, ops.H, ops.Dl)
     if tuple(dout.shape) != expected:
         raise ValueError(f"dout must have shape {list(expected)}, got {tuple(dout.shape)}")
@@ -602,8 +518,8 @@ class _DSAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, scale,
                 chunk_bytes):
-        ops = _Operands(q_latent, q_rope, _key_rows_2d("kv_latent", kv_latent),
-                        None if k_rope is None else _key_rows_2d("k_rope", k_rope),
+        ops = _Operands(q_latent, q_rope, key_rows("kv_latent", kv_latent),
+                        None if k_rope is None else key_rows("k_rope", k_rope),
                         _pad_empty_index_table(indices), topk_length, scale)
         res = _attend(ops, None, compute_dtype=torch.float64, result_dtype=q_latent.dtype,
                       magnitudes=False, chunk_bytes=chunk_bytes)
@@ -618,8 +534,8 @@ class _DSAFunction(torch.autograd.Function):
         q_latent, q_rope, kv_latent, k_rope, indices, topk_length = ctx.saved_tensors
         if dout is None:
             return (None,) * 8
-        ops = _Operands(q_latent, q_rope, _key_rows_2d("kv_latent", kv_latent),
-                        None if k_rope is None else _key_rows_2d("k_rope", k_rope),
+        ops = _Operands(q_latent, q_rope, key_rows("kv_latent", kv_latent),
+                        None if k_rope is None else key_rows("k_rope", k_rope),
                         _pad_empty_index_table(indices), topk_length, ctx.scale)
         res = _attend(ops, dout, compute_dtype=torch.float64, result_dtype=q_latent.dtype,
                       magnitudes=False, chunk_bytes=ctx.chunk_bytes, want_forward=False)
@@ -639,17 +555,14 @@ def _run(ops: _Operands, originals, return_lse: bool, chunk_bytes: int):
 
 def _dsa_nope(q, kv, indices, *, topk_length=None, softmax_scale=None, return_lse=False,
               chunk_bytes=DEFAULT_CHUNK_BYTES):
-    ops = _validate_operands(q, None, kv, None, indices, topk_length, softmax_scale,
-                             names=_NOPE_NAMES)
+    ops = _validate_operands(q, None, kv, None, indices, topk_length, softmax_scale, rope=False)
     return _run(ops, (q, None, kv, None), return_lse, chunk_bytes)
 
 
 def _dsa_rope(q_latent, q_rope, kv_latent, k_rope, indices, *, topk_length=None,
               softmax_scale=None, return_lse=False, chunk_bytes=DEFAULT_CHUNK_BYTES):
-    if q_rope is None or k_rope is None:
-        raise ValueError("q_rope and k_rope are required (use dsa_sparse_attention_nope without rope)")
     ops = _validate_operands(q_latent, q_rope, kv_latent, k_rope, indices, topk_length,
-                             softmax_scale)
+                             softmax_scale, rope=True)
     return _run(ops, (q_latent, q_rope, kv_latent, k_rope), return_lse, chunk_bytes)
 
 
@@ -689,9 +602,7 @@ def _global_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal, topk_
 
 
 def _key_row_count(name: str, kv) -> int:
-    if not isinstance(kv, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(kv).__name__}")
-    return kv.shape[0] if kv.dim() > 0 else 0
+    return key_rows(name, kv).shape[0]
 
 
 def dsa_sparse_attention_nope_varlen(q, kv, gather_kv_indices, cu_seqlens_q, cu_seqlens_k,

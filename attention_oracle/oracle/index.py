@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from ..validation import check_index_inputs
+
 __all__ = [
     "offset_gather_kv_indices",
     "document_of_token",
@@ -29,25 +31,14 @@ __all__ = [
     "valid_local_slots",
 ]
 
-_INDEX_DTYPES = (torch.int32, torch.int64)
 _INT32_MAX = 2**31 - 1
 
 
 # --------------------------------------------------------------------------- validation
+# (types, dtypes, shapes and devices: attention_oracle/validation.py, shared with fast; the
+# values of cu_seqlens are checked here, on the host)
 
-def _check_index_tensor(name: str, value, ndim: int) -> None:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if value.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"{name} must be int32 or int64, got {value.dtype}")
-    if value.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(value.shape)}")
-
-
-def _check_cu_seqlens(name: str, cu: torch.Tensor) -> None:
-    _check_index_tensor(name, cu, 1)
-    if cu.numel() < 1:
-        raise ValueError(f"{name} must hold at least one entry (the leading 0)")
+def _check_cu_seqlens_values(name: str, cu: torch.Tensor) -> None:
     if int(cu[0]) != 0:
         raise ValueError(f"{name} must start at 0, got {int(cu[0])}")
     if cu.numel() > 1 and bool((cu[1:] < cu[:-1]).any()):
@@ -58,39 +49,15 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor) -> None:
 
 
 def _validate(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, out, topk_length) -> None:
-    _check_index_tensor("gather_kv_indices", gather_kv_indices, 2)
-    _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q)
-    _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k)
-    T, K = gather_kv_indices.shape
-    device = gather_kv_indices.device
-    for name, tensor in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if tensor.device != device:
-            raise ValueError(f"{name} is on {tensor.device} but gather_kv_indices is on {device}")
-    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
-        raise ValueError(
-            f"cu_seqlens_q and cu_seqlens_k must describe the same documents: lengths "
-            f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()} differ")
+    T, _ = check_index_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, out)
+    _check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q)
+    _check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k)
     if int(cu_seqlens_q[-1]) != T:
         raise ValueError(
             f"cu_seqlens_q[-1] = {int(cu_seqlens_q[-1])} must equal the token count "
             f"T = {T} of gather_kv_indices")
     if int(cu_seqlens_k[-1]) > _INT32_MAX:
         raise ValueError(f"cu_seqlens_k[-1] = {int(cu_seqlens_k[-1])} does not fit int32 rows")
-    if topk_length is not None:
-        _check_index_tensor("topk_length", topk_length, 1)
-        if topk_length.shape[0] != T:
-            raise ValueError(f"topk_length must have shape [{T}], got {tuple(topk_length.shape)}")
-        if topk_length.device != device:
-            raise ValueError(f"topk_length is on {topk_length.device} but gather_kv_indices is on {device}")
-    if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-        if out.dtype != torch.int32:
-            raise TypeError(f"out must be int32, got {out.dtype}")
-        if tuple(out.shape) != (T, K):
-            raise ValueError(f"out must have shape [{T}, {K}], got {tuple(out.shape)}")
-        if out.device != device:
-            raise ValueError(f"out is on {out.device} but gather_kv_indices is on {device}")
 
 
 # --------------------------------------------------------------------------- helpers

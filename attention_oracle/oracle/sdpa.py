@@ -4,9 +4,12 @@ Semantics are exactly ``torch.nn.functional.scaled_dot_product_attention`` with
 ``dropout_p=0``, plus the contract's convention for a query row with no key left
 (fully masked): out = 0, lse = -inf, zero gradients.
 
-Shapes: ``query [*batch, Hq, L, E]``, ``key [*batch, Hkv, S, E]``, ``value [*batch, Hkv, S, Ev]``
-(rank 3 is ``[N, L, E]``: the "head" dim -3 is then N). Without ``enable_gqa`` Hq == Hkv;
-with it, Hq is a multiple of Hkv and query head h uses kv head ``h // (Hq // Hkv)``.
+Shapes: ``query [*bq, Hq, L, E]``, ``key [*bk, Hk, S, E]``, ``value [*bv, Hv, S, Ev]``
+(rank 3 is ``[N, L, E]``: the "head" dim -3 is then N), broadcast as PyTorch's SDPA does
+(``attention_oracle/validation.py``): the batch dims against each other; without ``enable_gqa``
+the head dims too (out has the broadcast count); with it, Hq is a multiple of Hk and of Hv and
+query head h uses key head ``h // (Hq // Hk)`` and value head ``h // (Hq // Hv)``. The gradient
+of a broadcast operand is the sum over its copies.
 
 Memory: the work is chunked over queries. Per chunk the float64 intermediates (scores,
 probabilities, dP, dS and their absolute-term twins) take about
@@ -20,6 +23,7 @@ import math
 
 import torch
 
+from ..validation import check_sdpa_inputs
 from . import flash
 from .flash import ALGORITHMS
 
@@ -28,71 +32,53 @@ __all__ = [
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_with_lse",
     "sdpa_reference",
-    "validate_sdpa_inputs",
 ]
 
 DEFAULT_CHUNK_BYTES = 1 << 30
 
 
-# ----------------------------------------------------------------------------- validation
+# ----------------------------------------------------------------------------- broadcasting
+# (the checks themselves are attention_oracle/validation.py's, shared with fast)
 
 
-def _check_float(name: str, t: torch.Tensor) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.dtype.is_floating_point:
-        raise TypeError(f"{name} must have a floating dtype, got {t.dtype}")
+def _broadcast_operands(query, key, value, batch, hq, hk, hv):
+    """(query, key, value) with what PyTorch's SDPA broadcasts spelled out: query
+    ``batch + (Hq, L, E)``, key and value ``batch + (H, S, .)`` with their heads repeated to
+    H = lcm(Hk, Hv) where enable_gqa gives them different counts (views, but for that repeat);
+    None when nothing is broadcast."""
+    h = math.lcm(hk, hv)
+    k = key if h == hk else key.repeat_interleave(h // hk, dim=-3)
+    v = value if h == hv else value.repeat_interleave(h // hv, dim=-3)
+    shapes = (batch + (hq,) + tuple(query.shape[-2:]), batch + (h,) + tuple(k.shape[-2:]),
+              batch + (h,) + tuple(v.shape[-2:]))
+    if (k is key and v is value and query.shape == shapes[0] and key.shape == shapes[1]
+            and value.shape == shapes[2]):
+        return None
+    return query.expand(shapes[0]), k.expand(shapes[1]), v.expand(shapes[2])
 
 
-def validate_sdpa_inputs(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                         scale=None, enable_gqa=False) -> None:
-    """Raise TypeError/ValueError naming the offending argument; NotImplementedError for dropout."""
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        _check_float(name, t)
-        if t.dim() < 3:
-            raise ValueError(f"{name} must have rank >= 3 ([.., L, E]), got shape {tuple(t.shape)}")
-    if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(f"query, key and value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
-    if not (query.device == key.device == value.device):
-        raise ValueError(f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}")
-    if not (query.dim() == key.dim() == value.dim()):
-        raise ValueError(f"query, key and value must have the same rank, got {query.dim()}, {key.dim()}, {value.dim()}")
-    if dropout_p != 0.0:
-        raise NotImplementedError("the oracle computes dropout_p=0 only")
-    if key.shape[-1] != query.shape[-1]:
-        raise ValueError(f"key's last dim {key.shape[-1]} must equal query's {query.shape[-1]}")
-    if key.shape[-2] != value.shape[-2]:
-        raise ValueError(f"key has S={key.shape[-2]} rows but value has {value.shape[-2]}")
-    if key.shape[:-2] != value.shape[:-2]:
-        raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} differ in leading dims")
-    hq, hkv = query.shape[-3], key.shape[-3]
-    if query.shape[:-3] != key.shape[:-3]:
-        raise ValueError(f"query {tuple(query.shape)} and key {tuple(key.shape)} differ in batch dims")
-    if enable_gqa:
-        if hkv == 0 or hq % hkv != 0:
-            raise ValueError(f"enable_gqa: query heads ({hq}) must be a multiple of key heads ({hkv})")
-    elif hq != hkv:
-        raise ValueError(f"query has {hq} heads (dim -3) but key has {hkv}; pass enable_gqa=True for GQA")
-    if scale is not None and not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
-    if attn_mask is not None:
-        if not isinstance(attn_mask, torch.Tensor):
-            raise TypeError(f"attn_mask must be a tensor or None, got {type(attn_mask).__name__}")
-        if attn_mask.dtype != torch.bool and not attn_mask.dtype.is_floating_point:
-            raise TypeError(f"attn_mask must be bool or floating, got {attn_mask.dtype}")
-        if is_causal:
-            raise ValueError("attn_mask and is_causal=True are exclusive (as in PyTorch)")
-        target = tuple(query.shape[:-1]) + (key.shape[-2],)
-        try:
-            shape = torch.broadcast_shapes(attn_mask.shape, target)
-        except RuntimeError:
-            shape = None
-        if shape != target:
-            raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {target}")
-        if attn_mask.device != query.device:
-            raise ValueError(f"attn_mask is on {attn_mask.device}, query on {query.device}")
+def _sum_onto(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The gradient of a broadcast (or head-repeated) operand summed onto ``like``'s shape:
+    repeated head j is head ``j // r`` of ``like``."""
+    h = like.shape[-3]
+    if grad.shape[-3] != h:
+        r = grad.shape[-3] // h
+        grad = grad.reshape(tuple(grad.shape[:-3]) + (h, r) + tuple(grad.shape[-2:])).sum(-3)
+    return grad.sum_to_size(like.shape)
+
+
+def _reference_broadcast(wide, originals, dout, magnitudes, kwargs) -> dict:
+    """:func:`sdpa_reference` on the broadcast operands ``wide``; gradients summed back onto
+    ``originals``' shapes."""
+    if magnitudes and dout is not None and any(w.numel() != o.numel() for w, o in zip(wide, originals)):
+        raise NotImplementedError("magnitudes=True with dout for broadcast query/key/value: the "
+                                  "gradient of a broadcast operand sums its copies, whose "
+                                  "per-element magnitudes are not computed")
+    result = sdpa_reference(*wide, dout, magnitudes=magnitudes, **kwargs)
+    if dout is not None:
+        for name, like in zip(("dq", "dk", "dv"), originals):
+            result[name] = _sum_onto(result[name], like)
+    return result
 
 
 # ----------------------------------------------------------------------------- the math
@@ -210,14 +196,18 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
     with |Q|): the sums of absolute products behind dP and Delta, the two length-Ev dot
     products whose difference dS cancels (docs/agreement-rule.md, "The floor").
     """
-    validate_sdpa_inputs(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
+    batch, hq, hk, hv, sc = check_sdpa_inputs(query, key, value, attn_mask, 0.0, is_causal, scale,
+                                              enable_gqa, autograd=False)
+    wide = _broadcast_operands(query, key, value, batch, hq, hk, hv)
+    if wide is not None:
+        kwargs = dict(attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                      compute_dtype=compute_dtype, chunk_bytes=chunk_bytes, algorithm=algorithm)
+        return _reference_broadcast(wide, (query, key, value), dout, magnitudes, kwargs)
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     if magnitudes and algorithm != "naive":
         raise ValueError("magnitudes=True is computed with algorithm='naive' only")
     cd = compute_dtype
-    e = query.shape[-1]
-    sc = (1.0 / math.sqrt(e)) if scale is None else float(scale)
     q = _as_bhld(query).to(cd)
     k = _as_bhld(key).to(cd)
     v = _as_bhld(value).to(cd)
@@ -353,7 +343,7 @@ class _OracleSDPA(torch.autograd.Function):
 def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0,
                                           is_causal=False, scale=None, enable_gqa=False):
     """Like :func:`scaled_dot_product_attention`, also returning lse [*batch, Hq, L] (float32, ln)."""
-    validate_sdpa_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    check_sdpa_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return _OracleSDPA.apply(query, key, value, attn_mask, bool(is_causal), scale, bool(enable_gqa))
 
 
