@@ -340,6 +340,26 @@ def test_transposed_dkv_agrees(tile):
         fdsa.set_configs()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_split_scores_and_halves_agree(dtype):
+    """The 16-bit variants behind ``split_scores`` (score dots through chain_break) and
+    ``halves`` (backward latent in two gathered halves): DL 40 = two chunks of 32 (halves
+    path), DL 24 = one chunk (halves falls back to the chunked path), and one tile."""
+    cases = [(fdsa.KernelConfig(16, 16, 64, 64, 4, 1, split_scores=True),
+              fdsa.KernelConfig(16, 16, 16, 32, 4, 1, True, split_scores=True, halves=True)),
+             (fdsa.KernelConfig(16, 16, 16, 32, 4, 1, split_scores=True),
+              fdsa.KernelConfig(16, 16, 64, 64, 4, 1, True, split_scores=True))]
+    try:
+        for fwd, bwd in cases:
+            fdsa.set_configs(forward=fwd, backward=bwd)
+            c = make_case(T=4, H=5, DL=40, DR=8, S=13, K=21, dtype=dtype, seed=12, with_len=True)
+            check_case(c, dout_layout="head_major")
+            c = make_case(T=3, H=2, DL=24, DR=0, S=9, K=12, dtype=dtype, seed=13)
+            check_case(c)
+    finally:
+        fdsa.set_configs()
+
+
 def _gpu_candidates():
     if DEVICE != "cuda":
         return []

@@ -43,6 +43,12 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     dkv_transposed: bool = False  # backward: compute dkv^T = q^T dS + dO^T P (less shared memory)
+    # 16-bit only: the score dots' results go through dsa_common.chain_break, so each warpgroup
+    # computes its own slot columns instead of both computing the whole score tile
+    split_scores: bool = False
+    # backward, chunked tiles: the latent in two halves (owned chunk + the other), both gathered
+    # in the slot loop itself (no inner chunk loop, so the slot loop is software-pipelined)
+    halves: bool = False
 
     def one_tile(self, dl):
         return self.block_dv >= dl and self.block_d >= dl
@@ -50,6 +56,12 @@ class KernelConfig:
 
 def _pow2(n, lo=16):
     return max(lo, next_pow2(max(int(n), 1)))
+
+
+def _two_chunks(cfg, dl):
+    """Whether the backward's latent splits into exactly two owned chunks (HALVES path)."""
+    chunk = min(cfg.block_dv, _pow2(dl))
+    return chunk < dl <= 2 * chunk
 
 
 @functools.lru_cache(maxsize=256)
@@ -181,6 +193,7 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
             ONE_TILE=cfg.one_tile(DL), BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
             BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DV=min(cfg.block_dv, _pow2(DL)),
             BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype), PDL=use_pdl,
+            SPLIT_S=cfg.split_scores,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw,
         )
 
@@ -219,6 +232,7 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
                 ONE_TILE=cfg.one_tile(DL), BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
                 BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DC=min(cfg.block_dv, _pow2(DL)),
                 BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype), DKV_T=cfg.dkv_transposed,
+                SPLIT_S=cfg.split_scores, HALVES=cfg.halves and _two_chunks(cfg, DL),
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
 

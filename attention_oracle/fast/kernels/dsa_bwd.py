@@ -23,6 +23,8 @@ import triton.language as tl
 from .dsa_common import (
     FP32_CHUNK,
     add_block_dot,
+    chain_break,
+    chain_break2,
     dot_gather_f64,
     exp_accurate,
     gather_rows,
@@ -76,7 +78,7 @@ def dsa_bwd_kernel(
     HAS_ROPE: tl.constexpr, HAS_LEN: tl.constexpr, ONE_TILE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DC: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
-    DKV_T: tl.constexpr = False,
+    DKV_T: tl.constexpr = False, SPLIT_S: tl.constexpr = False, HALVES: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -102,6 +104,10 @@ def dsa_bwd_kernel(
 
     q = load_heads(q_ptr, q_off, offs_h, stride_qh, H, offs_c, stride_qd, DL)
     do = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_c, stride_dod, DL).to(q.dtype)
+    if HALVES:  # the latent half this program does not own, for the scores and dP only
+        offs_b = (1 - cb) * BLOCK_DC + tl.arange(0, BLOCK_DC)
+        qb = load_heads(q_ptr, q_off, offs_h, stride_qh, H, offs_b, stride_qd, DL)
+        dob = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_b, stride_dod, DL).to(q.dtype)
     if HAS_ROPE:
         qr = load_heads(qr_ptr, t * stride_qrt, offs_h, stride_qrh, H, offs_r, stride_qrd, DR)
     dq = tl.zeros([BLOCK_H, BLOCK_DC], dtype=tl.float32)
@@ -133,9 +139,17 @@ def dsa_bwd_kernel(
             ds = (p64 * (dp64 - delta64[:, None]) * scale).to(tl.float32)
             dq = add_block_dot(dq, 1.0, ds, kc, PRECISION)  # no chain over slots
         else:
-            if ONE_TILE:
+            if ONE_TILE or HALVES:
                 s = tl.dot(q, tl.trans(kc), input_precision=PRECISION)
                 dp = tl.dot(do, tl.trans(kc), input_precision=PRECISION)
+                if HALVES:
+                    kb = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_b, DL, valid)
+                    if SPLIT_S:
+                        s, dp = chain_break2(s, dp, start < n_slots)
+                    s = tl.dot(qb, tl.trans(kb), s, input_precision=PRECISION)
+                    dp = tl.dot(dob, tl.trans(kb), dp, input_precision=PRECISION)
+                if SPLIT_S:  # unchained score dots: each warpgroup takes its own slot columns
+                    s, dp = chain_break2(s, dp, start < n_slots)
             else:
                 s, dp = _chunked_scores_and_dp(q_ptr, q_off, stride_qh, stride_qd, do_ptr,
                                                do_off, stride_doh, stride_dod, offs_h, H, kv_ptr,
@@ -144,6 +158,8 @@ def dsa_bwd_kernel(
             if HAS_ROPE:
                 kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
                 s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
+                if SPLIT_S:
+                    s = chain_break(s, start < n_slots)
             p = tl.exp2(tl.where(valid[None, :], s * scale_log2, float("-inf")) - lse_sub[:, None])
             ds = (p * (dp - delta[:, None]) * scale).to(kc.dtype)
             dq = tl.dot(ds, kc, dq, input_precision=PRECISION)

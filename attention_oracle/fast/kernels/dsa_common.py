@@ -87,3 +87,34 @@ def add_block_dot(acc, alpha, a, b, PRECISION: tl.constexpr):
     rounded once. meta_tests/test_fast_dsa_smoke.py::test_fp32_block_dots_not_folded checks the
     sm_90 TTIR."""
     return tl.fma(acc, alpha, tl.dot(a, b, input_precision=PRECISION))
+
+
+@triton.jit
+def chain_break(x, keep):
+    """x itself (``keep`` is true at run time), through a branch the compiler cannot fold.
+
+    Triton picks a dot's warp layout from the dot's forward slice: a dot whose result reaches
+    another dot ("chained", as S reaches P.V) gets every warp along M (warpsPerCTA
+    [num_warps, 1]). With 64 heads and 8 warps that is 128 rows of warps for 64 rows, so both
+    warpgroups compute the whole score tile. An scf.if ends the forward slice (its yield has no
+    results), so a score dot whose result goes through this branch gets warpsPerCTA [4, 2]:
+    each warpgroup computes half of the slot columns (NOTES.md, "Issue 12, DSA tuning").
+    The other branch computes (x * 0) inside the region, so canonicalisation cannot turn
+    the branch into a select of two outside values."""
+    if keep:
+        y = x
+    else:
+        y = x * 0.0
+    return y
+
+
+@triton.jit
+def chain_break2(x, y, keep):
+    """(x, y) through one branch, as :func:`chain_break`."""
+    if keep:
+        a = x
+        b = y
+    else:
+        a = x * 0.0
+        b = y * 0.0
+    return a, b

@@ -18,6 +18,7 @@ import triton.language as tl
 from .dsa_common import (
     FP32_CHUNK,
     add_block_dot,
+    chain_break,
     dot_gather_f64,
     exp_accurate,
     gather_rows,
@@ -54,7 +55,7 @@ def dsa_fwd_kernel(
     HAS_ROPE: tl.constexpr, HAS_LEN: tl.constexpr, ONE_TILE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, SPLIT_S: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -108,6 +109,8 @@ def dsa_fwd_kernel(
                                     kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, BLOCK_H,
                                     BLOCK_K, BLOCK_D, PRECISION)
                 v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
+            if SPLIT_S:  # the score dots unchained: each warpgroup takes half of the slots
+                s = chain_break(s, start < n_slots)
             if HAS_ROPE:
                 kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
                 s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
@@ -118,6 +121,9 @@ def dsa_fwd_kernel(
             p = tl.exp2(s - m_shift[:, None])
             alpha = tl.exp2(m - m_shift)
             l = l * alpha + tl.sum(p, axis=1)
+            if SPLIT_S:
+                p = chain_break(p, start < n_slots)
+                alpha = chain_break(alpha, start < n_slots)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
             m = m_new
 

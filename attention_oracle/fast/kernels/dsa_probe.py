@@ -3,7 +3,8 @@
     python -m fast.kernels.dsa_probe fwd 64,64,512,512,8,2 [more configs...]
     python -m fast.kernels.dsa_probe bwd 64,32,64,256,8,3,1
 
-A config is block_h,block_k,block_d,block_dv,num_warps,num_stages[,dkv_transposed]. The
+A config is block_h,block_k,block_d,block_dv,num_warps,num_stages[,dkv_transposed[,split_scores
+[,halves]]] (0/1 flags; halves only where the latent is two chunks of block_dv). The
 production geometry is assumed (bf16, H=64, Dl=512, Dr=64, K=2048, packed [S, 576] keys):
 integer arguments that Triton would specialise as divisible by 16 on the GPU are marked so,
 unit strides are constants. Prints the shared memory the kernel needs (the H200 allows
@@ -45,8 +46,10 @@ def compile_for_sm90(which, cfg):
     consts = dict(HAS_ROPE=True, HAS_LEN=True, ONE_TILE=bd >= 512 and bdv >= 512, BLOCK_H=bh,
                   BLOCK_K=bk, BLOCK_D=bd, BLOCK_DR=64, PRECISION="tf32")
     consts["BLOCK_DV" if which == "fwd" else "BLOCK_DC"] = bdv
+    consts["SPLIT_S"] = bool(cfg[7]) if len(cfg) > 7 else False
     if which == "bwd":
         consts["DKV_T"] = bool(cfg[6]) if len(cfg) > 6 else False
+        consts["HALVES"] = bool(cfg[8]) if len(cfg) > 8 else False
     consts.update({n: 1 for n in _UNIT if n in kernel.arg_names})
     pointers = _POINTERS[which]
     signature, attrs = {}, {}
