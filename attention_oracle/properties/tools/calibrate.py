@@ -229,6 +229,7 @@ def summarize(plan: Plan) -> dict:
             caught = [e for e in run if e["ratio"] > 1.0]
             controls.append({"control": g.label, "check": g.check_name, "dtype": g.dtype,
                              "examples": len(run), "caught": len(caught),
+                             "cut": len(g.examples) < len(g.cases),
                              "refused": len(g.examples) - len(run),
                              "errors": sum(e["outcome"] == "error" for e in run),
                              "ratio": worst["ratio"] if worst else None,
@@ -267,7 +268,8 @@ def render(summary: dict, skipped: list, meta: dict) -> str:
                   f"(target <= {CORRECT_TARGET})"]
     rows = [("implementation", "dtype", "examples", "worst", "where", "verdict")]
     for r in summary["correct"]:
-        verdict = "ok" if r["meets_target"] else ("FAILS" if r["worst"] > 1 else "MISSED")
+        verdict = ("none judged" if not r["examples"] else "ok" if r["meets_target"]
+                   else "FAILS" if r["worst"] > 1 else "MISSED")
         rows.append((r["impl"], r["dtype"], str(r["examples"]), _fmt(r["worst"]), r["at"], verdict))
     lines += _table(rows)
     if summary["known"]:
@@ -280,6 +282,7 @@ def render(summary: dict, skipped: list, meta: dict) -> str:
     rows = [("control", "check", "dtype", "caught", "ratio", "verdict")]
     for c in summary["controls"]:
         verdict = ("ok" if c["meets_target"] else "not run (cut)" if not c["examples"]
+                   else f"not caught in {c['examples']} (cut)" if not c["caught"] and c["cut"]
                    else "NOT CAUGHT" if not c["caught"] else "MISSED")
         if c["errors"]:
             verdict += f" ({c['errors']} errors)"

@@ -85,6 +85,7 @@ class CaseBook:
 
     def cases(self, area: str, check: str, variant: str, caps, n: int) -> list:
         key = (area, check, variant, caps)
+        raise_if_stopped()
         if len(self._drawn.get(key, ())) < n:
             self._drawn[key] = draw_cases(strategy(area, check, variant, caps), n)
         return self._drawn[key][:n]
@@ -175,10 +176,26 @@ class Stopped(BaseException):
     A BaseException, so that no check's ``except Exception`` takes it for a failure."""
 
 
+_SIGNALLED: list = []  # the signal that asked to stop, once one has
+
+
+def stop_requested() -> bool:
+    return bool(_SIGNALLED)
+
+
+def raise_if_stopped() -> None:
+    """Raise :class:`Stopped` if SIGTERM arrived (the handler's own raise can land where it is
+    swallowed, e.g. in a garbage-collector callback: the flag is checked between examples)."""
+    if _SIGNALLED:
+        raise Stopped(f"signal {_SIGNALLED[0]}")
+
+
 @contextlib.contextmanager
 def stop_on_sigterm():
-    """SIGTERM raises :class:`Stopped` inside the block (the previous handler comes back after)."""
+    """Inside the block SIGTERM sets the stop flag and raises :class:`Stopped` where the program
+    is (the previous handler comes back after)."""
     def handler(signum, frame):
+        _SIGNALLED.append(signum)
         raise Stopped(f"signal {signum}")
     try:
         previous = signal.signal(signal.SIGTERM, handler)
@@ -241,6 +258,7 @@ def collect(groups: list, device, *, budget_s: float | None = None, start: float
         try:
             for i in range(rounds):
                 for g in groups:
+                    raise_if_stopped()
                     if stopped:
                         break
                     if i >= len(g.cases):
