@@ -197,6 +197,11 @@ def warm(kind, name):
     """Runs one candidate on small problems with the specialisations of the timed ones (key
     rows a multiple of 16 or not), so its kernels land in Triton's cache."""
     gen = torch.Generator(device="cuda").manual_seed(1)
+    if kind == "nope":  # benchmarks.dsa.nope_rows' kernels (no rope, contiguous inputs)
+        p = B.nope_problem("warm", [0, 256], B.nope_gap_local(256, gen), gen)
+        B.measure_nope(p, 1)
+        torch.cuda.synchronize()
+        return
     for cu_k in ([0, 256], [0, 16384 + 5]):
         p = B.make_problem("warm", [0, 64], cu_k, gen)
         x = inputs(p)
@@ -206,9 +211,10 @@ def warm(kind, name):
     torch.cuda.synchronize()
 
 
-def precompile(jobs):
+def precompile(jobs, nope):
     t0 = time.time()
     tasks = [("fwd", n) for n in FORWARD] + [("bwd", n) for n in BACKWARD if n != "default"]
+    tasks += [("nope", "default")] if nope else []
     procs, failures = [], {}
     while tasks or procs:
         while tasks and len(procs) < jobs:
@@ -252,7 +258,7 @@ def main():
             json.dump(results, f, indent=1, default=str)
 
     if args.jobs:
-        results["precompile"] = precompile(args.jobs)
+        results["precompile"] = precompile(args.jobs, args.nope)
         save()
     gen = torch.Generator(device="cuda").manual_seed(0)
     for name in filter(None, args.problems.split(",")):
