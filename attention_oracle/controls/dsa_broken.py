@@ -235,9 +235,9 @@ class DqOffByFloors(_BrokenBackward):
         return f"DqOffByFloors({self.floors})"
 
     def backward(self, ql, qr, kv, kr, idx, topk, scale, dout):
-        from attention_oracle.properties.harness.agreement import FLOOR_ULPS, eps
+        from attention_oracle.properties.harness.agreement import floor_of
         g = dsa_reference(ql, qr, kv, kr, idx, dout, topk_length=topk, softmax_scale=scale)
-        floor = FLOOR_ULPS * eps(ql.dtype) * g["magnitude"]["dq_latent"]
+        floor = floor_of(ql.dtype, g["magnitude"]["dq_latent"], g["magnitude_acc"]["dq_latent"])
         g["dq_latent"] = g["dq_latent"] + self.floors * floor
         return g
 

@@ -48,22 +48,25 @@ class Judge:
         return dataclasses.replace(self, case=case)
 
     def agrees(self, name: str, x: torch.Tensor, gold: torch.Tensor, lp, *, magnitude: float,
-               gradient: bool) -> agreement.Verdict:
+               gradient: bool, acc_magnitude: float = 0.0) -> agreement.Verdict:
         """The agreement rule on output ``name``: ``x`` against the float64 ``gold`` with the lp
-        runs ``lp`` (one tensor or {algorithm: tensor}) in the case's dtype; the Verdict."""
+        runs ``lp`` (one tensor or {algorithm: tensor}) in the case's dtype; the Verdict.
+        ``magnitude`` / ``acc_magnitude``: the floor's terms (the oracle's ``magnitude`` and
+        ``magnitude_acc`` of the output)."""
         return agreement.assert_agrees(x, gold, lp, check=self.check, impl=self.impl, name=name,
                                        dtype=self.dtype, gradient=gradient, magnitude=magnitude,
-                                       repro=self.repro)
+                                       repro=self.repro, acc_magnitude=acc_magnitude)
 
     def agrees_with(self, name: str, x: torch.Tensor, gold: Mapping, lp: Mapping, *,
                     gradient: bool, select=None) -> agreement.Verdict:
         """:meth:`agrees` against the oracle's result dicts: ``gold`` = {output: tensor,
-        "magnitude": {output: float}}, ``lp`` = {algorithm: {output: tensor}}; ``select``
+        "magnitude": {output: float}, "magnitude_acc": {gradient: float}}, ``lp`` = {algorithm: {output: tensor}}; ``select``
         indexes x, gold and lp alike (a boolean row mask, say)."""
         g, runs = gold[name], {a: r[name] for a, r in lp.items()}
         if select is not None:
             x, g, runs = x[select], g[select], {a: t[select] for a, t in runs.items()}
-        return self.agrees(name, x, g, runs, magnitude=gold["magnitude"][name], gradient=gradient)
+        return self.agrees(name, x, g, runs, magnitude=gold["magnitude"][name], gradient=gradient,
+                           acc_magnitude=gold.get("magnitude_acc", {}).get(name, 0.0))
 
     def exact(self, name: str, x: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:
         """Exact equality (NaN equals NaN) of output ``name``; ``what`` says what is compared."""
