@@ -104,3 +104,19 @@ def test_report_lists_what_was_declared_away():
 def test_sdpa_declared_heads_beyond_the_profile_and_causal_only(case):
     assert case.hq == 32 and case.L <= case.S and case.causal and case.mask == "none"
     assert case.rank == 4
+
+
+def test_same_head_dims_and_causal_square_narrow_the_sdpa_draws():
+    """PyTorch's CUDA flash limits: E == Ev, and is_causal only with L == S."""
+    caps = Capabilities(same_head_dims=True, causal_square=True, dtypes=("float16",))
+    drawn = []
+
+    @settings(max_examples=60, derandomize=True, database=None, deadline=None)
+    @given(sdpa_cases.sdpa_cases(caps))
+    def draw(case):
+        drawn.append(case)
+
+    draw()
+    assert drawn and all(c.E == c.Ev for c in drawn)
+    assert any(c.causal for c in drawn) and all(c.L == c.S for c in drawn if c.causal)
+    assert {"E != Ev", "is_causal=True with L != S"} <= set(caps.not_verified())

@@ -21,10 +21,10 @@ What PyTorch's CUDA flash backend takes (``aten/src/ATen/native/transformers/cud
   odd-aligned ``misaligned`` layout is left out (PyTorch's fused CUDA backends fail on it:
   a known failure of the whole check).
 
-Two constraints the declaration's vocabulary cannot express, so cases breaking them are still
-drawn and refused (counted as unsupported, not failed): q, k and v must share one head dim
-(``E == Ev``), and ``is_causal`` needs ``L == S`` (FlashAttention-2 aligns a non-square causal
-mask bottom-right, PyTorch's contract top-left, so PyTorch refuses the call).
+- q, k and v share one head dim: ``same_head_dims``;
+- ``is_causal`` only with ``L == S`` (FlashAttention-2 aligns a non-square causal mask
+  bottom-right, PyTorch's contract top-left, so PyTorch refuses the call): ``causal_square``.
+
 ``benchmarks/h200_calibration.sh`` prints the refused and judged counts of a run.
 
 Refusals ("No available kernel") become NotImplementedError (``torch_sdpa.TorchSDPA``); any
@@ -44,6 +44,8 @@ CAPABILITIES = {
     "max_head_dim": MAX_HEAD_DIM,
     "masks": ("none",),
     "causal": "allowed",
+    "causal_square": True,
+    "same_head_dims": True,
     "ranks": (4,),
     "gqa": True,
     "layouts": ("contiguous", "transposed", "sliced"),

@@ -19,7 +19,9 @@ Fields (every one optional; the default is "everything the contract allows"):
 - ``max_head_dim`` / ``head_dims``: SDPA E and Ev, DSA Dl (and Dr against ``max_head_dim``);
   ``rope_dims``: allowed DSA Dr;
 - ``masks``: SDPA mask families ``none`` / ``bool`` / ``float``; ``causal``: ``allowed`` /
-  ``only`` / ``never``; ``l_le_s``: only L <= S; ``ranks``: SDPA ranks; ``gqa``;
+  ``only`` / ``never``; ``l_le_s``: only L <= S; ``causal_square``: is_causal only with
+  L == S (PyTorch's CUDA flash backend); ``same_head_dims``: only E == Ev; ``ranks``: SDPA
+  ranks; ``gqa``;
 - ``layouts``: input layouts (``contiguous``, ``transposed``, ``sliced``, ``misaligned``;
   DSA's ``kv3d``, ``packed``, ``packed_filler``, ``channel_slice`` count as ``contiguous``/
   ``sliced`` views of one buffer and are drawn where ``sliced`` is declared);
@@ -83,6 +85,8 @@ class Capabilities:
     masks: tuple = MASK_FAMILIES
     causal: str = "allowed"
     l_le_s: bool = False
+    causal_square: bool = False
+    same_head_dims: bool = False
     ranks: tuple = RANKS
     gqa: bool = True
     layouts: tuple = LAYOUTS
@@ -189,6 +193,10 @@ class Capabilities:
                 out.append("is_causal=True")
             if self.l_le_s:
                 out.append("L > S")
+            if self.causal_square and self.causal != "never":
+                out.append("is_causal=True with L != S")
+            if self.same_head_dims:
+                out.append("E != Ev")
             out += [f"rank {r}" for r in RANKS if r not in self.ranks]
             if not self.gqa:
                 out.append("GQA (enable_gqa=True)")

@@ -297,6 +297,8 @@ def _within(target, case) -> bool:
                 and not (caps.causal == "only" and not case.causal)
                 and not (caps.causal == "never" and case.causal)
                 and not (caps.l_le_s and case.L > case.S)
+                and not (caps.causal_square and case.causal and case.L != case.S)
+                and not (caps.same_head_dims and case.E != case.Ev)
                 and not (case.gqa and case.hq != case.hkv and not caps.gqa)
                 and all(getattr(case, f) in caps.layouts for f in ("layout_q", "layout_k", "layout_v")))
     if case.AREA == "dsa":

@@ -277,7 +277,7 @@ def sdpa_cases(draw, dtypes_or_caps, *, rank=None, empty_rows=None, layouts=True
         L, S = S, L
     dims = _dims(caps, lim)
     E = draw(st.sampled_from(dims))
-    Ev = draw(st.one_of(st.just(E), st.sampled_from(dims)))
+    Ev = E if caps.same_head_dims else draw(st.one_of(st.just(E), st.sampled_from(dims)))
     if L * S > 64 * 64:
         batch, hq, hkv, E, Ev = _shrunk_for_long_rows(caps, batch, hq, hkv, E, Ev)
     if empty_rows:
@@ -286,6 +286,8 @@ def sdpa_cases(draw, dtypes_or_caps, *, rank=None, empty_rows=None, layouts=True
         causal = draw(st.booleans())
     else:
         causal = caps.causal == "only"
+    if causal and caps.causal_square:
+        S = L
     mask = draw(st.sampled_from(_mask_choices(caps, causal, empty_rows)))
     n_empty = 0
     if mask != "none" and empty_rows is not False and not mask.startswith("alibi"):
