@@ -1,12 +1,16 @@
 """Host overhead per call of fast's entry points at tiny shapes, against torch, with a profile.
 
     python -m benchmarks.overhead [--out out/overhead.json] [--profile out/overhead_profile.txt]
+                                  [--launch-modes direct,triton]
 
 Host microseconds per call (benchmarks.timing.host_us: calls queued back to back, one sync)
 for fast SDPA (forward no_grad, training forward, forward+backward; B 1, H 1, L 16, D 64,
 bf16) beside torch's SDPA, and for fast DSA (forward, varlen forward, index preparation; T 4,
 H 64, 512 + 64 / 512, top-k 64). With ``--profile``, cProfile's top functions (by own time)
-of each fast entry point over 300 calls, to see where the host time goes.
+of each fast entry point over 300 calls, to see where the host time goes. ``--launch-modes``
+measures fast once per launch mode of ``attention_oracle.fast.launch`` (``direct``: the compiled
+kernels' own launchers; ``triton``: ``kernel[grid](...)``), in this order, in one process; keys
+of every mode but the first carry its name (``sdpa_fast_fwd@triton``).
 """
 import argparse
 import cProfile
@@ -18,6 +22,7 @@ import torch.nn.functional as F
 
 import attention_oracle.fast.dsa as fdsa
 from attention_oracle.fast.index import offset_gather_kv_indices
+from attention_oracle.fast.launch import set_launch_mode
 from attention_oracle.fast.sdpa import scaled_dot_product_attention as fast_sdpa
 
 from .timing import host_us, write_json
@@ -88,11 +93,24 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="out/overhead.json")
     ap.add_argument("--profile", default=None)
+    ap.add_argument("--launch-modes", default="direct",
+                    help="comma-separated modes of attention_oracle.fast.launch to measure fast in")
+    ap.add_argument("--areas", default="sdpa,dsa", help="sdpa, dsa or both")
     args = ap.parse_args()
-    calls = {**sdpa_calls(), **dsa_calls()}
-    res = {name: host_us(fn) for name, fn in calls.items()}
-    for phase in ("fwd", "fwd_train", "fwdbwd"):
-        res[f"sdpa_fast_over_torch_{phase}"] = res[f"sdpa_fast_{phase}"] / res[f"sdpa_torch_{phase}"]
+    areas = args.areas.split(",")
+    calls = {**(sdpa_calls() if "sdpa" in areas else {}), **(dsa_calls() if "dsa" in areas else {})}
+    modes = args.launch_modes.split(",")
+    res = {}
+    for i, mode in enumerate(modes):
+        set_launch_mode(mode)
+        tag = "" if i == 0 else f"@{mode}"
+        for name, fn in calls.items():
+            if i == 0 or "_fast_" in name:
+                res[name + tag] = host_us(fn)
+        for phase in ("fwd", "fwd_train", "fwdbwd") if "sdpa" in areas else ():
+            res[f"sdpa_fast_over_torch_{phase}{tag}"] = (res[f"sdpa_fast_{phase}{tag}"]
+                                                         / res[f"sdpa_torch_{phase}"])
+    set_launch_mode(modes[0])
     write_json(args.out, res)
     for name, us in res.items():
         print(f"{name:32s} {us:9.2f}" + ("" if "_over_" in name else " us"))

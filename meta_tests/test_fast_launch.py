@@ -178,3 +178,67 @@ def test_key_control_detects_a_coarser_key(monkeypatch):
     monkeypatch.setattr(launch, "_int_code", lambda a: 0 if -2**31 <= a < 2**31 else 2)
     with pytest.raises(AssertionError):
         test_key_is_at_least_as_fine_as_tritons()
+
+
+ON_GPU = torch.cuda.is_available()
+
+
+KINDS = ["plain", "causal", "bool", "additive", "gqa_e40", "misaligned", "strided"]
+DTYPE_NAMES = ["bfloat16", "float16", "float32"]
+
+
+def _sdpa_case(dtype_name, kind):
+    """(q, k, v, kwargs) of one launch-specialization case: masks, causal, GQA with an odd head
+    dim, a 16-byte-misaligned view, a strided (head-major) query."""
+    dtype = getattr(torch, dtype_name)
+    g = torch.Generator(device="cuda").manual_seed(3)
+
+    def rnd(*shape):
+        return torch.randn(*shape, device="cuda", generator=g).to(dtype)
+
+    q, k, v = rnd(2, 4, 67, 64), rnd(2, 4, 80, 64), rnd(2, 4, 80, 64)
+    if kind == "causal":
+        return q, k, v, {"is_causal": True}
+    if kind == "bool":
+        return q, k, v, {"attn_mask": rnd(67, 80) > 0}
+    if kind == "additive":
+        return q, k, v, {"attn_mask": rnd(2, 1, 67, 80)}
+    if kind == "gqa_e40":
+        kv = rnd(2, 2, 80, 40)
+        return rnd(2, 4, 33, 40), kv, kv, {"enable_gqa": True}
+    if kind == "misaligned":
+        return rnd(2 * 4 * 67 * 64 + 1)[1:].view(2, 4, 67, 64), k, v, {}
+    if kind == "strided":
+        return rnd(2, 67, 4, 64).transpose(1, 2), k, v, {}
+    return q, k, v, {}
+
+
+def _run(fn, q, k, v, kw, dout_seed):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves, **kw)
+    g = torch.Generator(device="cuda").manual_seed(dout_seed)
+    dout = torch.randn(out.shape, device="cuda", generator=g).to(out.dtype)
+    return (out, *torch.autograd.grad(out, leaves, dout))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="direct launches need a CUDA device")
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
+def test_direct_launches_match_tritons_on_gpu(dtype_name, kind):
+    """The case three times in check mode (each direct launch asks Triton which compiled kernel
+    it would run), bitwise equal to Triton's own launches; the direct path was taken."""
+    from attention_oracle.fast import sdpa as fast
+    launchers = [fast._FWD.direct, fast._DKDV.direct, fast._DQ.direct, fast._PRE]
+    q, k, v, kw = _sdpa_case(dtype_name, kind)
+    set_launch_mode("triton")
+    try:
+        expected = _run(fast.scaled_dot_product_attention, q, k, v, kw, 5)
+        set_launch_mode("check")
+        before = sum(la.direct_launches for la in launchers)
+        for _ in range(3):
+            got = _run(fast.scaled_dot_product_attention, q, k, v, kw, 5)
+            for what, a, b in zip(("out", "dq", "dk", "dv"), got, expected):
+                assert torch.equal(a, b), f"{what} differs from Triton's own launch"
+        assert sum(la.direct_launches for la in launchers) > before, "no direct launch"
+    finally:
+        set_launch_mode("direct")

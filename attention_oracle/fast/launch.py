@@ -123,6 +123,7 @@ class DirectLauncher:
         self.defaults = None
         self.usable = _is_jit_function(jit)
         self.driver = None
+        self.direct_launches = 0  # for tests: how many launches took the direct path
 
     def __call__(self, grid, args, kwargs):
         mode = _MODE["mode"]
@@ -150,6 +151,7 @@ class DirectLauncher:
         try:
             entry.run(g0, g1, g2, self.stream(key[0]), entry.function, entry.packed, None, None,
                       None, *args, *entry.tail)
+            self.direct_launches += 1
         except Exception as exc:  # noqa: BLE001 - any failure: back to Triton's own path for good
             self.usable = False
             warnings.warn(f"{self.jit.fn.__name__}: direct launch failed ({exc!r}); "

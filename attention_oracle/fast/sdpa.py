@@ -26,6 +26,7 @@ The kernels run on CUDA tensors natively and on CPU tensors under ``TRITON_INTER
 ``torch.library`` custom ops (``attention_oracle::sdpa_fwd`` / ``sdpa_bwd``) with fake
 implementations, so ``torch.compile`` traces through them.
 """
+import functools
 import math
 import os
 from typing import Optional, Tuple
@@ -175,21 +176,6 @@ def _lse_state_shape(q_shape, dtype):
     return (stats_rows(_natural(dtype)),) + tuple(q_shape[:4])
 
 
-def _qk_scale(dtype, scale, kind):
-    """The factor the kernels apply to q.k: scale (natural units: fp32, or an additive mask)
-    or scale*log2(e) (log2 units)."""
-    return scale if _natural(dtype) or kind == MASK_ADD else scale * LOG2E
-
-
-def _mask_kind_and_arg(mask):
-    """Kernel view of the mask: bool is passed as uint8 (same bytes, no copy)."""
-    if mask is None:
-        return MASK_NONE, None
-    if mask.dtype == torch.bool:
-        return MASK_BOOL, mask.view(torch.uint8)
-    return MASK_ADD, mask
-
-
 # ----------------------------------------------------------------------------- launches
 
 _FWD = CachedLauncher(sdpa_fwd_kernel)
@@ -198,14 +184,34 @@ _DQ = CachedLauncher(sdpa_bwd_dq_kernel)
 _PRE = DirectLauncher(sdpa_bwd_preprocess_kernel)
 
 
-def _dtype_of(t):
-    return None if t is None else t.dtype
+def _mask_dtype(mask):
+    """The dtype the kernels read the mask as (bool travels as uint8), None without one."""
+    if mask is None:
+        return None
+    return torch.uint8 if mask.dtype == torch.bool else mask.dtype
+
+
+@functools.lru_cache(maxsize=1024)
+def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural):
+    """What a forward launch derives from shapes and flags alone (cached; shapes are rank 5):
+    (mask kind, CachedLauncher key, constexprs, sizes, grid spec, int scalars, q.k factor)."""
+    Z1, Z2, HQ, L, E = q_shape
+    HKV, S, EV = k_shape[2], k_shape[3], v_shape[4]
+    kind = MASK_NONE if mask_dtype is None else MASK_BOOL if mask_dtype == torch.uint8 else MASK_ADD
+    tune_l, tune_s, block_e, block_ev = tune_bucket(L), tune_bucket(S), _block(E), _block(EV)
+    meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(dtype), NATURAL=natural,
+                CHUNK_E=chunk_of(block_e), BLOCK_E=block_e, BLOCK_EV=block_ev)
+    # meta is a function of the key (the launcher's memo relies on it)
+    key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype, natural)
+    ints = (Z2, HQ, HQ // HKV, L, S, E, EV)
+    factor = 1.0 if natural or kind == MASK_ADD else LOG2E  # _qk_scale
+    return kind, key, meta, (L, S, E, EV), ("BLOCK_M", L, Z1 * Z2 * HQ), ints, factor, (tune_l, tune_s)
 
 
 def _launch_fwd(q, k, v, mask, is_causal, scale):
     """q [Z1,Z2,Hq,L,E], k [Z1,Z2,Hkv,S,E], v [Z1,Z2,Hkv,S,Ev], mask None or [Z1,Z2,Hq,L,S]."""
     Z1, Z2, HQ, L, E = q.shape
-    HKV, S, EV = k.shape[2], k.shape[3], v.shape[4]
+    S, EV = k.shape[3], v.shape[4]
     out = torch.empty((Z1, Z2, HQ, L, EV), dtype=q.dtype, device=q.device)
     lse_k = torch.empty(_lse_state_shape(q.shape, q.dtype), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
@@ -213,28 +219,45 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
     if S == 0:  # only the public lse is read (the backward returns zeros)
         lse_k.fill_(float("-inf"))
         return out.zero_(), lse_k
-    kind, mask_arg = _mask_kind_and_arg(mask)
-
-    def grid(meta):
-        return (cdiv(L, meta["BLOCK_M"]), Z1 * Z2 * HQ)
-
-    tune_l, tune_s, block_e, block_ev = tune_bucket(L), tune_bucket(S), _block(E), _block(EV)
-    key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, q.dtype, _dtype_of(mask_arg))
-    args = (q, k, v, mask_arg if mask_arg is not None else q, out, lse_k,
-            *q.stride(), *k.stride(), *v.stride(), *_strides5(mask_arg), *out.stride(),
-            lse_k.stride(0), Z2, HQ, HQ // HKV, L, S, E, EV, _qk_scale(q.dtype, scale, kind),
-            tune_l, tune_s)
-    _FWD(key, grid, args, {"L": L, "S": S, "E": E, "EV": EV},
-         CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(q.dtype), NATURAL=_natural(q.dtype),
-         CHUNK_E=chunk_of(block_e), BLOCK_E=block_e, BLOCK_EV=block_ev)
+    natural = _natural(q.dtype)
+    kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
+        q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), is_causal, natural)
+    mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
+    args = (q, k, v, mask_arg, out, lse_k,
+            *q.stride(), *k.stride(), *v.stride(), *_strides5(mask), *out.stride(),
+            lse_k.stride(0), *ints, scale * factor, *tunes)
+    _FWD(key, grid, args, sizes, meta)
     return out, lse_k
+
+
+@functools.lru_cache(maxsize=1024)
+def _bwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, dout_dtype, is_causal, natural,
+              interpreted):
+    """The backward's analogue of :func:`_fwd_plan`: (key, constexprs, sizes, dK/dV grid spec,
+    dQ grid spec, int scalars, q.k factor, Delta block, Delta grid)."""
+    Z1, Z2, HQ, L, E = q_shape
+    HKV, S, EV = k_shape[2], k_shape[3], v_shape[4]
+    kind = MASK_NONE if mask_dtype is None else MASK_BOOL if mask_dtype == torch.uint8 else MASK_ADD
+    block_e, block_ev = _block(E), _block(EV)
+    pre_block = 64 if interpreted else max(16, min(128, 8192 // block_ev))
+    meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(dtype), NATURAL=natural,
+                CHUNK_E=chunk_of(block_e), CHUNK_EV=chunk_of(block_ev), BLOCK_E=block_e,
+                BLOCK_EV=block_ev)
+    tune_l, tune_s = tune_bucket(L), tune_bucket(S)
+    key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype,
+           dout_dtype, natural)
+    ints = (Z2, HQ, HQ // HKV, L, S, E, EV)
+    factor = 1.0 if natural or kind == MASK_ADD else LOG2E
+    return (kind, key, meta, (L, S, E, EV), ("BLOCK_N", S, Z1 * Z2 * HKV),
+            ("BLOCK_M", L, Z1 * Z2 * HQ), ints, factor, (tune_l, tune_s), pre_block,
+            (cdiv(L, pre_block), Z1 * Z2 * HQ))
 
 
 def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     """Gradients (dq, dk, dv) shaped like q, k, v (rank 5); dout read through its strides.
     ``lse_k`` is the forward's saved row statistics (:func:`_lse_state_shape`)."""
     Z1, Z2, HQ, L, E = q.shape
-    HKV, S, EV = k.shape[2], k.shape[3], v.shape[4]
+    S = k.shape[3]
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -242,36 +265,20 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
         return dq.zero_(), dk.zero_(), dv.zero_()
     _check_tile_offsets((("dout", dout),))
     delta = torch.empty((Z1 * Z2 * HQ, L), dtype=torch.float32, device=q.device)
-    kind, mask_arg = _mask_kind_and_arg(mask)
-    mask_ptr = mask_arg if mask_arg is not None else q
-    common_strides = (*q.stride(), *k.stride(), *v.stride(), *_strides5(mask_arg), *dout.stride())
-    block_e, block_ev = _block(E), _block(EV)
-    pre_block = 64 if interpreting() else max(16, min(128, 8192 // block_ev))
-    _PRE((cdiv(L, pre_block), Z1 * Z2 * HQ),
-         (out, dout, delta, *out.stride(), *dout.stride(), Z2, HQ, L, EV),
-         {"BLOCK_M": pre_block, "BLOCK_EV": block_ev})
-    meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(q.dtype),
-                NATURAL=_natural(q.dtype), CHUNK_E=chunk_of(block_e), CHUNK_EV=chunk_of(block_ev),
-                BLOCK_E=block_e, BLOCK_EV=block_ev)
-    tune_l, tune_s = tune_bucket(L), tune_bucket(S)
-    scalars = (lse_k.stride(0), Z2, HQ, HQ // HKV, L, S, E, EV, _qk_scale(q.dtype, scale, kind),
-               scale, tune_l, tune_s)
-    sizes = {"L": L, "S": S, "E": E, "EV": EV}
-    key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, q.dtype, _dtype_of(mask_arg),
-           dout.dtype)
-
-    def grid_kv(m):
-        return (cdiv(S, m["BLOCK_N"]), Z1 * Z2 * HKV)
-
-    _DKDV(key + (HQ // HKV,), grid_kv,
-          (q, k, v, mask_ptr, dout, lse_k, delta, dk, dv,
-           *common_strides, *dk.stride(), *dv.stride(), *scalars), sizes, **meta)
-
-    def grid_q(m):
-        return (cdiv(L, m["BLOCK_M"]), Z1 * Z2 * HQ)
-
-    _DQ(key, grid_q, (q, k, v, mask_ptr, dout, lse_k, delta, dq,
-                      *common_strides, *dq.stride(), *scalars), sizes, **meta)
+    (kind, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
+     pre_grid) = _bwd_plan(q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), dout.dtype,
+                           is_causal, _natural(q.dtype), interpreting())
+    mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
+    dout_strides = dout.stride()
+    _PRE(pre_grid, (out, dout, delta, *out.stride(), *dout_strides, Z2, HQ, L, sizes[3]),
+         {"BLOCK_M": pre_block, "BLOCK_EV": meta["BLOCK_EV"]})
+    common_strides = (*q.stride(), *k.stride(), *v.stride(), *_strides5(mask), *dout_strides)
+    scalars = (lse_k.stride(0), *ints, scale * factor, scale, *tunes)
+    _DKDV(key + (HQ // k.shape[2],), grid_kv,
+          (q, k, v, mask_arg, dout, lse_k, delta, dk, dv,
+           *common_strides, *dk.stride(), *dv.stride(), *scalars), sizes, meta)
+    _DQ(key, grid_q, (q, k, v, mask_arg, dout, lse_k, delta, dq,
+                      *common_strides, *dq.stride(), *scalars), sizes, meta)
     return dq, dk, dv
 
 

@@ -321,23 +321,45 @@ class CachedLauncher:
     that config and :func:`bounds_checks`, as the autotuner would, through a
     :class:`~attention_oracle.fast.launch.DirectLauncher` (the compiled kernel's own launcher
     once Triton has launched that specialization). The key must hold everything the autotuner
-    keys on: its ``key`` arguments and the dtypes of the tensors. ``grid(meta)`` maps the
-    config's kwargs to the launch grid."""
+    keys on: its ``key`` arguments and the dtypes of the tensors."""
 
     def __init__(self, autotuned):
         self.autotuned = autotuned
         self.jit = autotuned.fn.fn  # Autotuner -> Heuristics -> JITFunction
         self.direct = DirectLauncher(self.jit)
         self.configs = {}
+        self.plans = {}
 
-    def __call__(self, key, grid, args, sizes, **meta):
-        kwargs = self.configs.get(key)
-        if kwargs is None:
-            self.autotuned[grid](*args, **meta)
-            config = getattr(self.autotuned, "best_config", None)
-            if config is not None:
-                self.configs[key] = config.all_kwargs()
-            return
-        block = {"BLOCK_M": kwargs["BLOCK_M"], "BLOCK_N": kwargs["BLOCK_N"],
-                 "BLOCK_E": meta["BLOCK_E"], "BLOCK_EV": meta["BLOCK_EV"]}
-        self.direct(grid(kwargs), args, {**meta, **kwargs, **bounds_checks({**sizes, **block})})
+    def __call__(self, key, grid, args, sizes, meta):
+        """``grid = (block name, rows, programs)``: ``cdiv(rows, config[block name])`` programs
+        on axis 0, ``programs`` on axis 1; ``sizes = (L, S, E, EV)``; ``meta`` the constexprs,
+        a function of ``key`` (the merged launch arguments are memoised on key, grid, sizes)."""
+        plan = self.plans.get((key, grid, sizes))
+        if plan is None:
+            kwargs = self.configs.get(key)
+            if kwargs is None:
+                self.autotuned[self._grid_fn(grid)](*args, **meta)
+                config = getattr(self.autotuned, "best_config", None)
+                if config is not None:
+                    self.configs[key] = config.all_kwargs()
+                return
+            plan = self._plan(kwargs, grid, sizes, meta)
+            if len(self.plans) >= 4096:
+                self.plans.clear()
+            self.plans[(key, grid, sizes)] = plan
+        self.direct(plan[0], args, plan[1])
+
+    @staticmethod
+    def _grid_fn(grid):
+        name, rows, programs = grid
+        return lambda m: (-(-rows // m[name]), programs)
+
+    @staticmethod
+    def _plan(kwargs, grid, sizes, meta):
+        """(launch grid, every keyword argument of the JIT function) for a tuned config."""
+        L, S, E, EV = sizes
+        names = {"L": L, "S": S, "E": E, "EV": EV, "BLOCK_M": kwargs["BLOCK_M"],
+                 "BLOCK_N": kwargs["BLOCK_N"], "BLOCK_E": meta["BLOCK_E"],
+                 "BLOCK_EV": meta["BLOCK_EV"]}
+        name, rows, programs = grid
+        return (-(-rows // kwargs[name]), programs), {**meta, **kwargs, **bounds_checks(names)}
