@@ -1,0 +1,85 @@
+"""The check registry and the judge: every check is declared with its cases, the conformance
+tests are generated from the declarations, and a judge's failure names check, implementation,
+output and replay exactly as ``agreement``'s messages do."""
+import pytest
+import torch
+from hypothesis import given, settings
+
+from attention_oracle import contract
+from attention_oracle.conformance import test_dsa, test_index, test_sdpa
+from attention_oracle.properties.harness import registry
+from attention_oracle.properties.harness.agreement import OracleMismatch
+from attention_oracle.properties.harness.judge import Judge
+from attention_oracle.properties.harness.targets import Target, load
+from attention_oracle.properties.sdpa.cases import SdpaCase
+
+DTYPES = (torch.float32,)
+PUBLIC = {contract.SDPA, contract.DSA_NOPE, contract.DSA_ROPE, contract.DSA_NOPE_VARLEN,
+          contract.DSA_ROPE_VARLEN, contract.OFFSET_INDICES}
+MODULES = {"sdpa": test_sdpa, "dsa": test_dsa, "index": test_index}
+ALL = [(area, name) for area in registry.areas() for name in registry.checks(area)]
+
+
+@pytest.mark.parametrize("area,name", ALL)
+def test_every_check_has_a_generated_test(area, name):
+    check = registry.check(f"{area}.{name}")
+    test = getattr(MODULES[area], f"test_{name}")
+    assert test.oracle_check == check.full_name == f"{area}.{name}"
+    assert callable(check) and check.__name__ == name  # check(target, case), named as before
+    for variant in check.variants:
+        assert check.function(variant) in PUBLIC
+        assert check.strategy(DTYPES, variant) is not None
+    assert ("beyond_contract" in {m.name for m in getattr(test, "pytestmark", [])}) == check.beyond
+
+
+def test_unknown_names_are_refused():
+    with pytest.raises(ValueError, match="unknown check 'sdpa.nope'"):
+        registry.check("sdpa.nope")
+    with pytest.raises(ValueError, match="unknown area 'attn'"):
+        registry.check("attn.forward_agreement")
+    with pytest.raises(ValueError, match="variants"):
+        registry.check("dsa.forward_agreement").params("sideways")
+
+
+def test_declared_parameters_reach_the_cases():
+    """What a check declares is what it draws: rank 3, empty rows, varlen, NoPE/RoPE."""
+    rank3 = registry.strategy("sdpa.rank3_equals_rank4", DTYPES)
+    masked = registry.strategy("sdpa.fully_masked_rows", DTYPES)
+    varlen = registry.strategy("dsa.varlen_isolation", DTYPES, "nope")
+    compacted = registry.strategy("index.compacted_attention", DTYPES)
+
+    @settings(max_examples=15, database=None, deadline=None)
+    @given(a=rank3, b=masked, c=varlen, d=compacted)
+    def draws(a, b, c, d):
+        assert a.rank == 3 and b.empty_rows > 0
+        assert c.varlen and c.poison_doc >= 0 and not c.rope
+        assert d.compact and d.out == "none"
+    draws()
+
+
+def test_judge_fails_with_the_agreement_message():
+    target = Target("x")
+    case = SdpaCase()
+    judge = Judge("sdpa.forward_agreement", target, case)
+    gold = torch.zeros(3, dtype=torch.float64)
+    judge.agrees("out", gold.float(), gold, gold.float(), magnitude=1.0, gradient=False)  # agrees
+    with pytest.raises(OracleMismatch) as info:
+        judge.agrees("out", torch.ones(3), gold, gold.float(), magnitude=1.0, gradient=False)
+    text = str(info.value)
+    assert text.startswith("[sdpa.forward_agreement] implementation=x output=out: max|impl-gold|")
+    assert text.endswith(f"reproduce: {case.repro('sdpa.forward_agreement', 'x')}")
+    with pytest.raises(OracleMismatch, match=r"output=lse: .*: 1 element\(s\) differ"):
+        judge.exact("lse", torch.ones(2), torch.tensor([1.0, 2.0]), what="lse")
+    with pytest.raises(OracleMismatch, match=r"\n  note: after"):
+        with judge.noted("after"):
+            judge.true("dq", False, "wrong")
+    derived = judge.for_case(SdpaCase(L=3))
+    assert derived.check == judge.check and "\"L\": 3" in derived.repro
+
+
+def test_a_declared_check_judges_under_its_name():
+    """check(target, case) builds the judge: a broken target's failure names the check."""
+    target = load("attention_oracle.controls.sdpa_broken:WrongScale")
+    check = registry.check("sdpa.forward_agreement")
+    with pytest.raises(OracleMismatch, match=r"^\[sdpa\.forward_agreement\] implementation=.*WrongScale"):
+        check(target, SdpaCase(L=4, S=5, E=8, Ev=8, seed=3))
