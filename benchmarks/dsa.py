@@ -291,9 +291,13 @@ def pdl_compare(p, reps):
 # ----------------------------------------------------------------------------- sections
 
 C = fdsa.KernelConfig  # (block_h, block_k, block_d, block_dv, num_warps, num_stages)
-FWD_CANDIDATES = [C(64, 64, 512, 512, 8, 3), C(64, 64, 512, 512, 8, 2), C(64, 32, 512, 512, 8, 3),
+FWD_CANDIDATES = [C(64, 64, 512, 512, 8, 2, split_scores=1), C(64, 64, 512, 512, 8, 2, split_scores=2),
+                  C(64, 64, 512, 512, 8, 3), C(64, 64, 512, 512, 8, 2), C(64, 32, 512, 512, 8, 3),
                   C(64, 128, 512, 512, 8, 1), C(64, 64, 512, 512, 16, 3)]
-BWD_CANDIDATES = [C(32, 32, 512, 512, 8, 1, True), C(32, 32, 512, 512, 8, 3, True),
+BWD_CANDIDATES = [C(64, 32, 64, 256, 8, 1, True, split_scores=True, halves=True),
+                  C(64, 64, 64, 256, 8, 1, True, split_scores=True, halves=True),
+                  C(64, 32, 64, 256, 8, 3, True, split_scores=True),
+                  C(32, 32, 512, 512, 8, 1, True), C(32, 32, 512, 512, 8, 3, True),
                   C(32, 32, 512, 512, 8, 1), C(32, 32, 512, 512, 8, 3),
                   C(64, 32, 64, 256, 8, 1, True), C(64, 32, 64, 256, 8, 3, True),
                   C(64, 32, 64, 256, 8, 3)]

@@ -36,15 +36,16 @@ from . import dsa as B
 from .timing import queued_ms, synced_ms
 
 C = fdsa.KernelConfig  # block_h, block_k, block_d, block_dv, num_warps, num_stages, dkv_transposed
-FORWARD = {
+FORWARD = {  # call 1 of issue 12's tuning measured these (NOTES.md, "Issue 12, DSA tuning")
     "default": None,
     "one64_s2": C(64, 64, 512, 512, 8, 2),
-    "split64_s2": C(64, 64, 512, 512, 8, 2, split_scores=True),
-    "split64_s1": C(64, 64, 512, 512, 8, 1, split_scores=True),
-    "split32_s2": C(64, 32, 512, 512, 8, 2, split_scores=True),
-    "split32_s3": C(64, 32, 512, 512, 8, 3, split_scores=True),
-    "split64_w16": C(64, 64, 512, 512, 16, 2, split_scores=True),
-    "split128_s1": C(64, 128, 512, 512, 8, 1, split_scores=True),
+    "split64_s2": C(64, 64, 512, 512, 8, 2, split_scores=1),
+    "split64_s2_m2": C(64, 64, 512, 512, 8, 2, split_scores=2),
+    "split64_s1": C(64, 64, 512, 512, 8, 1, split_scores=1),
+    "split32_s2": C(64, 32, 512, 512, 8, 2, split_scores=1),
+    "split32_s3": C(64, 32, 512, 512, 8, 3, split_scores=1),
+    "split64_w16": C(64, 64, 512, 512, 16, 2, split_scores=1),
+    "split128_s1": C(64, 128, 512, 512, 8, 1, split_scores=1),
 }
 BACKWARD = {
     "default": None,
@@ -53,6 +54,7 @@ BACKWARD = {
     "halves_k16_s2": C(64, 16, 64, 256, 8, 2, True, split_scores=True, halves=True),
     "halves_k16_s3": C(64, 16, 64, 256, 8, 3, True, split_scores=True, halves=True),
     "halves_k32_s1": C(64, 32, 64, 256, 8, 1, True, split_scores=True, halves=True),
+    "halves_k64_s1": C(64, 64, 64, 256, 8, 1, True, split_scores=True, halves=True),
 }
 SLICE = 128  # query tokens of the float64 check
 BF16_EPS = 2.0 ** -8
@@ -220,7 +222,8 @@ def precompile(jobs, nope):
         while tasks and len(procs) < jobs:
             kind, name = tasks.pop(0)
             procs.append(((kind, name), subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.dsa_tune", "--_warm", f"{kind}:{name}"],
+                [sys.executable, "-m", "benchmarks.dsa_tune", "--_warm", f"{kind}:{name}",
+                 "--only", ",".join(list(FORWARD) + list(BACKWARD))],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
         time.sleep(0.2)
         for item in list(procs):
@@ -241,7 +244,14 @@ def main():
     ap.add_argument("--nope", action="store_true", help="also benchmarks.dsa.nope_rows")
     ap.add_argument("--out", default="out/dsa_tune.json")
     ap.add_argument("--_warm", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--only", default="",
+                    help="comma-separated candidate names to keep (defaults always kept)")
     args = ap.parse_args()
+    if args.only:
+        keep = set(args.only.split(",")) | {"default"}
+        for table in (FORWARD, BACKWARD):
+            for name in [n for n in table if n not in keep]:
+                del table[name]
     if args._warm:
         warm(*args._warm.split(":"))
         return

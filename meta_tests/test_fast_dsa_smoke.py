@@ -344,11 +344,13 @@ def test_transposed_dkv_agrees(tile):
 def test_split_scores_and_halves_agree(dtype):
     """The 16-bit variants behind ``split_scores`` (score dots through chain_break) and
     ``halves`` (backward latent in two gathered halves): DL 40 = two chunks of 32 (halves
-    path), DL 24 = one chunk (halves falls back to the chunked path), and one tile."""
+    path), DL 24 = one chunk (halves falls back to the chunked path), and one tile; forward
+    split mode 2 (latent and rope score dots, then one branch), with and without rope."""
     cases = [(fdsa.KernelConfig(16, 16, 64, 64, 4, 1, split_scores=True),
               fdsa.KernelConfig(16, 16, 16, 32, 4, 1, True, split_scores=True, halves=True)),
              (fdsa.KernelConfig(16, 16, 16, 32, 4, 1, split_scores=True),
-              fdsa.KernelConfig(16, 16, 64, 64, 4, 1, True, split_scores=True))]
+              fdsa.KernelConfig(16, 16, 64, 64, 4, 1, True, split_scores=True)),
+             (fdsa.KernelConfig(16, 16, 64, 64, 4, 1, split_scores=2), None)]
     try:
         for fwd, bwd in cases:
             fdsa.set_configs(forward=fwd, backward=bwd)

@@ -44,8 +44,9 @@ class KernelConfig:
     num_stages: int
     dkv_transposed: bool = False  # backward: compute dkv^T = q^T dS + dO^T P (less shared memory)
     # 16-bit only: the score dots' results go through dsa_common.chain_break, so each warpgroup
-    # computes its own slot columns instead of both computing the whole score tile
-    split_scores: bool = False
+    # computes its own slot columns instead of both computing the whole score tile (forward:
+    # 1 = a branch after each score dot, 2 = latent and rope dots first, then one branch)
+    split_scores: int = 0
     # backward, chunked tiles: the latent in two halves (owned chunk + the other), both gathered
     # in the slot loop itself (no inner chunk loop, so the slot loop is software-pipelined)
     halves: bool = False
@@ -88,18 +89,26 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False):
     if fp32:
         return (KernelConfig(16, 16, 32, 64, 4, 1),)
     if backward:
-        # measured on H200 (NOTES.md, fast DSA): the 64-head latent split in two 256-wide
-        # chunks with transposed dkv is fastest; 32-head one-tile is close. The 64-head
+        # measured on H200 (NOTES.md, "Issue 12, DSA tuning"): for a latent of two 256-wide
+        # chunks (the production 512), both halves gathered in the slot loop with unchained
+        # score dots (halves, split_scores) beat the inner chunk loop (108.8 vs 90.9 TFLOP/s
+        # synced, doc_16384). Before that (NOTES.md, fast DSA): the 64-head latent split in two
+        # 256-wide chunks with transposed dkv was fastest; 32-head one-tile close. The 64-head
         # one-tile config with transposed dkv gave wrong dkv and an illegal address
         # (Triton 3.6, heavy spills): it is not offered. (For Dl <= 256 the first config is one
         # tile all the same, BLOCK_DC being capped at the latent; in 16-bit it stays under
         # 500 B of spills there and passed the suite natively.)
-        return (KernelConfig(block_h, 32, 64, 256, 8, 3, True),
-                KernelConfig(min(block_h, 32), 32, latent, latent, 8, 3, True) if one else
-                KernelConfig(min(block_h, 32), 32, 64, 128, 8, 3, True),
-                KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
-                KernelConfig(16, 16, 32, 64, 4, 1))
-    first = (KernelConfig(block_h, 64, latent, latent, 8, 2),
+        halves = ((KernelConfig(block_h, 32, 64, 256, 8, 1, True, split_scores=True, halves=True),)
+                  if 256 < dl <= 512 else ())
+        return halves + (KernelConfig(block_h, 32, 64, 256, 8, 3, True),
+                         KernelConfig(min(block_h, 32), 32, latent, latent, 8, 3, True) if one
+                         else KernelConfig(min(block_h, 32), 32, 64, 128, 8, 3, True),
+                         KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
+                         KernelConfig(16, 16, 32, 64, 4, 1))
+    # one tile: unchained score dots first (each warpgroup its own slot columns; H200,
+    # doc_16384: 276.8 vs 208.3 TFLOP/s synced, NOTES.md "Issue 12, DSA tuning")
+    first = (KernelConfig(block_h, 64, latent, latent, 8, 2, split_scores=1),
+             KernelConfig(block_h, 64, latent, latent, 8, 2),
              KernelConfig(block_h, 32, latent, latent, 8, 1)) if one else ()
     return first + (KernelConfig(block_h, 32, 64, 256, 8, 1),
                     KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
@@ -193,7 +202,7 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
             ONE_TILE=cfg.one_tile(DL), BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
             BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DV=min(cfg.block_dv, _pow2(DL)),
             BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype), PDL=use_pdl,
-            SPLIT_S=cfg.split_scores,
+            SPLIT_S=int(cfg.split_scores),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw,
         )
 
@@ -232,7 +241,7 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
                 ONE_TILE=cfg.one_tile(DL), BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
                 BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DC=min(cfg.block_dv, _pow2(DL)),
                 BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype), DKV_T=cfg.dkv_transposed,
-                SPLIT_S=cfg.split_scores, HALVES=cfg.halves and _two_chunks(cfg, DL),
+                SPLIT_S=bool(cfg.split_scores), HALVES=cfg.halves and _two_chunks(cfg, DL),
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
 

@@ -19,6 +19,7 @@ from .dsa_common import (
     FP32_CHUNK,
     add_block_dot,
     chain_break,
+    chain_break2,
     dot_gather_f64,
     exp_accurate,
     gather_rows,
@@ -55,7 +56,7 @@ def dsa_fwd_kernel(
     HAS_ROPE: tl.constexpr, HAS_LEN: tl.constexpr, ONE_TILE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr = False, SPLIT_S: tl.constexpr = False,
+    PDL: tl.constexpr = False, SPLIT_S: tl.constexpr = 0,
 ):
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -109,11 +110,20 @@ def dsa_fwd_kernel(
                                     kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, BLOCK_H,
                                     BLOCK_K, BLOCK_D, PRECISION)
                 v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
-            if SPLIT_S:  # the score dots unchained: each warpgroup takes half of the slots
+            # SPLIT_S: the score dots unchained (dsa_common.chain_break), each warpgroup takes
+            # its own slot columns; 1: a branch after each dot, 2: both dots, then one branch
+            if SPLIT_S == 1:
                 s = chain_break(s, start < n_slots)
             if HAS_ROPE:
                 kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
-                s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
+                if SPLIT_S == 2:
+                    s_rope = tl.dot(qr, tl.trans(kr), input_precision=PRECISION)
+                    s, s_rope = chain_break2(s, s_rope, start < n_slots)
+                    s = s + s_rope
+                else:
+                    s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
+            elif SPLIT_S == 2:
+                s = chain_break(s, start < n_slots)
             s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             # a row with no valid slot yet keeps m = -inf; shift by 0 so exp gives 0, not NaN

@@ -46,7 +46,7 @@ def compile_for_sm90(which, cfg):
     consts = dict(HAS_ROPE=True, HAS_LEN=True, ONE_TILE=bd >= 512 and bdv >= 512, BLOCK_H=bh,
                   BLOCK_K=bk, BLOCK_D=bd, BLOCK_DR=64, PRECISION="tf32")
     consts["BLOCK_DV" if which == "fwd" else "BLOCK_DC"] = bdv
-    consts["SPLIT_S"] = bool(cfg[7]) if len(cfg) > 7 else False
+    consts["SPLIT_S"] = (int if which == "fwd" else bool)(cfg[7]) if len(cfg) > 7 else 0
     if which == "bwd":
         consts["DKV_T"] = bool(cfg[6]) if len(cfg) > 6 else False
         consts["HALVES"] = bool(cfg[8]) if len(cfg) > 8 else False
