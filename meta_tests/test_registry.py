@@ -7,16 +7,21 @@ from hypothesis import given, settings
 
 from attention_oracle import contract
 from attention_oracle.conformance import test_dsa, test_index, test_sdpa
+from attention_oracle.properties.dsa import cases as dsa_cases
 from attention_oracle.properties.harness import registry
 from attention_oracle.properties.harness.agreement import OracleMismatch
+from attention_oracle.properties.harness.capabilities import Capabilities
 from attention_oracle.properties.harness.judge import Judge
 from attention_oracle.properties.harness.targets import Target, load
+from attention_oracle.properties.index import cases as index_cases
+from attention_oracle.properties.sdpa import cases as sdpa_cases
 from attention_oracle.properties.sdpa.cases import SdpaCase
 
 DTYPES = (torch.float32,)
 PUBLIC = {contract.SDPA, contract.DSA_NOPE, contract.DSA_ROPE, contract.DSA_NOPE_VARLEN,
           contract.DSA_ROPE_VARLEN, contract.OFFSET_INDICES}
 MODULES = {"sdpa": test_sdpa, "dsa": test_dsa, "index": test_index}
+CASES = {"sdpa": sdpa_cases, "dsa": dsa_cases, "index": index_cases}
 ALL = [(area, name) for area in registry.areas() for name in registry.checks(area)]
 
 
@@ -30,6 +35,19 @@ def test_every_check_has_a_generated_test(area, name):
         assert check.function(variant) in PUBLIC
         assert check.strategy(DTYPES, variant) is not None
     assert ("beyond_contract" in {m.name for m in getattr(test, "pytestmark", [])}) == check.beyond
+    assert set(check.requires) <= set(CASES[area].REQUIREMENTS)
+
+
+def test_declared_requirements_skip_what_is_not_declared():
+    """A check requiring a capability says why it cannot run where it is not declared, by its
+    declaration and by its name (``unsupported``, as calibrate asks) alike."""
+    plain = Capabilities(layouts=("contiguous",), ranks=(4,))
+    assert registry.check("sdpa.misaligned_inputs").unsupported(plain) == "misaligned inputs not declared"
+    assert sdpa_cases.unsupported("misaligned_inputs", plain) == "misaligned inputs not declared"
+    assert registry.check("sdpa.rank3_equals_rank4").unsupported(plain) == "needs ranks 3 and 4"
+    assert registry.check("dsa.default_scale").unsupported(plain, "nope") == "no softmax_scale default"
+    assert registry.check("dsa.misaligned_inputs").unsupported(Capabilities(), "rope") == ""
+    assert registry.check("sdpa.forward_agreement").unsupported(plain) == ""
 
 
 def test_unknown_names_are_refused():

@@ -396,8 +396,18 @@ def _heads(caps: Capabilities, lim) -> tuple:
     return heads or tuple(caps.heads or ())
 
 
-def unsupported(check: str, target_or_caps, *, rope: bool, varlen: bool = False) -> str:
-    """Why ``check`` cannot run on what the target declares ('' if it can)."""
+# what a check can require of the declared capabilities (``registry.declare(..., requires=...)``):
+# {requirement: caps -> why it is not met ('' if it is)}
+REQUIREMENTS = {
+    "misaligned": lambda caps: "" if "misaligned" in caps.layouts else "misaligned inputs not declared",
+    "default_scale": lambda caps: "" if caps.default_scale else "no softmax_scale default",
+}
+
+
+def unsupported(check: str, target_or_caps, *, rope: bool, varlen: bool = False,
+                requires: tuple | None = None) -> str:
+    """Why ``check`` cannot run on what the target declares ('' if it can); ``requires``: the
+    check's declared requirements (``REQUIREMENTS``; looked up by name when not given)."""
     caps = resolve(target_or_caps, FUNCTIONS[(rope, varlen)])
     lim = _limits(caps)
     if not caps.dtypes:
@@ -406,11 +416,17 @@ def unsupported(check: str, target_or_caps, *, rope: bool, varlen: bool = False)
         return "no declared head dims among those drawn"
     if not _heads(caps, lim):
         return "no declared head count"
-    if check == "misaligned_inputs" and "misaligned" not in caps.layouts:
-        return "misaligned inputs not declared"
-    if check == "default_scale" and not caps.default_scale:
-        return "no softmax_scale default"
+    for need in _requires(check) if requires is None else requires:
+        why = REQUIREMENTS[need](caps)
+        if why:
+            return why
     return ""
+
+
+def _requires(check: str) -> tuple:
+    from attention_oracle.properties.harness import registry
+    declared = registry.checks("dsa").get(check)
+    return declared.requires if declared is not None else ()
 
 
 def _scale(draw, qk_dim: int, large_scores: bool) -> float:
@@ -509,8 +525,9 @@ def function_for(params: dict) -> str:
     return FUNCTIONS[(params["rope"], params.get("varlen", False))]
 
 
-def unsupported_for(check: str, target_or_caps, params: dict) -> str:
-    return unsupported(check, target_or_caps, rope=params["rope"], varlen=params.get("varlen", False))
+def unsupported_for(check, target_or_caps, params: dict) -> str:
+    return unsupported(check.name, target_or_caps, rope=params["rope"], varlen=params.get("varlen", False),
+                       requires=check.requires)
 
 
 def strategy_for(check: str, target_or_caps, *, rope: bool = True):

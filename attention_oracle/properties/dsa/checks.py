@@ -347,7 +347,7 @@ def varlen_isolation(judge: Judge, case: DsaCase) -> None:
             judge.agrees_with(name, g, gold, lp, gradient=True)
 
 
-@declare("dsa", isolate_on_cuda=True)  # a faulting kernel must not poison the run's context
+@declare("dsa", requires=("misaligned",), isolate_on_cuda=True)  # a faulting kernel must not poison the run's context
 def misaligned_inputs(judge: Judge, case: DsaCase) -> None:
     """q, q_rope, key rows and dout at odd row strides and offsets: agree, or refuse."""
     case = dataclasses.replace(case, layout_q="misaligned", layout_q_rope="misaligned",

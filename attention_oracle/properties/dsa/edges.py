@@ -30,7 +30,7 @@ def _forward_and_gradients(judge: Judge, inp, out, gold, lp) -> None:
         judge.agrees_with(name, g, gold, lp, gradient=True)
 
 
-@declare("dsa", beyond=True)
+@declare("dsa", requires=("default_scale",), beyond=True)
 def default_scale(judge: Judge, case: DsaCase) -> None:
     """softmax_scale=None is the contract's 1/sqrt(D), where the implementation declares it."""
     explicit = dataclasses.replace(case, scale=1.0 / math.sqrt(case.qk_dim))

@@ -16,8 +16,9 @@ calibration tools and ``benchmarks/rule_calibration.py`` get a check's cases fro
 An area (``sdpa``, ``dsa``, ``index``) is a cases module and its checks modules. The cases module
 offers ``VARIANTS`` ({variant: strategy parameters}: DSA runs each check on NoPE and RoPE
 cases; ``DEFAULT_VARIANT``, where given, is the one ``""`` names, else the first), ``strategy(target_or_caps, params)``, ``function_for(params)`` (the
-public function the cases call) and ``unsupported_for(check, target_or_caps, params)`` (why the
-target's declared capabilities exclude the check, '' if they do not). A check's strategy
+public function the cases call), ``REQUIREMENTS`` ({requirement: caps -> why it is unmet, ''
+if it is met}) and ``unsupported_for(check, target_or_caps, params)`` (why the target's declared
+capabilities exclude the check, its declared ``requires`` included; '' if they do not). A check's strategy
 parameters are its variant's, updated with its own ``cases``.
 """
 from __future__ import annotations
@@ -43,8 +44,10 @@ class Check:
     judge) and ``Refused`` when the implementation refuses the case.
 
     ``cases``: parameters of the area's case strategy (``rank=3``, ``empty_rows=True``,
-    ``dout_layouts=(...)``, ``varlen=True``); ``needs``: public functions it calls beyond the
-    one its cases call (skipped, with that reason, where not offered); ``markers``: pytest
+    ``dout_layouts=(...)``, ``varlen=True``); ``requires``: what it needs the target to declare
+    (names in the area's ``REQUIREMENTS``: ``"misaligned"``, ``"masks"``, ...; skipped, with the
+    reason, where not declared); ``needs``: public functions it calls beyond the one its cases
+    call (skipped, with that reason, where not offered); ``markers``: pytest
     markers of its test (``full_size``, ...); ``beyond``: it checks inputs beyond the contract
     (a clear error naming the argument also passes; marked ``beyond_contract``);
     ``isolate_on_cuda``: on CUDA each example runs in a fresh process (a kernel faulting on the
@@ -54,6 +57,7 @@ class Check:
     name: str
     body: Callable
     cases: Mapping = dataclasses.field(default_factory=dict)
+    requires: tuple = ()
     needs: tuple = ()
     markers: tuple = ()
     beyond: bool = False
@@ -102,15 +106,15 @@ class Check:
 
     def unsupported(self, target_or_caps, variant: str = "") -> str:
         """Why the target's declared capabilities exclude it ('' if they do not)."""
-        return _cases_module(self.area).unsupported_for(self.name, target_or_caps, self.params(variant))
+        return _cases_module(self.area).unsupported_for(self, target_or_caps, self.params(variant))
 
 
-def declare(area: str, *, cases: Mapping | None = None, needs: tuple = (), markers: tuple = (),
-            beyond: bool = False, isolate_on_cuda: bool = False):
+def declare(area: str, *, cases: Mapping | None = None, requires: tuple = (), needs: tuple = (),
+            markers: tuple = (), beyond: bool = False, isolate_on_cuda: bool = False):
     """Decorator: register ``body(judge, case)`` as the check ``area.<body name>``."""
     def wrap(body: Callable) -> Check:
-        spec = Check(area, body.__name__, body, dict(cases or {}), tuple(needs), tuple(markers),
-                     beyond, isolate_on_cuda)
+        spec = Check(area, body.__name__, body, dict(cases or {}), tuple(requires), tuple(needs),
+                     tuple(markers), beyond, isolate_on_cuda)
         _DECLARED.setdefault(area, {})[spec.name] = spec
         return spec
     return wrap

@@ -321,7 +321,10 @@ def function_for(params: dict) -> str:
     return IndexCase.function
 
 
-def unsupported_for(check: str, target_or_caps, params: dict) -> str:
+REQUIREMENTS: dict = {}
+
+
+def unsupported_for(check, target_or_caps, params: dict) -> str:
     return ""
 
 

@@ -229,19 +229,28 @@ def _shrunk_for_long_rows(caps: Capabilities, batch, hq, hkv, E, Ev):
     return tuple(1 for _ in batch), hq, hkv, cap(E), cap(Ev)
 
 
-def unsupported(check: str, target_or_caps) -> str:
-    """Why ``check`` cannot run on what the target declares ('' if it can)."""
+# what a check can require of the declared capabilities (``registry.declare(..., requires=...)``):
+# {requirement: caps -> why it is not met ('' if it is)}
+REQUIREMENTS = {
+    "ranks_3_and_4": lambda caps: "" if {3, 4} <= set(caps.ranks) else "needs ranks 3 and 4",
+    "masks": lambda caps: ("" if caps.causal != "only" and _mask_choices(caps, False, True)
+                           else "needs masks"),
+    "misaligned": lambda caps: "" if "misaligned" in caps.layouts else "misaligned inputs not declared",
+}
+
+
+def unsupported(check: str, target_or_caps, requires: tuple | None = None) -> str:
+    """Why ``check`` cannot run on what the target declares ('' if it can); ``requires``: the
+    check's declared requirements (``REQUIREMENTS``; looked up by name when not given)."""
     caps = resolve(target_or_caps, SDPA_FN)
     if not caps.dtypes:
         return "no dtype declared"
     if not _dims(caps, _limits(caps)):
         return "no head dim declared"
-    if check == "rank3_equals_rank4" and not {3, 4} <= set(caps.ranks):
-        return "needs ranks 3 and 4"
-    if check == "fully_masked_rows" and (caps.causal == "only" or not _mask_choices(caps, False, True)):
-        return "needs masks"
-    if check == "misaligned_inputs" and "misaligned" not in caps.layouts:
-        return "misaligned inputs not declared"
+    for need in _requires("sdpa", check) if requires is None else requires:
+        why = REQUIREMENTS[need](caps)
+        if why:
+            return why
     if caps.causal == "only" and "none" not in caps.masks:
         return "causal only, without unmasked calls"
     if caps.causal == "never" and not _mask_choices(caps, False, False):
@@ -329,8 +338,14 @@ def function_for(params: dict) -> str:
     return SdpaCase.function
 
 
-def unsupported_for(check: str, target_or_caps, params: dict) -> str:
-    return unsupported(check, target_or_caps)
+def unsupported_for(check, target_or_caps, params: dict) -> str:
+    return unsupported(check.name, target_or_caps, check.requires)
+
+
+def _requires(area: str, check: str) -> tuple:
+    from attention_oracle.properties.harness import registry
+    declared = registry.checks(area).get(check)
+    return declared.requires if declared is not None else ()
 
 
 def strategy_for(check: str, target_or_caps):

@@ -95,7 +95,7 @@ def strided_dout(judge: Judge, case: SdpaCase) -> None:
                    f"differs from the contiguous-dout gradient by {gap:.3e} > allowed {verdict.allowed:.3e}")
 
 
-@declare("sdpa", cases=dict(rank=3))
+@declare("sdpa", cases=dict(rank=3), requires=("ranks_3_and_4",))
 def rank3_equals_rank4(judge: Judge, case: SdpaCase) -> None:
     """``[N, L, E]`` inputs give what the same data as ``[1, N, L, E]`` gives; ``case`` is rank 3,
     the rank-4 inputs are unsqueezed views of the very same tensors."""
@@ -127,7 +127,7 @@ def _empty_rows(inp: SdpaInputs, case: SdpaCase) -> torch.Tensor:
     return ~takes.any(-1)
 
 
-@declare("sdpa", cases=dict(empty_rows=True))
+@declare("sdpa", cases=dict(empty_rows=True), requires=("masks",))
 def fully_masked_rows(judge: Judge, case: SdpaCase) -> None:
     """out = 0 exactly, zero gradients, nothing non-finite, lse = -inf on rows no key takes part in."""
     target = judge.target
@@ -160,7 +160,8 @@ def determinism(judge: Judge, case: SdpaCase) -> None:
         judge.exact(name, results[1][name], results[0][name], what="second identical call differs")
 
 
-@declare("sdpa", cases=dict(layouts=False, dout_layouts=("contiguous",)), isolate_on_cuda=True)
+@declare("sdpa", cases=dict(layouts=False, dout_layouts=("contiguous",)), requires=("misaligned",),
+         isolate_on_cuda=True)
 def misaligned_inputs(judge: Judge, case: SdpaCase) -> None:
     """q, k, v and dout at odd row strides and offsets: outputs and gradients agree, or refuse."""
     case = dataclasses.replace(case, layout_q="misaligned", layout_k="misaligned",
