@@ -78,8 +78,8 @@ def specialization_key(args):
     append = out.append
     for a in args:
         c = a.__class__
-        if c is int:
-            append(_int_code(a))
+        if c is int:  # the common i32 case inline (a call per argument costs as much again)
+            append((a & 15 == 0) if a != 1 and _I32_MIN <= a <= _I32_MAX else _int_code(a))
         elif c is float:
             append(_FLOAT)
         elif c is bool:
