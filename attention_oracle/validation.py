@@ -152,7 +152,8 @@ def _sdpa_mask(attn_mask, query, target: tuple, is_causal: bool, autograd: bool)
         raise ValueError("attn_mask must be None when is_causal=True (as in PyTorch)")
     shape = attn_mask.shape
     n = len(shape)
-    if n > len(target) or any(m != 1 and m != t for m, t in zip(shape, target[len(target) - n:])):
+    tail = target[len(target) - n:] if n <= len(target) else None
+    if shape != tail and (tail is None or any(m != 1 and m != t for m, t in zip(shape, tail))):
         raise ValueError(f"attn_mask of shape {tuple(shape)} does not broadcast to {target}")
     if attn_mask.device != query.device:
         raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {query.device}")
