@@ -206,7 +206,8 @@ class GradientsForInvalidSlots(_BrokenBackward):
         invalid = ~_valid(idx, topk, S)
         if S and bool(invalid.any()):
             rows = idx.to(torch.int64).clamp(0, S - 1)[invalid]
-            junk = torch.ones(rows.numel(), *g["dkv_latent"].shape[1:], dtype=g["dkv_latent"].dtype)
+            junk = torch.ones(rows.numel(), *g["dkv_latent"].shape[1:], dtype=g["dkv_latent"].dtype,
+                              device=rows.device)
             g["dkv_latent"] = g["dkv_latent"].index_add(0, rows, junk)
         return g
 

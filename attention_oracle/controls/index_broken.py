@@ -51,7 +51,7 @@ class _Prepare:
         seqlen_k = (cu_k[1:] - cu_k[:-1])[doc]
         valid = self.valid(local, seqlen_k, key_position(cu_seqlens_q, cu_seqlens_k, T, doc), causal)
         if topk_length is not None:
-            valid &= torch.arange(K)[None, :] < topk_length.to(torch.int64)[:, None]
+            valid &= torch.arange(K, device=local.device)[None, :] < topk_length.to(torch.int64)[:, None]
         rows = torch.where(valid, local + cu_k[doc][:, None], -1)
         if compact:
             packed = torch.full_like(rows, -1)
@@ -60,7 +60,7 @@ class _Prepare:
                 packed[t, :kept.numel()] = kept
             rows, lengths = packed, valid.sum(dim=1)
         else:
-            slot = torch.arange(1, K + 1)
+            slot = torch.arange(1, K + 1, device=local.device)
             lengths = torch.where(valid, slot, 0).amax(dim=1) if K else valid.sum(dim=1)
         rows = rows.to(torch.int32)
         if out is not None:
