@@ -89,17 +89,19 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False):
     if fp32:
         return (KernelConfig(16, 16, 32, 64, 4, 1),)
     if backward:
-        # measured on H200 (NOTES.md, "Issue 12, DSA tuning"): for a latent of two 256-wide
-        # chunks (the production 512), both halves gathered in the slot loop with unchained
-        # score dots (halves, split_scores) beat the inner chunk loop (108.8 vs 90.9 TFLOP/s
-        # synced, doc_16384). Before that (NOTES.md, fast DSA): the 64-head latent split in two
+        # measured on H200 (NOTES.md, "Issue 12, DSA tuning"): for 64-head blocks and a latent
+        # of two 256-wide chunks (the production 512), both halves gathered in the slot loop
+        # with unchained score dots (halves, split_scores) beat the inner chunk loop: BLOCK_K
+        # 64 124.2, BLOCK_K 32 108.9, chunk loop 91.0 TFLOP/s synced on doc_16384 (only the
+        # 64-head block was run natively). Before that (NOTES.md, fast DSA): the 64-head latent split in two
         # 256-wide chunks with transposed dkv was fastest; 32-head one-tile close. The 64-head
         # one-tile config with transposed dkv gave wrong dkv and an illegal address
         # (Triton 3.6, heavy spills): it is not offered. (For Dl <= 256 the first config is one
         # tile all the same, BLOCK_DC being capped at the latent; in 16-bit it stays under
         # 500 B of spills there and passed the suite natively.)
-        halves = ((KernelConfig(block_h, 32, 64, 256, 8, 1, True, split_scores=True, halves=True),)
-                  if 256 < dl <= 512 else ())
+        halves = ((KernelConfig(64, 64, 64, 256, 8, 1, True, split_scores=True, halves=True),
+                   KernelConfig(64, 32, 64, 256, 8, 1, True, split_scores=True, halves=True))
+                  if block_h == 64 and 256 < dl <= 512 else ())
         return halves + (KernelConfig(block_h, 32, 64, 256, 8, 3, True),
                          KernelConfig(min(block_h, 32), 32, latent, latent, 8, 3, True) if one
                          else KernelConfig(min(block_h, 32), 32, 64, 128, 8, 3, True),
