@@ -11,9 +11,14 @@ naive math's (docs/CONTRACT.md "5. The agreement rule", docs/agreement-rule.md).
   ``exp2(fma(r, c, -fl(m * c)))`` with ``c = fl(scale * log2(e))``, and
   lse = fma(m, scale, log(l)) in natural units;
 - with an additive float mask (or a scale <= 0) the scores are the scaled, masked scores in
-  natural units, as kernels taking a bias add it (xformers' memory-efficient kernel), and
-  exponentials are ``exp2(fl(r - m) * log2(e))``: subtracting first keeps a bias of
-  ``finfo.min`` finite; lse = fl(m + log(l));
+  natural units, as kernels taking a bias add it, and they are taken to log2 units before the
+  max is subtracted, as FlexAttention, xformers' memory-efficient kernel and FlashAttention-2's
+  Triton bias path do: exponentials are ``exp2(fl(r * log2(e)) - fl(m * log2(e)))``, which
+  rounds each score at its own magnitude (a bias of -100 costs ~100 u per score);
+  lse = fl(m + log(l)). A score of ``finfo.min`` overflows to -inf in log2 units: where a
+  row's every finite score overflows (a whole row of ``finfo.min`` padding) the algorithm has
+  no result, and its out and lse are NaN there, so the agreement rule leaves this run out
+  (the naive and prescaled runs keep such rows finite);
 - P (unnormalised, <= 1) is rounded to the dtype before the P.V product, which accumulates
   in float32; out = fl(o * fl(1 / l)), rounded once to the dtype; lse is stored as float32;
 - backward: the scores are recomputed in another summation order than the forward's (the
@@ -73,9 +78,9 @@ def _zero_where_neginf(t: torch.Tensor) -> torch.Tensor:
 
 def _exp2_shifted(r, shift, scale):
     """exp(scale * (r - shift)) as the kernel computes it (``scale=None``: r is in natural
-    units, subtract first); ``shift`` is the row max or the lse, 0 where it is -inf."""
+    units, taken to log2 units first); ``shift`` is the row max or the lse, 0 where it is -inf."""
     if scale is None:
-        return torch.exp2((r - shift) * LOG2E)
+        return torch.exp2(r * LOG2E - shift * LOG2E)
     return torch.exp2(fma(r, log2_scale(scale, r.dtype), -(shift * log2_scale(scale, r.dtype))))
 
 
@@ -101,6 +106,10 @@ def forward(r: torch.Tensor, values: torch.Tensor, cd: torch.dtype, scale: float
     out = (o * (1.0 / l_safe)).to(cd)
     lse = fma(_zero_where_neginf(m), 1.0 if scale is None else scale, torch.log(l_safe))
     lse = torch.where(empty, m, lse)
+    if scale is None:  # rows whose finite scores all overflow in log2 units: no result
+        lost = ~empty & torch.isneginf((r * LOG2E).amax(dim=-1, keepdim=True))
+        out = torch.where(lost, float("nan"), out)
+        lse = torch.where(lost, float("nan"), lse)
     return out, lse.squeeze(-1).to(lse_dtype(acc))
 
 
@@ -109,7 +118,7 @@ def probabilities(r: torch.Tensor, lse: torch.Tensor, scale: float | None) -> to
     ``scale`` as for :func:`forward`. 0 where masked and on empty rows."""
     lse = _zero_where_neginf(lse.to(r.dtype).unsqueeze(-1))
     if scale is None:
-        return torch.exp2((r - lse) * LOG2E)
+        return torch.exp2(r * LOG2E - lse * LOG2E)
     return torch.exp2(fma(r, log2_scale(scale, r.dtype), -(lse * LOG2E)))
 
 
