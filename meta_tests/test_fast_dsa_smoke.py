@@ -530,8 +530,10 @@ common = dict(HAS_ROPE=True, HAS_LEN=True, ONE_TILE=True, BLOCK_H=16, BLOCK_K=32
               BLOCK_DR=16, PRECISION="ieee")
 print(json.dumps({
     "control": ttir(folded_control, dict(B=16)),
-    "fwd": ttir(dsa_fwd_kernel, dict(common, BLOCK_DV=16), ("scale", "scale_log2")),
-    "bwd": ttir(dsa_bwd_kernel, dict(common, BLOCK_DC=16, DKV_T=False), ("scale", "scale_log2")),
+    "fwd": ttir(dsa_fwd_kernel, dict(common, BLOCK_DV=16, PDL=False, SPLIT_S=0),
+                ("scale", "scale_log2")),
+    "bwd": ttir(dsa_bwd_kernel, dict(common, BLOCK_DC=16, DKV_T=False, SPLIT_S=False,
+                                     HALVES=False), ("scale", "scale_log2")),
 }))
 '''
 
@@ -580,3 +582,81 @@ def test_fp32_block_dots_not_folded(tmp_path):
     assert _loop_carried_f32_dots(irs["control"]), "control: the fold was not detected"
     assert not _loop_carried_f32_dots(irs["fwd"]), _loop_carried_f32_dots(irs["fwd"])
     assert not _loop_carried_f32_dots(irs["bwd"]), _loop_carried_f32_dots(irs["bwd"])
+
+
+# ----------------------------------------------------------------------------- score dot layouts
+
+_TTGIR_SCRIPT = r'''
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from attention_oracle.fast.kernels.dsa_bwd import dsa_bwd_kernel
+from attention_oracle.fast.kernels.dsa_fwd import dsa_fwd_kernel
+
+
+def ttgir(kernel, consts):
+    sig = {}
+    for name in kernel.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = {"idx_ptr": "*i32", "len_ptr": "*i32", "lse_ptr": "*fp32",
+                         "dkv_ptr": "*fp32", "dkr_ptr": "*fp32"}.get(name, "*bf16")
+        else:
+            sig[name] = "fp32" if name in ("scale", "scale_log2") else "i32"
+    src = ASTSource(fn=kernel, signature=sig,
+                    constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=8, num_stages=1))
+    return compiled.asm["ttgir"]
+
+
+# 64 heads and 8 warps, as in production, on small latent tiles (layouts depend on M and warps)
+common = dict(HAS_ROPE=True, HAS_LEN=True, BLOCK_H=64, BLOCK_K=32, BLOCK_DR=16, PRECISION="tf32")
+fwd = dict(common, ONE_TILE=True, BLOCK_D=64, BLOCK_DV=64, PDL=False)
+bwd = dict(common, ONE_TILE=False, BLOCK_D=16, BLOCK_DC=32, DKV_T=True, HALVES=True)
+print(json.dumps({
+    "fwd_split": ttgir(dsa_fwd_kernel, dict(fwd, SPLIT_S=1)),
+    "fwd_split2": ttgir(dsa_fwd_kernel, dict(fwd, SPLIT_S=2)),
+    "fwd_control": ttgir(dsa_fwd_kernel, dict(fwd, SPLIT_S=0)),
+    "bwd_split": ttgir(dsa_bwd_kernel, dict(bwd, SPLIT_S=True)),
+    "bwd_control": ttgir(dsa_bwd_kernel, dict(bwd, SPLIT_S=False)),
+}))
+'''
+
+
+def _score_dot_warps(ttgir, m=64, n=32):
+    """warpsPerCTA of every MMA whose result is an [m, n] fp32 tile (the score / dP dots)."""
+    import re
+    layouts = dict(re.findall(r"^(#mma\d*) = .*warpsPerCTA = \[(\d+, \d+)\]", ttgir, re.M))
+    return [layouts[lay] for lay in
+            re.findall(rf"warp_group_dot .*-> tensor<{m}x{n}xf32, (#mma\d*)>", ttgir)]
+
+
+def test_split_scores_unchain_score_dots(tmp_path):
+    """``split_scores`` must give the score dots warpsPerCTA [4, 2] (each warpgroup its own slot
+    columns) with 64 heads and 8 warps. Without it Triton lays a dot whose result reaches
+    another dot out as [8, 1]: 128 rows of warps for 64 heads, so both warpgroups compute the
+    whole score tile (NOTES.md, "Issue 12, DSA tuning": forward 208 -> 277 TFLOP/s on the
+    H200). The speed only, never the values, depends on this; a Triton that looked through
+    the branch would fail here first. Compiles for sm_90 without a GPU; the control (no
+    split) must show [8, 1]."""
+    import json
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    script = tmp_path / "dsa_ttgir.py"  # @triton.jit reads its source from a file
+    script.write_text(_TTGIR_SCRIPT)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                       cwd=root, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    irs = json.loads(r.stdout.strip().splitlines()[-1])
+    for name in ("fwd_control", "bwd_control"):
+        assert "8, 1" in _score_dot_warps(irs[name]), (name, _score_dot_warps(irs[name]))
+    for name in ("fwd_split", "fwd_split2", "bwd_split"):
+        warps = _score_dot_warps(irs[name])
+        assert warps and set(warps) == {"4, 2"}, (name, warps)
