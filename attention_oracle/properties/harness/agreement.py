@@ -29,7 +29,11 @@ rounding (eps) of its own absolute terms in a float32 accumulation; the flash en
 member measures ~1 eps of the magnitude on such rows (docs/agreement-rule.md); 4 covers
 them with no room for a real error (a wrong scale, a dropped key, a misread stride) that
 moves results by a visible fraction of the terms. ``meta_tests/test_negative_controls.py``
-keeps a control showing an error of 10 floors is caught where the rule collapsed.
+keeps a control showing an error of 10 floors is caught where the rule collapsed. The
+second term, FLOOR_ACC * eps(float32) * acc_magnitude, covers the float32 accumulation of the
+two dot products dP and Delta in any order: their error grows with the sums of their absolute
+products, not with |dP| + |Delta| (the oracle's ``magnitude_acc``; docs/agreement-rule.md, "4.
+The floor").
 
 One implementation: :func:`rule` turns measured maxima into a :class:`Verdict`;
 :func:`assert_agrees` measures whole tensors and raises with the full message;
