@@ -123,9 +123,30 @@ def test_triton_mode_hooks_and_unkeyable_arguments_take_triton_path(rig):
     set_launch_mode("direct")
     launcher.knobs.launch_enter_hook = print
     launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
+    launcher.knobs.launch_enter_hook = HookChain([print])
+    launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
     launcher.knobs.launch_enter_hook = None
     launcher((1,), (x, "not an argument Triton knows", 1.0), {"BLOCK": 16})
-    assert [e[0] for e in log] == ["triton"] * 4
+    assert [e[0] for e in log] == ["triton"] * 5
+
+
+class HookChain:
+    """Triton >= 3.5's launch-hook slot: a chain, empty unless a profiler adds a hook."""
+
+    def __init__(self, calls=()):
+        self.calls = list(calls)
+
+
+def test_an_empty_hook_chain_is_no_hook(rig):
+    """Triton 3.6 keeps an empty HookChain in knobs.runtime.launch_enter_hook (never None): the
+    direct path must still be taken (the first H200 run fell back on every launch)."""
+    launcher, log, _ = rig
+    launcher.knobs = types.SimpleNamespace(launch_enter_hook=HookChain(),
+                                           launch_exit_hook=HookChain())
+    x = torch.empty(16)
+    for _ in range(3):
+        launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
+    assert [e[0] for e in log] == ["triton", "direct", "direct"]
 
 
 def test_a_failing_direct_launch_falls_back_for_good(rig):
@@ -242,3 +263,11 @@ def test_direct_launches_match_tritons_on_gpu(dtype_name, kind):
         assert sum(la.direct_launches for la in launchers) > before, "no direct launch"
     finally:
         set_launch_mode("direct")
+
+
+def test_installed_tritons_default_hooks_count_as_none():
+    """The Triton installed here (3.8 in CI; 3.6 on the H200) leaves no launch hook set."""
+    from triton import knobs
+    assert not launch._installed(knobs.runtime.launch_enter_hook)
+    assert not launch._installed(knobs.runtime.launch_exit_hook)
+    assert launch._installed(HookChain([print])) and launch._installed(print)

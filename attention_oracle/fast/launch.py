@@ -17,7 +17,7 @@ specializes a compiled kernel on, so two launches sharing a key run the same com
 * every keyword argument (constexprs and options such as ``num_warps``) by value;
 * the current CUDA device.
 
-Anything else (an argument of another type, launch hooks or pre-run hooks installed, Triton's
+Anything else (an argument of another type, a launch hook or pre-run hook installed, Triton's
 interpreter, a ``CompiledKernel`` without the expected attributes, an exception on the first
 direct launch) falls back to ``kernel[grid](...)``. Not covered: changing Triton's process-wide
 knobs (``TRITON_DEBUG``, instrumentation) after the first launch; ``check`` mode (below) finds
@@ -144,7 +144,7 @@ class DirectLauncher:
         if mode == "check":
             self._check(entry, grid, args, kwargs)
         knobs = self.knobs
-        if knobs.launch_enter_hook is not None or knobs.launch_exit_hook is not None:
+        if _installed(knobs.launch_enter_hook) or _installed(knobs.launch_exit_hook):
             self.jit[grid](*args, **kwargs)
             return
         g0, g1, g2 = _grid3(grid)
@@ -190,6 +190,15 @@ class DirectLauncher:
         if expected is not entry.kernel:
             raise RuntimeError(f"{self.jit.fn.__name__}: the direct launcher's specialization key "
                                f"maps these arguments to another compiled kernel than Triton's")
+
+
+def _installed(hook):
+    """Whether a launch hook is set: Triton >= 3.5 keeps a ``HookChain`` there, empty unless a
+    profiler added a hook (3.4 and older: None or the hook)."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return not isinstance(calls, list) or bool(calls)
 
 
 def _default_of(param):
