@@ -10,7 +10,8 @@ Public functions (docs/CONTRACT.md "2. SDPA"):
 Shapes: ``query [..., Hq, L, E]``, ``key [..., Hkv, S, E]``, ``value [..., Hkv, S, Ev]`` with any
 number (>= 0) of leading batch dims, broadcast against each other; rank 3 ``[N, L, E]`` is
 ``Hq = N`` with no batch dim. ``Hkv == Hq`` (or broadcastable) unless ``enable_gqa``, where query
-head h uses kv head ``h // (Hq // Hkv)``. ``attn_mask`` is boolean (True = take part) or
+head h uses kv head ``h // (Hq // Hkv)`` (key and value may have different head counts there, as
+PyTorch allows). Inputs are checked by ``attention_oracle/validation.py``. ``attn_mask`` is boolean (True = take part) or
 additive float, broadcastable to ``[..., Hq, L, S]``; it is read through strides (stride 0 on
 broadcast dims), never materialised. ``is_causal`` is top-left: query i sees keys j <= i.
 A query row with no key left gives out = 0 and zero gradients. Output ``[..., Hq, L, Ev]`` in the
