@@ -36,8 +36,8 @@ class FakeCompiled:
         self.log.append(("direct", self.name, a))
 
 
-@pytest.fixture
-def rig(monkeypatch):
+@pytest.fixture(params=[None, 1], ids=["key", "raw+key"])
+def rig(monkeypatch, request):
     """A real JITFunction whose ``run`` is replaced by a recorder, and a launcher with a stand-in
     driver (device 0, stream 77, no launch hooks)."""
     jit = JITFunction(_kernel)
@@ -54,7 +54,7 @@ def rig(monkeypatch):
         return kernel
 
     monkeypatch.setattr(jit, "run", run, raising=False)
-    launcher = DirectLauncher(jit)
+    launcher = DirectLauncher(jit, n_tensors=request.param)
     launcher.driver = object()
     launcher.device_of = lambda: 0
     launcher.stream = lambda device: 77
@@ -99,6 +99,36 @@ def test_a_new_specialization_goes_through_triton(rig, change):
     for c in (base, base, changed, changed):
         launcher((1,), (c["x"], c["n"], 1.0), c["kw"])
     assert [e[0] for e in log] == ["triton", "direct", "triton", "direct"]
+
+
+def test_raw_lookup_skips_the_key_and_shares_compiled_kernels(monkeypatch):
+    """With n_tensors, a repeated launch is found by its raw scalars (no specialization_key),
+    and new scalar values of one specialization reuse its compiled kernel without Triton."""
+    log = []
+    jit = JITFunction(_kernel)
+    kernel = FakeCompiled("0", log)
+
+    def run(*args, grid, warmup, **kwargs):
+        log.append(("triton", "0", args, grid))
+        return kernel
+
+    monkeypatch.setattr(jit, "run", run, raising=False)
+    launcher = DirectLauncher(jit, n_tensors=1)
+    launcher.driver, launcher.device_of, launcher.stream = object(), lambda: 0, lambda d: 0
+    launcher.knobs = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    x = torch.empty(16)
+    launcher((1,), (x, 17, 1.0), {"BLOCK": 16})
+    launcher((1,), (x, 17, 1.0), {"BLOCK": 16})
+    launcher((1,), (x, 19, 2.0), {"BLOCK": 16})  # same specialization, other values
+    assert [e[0] for e in log] == ["triton", "direct", "direct"]
+
+    def no_key(args):
+        raise AssertionError("specialization_key called on a raw hit")
+    monkeypatch.setattr(launch, "specialization_key", no_key)
+    launcher((1,), (x, 19, 2.0), {"BLOCK": 16})
+    assert [e[0] for e in log][-1] == "direct"
+    launcher((1,), (x, 19.0, 2.0), {"BLOCK": 16})  # 19.0 == 19 but another type: not a raw hit
+    assert [e[0] for e in log][-1] == "triton"
 
 
 def test_check_mode_raises_on_a_different_kernel(rig):
@@ -271,3 +301,16 @@ def test_installed_tritons_default_hooks_count_as_none():
     assert not launch._installed(knobs.runtime.launch_enter_hook)
     assert not launch._installed(knobs.runtime.launch_exit_hook)
     assert launch._installed(HookChain([print])) and launch._installed(print)
+
+
+def test_sdpa_launchers_declare_their_leading_tensors():
+    """Each SDPA launcher's n_tensors covers exactly the kernel's tensor parameters (the
+    strides follow them): a wrong count would silently send every launch to Triton's path."""
+    import inspect
+
+    from attention_oracle.fast import sdpa as fast
+    for direct in (fast._FWD.direct, fast._DKDV.direct, fast._DQ.direct, fast._PRE):
+        fn = getattr(direct.jit, "fn", direct.jit)
+        names = list(inspect.signature(fn).parameters)
+        n = direct.n_tensors
+        assert not any(x.startswith("s_") for x in names[:n]) and names[n].startswith("s_"), names

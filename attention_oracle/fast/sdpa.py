@@ -179,10 +179,11 @@ def _lse_state_shape(q_shape, dtype):
 
 # ----------------------------------------------------------------------------- launches
 
-_FWD = CachedLauncher(sdpa_fwd_kernel)
-_DKDV = CachedLauncher(sdpa_bwd_dkdv_kernel)
-_DQ = CachedLauncher(sdpa_bwd_dq_kernel)
-_PRE = DirectLauncher(sdpa_bwd_preprocess_kernel)
+# n_tensors: the kernels' leading tensor arguments (DirectLauncher's raw lookup)
+_FWD = CachedLauncher(sdpa_fwd_kernel, n_tensors=6)
+_DKDV = CachedLauncher(sdpa_bwd_dkdv_kernel, n_tensors=9)
+_DQ = CachedLauncher(sdpa_bwd_dq_kernel, n_tensors=8)
+_PRE = DirectLauncher(sdpa_bwd_preprocess_kernel, n_tensors=3)
 
 
 def _mask_dtype(mask):

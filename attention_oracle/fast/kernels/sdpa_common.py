@@ -323,10 +323,10 @@ class CachedLauncher:
     once Triton has launched that specialization). The key must hold everything the autotuner
     keys on: its ``key`` arguments and the dtypes of the tensors."""
 
-    def __init__(self, autotuned):
+    def __init__(self, autotuned, n_tensors=None):
         self.autotuned = autotuned
         self.jit = autotuned.fn.fn  # Autotuner -> Heuristics -> JITFunction
-        self.direct = DirectLauncher(self.jit)
+        self.direct = DirectLauncher(self.jit, n_tensors)
         self.configs = {}
         self.plans = {}
 
