@@ -308,9 +308,62 @@ def test_sdpa_launchers_declare_their_leading_tensors():
     strides follow them): a wrong count would silently send every launch to Triton's path."""
     import inspect
 
+    from attention_oracle.fast import dsa, index
     from attention_oracle.fast import sdpa as fast
-    for direct in (fast._FWD.direct, fast._DKDV.direct, fast._DQ.direct, fast._PRE):
+    launchers = [(d, lambda x: not x.startswith("s_"))
+                 for d in (fast._FWD.direct, fast._DKDV.direct, fast._DQ.direct, fast._PRE)]
+    launchers += [(d, lambda x: x.endswith("_ptr"))
+                  for d in (dsa._FWD_LAUNCH, dsa._BWD_LAUNCH, index._OFFSET_LAUNCH)]
+    for direct, is_pointer in launchers:
         fn = getattr(direct.jit, "fn", direct.jit)
         names = list(inspect.signature(fn).parameters)
         n = direct.n_tensors
-        assert not any(x.startswith("s_") for x in names[:n]) and names[n].startswith("s_"), names
+        assert all(map(is_pointer, names[:n])) and not is_pointer(names[n]), (n, names)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="direct launches need a CUDA device")
+@pytest.mark.parametrize("rope", [True, False], ids=["rope", "nope"])
+def test_direct_dsa_and_index_launches_match_tritons_on_gpu(rope):
+    """fast DSA (varlen entry: index preparation, forward, backward) three times in check mode
+    against Triton's own launches: outputs, lse, index rows and dq bitwise; the key gradients
+    (fp32 atomics in a free order, then rounded to bf16) to one bf16 ulp."""
+    from attention_oracle.fast import dsa, index
+    g = torch.Generator(device="cuda").manual_seed(4)
+    T, H, S, K = 6, 16, 40, 48
+    ql = torch.randn(T, H, 512, device="cuda", generator=g).to(torch.bfloat16)
+    qr = torch.randn(T, H, 64, device="cuda", generator=g).to(torch.bfloat16)
+    kv = torch.randn(S, 576, device="cuda", generator=g).to(torch.bfloat16)
+    local = torch.randint(-2, S, (T, K), device="cuda", dtype=torch.int32, generator=g)
+    cu_q = torch.tensor([0, 2, T], device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor([0, 15, S], device="cuda", dtype=torch.int32)
+
+    def step():
+        leaves = [t.detach().clone().requires_grad_() for t in ((ql, qr, kv) if rope else (ql, kv))]
+        if rope:
+            a, b, c = leaves
+            out, lse = dsa.dsa_sparse_attention_varlen(a, b, c[:, :512], c[:, 512:], local, cu_q,
+                                                       cu_k, softmax_scale=0.05, return_lse=True)
+        else:
+            a, c = leaves
+            out, lse = dsa.dsa_sparse_attention_nope_varlen(a, c[:, :512], local, cu_q, cu_k,
+                                                            softmax_scale=0.05, return_lse=True)
+        rows = index.offset_gather_kv_indices(local, cu_q, cu_k, compact=True,
+                                              return_topk_length=True)
+        grads = torch.autograd.grad(out, leaves, torch.ones_like(out))
+        return (out, lse, *rows, grads[0]), grads[1:]
+
+    launchers = [dsa._FWD_LAUNCH, dsa._BWD_LAUNCH, index._OFFSET_LAUNCH]
+    set_launch_mode("triton")
+    try:
+        exact, close = step()
+        set_launch_mode("check")
+        before = sum(la.direct_launches for la in launchers)
+        for _ in range(3):
+            got_exact, got_close = step()
+            for a, b in zip(got_exact, exact):
+                assert torch.equal(a, b), "differs from Triton's own launch"
+            for a, b in zip(got_close, close):
+                torch.testing.assert_close(a.float(), b.float(), rtol=8e-3, atol=1e-3)  # 1 bf16 ulp
+        assert sum(la.direct_launches for la in launchers) > before, "no direct launch"
+    finally:
+        set_launch_mode("direct")

@@ -174,6 +174,10 @@ class DirectLauncher:
                           f"using Triton's launch path from now on", RuntimeWarning, stacklevel=2)
             self.jit[grid](*args, **kwargs)
 
+    def __getitem__(self, grid):
+        """``launcher[grid](*args, **kwargs)``, as a JIT function is called."""
+        return lambda *args, **kwargs: self(grid, args, kwargs)
+
     def _device(self):
         if self.driver is None:
             from triton import knobs
