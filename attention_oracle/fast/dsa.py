@@ -28,6 +28,7 @@ from .host import cdiv, check_device, next_pow2
 from .index import offset_rows, pdl_on
 from .kernels.dsa_bwd import dsa_bwd_kernel
 from .kernels.dsa_fwd import dsa_fwd_kernel
+from .launch import DirectLauncher
 
 _ONE_TILE_MAX = 512  # widest latent kept as one register tile (Dl = 512 production path)
 _LOG2E = 1.4426950408889634
@@ -173,6 +174,12 @@ def _strides3(x):
     return x.stride(0), x.stride(1), x.stride(2)
 
 
+# the compiled kernels' own launchers after Triton's first launch (fast/launch.py); n_tensors:
+# the kernels' leading pointer arguments
+_FWD_LAUNCH = DirectLauncher(dsa_fwd_kernel, n_tensors=8)
+_BWD_LAUNCH = DirectLauncher(dsa_bwd_kernel, n_tensors=13)
+
+
 def _rope_args(q_rope, k_rope, q):
     """Kernel args for the rope operands; NoPE passes q itself with width 0."""
     if q_rope is None:
@@ -194,7 +201,7 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
 
     def launch(cfg):
         grid = (T, cdiv(H, cfg.block_h), cdiv(DL, cfg.block_dv))
-        dsa_fwd_kernel[grid](
+        _FWD_LAUNCH[grid](
             q, qr, kv, kr, indices, topk_length if topk_length is not None else indices, out, lse,
             H, kv.shape[0], indices.shape[1], DL, DR,
             *_strides3(q), *sqr, kv.stride(0), kv.stride(1), *skr,
@@ -232,7 +239,7 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
 
         def launch(cfg):
             grid = (T, cdiv(H, cfg.block_h), cdiv(DL, cfg.block_dv))
-            dsa_bwd_kernel[grid](
+            _BWD_LAUNCH[grid](
                 q, qr, kv, kr, indices, topk_length if topk_length is not None else indices,
                 out, dout, lse, dq, dqr, dkv_acc, dkr_acc,
                 H, S, indices.shape[1], DL, DR,

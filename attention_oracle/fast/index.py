@@ -17,9 +17,12 @@ from ..validation import check_index_inputs
 from .host import check_device, next_pow2
 from .kernels import pdl
 from .kernels.index_offset import BAD_BITS, CHECK_BLOCK, offset_gather_kernel
+from .launch import DirectLauncher
 
 _MAX_BLOCK_K = 4096
 _INT32_MAX = 2**31 - 1
+# the compiled kernel's own launcher after Triton's first launch (fast/launch.py); 7 pointers lead
+_OFFSET_LAUNCH = DirectLauncher(offset_gather_kernel, n_tensors=7)
 _ASSERT_MSG = ("fast offset_gather_kv_indices: bad varlen metadata (cu_seqlens_q must start at 0, "
                "end at T and not decrease; cu_seqlens_k must start at 0, not decrease and end "
                "within the key rows)")
@@ -120,7 +123,7 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
     block_k = min(next_pow2(max(K, 1)), _MAX_BLOCK_K)
     limit = _INT32_MAX if key_rows is None else min(int(key_rows), _INT32_MAX)
     use_pdl = pdl_on(device)
-    offset_gather_kernel[(max(n_rows, 1),)](
+    _OFFSET_LAUNCH[(max(n_rows, 1),)](
         gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
         topk_length if topk_length is not None else lengths, result, lengths, flags,
         T, n_rows, K, n_docs, limit,
