@@ -36,6 +36,12 @@ class FakeCompiled:
         self.log.append(("direct", self.name, a))
 
 
+def launches(log):
+    """The launch path of each logged call ("warmup": Triton asked, nothing launched, is left
+    out; test_first_direct_launch_is_verified_once looks at those)."""
+    return [e[0] for e in log if e[0] != "warmup"]
+
+
 @pytest.fixture(params=[None, 1], ids=["key", "raw+key"])
 def rig(monkeypatch, request):
     """A real JITFunction whose ``run`` is replaced by a recorder, and a launcher with a stand-in
@@ -69,10 +75,12 @@ def test_second_launch_is_direct_with_every_parameter(rig):
     x = torch.empty(64)
     launcher((4, 2), (x, 17, 0.5), {"BLOCK": 32, "num_warps": 4})
     launcher((5,), (x, 17, 0.25), {"BLOCK": 32, "num_warps": 4})
-    assert [e[0] for e in log] == ["triton", "direct"]
+    assert launches(log) == ["triton", "direct"]
     # grid padded to 3, stream, function, metadata, no launch metadata / hooks, then the
     # parameters in signature order with the constexprs (FLAG from its default)
-    assert log[1][2] == (5, 1, 1, 77, "fn-0", "meta-0", None, None, None, x, 17, 0.25, 32, 3)
+    direct = [e for e in log if e[0] == "direct"][0][2]
+    assert direct[:9] == (5, 1, 1, 77, "fn-0", "meta-0", None, None, None)
+    assert direct[9] is x and direct[10:] == (17, 0.25, 32, 3)
 
 
 @pytest.mark.parametrize("change", ["alignment", "dtype", "one", "div16", "int64", "constexpr",
@@ -98,7 +106,7 @@ def test_a_new_specialization_goes_through_triton(rig, change):
         changed["kw"] = {"BLOCK": 32, "num_warps": 8}
     for c in (base, base, changed, changed):
         launcher((1,), (c["x"], c["n"], 1.0), c["kw"])
-    assert [e[0] for e in log] == ["triton", "direct", "triton", "direct"]
+    assert launches(log) == ["triton", "direct", "triton", "direct"]
 
 
 def test_raw_lookup_skips_the_key_and_shares_compiled_kernels(monkeypatch):
@@ -109,7 +117,7 @@ def test_raw_lookup_skips_the_key_and_shares_compiled_kernels(monkeypatch):
     kernel = FakeCompiled("0", log)
 
     def run(*args, grid, warmup, **kwargs):
-        log.append(("triton", "0", args, grid))
+        log.append(("warmup" if warmup else "triton", "0", args, grid))
         return kernel
 
     monkeypatch.setattr(jit, "run", run, raising=False)
@@ -120,15 +128,33 @@ def test_raw_lookup_skips_the_key_and_shares_compiled_kernels(monkeypatch):
     launcher((1,), (x, 17, 1.0), {"BLOCK": 16})
     launcher((1,), (x, 17, 1.0), {"BLOCK": 16})
     launcher((1,), (x, 19, 2.0), {"BLOCK": 16})  # same specialization, other values
-    assert [e[0] for e in log] == ["triton", "direct", "direct"]
+    assert launches(log) == ["triton", "direct", "direct"]
 
     def no_key(args):
         raise AssertionError("specialization_key called on a raw hit")
     monkeypatch.setattr(launch, "specialization_key", no_key)
     launcher((1,), (x, 19, 2.0), {"BLOCK": 16})
-    assert [e[0] for e in log][-1] == "direct"
+    assert launches(log)[-1] == "direct"
     launcher((1,), (x, 19.0, 2.0), {"BLOCK": 16})  # 19.0 == 19 but another type: not a raw hit
-    assert [e[0] for e in log][-1] == "triton"
+    assert launches(log)[-1] == "triton"
+
+
+def test_first_direct_launch_is_verified_once(rig):
+    """Outside check mode, Triton is asked (warmup=True) once per compiled kernel; a mismatch
+    there sends the launcher to Triton's path with a warning."""
+    launcher, log, compiled = rig
+    x = torch.empty(16)
+    for _ in range(4):
+        launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
+    assert [e[0] for e in log] == ["triton", "warmup", "direct", "direct", "direct"]
+    launcher((1,), (x, 32, 1.0), {"BLOCK": 64})  # another kernel: Triton now says "other"
+    for key in list(compiled):
+        compiled[key] = FakeCompiled("other", log)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        launcher((1,), (x, 32, 1.0), {"BLOCK": 64})
+    assert any("another compiled kernel" in str(w.message) for w in caught)
+    assert launches(log)[-1] == "triton" and not launcher.usable
 
 
 def test_check_mode_raises_on_a_different_kernel(rig):
@@ -157,7 +183,7 @@ def test_triton_mode_hooks_and_unkeyable_arguments_take_triton_path(rig):
     launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
     launcher.knobs.launch_enter_hook = None
     launcher((1,), (x, "not an argument Triton knows", 1.0), {"BLOCK": 16})
-    assert [e[0] for e in log] == ["triton"] * 5
+    assert launches(log) == ["triton"] * 5
 
 
 class HookChain:
@@ -176,7 +202,7 @@ def test_an_empty_hook_chain_is_no_hook(rig):
     x = torch.empty(16)
     for _ in range(3):
         launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
-    assert [e[0] for e in log] == ["triton", "direct", "direct"]
+    assert launches(log) == ["triton", "direct", "direct"]
 
 
 def test_a_failing_direct_launch_falls_back_for_good(rig):
@@ -190,7 +216,7 @@ def test_a_failing_direct_launch_falls_back_for_good(rig):
         launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
     assert any("direct launch failed" in str(w.message) for w in caught)
     launcher((1,), (x, 16, 1.0), {"BLOCK": 16})
-    assert [e[0] for e in log] == ["triton", "triton", "triton"] and not launcher.usable
+    assert launches(log) == ["triton", "triton", "triton"] and not launcher.usable
 
 
 def test_interpreted_functions_never_launch_directly():

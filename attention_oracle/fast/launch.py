@@ -23,9 +23,11 @@ direct launch) falls back to ``kernel[grid](...)``. Not covered: changing Triton
 knobs (``TRITON_DEBUG``, instrumentation) after the first launch; ``check`` mode (below) finds
 any key collision.
 
-Modes (``set_launch_mode`` / ``$ATTENTION_ORACLE_FAST_LAUNCH``): ``direct`` (default),
-``triton`` (always ``kernel[grid](...)``), ``check`` (direct, and every direct launch also asks
-Triton, with ``warmup=True``, which compiled kernel it would run, raising if it differs).
+The first direct launch of each compiled kernel asks Triton (``warmup=True``: no launch) which
+compiled kernel it would run for those arguments; a mismatch sends the launcher back to
+Triton's path with a warning. Modes (``set_launch_mode`` / ``$ATTENTION_ORACLE_FAST_LAUNCH``):
+``direct`` (default), ``triton`` (always ``kernel[grid](...)``), ``check`` (every direct launch
+is checked so, and a mismatch raises).
 """
 import inspect
 import os
@@ -101,10 +103,11 @@ def _grid3(grid):
 
 class _Entry:
     """What a direct launch needs of one compiled kernel."""
-    __slots__ = ("kernel", "run", "function", "packed", "tail")
+    __slots__ = ("kernel", "run", "function", "packed", "tail", "verified")
 
     def __init__(self, kernel, tail):
         self.kernel = kernel
+        self.verified = False  # Triton confirmed it picks this kernel (on the first direct launch)
         self.run = kernel.run  # initialises the module handles on Triton versions that defer it
         self.function = kernel.function
         self.packed = kernel.packed_metadata
@@ -157,8 +160,10 @@ class DirectLauncher:
             kernel = self.jit.run(*args, grid=grid, warmup=False, **kwargs)
             self._remember(key, kernel, len(args), kwargs)
             return
-        if mode == "check":
-            self._check(entry, grid, args, kwargs)
+        if mode == "check" or not entry.verified:
+            if not self._check(entry, grid, args, kwargs, strict=mode == "check"):
+                self.jit[grid](*args, **kwargs)
+                return
         knobs = self.knobs
         if _installed(knobs.launch_enter_hook) or _installed(knobs.launch_exit_hook):
             self.jit[grid](*args, **kwargs)
@@ -210,11 +215,23 @@ class DirectLauncher:
             self.raw.clear()
         self.raw[raw] = entry
 
-    def _check(self, entry, grid, args, kwargs):
+    def _check(self, entry, grid, args, kwargs, strict):
+        """Whether Triton (asked with ``warmup=True``, which launches nothing) would run this
+        entry's compiled kernel for these arguments. Each entry is checked on its first direct
+        launch; in check mode on every one, and a mismatch raises. Otherwise a mismatch sends
+        this launcher to Triton's path for good, with a warning."""
         expected = self.jit.run(*args, grid=grid, warmup=True, **kwargs)
-        if expected is not entry.kernel:
-            raise RuntimeError(f"{self.jit.fn.__name__}: the direct launcher's specialization key "
-                               f"maps these arguments to another compiled kernel than Triton's")
+        if expected is entry.kernel:
+            entry.verified = True
+            return True
+        msg = (f"{self.jit.fn.__name__}: the direct launcher's specialization key maps these "
+               f"arguments to another compiled kernel than Triton's")
+        if strict:
+            raise RuntimeError(msg)
+        self.usable = False
+        warnings.warn(msg + "; using Triton's launch path from now on", RuntimeWarning,
+                      stacklevel=3)
+        return False
 
 
 def _installed(hook):
