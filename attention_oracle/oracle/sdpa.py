@@ -90,7 +90,7 @@ def _as_bhld(t: torch.Tensor) -> torch.Tensor:
 
 
 def _chunk_rows(b: int, h: int, s: int, chunk_bytes: int) -> int:
-    per_query = 8 * b * h * max(s, 1) * 8
+    per_query = 8 * max(b * h, 1) * max(s, 1) * 8  # an empty batch or no head: one chunk
     return max(1, chunk_bytes // per_query)
 
 
@@ -219,7 +219,7 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
     acc = flash.accumulation_dtype(cd) if algorithm == "flash" else cd
     b, hq, l_q, _ = q.shape
     hkv, s_k = k.shape[1], k.shape[2]
-    group = hq // hkv
+    group = hq // hkv if hkv else 1  # no kv head: no query head either (validation)
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
