@@ -10,9 +10,10 @@ prescaled; ``oracle/flash.py``) and ``X_impl``::
 with k = 2 for forward outputs and k = 3 for gradients. The lp term is the largest error
 among the standard algorithms: the rounding the dtype forces is that of the algorithms
 correct kernels use, not of one of them (docs/agreement-rule.md derives it and measures it).
-An lp run that is not finite where the gold is (an algorithm overflowing in the dtype), or whose
-error exceeds BREAKDOWN x magnitude (no rounding: the algorithm breaks down on these inputs), is
-left out of the ensemble, never allowed to widen the bound. NaN/Inf in ``X_impl`` where the
+An lp run's elements that are not finite where the gold is (an algorithm overflowing in the
+dtype) say nothing and are left out; a run whose error exceeds BREAKDOWN x magnitude (no
+rounding: the algorithm breaks down on these inputs) is left out of the ensemble; neither is ever
+allowed to widen the bound. NaN/Inf in ``X_impl`` where the
 gold is finite always fails; where the gold is not finite (lse = -inf on empty rows) the
 values must match exactly.
 
@@ -201,16 +202,21 @@ def _max_or_zero(t: torch.Tensor) -> float:
 
 
 def measure_lp(lp: Mapping[str, torch.Tensor], gold: torch.Tensor, finite: torch.Tensor) -> dict:
-    """{algorithm: max|lp_a - gold|} over the finite gold; inf for a run that is not finite
-    there (the rule then leaves it out)."""
+    """{algorithm: max|lp_a - gold|} over the elements where both the gold and run a are finite:
+    where an algorithm has no finite result (it overflows in the dtype, or has no result on a
+    row of finfo.min biases) it says nothing, and its other elements still count; inf for a run
+    with no finite result where the gold has one (the rule then leaves it out)."""
     zero = torch.zeros((), dtype=torch.float64, device=gold.device)
     errs = {}
     for a, x in lp.items():
         x = x.detach().to(torch.float64).to(gold.device)
         if tuple(x.shape) != tuple(gold.shape):
             raise ValueError(f"lp run {a!r} has shape {tuple(x.shape)}, gold {tuple(gold.shape)}")
-        bad = finite & ~torch.isfinite(x)
-        errs[a] = float("inf") if bool(bad.any()) else _max_or_zero(torch.where(finite, (x - gold).abs(), zero))
+        usable = finite & torch.isfinite(x)
+        if bool(finite.any()) and not bool(usable.any()):
+            errs[a] = float("inf")
+            continue
+        errs[a] = _max_or_zero(torch.where(usable, (x - gold).abs(), zero))
     return errs
 
 

@@ -24,7 +24,7 @@ _MISALIGNED = ("PyTorch's fused CUDA backends fault or raise on legal strides th
 _MIN_BIAS_ROWS_BWD = ("A flash backward that recomputes P from its float32 lse breaks down on rows "
                       "whose every key carries a finfo.min bias (Hugging Face padding): fl(min + "
                       "log(l)) = min absorbs log(l), so P = 1 per key instead of 1/l (dq 297 where "
-                      "|gold| is 62; PyTorch's CPU flash and fast alike; torch-math passes): "
+                      "|gold| is 62; PyTorch's CPU flash; torch-math passes, and fast since it keeps m and log l apart): "
                       "NOTES.md, Findings, F11")
 
 _CUDNN_MASKED_ROWS = ("cuDNN SDPA does not give 0 for a fully masked query row (out 1.04 where "

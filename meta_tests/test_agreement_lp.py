@@ -1,0 +1,52 @@
+"""The lp ensemble's exclusions: an algorithm without a finite result says nothing there, never
+widens the bound, and its other elements still count (docs/agreement-rule.md, "1. The rule")."""
+import pytest
+import torch
+
+from attention_oracle.oracle.sdpa import ALGORITHMS, sdpa_reference
+from attention_oracle.properties.harness.agreement import OracleMismatch, assert_agrees, measure_lp
+
+
+def test_non_finite_lp_elements_are_left_out_and_the_rest_counts():
+    gold = torch.zeros(4, dtype=torch.float64)
+    finite = torch.isfinite(gold)
+    lp = {"a": torch.tensor([1e-3, float("nan"), 0.0, 0.0]),
+          "b": torch.full((4,), float("nan")),
+          "c": torch.tensor([0.0, 2e-3, 0.0, float("inf")])}
+    errs = measure_lp(lp, gold, finite)
+    assert errs["a"] == pytest.approx(1e-3) and errs["c"] == pytest.approx(2e-3)
+    assert errs["b"] == float("inf")
+
+
+def _finfo_min_row_case():
+    gen = torch.Generator().manual_seed(11)
+    q, k, v, dout = (torch.randn(1, 2, 6, 16, generator=gen) for _ in range(4))
+    k, v = k[:, :, :5], v[:, :, :5]
+    mask = torch.zeros(6, 5)
+    mask[2] = torch.finfo(torch.float32).min    # a whole padded row: the flash run has no result
+    return q, k, v, dout, mask
+
+
+def test_flash_without_result_on_padded_rows_still_bounds_the_others():
+    q, k, v, dout, mask = _finfo_min_row_case()
+    gold = sdpa_reference(q, k, v, dout, attn_mask=mask, magnitudes=True)
+    lp = {a: sdpa_reference(q, k, v, dout, attn_mask=mask, algorithm=a, compute_dtype=torch.float32)
+          for a in ALGORITHMS}
+    assert torch.isnan(lp["flash"]["out"][..., 2, :]).all()
+    errs = measure_lp({a: r["out"] for a, r in lp.items()}, gold["out"], torch.isfinite(gold["out"]))
+    assert 0 < errs["flash"] < 1e-5
+
+
+def test_reading_padded_rows_as_masked_is_still_caught():
+    """The F10 behaviour (out = 0 on a row of finfo.min biases) where the flash run has no result."""
+    q, k, v, dout, mask = _finfo_min_row_case()
+    gold = sdpa_reference(q, k, v, attn_mask=mask, magnitudes=True)
+    lp = {a: sdpa_reference(q, k, v, attn_mask=mask, algorithm=a, compute_dtype=torch.float32)["out"]
+          for a in ALGORITHMS}
+    wrong = gold["out"].clone()
+    wrong[..., 2, :] = 0
+    kw = dict(check="unit", impl="control", name="out", dtype=torch.float32, gradient=False,
+              magnitude=gold["magnitude"]["out"], repro="unit")
+    assert_agrees(gold["out"].to(torch.float32), gold["out"], lp, **kw)
+    with pytest.raises(OracleMismatch):
+        assert_agrees(wrong, gold["out"], lp, **kw)
