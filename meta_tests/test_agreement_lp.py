@@ -23,22 +23,12 @@ def _finfo_min_row_case():
     q, k, v, dout = (torch.randn(1, 2, 6, 16, generator=gen) for _ in range(4))
     k, v = k[:, :, :5], v[:, :, :5]
     mask = torch.zeros(6, 5)
-    mask[2] = torch.finfo(torch.float32).min    # a whole padded row: the flash run has no result
+    mask[2] = torch.finfo(torch.float32).min    # a whole padded row
     return q, k, v, dout, mask
 
 
-def test_flash_without_result_on_padded_rows_still_bounds_the_others():
-    q, k, v, dout, mask = _finfo_min_row_case()
-    gold = sdpa_reference(q, k, v, dout, attn_mask=mask, magnitudes=True)
-    lp = {a: sdpa_reference(q, k, v, dout, attn_mask=mask, algorithm=a, compute_dtype=torch.float32)
-          for a in ALGORITHMS}
-    assert torch.isnan(lp["flash"]["out"][..., 2, :]).all()
-    errs = measure_lp({a: r["out"] for a, r in lp.items()}, gold["out"], torch.isfinite(gold["out"]))
-    assert 0 < errs["flash"] < 1e-5
-
-
 def test_reading_padded_rows_as_masked_is_still_caught():
-    """The F10 behaviour (out = 0 on a row of finfo.min biases) where the flash run has no result."""
+    """The F10 behaviour (out = 0 on a row of finfo.min biases) against the whole ensemble."""
     q, k, v, dout, mask = _finfo_min_row_case()
     gold = sdpa_reference(q, k, v, attn_mask=mask, magnitudes=True)
     lp = {a: sdpa_reference(q, k, v, attn_mask=mask, algorithm=a, compute_dtype=torch.float32)["out"]

@@ -215,11 +215,11 @@ def _forward_chunk(ops: _Operands, start: int, stop: int, cd: torch.dtype,
         r_scale = ops.scale if ops.scale > 0 else None  # raw dots, unless a raw max is not the max
         acc = flash.accumulation_dtype(cd)
         r = _scores(ql, kl, qr, kr, valid, 1.0 if r_scale else ops.scale, acc)
-        out, lse = flash.forward(r, kl, cd, r_scale)
+        out, lse, stats = flash.forward(r, kl, cd, r_scale)
         # the backward's scores in another summation order (the dot rounded once from float64)
         wide = torch.float64 if acc == torch.float32 else acc
         r = _scores(ql, kl, qr, kr, valid, 1.0 if r_scale else ops.scale, wide).to(acc)
-        P = flash.probabilities(r, lse, r_scale)
+        P = flash.probabilities(r, lse, r_scale, stats)
         return _Chunk(valid, route, ql, qr, kl, kr, P, out, lse, torch.zeros_like(lse), **side)
     scale = ops.scale
     if algorithm == "prescaled":  # PyTorch's math backend: (q * sqrt(scale)) . (k * sqrt(scale))

@@ -15,17 +15,21 @@ naive math's (docs/CONTRACT.md "5. The agreement rule", docs/agreement-rule.md).
   max is subtracted, as FlexAttention, xformers' memory-efficient kernel and FlashAttention-2's
   Triton bias path do: exponentials are ``exp2(fl(r * log2(e)) - fl(m * log2(e)))``, which
   rounds each score at its own magnitude (a bias of -100 costs ~100 u per score);
-  lse = fl(m + log(l)). A score of ``finfo.min`` overflows to -inf in log2 units: where a
-  row's every finite score overflows (a whole row of ``finfo.min`` padding) the algorithm has
-  no result, and its out and lse are NaN there, so the agreement rule leaves this run out
-  (the naive and prescaled runs keep such rows finite);
+  lse = fl(m + log(l)). A score of ``finfo.min`` overflows to -inf in log2 units: on a row
+  whose every finite score overflows (a whole row of ``finfo.min`` padding) that algorithm
+  has no result, and the row is computed as kernels that get it right do, subtracting the max
+  first (``exp2(fl(r - m) * log2(e))``);
 - P (unnormalised, <= 1) is rounded to the dtype before the P.V product, which accumulates
   in float32; out = fl(o * fl(1 / l)), rounded once to the dtype; lse is stored as float32;
 - backward: the scores are recomputed in another summation order than the forward's (the
   callers take the dot rounded once from float64: a backward GEMM is free to block the dot
   differently), and P from them and the stored lse the same way (``exp2(fma(r, c,
-  -fl(lse * log2(e))))``, or ``exp2(fl(r - lse) * log2(e))``), so a row with one key has
-  P = 1 only up to those roundings; Delta = rowsum(dO * O) from the rounded output,
+  -fl(lse * log2(e))))``, or ``exp2(fl(r * log2(e)) - fl(lse * log2(e)))``), so a row with one
+  key has P = 1 only up to those roundings. Where the float32 lse has absorbed log(l) entirely
+  (fl(m + log l) = m with l > 1: a whole row of bf16 / fp32 ``finfo.min`` biases, where P from
+  the lse would be 1 per key) or the forward subtracted first, P is formed from m and log(l)
+  kept apart, ``exp2(fl(fl(r - m) - log l) * log2(e))``, as a kernel that gets those rows right
+  does (finding F11); Delta = rowsum(dO * O) from the rounded output,
   dS = P * (dP - Delta); dS and P are rounded to the dtype before the dq / dk / dv
   products, which accumulate in float32.
 
@@ -76,19 +80,34 @@ def _zero_where_neginf(t: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isneginf(t), torch.zeros_like(t), t)
 
 
-def _exp2_shifted(r, shift, scale):
+class RowStats:
+    """What a flash forward keeps per row for the backward besides lse (``[..., rows, 1]``, the
+    accumulation dtype): the row max ``m`` (0 on empty rows), ``log_l`` and ``lost`` (rows
+    computed by subtracting first, where log2 units overflow)."""
+
+    def __init__(self, m, log_l, lost):
+        self.m, self.log_l, self.lost = m, log_l, lost
+
+
+def _exp2_shifted(r, shift, scale, lost=None):
     """exp(scale * (r - shift)) as the kernel computes it (``scale=None``: r is in natural
-    units, taken to log2 units first); ``shift`` is the row max or the lse, 0 where it is -inf."""
+    units, taken to log2 units first; on ``lost`` rows the shift is subtracted first);
+    ``shift`` is the row max or the lse, 0 where it is -inf."""
     if scale is None:
-        return torch.exp2(r * LOG2E - shift * LOG2E)
+        p = torch.exp2(r * LOG2E - shift * LOG2E)
+        return p if lost is None else torch.where(lost, torch.exp2((r - shift) * LOG2E), p)
     return torch.exp2(fma(r, log2_scale(scale, r.dtype), -(shift * log2_scale(scale, r.dtype))))
 
 
 def forward(r: torch.Tensor, values: torch.Tensor, cd: torch.dtype, scale: float | None):
-    """Online softmax over key tiles: (out in ``cd``, lse). ``r`` in the accumulation dtype,
-    -inf where a key takes no part: raw dots with ``scale`` the softmax scale, or scaled
-    scores with ``scale=None``. A row with no key gives out = 0 and lse = -inf."""
+    """Online softmax over key tiles: (out in ``cd``, lse, :class:`RowStats`). ``r`` in the
+    accumulation dtype, -inf where a key takes no part: raw dots with ``scale`` the softmax
+    scale, or scaled scores with ``scale=None``. A row with no key gives out = 0 and lse = -inf."""
     acc = r.dtype
+    lost = None
+    if scale is None:  # rows whose finite scores all overflow in log2 units
+        lost = (torch.isfinite(r.amax(dim=-1, keepdim=True))
+                & torch.isneginf((r * LOG2E).amax(dim=-1, keepdim=True)))
     m = torch.full(r.shape[:-1] + (1,), float("-inf"), dtype=acc, device=r.device)
     l = torch.zeros_like(m)
     o = r.new_zeros(r.shape[:-1] + (values.shape[-1],))
@@ -96,8 +115,8 @@ def forward(r: torch.Tensor, values: torch.Tensor, cd: torch.dtype, scale: float
         rt = r[..., j0:j0 + TILE]
         m_new = torch.maximum(m, rt.amax(dim=-1, keepdim=True))
         m_ref = _zero_where_neginf(m_new)
-        p = _exp2_shifted(rt, m_ref, scale)                         # 0 where masked
-        alpha = _exp2_shifted(m, m_ref, scale)                      # 0 before the first key
+        p = _exp2_shifted(rt, m_ref, scale, lost)                   # 0 where masked
+        alpha = _exp2_shifted(m, m_ref, scale, lost)                # 0 before the first key
         l = l * alpha + p.sum(dim=-1, keepdim=True)
         o = o * alpha + torch.matmul(p.to(cd).to(acc), values[..., j0:j0 + TILE, :].to(acc))
         m = m_new
@@ -106,20 +125,29 @@ def forward(r: torch.Tensor, values: torch.Tensor, cd: torch.dtype, scale: float
     out = (o * (1.0 / l_safe)).to(cd)
     lse = fma(_zero_where_neginf(m), 1.0 if scale is None else scale, torch.log(l_safe))
     lse = torch.where(empty, m, lse)
-    if scale is None:  # rows whose finite scores all overflow in log2 units: no result
-        lost = ~empty & torch.isneginf((r * LOG2E).amax(dim=-1, keepdim=True))
-        out = torch.where(lost, float("nan"), out)
-        lse = torch.where(lost, float("nan"), lse)
-    return out, lse.squeeze(-1).to(lse_dtype(acc))
+    stats = RowStats(_zero_where_neginf(m), torch.log(l_safe), lost)
+    return out, lse.squeeze(-1).to(lse_dtype(acc)), stats
 
 
-def probabilities(r: torch.Tensor, lse: torch.Tensor, scale: float | None) -> torch.Tensor:
-    """P recomputed from the stored lse (``[..., rows]``), as a flash backward does; ``r`` and
-    ``scale`` as for :func:`forward`. 0 where masked and on empty rows."""
+def probabilities(r: torch.Tensor, lse: torch.Tensor, scale: float | None,
+                  stats: RowStats) -> torch.Tensor:
+    """P recomputed from the stored lse (``[..., rows]``), as a flash backward does, or from m
+    and log l kept apart on the rows where the lse absorbed log l (``stats`` from
+    :func:`forward`); ``r`` and ``scale`` as for :func:`forward`. 0 where masked and on empty rows."""
     lse = _zero_where_neginf(lse.to(r.dtype).unsqueeze(-1))
     if scale is None:
-        return torch.exp2(r * LOG2E - lse * LOG2E)
-    return torch.exp2(fma(r, log2_scale(scale, r.dtype), -(lse * LOG2E)))
+        p = torch.exp2(r * LOG2E - lse * LOG2E)
+        shifted = r - stats.m
+    else:
+        c = log2_scale(scale, r.dtype)
+        p = torch.exp2(fma(r, c, -(lse * LOG2E)))
+        shifted = fma(r, c, -(stats.m * c)) / LOG2E
+    apart = (lse == stats.m) & (stats.log_l > 0)
+    if stats.lost is not None:
+        apart = apart | stats.lost
+    if not bool(apart.any()):
+        return p
+    return torch.where(apart, torch.exp2((shifted - stats.log_l) * LOG2E), p)
 
 
 def softmax_backward(p: torch.Tensor, dp: torch.Tensor, dout: torch.Tensor, out: torch.Tensor,

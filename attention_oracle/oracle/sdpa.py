@@ -160,7 +160,7 @@ def _flash_chunk(qc, k, v, doc, mask_c, is_causal, row0, sc, cd, acc):
     """One query chunk, flash style: out, lse and (with ``doc``) dq and this chunk's dk, dv
     terms in the accumulation dtype."""
     r, r_scale = _flash_scores(qc, k, mask_c, is_causal, row0, sc, acc)
-    out, lse = flash.forward(r, v, cd, r_scale)
+    out, lse, stats = flash.forward(r, v, cd, r_scale)
     if doc is None:
         return out, lse, None
     # the backward recomputes the scores with another summation order than the forward's:
@@ -168,7 +168,7 @@ def _flash_chunk(qc, k, v, doc, mask_c, is_causal, row0, sc, cd, acc):
     # forward dot's rounding (PyTorch's CPU flash; with one key P != 1)
     wide = torch.float64 if acc == torch.float32 else acc
     r = _masked_scores(qc.to(wide), k.to(wide), mask_c, is_causal, row0, sc if r_scale is None else 1.0)
-    p = flash.probabilities(r.to(acc), lse, r_scale)
+    p = flash.probabilities(r.to(acc), lse, r_scale, stats)
     do = doc.to(acc)
     dp = torch.matmul(do, v.to(acc).transpose(-1, -2))
     ds, p = flash.softmax_backward(p, dp, do, out, cd)
