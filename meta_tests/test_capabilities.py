@@ -120,3 +120,12 @@ def test_same_head_dims_and_causal_square_narrow_the_sdpa_draws():
     assert drawn and all(c.E == c.Ev for c in drawn)
     assert any(c.causal for c in drawn) and all(c.L == c.S for c in drawn if c.causal)
     assert {"E != Ev", "is_causal=True with L != S"} <= set(caps.not_verified())
+
+
+def test_determinism_is_checked_only_where_declared():
+    """Bitwise determinism is beyond the contract (atomics in FlashAttention-2, cuDNN and
+    EFFICIENT backwards): an undeclared implementation is not judged on it."""
+    assert sdpa_cases.unsupported("determinism", Capabilities()) == "determinism not declared"
+    assert sdpa_cases.unsupported("determinism", Capabilities(deterministic=True)) == ""
+    assert load("oracle").capabilities.deterministic and load("fast").capabilities.deterministic
+    assert load("torch-math", torch.device("cpu")).capabilities.deterministic

@@ -185,7 +185,10 @@ class NanOnEmptyRows(_Base):
 
 class Nondeterministic(_Base):
     """Every other call returns the output one ulp higher (an accumulation order that changes
-    between calls): invisible to the agreement rule, visible to the determinism check."""
+    between calls) while declaring itself deterministic: invisible to the agreement rule,
+    visible to the determinism check."""
+
+    ATTENTION_ORACLE_CAPABILITIES = {"deterministic": True}
 
     def __init__(self):
         self.calls = 0

@@ -22,6 +22,9 @@ Fields (every one optional; the default is "everything the contract allows"):
   ``only`` / ``never``; ``l_le_s``: only L <= S; ``causal_square``: is_causal only with
   L == S (PyTorch's CUDA flash backend); ``same_head_dims``: only E == Ev; ``ranks``: SDPA
   ranks; ``gqa``;
+- ``deterministic``: the same call twice gives bitwise-equal outputs and gradients (the
+  contract does not require it: FlashAttention-2's, cuDNN's and PyTorch's EFFICIENT backwards
+  accumulate with atomics; checked, by ``sdpa.determinism``, only where declared);
 - ``layouts``: input layouts (``contiguous``, ``transposed``, ``sliced``, ``misaligned``;
   DSA's ``kv3d``, ``packed``, ``packed_filler``, ``channel_slice`` count as ``contiguous``/
   ``sliced`` views of one buffer and are drawn where ``sliced`` is declared);
@@ -87,6 +90,7 @@ class Capabilities:
     l_le_s: bool = False
     causal_square: bool = False
     same_head_dims: bool = False
+    deterministic: bool = False
     ranks: tuple = RANKS
     gqa: bool = True
     layouts: tuple = LAYOUTS

@@ -88,7 +88,7 @@ def load(name: str, device: torch.device | None = None) -> Target:
     if name == "oracle":
         from attention_oracle import oracle
         return Target(name, oracle, device, capabilities=Capabilities(
-            default_scale=True, index_dtypes=(torch.int32, torch.int64)))
+            default_scale=True, index_dtypes=(torch.int32, torch.int64), deterministic=True))
     if name == "fast":
         try:
             from attention_oracle import fast
@@ -99,18 +99,19 @@ def load(name: str, device: torch.device | None = None) -> Target:
         return Target(name, fast, device, capabilities=Capabilities(
             dtypes=dtypes, default_scale=True,
             functions={"scaled_dot_product_attention": {"max_head_dim": 256}},
-            index_dtypes=(torch.int32, torch.int64),
+            index_dtypes=(torch.int32, torch.int64), deterministic=True,
             size="interpreted" if _interpreted() else "native"))
     if name == "torch":
         from attention_oracle.properties.adapters.torch_sdpa import TorchSDPA
-        return Target(name, TorchSDPA(None), device)
+        return Target(name, TorchSDPA(None), device, capabilities=_torch_capabilities(device))
     if name.startswith("torch-") and name != "torch-flex":
         from attention_oracle.properties.adapters.torch_sdpa import BACKENDS, TorchSDPA, backend_available
         backend = name[len("torch-"):]
         if backend not in BACKENDS:
             return Target(name, None, device, unavailable=f"unknown torch backend {backend!r}")
         ok, why = backend_available(backend, device)
-        return Target(name, TorchSDPA(backend), device, unavailable="" if ok else why)
+        return Target(name, TorchSDPA(backend), device, unavailable="" if ok else why,
+                      capabilities=_torch_capabilities(device))
     if name == "torch-flex":
         try:
             from torch.nn.attention import flex_attention  # noqa: F401
@@ -119,6 +120,12 @@ def load(name: str, device: torch.device | None = None) -> Target:
         from attention_oracle.properties.adapters.torch_flex import TorchFlex
         return Target(name, TorchFlex(), device, capabilities=Capabilities(ranks=(4,)))
     return _load_namespace(name, device)
+
+
+def _torch_capabilities(device: torch.device) -> Capabilities:
+    """PyTorch's backends: bitwise deterministic on the CPU; on CUDA the fused backwards
+    (FlashAttention-2, EFFICIENT, cuDNN) accumulate with atomics, so determinism is not claimed."""
+    return Capabilities(deterministic=device.type == "cpu")
 
 
 def _load_namespace(name: str, device: torch.device) -> Target:

@@ -236,6 +236,7 @@ REQUIREMENTS = {
     "masks": lambda caps: ("" if caps.causal != "only" and _mask_choices(caps, False, True)
                            else "needs masks"),
     "misaligned": lambda caps: "" if "misaligned" in caps.layouts else "misaligned inputs not declared",
+    "deterministic": lambda caps: "" if caps.deterministic else "determinism not declared",
 }
 
 

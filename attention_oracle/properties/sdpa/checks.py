@@ -147,9 +147,10 @@ def fully_masked_rows(judge: Judge, case: SdpaCase) -> None:
                     what="lse on fully masked rows")
 
 
-@declare("sdpa")
+@declare("sdpa", requires=("deterministic",))
 def determinism(judge: Judge, case: SdpaCase) -> None:
-    """The same call twice gives bitwise-equal outputs and gradients."""
+    """The same call twice gives bitwise-equal outputs and gradients (beyond the contract: only
+    for implementations that declare ``deterministic``)."""
     inp = build(case, judge.target.device)
     dout = inp.dout.contiguous()
     results = []
