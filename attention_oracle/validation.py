@@ -279,13 +279,16 @@ def check_dsa_inputs(q, q_rope, kv, k_rope, indices, topk_length=None, softmax_s
     _supported("indices", indices.dtype, index_dtypes)
     named = floats + [("indices", indices)]
     if topk_length is not None:
-        _index("topk_length", topk_length, 1)
-        if topk_length.shape[0] != T:
-            raise ValueError(f"topk_length must have shape [{T}], got "
-                             f"{tuple(topk_length.shape)}")
+        _topk_length(topk_length, T)
         named.append(("topk_length", topk_length))
     _same_device(q_name, q, named)
     return kv2, kr2, resolve_scale("softmax_scale", softmax_scale, DL + DR)
+
+
+def _topk_length(topk_length, T: int) -> None:
+    _index("topk_length", topk_length, 1)
+    if topk_length.shape[0] != T:
+        raise ValueError(f"topk_length must have shape [{T}], got {tuple(topk_length.shape)}")
 
 
 # ----------------------------------------------------------------------------- index preparation
@@ -306,10 +309,7 @@ def check_index_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_lengt
                          f"{tuple(cu_seqlens_k.shape)}")
     named = [("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)]
     if topk_length is not None:
-        _index("topk_length", topk_length, 1)
-        if topk_length.shape[0] != T:
-            raise ValueError(f"topk_length must have shape [{T}], got "
-                             f"{tuple(topk_length.shape)}")
+        _topk_length(topk_length, T)
         named.append(("topk_length", topk_length))
     if out is not None:
         _tensor("out", out)

@@ -277,6 +277,12 @@ def _backward_chunk(ch: _Chunk, dout: torch.Tensor) -> _ChunkGrads:
     return _ChunkGrads(dq_latent, dq_rope, dkv_slots, dkr_slots, dP, delta)
 
 
+def _key_gradient_rows(dkv: torch.Tensor | None, dkr: torch.Tensor | None) -> dict:
+    """{"dkv_latent", "dk_rope": the accumulator's rows without the spill row} (present ones)."""
+    rows = {"dkv_latent": dkv, "dk_rope": dkr}
+    return {name: acc[:-1] for name, acc in rows.items() if acc is not None}
+
+
 class _Magnitudes:
     """Running maxima of the sums of absolute terms behind each output element (float64).
 
@@ -353,21 +359,11 @@ class _Magnitudes:
     def key_rows(self) -> dict:
         """Per-element magnitudes of the key gradients (float64 ``[S, D]``): a caller that runs
         the oracle in query chunks sums these over chunks before taking the maximum."""
-        rows = {}
-        if self.dkv is not None:
-            rows["dkv_latent"] = self.dkv[:-1]
-        if self.dkr is not None:
-            rows["dk_rope"] = self.dkr[:-1]
-        return rows
+        return _key_gradient_rows(self.dkv, self.dkr)
 
     def accumulation_rows(self) -> dict:
         """The accumulation terms of the key gradients per element (as :meth:`key_rows`)."""
-        rows = {}
-        if self.acc_dkv is not None:
-            rows["dkv_latent"] = self.acc_dkv[:-1]
-        if self.acc_dkr is not None:
-            rows["dk_rope"] = self.acc_dkr[:-1]
-        return rows
+        return _key_gradient_rows(self.acc_dkv, self.acc_dkr)
 
     def finish(self) -> dict:
         if self.dkv is not None:
