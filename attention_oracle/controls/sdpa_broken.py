@@ -234,6 +234,15 @@ class InputsAssumedContiguous(_Base):
                                                    is_causal, scale, enable_gqa)
 
 
+class ValueRowsUnchecked(_Base):
+    """Takes S from the key and reads only that many value rows, whatever value's shape."""
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        return oracle.scaled_dot_product_attention(query, key, value[..., :key.shape[-2], :],
+                                                   attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
 CONTROLS = {
     # control -> the check that must catch it
     "WrongScale": "forward_agreement",
@@ -247,6 +256,7 @@ CONTROLS = {
     "Rank3ScaleHalved": "rank3_equals_rank4",
     "InputsAssumedContiguous": "misaligned_inputs",
     "KeyGradientMissesScale": "gradient_agreement",
+    "ValueRowsUnchecked": "mismatched_value_rows",
 }
 
 

@@ -29,7 +29,7 @@ FN = SdpaCase.function
 FN_LSE = "scaled_dot_product_attention_with_lse"
 
 
-def _call(target, inp: SdpaInputs, q=None, k=None, v=None):
+def call(target, inp: SdpaInputs, q=None, k=None, v=None):
     return target.call(FN, q if q is not None else inp.q, k if k is not None else inp.k,
                        v if v is not None else inp.v, attn_mask=inp.attn_mask, **inp.kwargs)
 
@@ -56,7 +56,7 @@ def forward_agreement(judge: Judge, case: SdpaCase) -> None:
     """out (and lse, where offered) against the float64 oracle under the agreement rule."""
     target = judge.target
     inp = build(case, target.device, requires_grad=False)
-    out = _call(target, inp)
+    out = call(target, inp)
     gold, lp = _references(inp, case)
     judge.true("out", out.dtype == case.torch_dtype, f"dtype {out.dtype} != input dtype {case.torch_dtype}")
     judge.agrees_with("out", out, gold, lp, gradient=False)
@@ -70,7 +70,7 @@ def gradient_agreement(judge: Judge, case: SdpaCase) -> None:
     """dq, dk, dv for a contiguous dout against the float64 oracle under the agreement rule."""
     inp = build(case, judge.target.device)
     dout = inp.dout.contiguous()
-    grads = _grads(_call(judge.target, inp), inp, dout)
+    grads = _grads(call(judge.target, inp), inp, dout)
     gold, lp = _references(inp, case, dout)
     for name, g in grads.items():
         judge.agrees_with(name, g, gold, lp, gradient=True)
@@ -82,9 +82,9 @@ def strided_dout(judge: Judge, case: SdpaCase) -> None:
     target = judge.target
     inp = build(case, target.device)
     before = inp.dout.clone()
-    strided = _grads(_call(target, inp), inp, inp.dout)
+    strided = _grads(call(target, inp), inp, inp.dout)
     judge.exact("dout", inp.dout, before, what="dout was modified")
-    contiguous = _grads(_call(target, inp), inp, before.contiguous())
+    contiguous = _grads(call(target, inp), inp, before.contiguous())
     gold, lp = _references(inp, case, before.contiguous())
     for name in strided:
         with judge.noted(AFTER_STRIDED.format(layout=case.layout_dout)):
@@ -102,12 +102,12 @@ def rank3_equals_rank4(judge: Judge, case: SdpaCase) -> None:
     target = judge.target
     inp = build(case, target.device)
     dout = inp.dout.contiguous()
-    out3 = _call(target, inp)
+    out3 = call(target, inp)
     g3 = _grads(out3, inp, dout)
     q4, k4, v4 = (t.detach().unsqueeze(0).requires_grad_() for t in (inp.q, inp.k, inp.v))
     mask4 = inp.attn_mask
     inp4 = SdpaInputs(q4, k4, v4, mask4, dout.unsqueeze(0), inp.kwargs)
-    out4 = _call(target, inp4)
+    out4 = call(target, inp4)
     g4 = _grads(out4, inp4, dout.unsqueeze(0))
     gold, lp = _references(inp, case, dout)
     pairs = [("out", out3, out4[0])] + [(n, g3[n], g4[n][0]) for n in g3]
@@ -133,7 +133,7 @@ def fully_masked_rows(judge: Judge, case: SdpaCase) -> None:
     target = judge.target
     inp = build(case, target.device)
     rows = _empty_rows(inp, case)
-    out = _call(target, inp)
+    out = call(target, inp)
     grads = _grads(out, inp, inp.dout.contiguous())
     for name, x in [("out", out)] + list(grads.items()):
         bad = ~torch.isfinite(x)
@@ -155,7 +155,7 @@ def determinism(judge: Judge, case: SdpaCase) -> None:
     dout = inp.dout.contiguous()
     results = []
     for _ in range(2):
-        out = _call(judge.target, inp)
+        out = call(judge.target, inp)
         results.append({"out": out.detach(), **_grads(out, inp, dout)})
     for name in results[0]:
         judge.exact(name, results[1][name], results[0][name], what="second identical call differs")
@@ -170,5 +170,9 @@ def misaligned_inputs(judge: Judge, case: SdpaCase) -> None:
     forward_agreement.body(judge.for_case(case), case)
     gradient_agreement.body(judge.for_case(case), case)
 
+
+# checks of inputs beyond the contract live in their own module; imported here so that replay
+# and the corpus see them
+from attention_oracle.properties.sdpa import edges as _edges  # noqa: E402, F401
 
 CHECKS = declared("sdpa")
