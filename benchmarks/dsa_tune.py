@@ -36,7 +36,7 @@ from . import dsa as B
 from .timing import queued_ms, synced_ms
 
 C = fdsa.KernelConfig  # block_h, block_k, block_d, block_dv, num_warps, num_stages, dkv_transposed
-FORWARD = {  # call 1 of issue 12's tuning measured these (NOTES.md, "Issue 12, DSA tuning")
+FORWARD = {  # the forward candidates (their figures: NOTES.md, "Issue 12, DSA tuning")
     "default": None,
     "one64_s2": C(64, 64, 512, 512, 8, 2),
     "split64_s2": C(64, 64, 512, 512, 8, 2, split_scores=1),

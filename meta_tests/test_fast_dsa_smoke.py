@@ -488,6 +488,23 @@ def test_fp32_score_dot_rounded_once(rope):
 
 # ----------------------------------------------------------------------------- native dot chains
 
+def _compiled_irs(script, source: str) -> dict:
+    """Run ``source`` (a script compiling kernels for sm_90 without a GPU and printing a JSON
+    dict of their IRs on its last line) in a fresh interpreter, outside Triton's interpreter."""
+    import json
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the current default, stated (no warning)
+    script.write_text(source)  # @triton.jit reads its source from a file
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                       cwd=root, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 _TTIR_SCRIPT = r'''
 import json, sys
 import triton
@@ -566,19 +583,7 @@ def test_fp32_block_dots_not_folded(tmp_path):
     `index.compacted_attention` K = 2048, 1536 duplicate slots of one key, out error 4.46e-05,
     ratio 22). The interpreter does not fold, so this compiles the kernels for sm_90 (no GPU
     needed) and reads the TTIR. Negative control: a plain ``acc + tl.dot`` loop is flagged."""
-    import json
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the current default, stated (no warning)
-    script = tmp_path / "dsa_ttir.py"  # @triton.jit reads its source from a file
-    script.write_text(_TTIR_SCRIPT)
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
-                       cwd=root, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    irs = json.loads(r.stdout.strip().splitlines()[-1])
+    irs = _compiled_irs(tmp_path / "dsa_ttir.py", _TTIR_SCRIPT)
     assert _loop_carried_f32_dots(irs["control"]), "control: the fold was not detected"
     assert not _loop_carried_f32_dots(irs["fwd"]), _loop_carried_f32_dots(irs["fwd"])
     assert not _loop_carried_f32_dots(irs["bwd"]), _loop_carried_f32_dots(irs["bwd"])
@@ -642,19 +647,7 @@ def test_split_scores_unchain_score_dots(tmp_path):
     H200). The speed only, never the values, depends on this; a Triton that looked through
     the branch would fail here first. Compiles for sm_90 without a GPU; the control (no
     split) must show [8, 1]."""
-    import json
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    script = tmp_path / "dsa_ttgir.py"  # @triton.jit reads its source from a file
-    script.write_text(_TTGIR_SCRIPT)
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
-                       cwd=root, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    irs = json.loads(r.stdout.strip().splitlines()[-1])
+    irs = _compiled_irs(tmp_path / "dsa_ttgir.py", _TTGIR_SCRIPT)
     for name in ("fwd_control", "bwd_control"):
         assert "8, 1" in _score_dot_warps(irs[name]), (name, _score_dot_warps(irs[name]))
     for name in ("fwd_split", "fwd_split2", "bwd_split"):
