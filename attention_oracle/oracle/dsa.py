@@ -283,6 +283,17 @@ def _key_gradient_rows(dkv: torch.Tensor | None, dkr: torch.Tensor | None) -> di
     return {name: acc[:-1] for name, acc in rows.items() if acc is not None}
 
 
+class _AbsoluteRows:
+    """A chunk's operands as float64 absolute values (computed once for every magnitude term)."""
+
+    def __init__(self, ch: _Chunk):
+        md = _MAGNITUDE_DTYPE
+        self.route = ch.route.reshape(-1)
+        self.kl, self.ql = ch.kl.to(md).abs(), ch.ql.to(md).abs()
+        self.kr = None if ch.kr is None else ch.kr.to(md).abs()
+        self.qr = None if ch.qr is None else ch.qr.to(md).abs()
+
+
 class _Magnitudes:
     """Running maxima of the sums of absolute terms behind each output element (float64).
 
@@ -327,34 +338,31 @@ class _Magnitudes:
     def add_backward(self, ch: _Chunk, g: _ChunkGrads, dout: torch.Tensor, scale: float) -> None:
         md = _MAGNITUDE_DTYPE
         P = ch.P.to(md)
+        dout_abs = dout.to(md).abs()
+        rows = _AbsoluteRows(ch)
         A = P * (g.dP.to(md).abs() + g.delta.to(md).abs())
-        A_t = A.transpose(1, 2)
-        self._raise("dq_latent", torch.matmul(A, ch.kl.to(md).abs()).mul_(scale))
-        slots = torch.baddbmm(torch.matmul(P.transpose(1, 2), dout.to(md).abs()),
-                              A_t, ch.ql.to(md).abs(), alpha=scale)
-        self.dkv.index_add_(0, ch.route.reshape(-1), slots.reshape(-1, slots.shape[2]))
-        if self.dkr is not None:
-            self._raise("dq_rope", torch.matmul(A, ch.kr.to(md).abs()).mul_(scale))
-            slots = torch.matmul(A_t, ch.qr.to(md).abs()).mul_(scale)
-            self.dkr.index_add_(0, ch.route.reshape(-1), slots.reshape(-1, slots.shape[2]))
-        self._add_accumulation(ch, P, dout.to(md).abs(), abs(scale))
-
-    def _add_accumulation(self, ch: _Chunk, P: torch.Tensor, dout_abs: torch.Tensor,
-                          scale: float) -> None:
-        md = _MAGNITUDE_DTYPE
-        kl_abs = ch.kl.to(md).abs()
-        terms = torch.matmul(dout_abs, kl_abs.transpose(1, 2))
+        self._tally(A, rows, abs(scale), self.values, self.dkv, self.dkr,
+                    dv_slots=torch.matmul(P.transpose(1, 2), dout_abs))
+        terms = torch.matmul(dout_abs, rows.kl.transpose(1, 2))
         terms += (dout_abs * ch.out.to(md).abs()).sum(dim=2, keepdim=True)
         W = P * terms * math.sqrt(ch.kl.shape[2])
-        W_t = W.transpose(1, 2)
-        route = ch.route.reshape(-1)
-        self._raise("dq_latent", torch.matmul(W, kl_abs).mul_(scale), self.acc)
-        slots = torch.matmul(W_t, ch.ql.to(md).abs()).mul_(scale)
-        self.acc_dkv.index_add_(0, route, slots.reshape(-1, slots.shape[2]))
-        if self.acc_dkr is not None:
-            self._raise("dq_rope", torch.matmul(W, ch.kr.to(md).abs()).mul_(scale), self.acc)
-            slots = torch.matmul(W_t, ch.qr.to(md).abs()).mul_(scale)
-            self.acc_dkr.index_add_(0, route, slots.reshape(-1, slots.shape[2]))
+        self._tally(W, rows, abs(scale), self.acc, self.acc_dkv, self.acc_dkr)
+
+    def _tally(self, weights: torch.Tensor, rows: _AbsoluteRows, scale: float, table: dict,
+               dkv: torch.Tensor, dkr: torch.Tensor | None, dv_slots: torch.Tensor | None = None) -> None:
+        """Raise ``table``'s dq terms to scale * weights @ |k| and add the key-gradient terms
+        scale * weights^T @ |q| (plus ``dv_slots``) onto the rows they route to."""
+        route = rows.route
+        w_t = weights.transpose(1, 2)
+        self._raise("dq_latent", torch.matmul(weights, rows.kl).mul_(scale), table)
+        slots = torch.matmul(w_t, rows.ql).mul_(scale)
+        if dv_slots is not None:
+            slots += dv_slots
+        dkv.index_add_(0, route, slots.reshape(-1, slots.shape[2]))
+        if dkr is not None:
+            self._raise("dq_rope", torch.matmul(weights, rows.kr).mul_(scale), table)
+            slots = torch.matmul(w_t, rows.qr).mul_(scale)
+            dkr.index_add_(0, route, slots.reshape(-1, slots.shape[2]))
 
     def key_rows(self) -> dict:
         """Per-element magnitudes of the key gradients (float64 ``[S, D]``): a caller that runs

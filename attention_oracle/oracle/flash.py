@@ -137,17 +137,19 @@ def probabilities(r: torch.Tensor, lse: torch.Tensor, scale: float | None,
     lse = _zero_where_neginf(lse.to(r.dtype).unsqueeze(-1))
     if scale is None:
         p = torch.exp2(r * LOG2E - lse * LOG2E)
-        shifted = r - stats.m
     else:
         c = log2_scale(scale, r.dtype)
         p = torch.exp2(fma(r, c, -(lse * LOG2E)))
-        shifted = fma(r, c, -(stats.m * c)) / LOG2E
     apart = (lse == stats.m) & (stats.log_l > 0)
     if stats.lost is not None:
         apart = apart | stats.lost
     if not bool(apart.any()):
         return p
-    return torch.where(apart, torch.exp2((shifted - stats.log_l) * LOG2E), p)
+    if scale is None:
+        exponent = ((r - stats.m) - stats.log_l) * LOG2E
+    else:
+        exponent = fma(r, c, -(stats.m * c)) - stats.log_l * LOG2E
+    return torch.where(apart, torch.exp2(exponent), p)
 
 
 def softmax_backward(p: torch.Tensor, dp: torch.Tensor, dout: torch.Tensor, out: torch.Tensor,

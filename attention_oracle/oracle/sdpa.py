@@ -128,14 +128,14 @@ def _amax(t: torch.Tensor) -> float:
     return float(t.abs().max()) if t.numel() else 0.0
 
 
-def _accumulation_weights(p, dout, v, out):
-    """sqrt(Ev) * P * (|dO| @ |V|^T + rowsum(|dO| * |out|)) ``[b, h, l, s]``: per score, the
-    sums of absolute products of the two length-Ev dot products dP and Delta, scaled by the
-    square root of their length (the probabilistic bound on summing them in any order)."""
-    ev = v.shape[-1]
-    terms = torch.matmul(dout.abs(), v.abs().transpose(-1, -2))
-    terms += (dout.abs() * out.abs()).sum(-1, keepdim=True)
-    return p * terms * math.sqrt(ev)
+def _accumulation_weights(p, dout_abs, v_abs, out):
+    """sqrt(Ev) * P * (|dO| @ |V|^T + rowsum(|dO| * |out|)) ``[b, h, l, s]`` (``dout_abs`` and
+    ``v_abs`` given as |dO|, |V|): per score, the sums of absolute products of the two length-Ev
+    dot products dP and Delta, scaled by the square root of their length (the probabilistic
+    bound on summing them in any order)."""
+    terms = torch.matmul(dout_abs, v_abs.transpose(-1, -2))
+    terms += (dout_abs * out.abs()).sum(-1, keepdim=True)
+    return p * terms * math.sqrt(v_abs.shape[-1])
 
 
 # ----------------------------------------------------------------------------- algorithms
@@ -239,6 +239,7 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
     mag_dk = torch.zeros_like(k) if (magnitudes and do is not None) else None
     mag_dv = torch.zeros_like(v) if (magnitudes and do is not None) else None
     acc_dk = torch.zeros_like(k) if (magnitudes and do is not None) else None
+    k_abs, v_abs = (k.abs(), v.abs()) if magnitudes else (None, None)
 
     step = _chunk_rows(b, hq, s_k, chunk_bytes)
     if s_k == 0:  # no key: every row is empty (out = 0, lse = -inf, zero gradients)
@@ -265,7 +266,7 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
         out[:, :, r0:r1] = oc
         lse[:, :, r0:r1] = lse_c
         if magnitudes:
-            mags["out"] = max(mags["out"], _amax(torch.matmul(p, v.abs())))
+            mags["out"] = max(mags["out"], _amax(torch.matmul(p, v_abs)))
             mags["lse"] = max(mags["lse"], _amax(lse_terms))
         if do is None:
             continue
@@ -277,13 +278,14 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
         grads["dk"] += torch.matmul(ds.transpose(-1, -2), qc) * sc
         grads["dv"] += torch.matmul(p.transpose(-1, -2), doc)
         if magnitudes:
+            qc_abs, doc_abs = qc.abs(), doc.abs()
             w = p * (dp.abs() + delta.abs())
-            mags["dq"] = max(mags["dq"], _amax(torch.matmul(w, k.abs()) * sc))
-            mag_dk += torch.matmul(w.transpose(-1, -2), qc.abs()) * sc
-            mag_dv += torch.matmul(p.transpose(-1, -2), doc.abs())
-            w_acc = _accumulation_weights(p, doc, v, oc)
-            mags_acc["dq"] = max(mags_acc["dq"], _amax(torch.matmul(w_acc, k.abs()) * sc))
-            acc_dk += torch.matmul(w_acc.transpose(-1, -2), qc.abs()) * sc
+            mags["dq"] = max(mags["dq"], _amax(torch.matmul(w, k_abs) * sc))
+            mag_dk += torch.matmul(w.transpose(-1, -2), qc_abs) * sc
+            mag_dv += torch.matmul(p.transpose(-1, -2), doc_abs)
+            w_acc = _accumulation_weights(p, doc_abs, v_abs, oc)
+            mags_acc["dq"] = max(mags_acc["dq"], _amax(torch.matmul(w_acc, k_abs) * sc))
+            acc_dk += torch.matmul(w_acc.transpose(-1, -2), qc_abs) * sc
 
     result = {
         "out": out.reshape(tuple(query.shape[:-1]) + (v.shape[-1],)),
