@@ -54,10 +54,6 @@ def set_launch_mode(mode):
     return previous
 
 
-def launch_mode():
-    return _MODE["mode"]
-
-
 class Unkeyable(TypeError):
     """An argument whose Triton specialization the key does not model."""
 

@@ -179,10 +179,6 @@ class Stopped(BaseException):
 _SIGNALLED: list = []  # the signal that asked to stop, once one has
 
 
-def stop_requested() -> bool:
-    return bool(_SIGNALLED)
-
-
 def raise_if_stopped() -> None:
     """Raise :class:`Stopped` if SIGTERM arrived (the handler's own raise can land where it is
     swallowed, e.g. in a garbage-collector callback: the flag is checked between examples)."""
