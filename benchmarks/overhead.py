@@ -21,9 +21,11 @@ import torch
 import torch.nn.functional as F
 
 import attention_oracle.fast.dsa as fdsa
+import attention_oracle.fast.sdpa as fsdpa
 from attention_oracle.fast.index import offset_gather_kv_indices
 from attention_oracle.fast.launch import set_launch_mode
 from attention_oracle.fast.sdpa import scaled_dot_product_attention as fast_sdpa
+from attention_oracle.validation import FLOAT_DTYPES, check_sdpa_inputs
 
 from .timing import host_us, write_json
 
@@ -46,7 +48,46 @@ def sdpa_calls():
             return torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
         calls.update({f"sdpa_{name}_fwd": fwd, f"sdpa_{name}_fwd_train": fwd_train,
                       f"sdpa_{name}_fwdbwd": fwdbwd})
-    return calls
+    return {**calls, **sdpa_parts(q, k, v, dout)}
+
+
+class _Noop(torch.autograd.Function):
+    """A Python autograd node doing no work: the engine's and the Function's own cost."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        return q.view_as(q)
+
+    @staticmethod
+    def backward(ctx, dout):
+        return dout, dout, dout
+
+
+def sdpa_parts(q, k, v, dout):
+    """Pieces of fast's forward+backward timed alone (``sdpa_part_*``), to see where its host
+    time goes: the kernels' launches without autograd or validation, the input checks, an
+    autograd round trip through a Python Function that does nothing, four allocations."""
+    q5, k5, v5, d5 = (t.detach().unsqueeze(0) for t in (q, k, v, dout))
+    scale = q.shape[-1] ** -0.5
+
+    def launches():
+        out, stats = fsdpa._launch_fwd(q5, k5, v5, None, False, scale)
+        return fsdpa._launch_bwd(d5, q5, k5, v5, None, out, stats, False, scale)
+
+    def launches_fwd():
+        return fsdpa._launch_fwd(q5, k5, v5, None, False, scale)
+
+    def checks():
+        return check_sdpa_inputs(q, k, v, None, 0.0, False, None, False, dtypes=FLOAT_DTYPES)
+
+    def noop_fwdbwd():
+        return torch.autograd.grad(_Noop.apply(q, k, v), (q, k, v), dout)
+
+    def empties():
+        return [torch.empty(q5.shape, dtype=q.dtype, device=q.device) for _ in range(4)]
+    return {"sdpa_part_launches_fwdbwd": launches, "sdpa_part_launches_fwd": launches_fwd,
+            "sdpa_part_checks": checks, "sdpa_part_autograd_noop_fwdbwd": noop_fwdbwd,
+            "sdpa_part_4_empty": empties}
 
 
 def dsa_calls():
@@ -117,7 +158,7 @@ def main():
     if args.profile:
         with open(args.profile, "w") as fh:
             for name, fn in calls.items():
-                if "_fast_" in name:
+                if "_fast_" in name or "_part_launches" in name:
                     fh.write(f"==== {name}\n{profile(fn)}\n")
 
 

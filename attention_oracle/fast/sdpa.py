@@ -33,6 +33,7 @@ import os
 from typing import Optional, Tuple
 
 import torch
+import triton
 
 from ..validation import FLOAT_DTYPES, check_sdpa_inputs
 from .host import cdiv, check_device, next_pow2
@@ -193,8 +194,57 @@ def _mask_dtype(mask):
     return torch.uint8 if mask.dtype == torch.bool else mask.dtype
 
 
+# $ATTENTION_ORACLE_FAST_TMA=1 turns tma on from the start
+FORWARD_OPTIONS = {"fold": True, "tma": os.environ.get("ATTENTION_ORACLE_FAST_TMA", "0") == "1"}
+
+
+def set_forward_options(*, fold=None, tma=None):
+    """The forward kernel's variants for later calls (benchmarks compare them): ``fold`` forms
+    each unmasked score's exponent as one FMA (:func:`~attention_oracle.fast.kernels.sdpa_fwd.
+    _fwd_tile_loop`); ``tma`` loads keys and values through tensor descriptors where their
+    layout allows (:func:`_tma_layout`). None leaves an option as it is; returns the previous
+    options."""
+    previous = dict(FORWARD_OPTIONS)
+    for name, value in (("fold", fold), ("tma", tma)):
+        if value is not None:
+            FORWARD_OPTIONS[name] = bool(value)
+    return previous
+
+
+def _tma_layout(*tensors):
+    """Whether Hopper's tensor descriptors can read these rank-5 CUDA tensors: unit last
+    stride, 16-byte aligned base and every other stride a multiple of 16 bytes."""
+    for t in tensors:
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(st * size % 16 for st in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _scratch(size, alignment, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_scratch_allocator():
+    """Device-side tensor descriptors take their memory from Triton's allocator, a context
+    variable (unset in a new thread): install one on torch's caching allocator where none is."""
+    from triton.runtime import _allocation
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+
+
+@functools.lru_cache(maxsize=16)
+def _has_tma(device):
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _use_tma(q, k, v, natural):
+    return (FORWARD_OPTIONS["tma"] and not natural and q.is_cuda and not interpreting()
+            and _has_tma(q.device) and _tma_layout(k, v))
+
+
 @functools.lru_cache(maxsize=1024)
-def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural):
+def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural, fold, tma):
     """What a forward launch derives from shapes and flags alone (cached; shapes are rank 5):
     (mask kind, CachedLauncher key, constexprs, sizes, grid spec, int scalars, q.k factor)."""
     Z1, Z2, HQ, L, E = q_shape
@@ -202,9 +252,10 @@ def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural):
     kind = MASK_NONE if mask_dtype is None else MASK_BOOL if mask_dtype == torch.uint8 else MASK_ADD
     tune_l, tune_s, block_e, block_ev = tune_bucket(L), tune_bucket(S), _block(E), _block(EV)
     meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(dtype), NATURAL=natural,
-                CHUNK_E=chunk_of(block_e), BLOCK_E=block_e, BLOCK_EV=block_ev)
+                CHUNK_E=chunk_of(block_e), BLOCK_E=block_e, BLOCK_EV=block_ev, FOLD=fold, TMA=tma)
     # meta is a function of the key (the launcher's memo relies on it)
-    key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype, natural)
+    key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype, natural,
+           fold, tma)
     ints = (Z2, HQ, HQ // HKV, L, S, E, EV)
     factor = 1.0 if natural or kind == MASK_ADD else LOG2E  # _qk_scale
     return kind, key, meta, (L, S, E, EV), ("BLOCK_M", L, Z1 * Z2 * HQ), ints, factor, (tune_l, tune_s)
@@ -222,8 +273,12 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
         lse_k.fill_(float("-inf"))
         return out.zero_(), lse_k
     natural = _natural(q.dtype)
+    tma = _use_tma(q, k, v, natural)
+    if tma:
+        _ensure_scratch_allocator()
     kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
-        q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), is_causal, natural)
+        q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), is_causal, natural,
+        FORWARD_OPTIONS["fold"] and scale > 0, tma)
     mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
     args = (q, k, v, mask_arg, out, lse_k,
             *q.stride(), *k.stride(), *v.stride(), *_strides5(mask), *out.stride(),
