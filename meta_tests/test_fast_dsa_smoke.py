@@ -362,6 +362,25 @@ def test_split_scores_and_halves_agree(dtype):
         fdsa.set_configs()
 
 
+@pytest.mark.parametrize("split", ["one_tile", "chunked"])
+def test_fp32_acc64_agrees(split):
+    """The fp32 path with ``acc64`` (every product of the slot loop an fp64 dot, fp64
+    accumulators for out, dq and dkv): one value tile, and value / latent chunks smaller than
+    the latent (several programs per token, several fp64 score pieces)."""
+    cfg = (fdsa.KernelConfig(16, 16, 64, 64, 4, 1, acc64=True) if split == "one_tile"
+           else fdsa.KernelConfig(16, 16, 16, 16, 4, 1, acc64=True))
+    fdsa.set_configs(forward=cfg, backward=cfg)
+    try:
+        c = make_case(T=6, H=5, DL=40, DR=8, S=29, K=45, dtype=torch.float32, seed=21,
+                      with_len=True)
+        out, lse, grads = check_case(c, dout_layout="head_major")
+        assert_empty_rows_exact(c, out, lse, grads)
+        c = make_case(T=3, H=2, DL=24, DR=0, S=9, K=12, dtype=torch.float32, seed=22)
+        check_case(c)
+    finally:
+        fdsa.set_configs()
+
+
 def _gpu_candidates():
     if DEVICE != "cuda":
         return []

@@ -51,6 +51,9 @@ class KernelConfig:
     # backward, chunked tiles: the latent in two halves (owned chunk + the other), both gathered
     # in the slot loop itself (no inner chunk loop, so the slot loop is software-pipelined)
     halves: bool = False
+    # fp32 inputs only: every product of the slot loop as an fp64 dot (fp64 tensor cores) with
+    # fp64 accumulators (forward P.V, backward dq, dkv); 16-bit launches ignore it
+    acc64: bool = False
 
     def one_tile(self, dl):
         return self.block_dv >= dl and self.block_d >= dl
@@ -211,7 +214,7 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
             ONE_TILE=cfg.one_tile(DL), BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
             BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DV=min(cfg.block_dv, _pow2(DL)),
             BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype), PDL=use_pdl,
-            SPLIT_S=int(cfg.split_scores),
+            SPLIT_S=int(cfg.split_scores), ACC64=cfg.acc64 and q.dtype == torch.float32,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw,
         )
 
@@ -251,6 +254,7 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
                 BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DC=min(cfg.block_dv, _pow2(DL)),
                 BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype), DKV_T=cfg.dkv_transposed,
                 SPLIT_S=bool(cfg.split_scores), HALVES=cfg.halves and _two_chunks(cfg, DL),
+                ACC64=cfg.acc64 and q.dtype == torch.float32,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
 

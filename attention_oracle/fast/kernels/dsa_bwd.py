@@ -79,6 +79,7 @@ def dsa_bwd_kernel(
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DC: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
     DKV_T: tl.constexpr = False, SPLIT_S: tl.constexpr = False, HALVES: tl.constexpr = False,
+    ACC64: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -110,8 +111,16 @@ def dsa_bwd_kernel(
         dob = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_b, stride_dod, DL).to(q.dtype)
     if HAS_ROPE:
         qr = load_heads(qr_ptr, t * stride_qrt, offs_h, stride_qrh, H, offs_r, stride_qrd, DR)
-    dq = tl.zeros([BLOCK_H, BLOCK_DC], dtype=tl.float32)
-    dqr = tl.zeros([BLOCK_H, BLOCK_DR], dtype=tl.float32)
+    if ACC64:  # fp32 inputs: every product of the slot loop as an fp64 dot, dq summed in fp64
+        q = q.to(tl.float64)
+        do = do.to(tl.float64)
+        if HAS_ROPE:
+            qr = qr.to(tl.float64)
+        dq = tl.zeros([BLOCK_H, BLOCK_DC], dtype=tl.float64)
+        dqr = tl.zeros([BLOCK_H, BLOCK_DR], dtype=tl.float64)
+    else:
+        dq = tl.zeros([BLOCK_H, BLOCK_DC], dtype=tl.float32)
+        dqr = tl.zeros([BLOCK_H, BLOCK_DR], dtype=tl.float32)
     c_mask = offs_c[None, :] < DL
     r_mask = (offs_r[None, :] < DR) & ((offs_r[None, :] * 0 + cb) == 0)  # chunk 0 owns rope
     for start in range(0, n_slots, BLOCK_K):
@@ -124,10 +133,10 @@ def dsa_bwd_kernel(
             # dS = P (dP - Delta) scale in fp64 rounded once; per-block dS.K added to dq
             s64 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64)
             s64 = dot_gather_f64(s64, q_ptr, q_off, offs_h, stride_qh, stride_qd, H, kv_ptr, rows,
-                                 stride_kvs, stride_kvd, valid, DL, FP32_CHUNK)
+                                 stride_kvs, stride_kvd, valid, DL, BLOCK_D)
             dp64 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64)
             dp64 = dot_gather_f64(dp64, do_ptr, do_off, offs_h, stride_doh, stride_dod, H, kv_ptr,
-                                  rows, stride_kvs, stride_kvd, valid, DL, FP32_CHUNK)
+                                  rows, stride_kvs, stride_kvd, valid, DL, BLOCK_D)
             if HAS_ROPE:
                 kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
                 s64 = dot_gather_f64(s64, qr_ptr, t * stride_qrt, offs_h, stride_qrh, stride_qrd,
@@ -135,9 +144,15 @@ def dsa_bwd_kernel(
                                      FP32_CHUNK)
             s = tl.where(valid[None, :], (s64 * scale).to(tl.float32), float("-inf"))
             p64 = exp_accurate(s.to(tl.float64) - lse_sub.to(tl.float64)[:, None])
-            p = p64.to(tl.float32)
-            ds = (p64 * (dp64 - delta64[:, None]) * scale).to(tl.float32)
-            dq = add_block_dot(dq, 1.0, ds, kc, PRECISION)  # no chain over slots
+            if ACC64:  # P and dS stay fp64; the fp64 chain through dq is far below fp32 rounding
+                p = p64
+                ds = p64 * (dp64 - delta64[:, None]) * scale
+                kc = kc.to(tl.float64)
+                dq = tl.dot(ds, kc, dq, input_precision="ieee", out_dtype=tl.float64)
+            else:
+                p = p64.to(tl.float32)
+                ds = (p64 * (dp64 - delta64[:, None]) * scale).to(tl.float32)
+                dq = add_block_dot(dq, 1.0, ds, kc, PRECISION)  # no chain over slots
         else:
             if ONE_TILE or HALVES:
                 s = tl.dot(q, tl.trans(kc), input_precision=PRECISION)
@@ -163,7 +178,12 @@ def dsa_bwd_kernel(
             p = tl.exp2(tl.where(valid[None, :], s * scale_log2, float("-inf")) - lse_sub[:, None])
             ds = (p * (dp - delta[:, None]) * scale).to(kc.dtype)
             dq = tl.dot(ds, kc, dq, input_precision=PRECISION)
-        if DKV_T:
+        if ACC64:
+            dkv = tl.dot(tl.trans(ds), q, input_precision="ieee", out_dtype=tl.float64)
+            dkv = tl.dot(tl.trans(p), do, dkv, input_precision="ieee", out_dtype=tl.float64)
+            tl.atomic_add(dkv_ptr + rows[:, None] * DL + offs_c[None, :], dkv,
+                          mask=valid[:, None] & c_mask, sem="relaxed")
+        elif DKV_T:
             # dkv^T = q^T . dS + dO^T . P: the wide latent is the M side of the products,
             # and q / dO serve both products from one shared-memory copy each
             dkv_t = tl.dot(tl.trans(q), ds, input_precision=PRECISION)
@@ -175,7 +195,13 @@ def dsa_bwd_kernel(
             dkv = tl.dot(tl.trans(p.to(kc.dtype)), do, dkv, input_precision=PRECISION)
             tl.atomic_add(dkv_ptr + rows[:, None] * DL + offs_c[None, :], dkv.to(ACC_KV),
                           mask=valid[:, None] & c_mask, sem="relaxed")
-        if HAS_ROPE:
+        if HAS_ROPE and ACC64:
+            kr = kr.to(tl.float64)
+            dqr = tl.dot(ds, kr, dqr, input_precision="ieee", out_dtype=tl.float64)
+            dkr = tl.dot(tl.trans(ds), qr, input_precision="ieee", out_dtype=tl.float64)
+            tl.atomic_add(dkr_ptr + rows[:, None] * DR + offs_r[None, :], dkr,
+                          mask=valid[:, None] & r_mask, sem="relaxed")
+        elif HAS_ROPE:
             if NATURAL:
                 dqr = add_block_dot(dqr, 1.0, ds, kr, PRECISION)
             else:

@@ -56,7 +56,7 @@ def dsa_fwd_kernel(
     HAS_ROPE: tl.constexpr, HAS_LEN: tl.constexpr, ONE_TILE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr = False, SPLIT_S: tl.constexpr = 0,
+    PDL: tl.constexpr = False, SPLIT_S: tl.constexpr = 0, ACC64: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -77,7 +77,10 @@ def dsa_fwd_kernel(
     l = tl.zeros([BLOCK_H], dtype=tl.float32)
     if NATURAL:
         l64 = tl.zeros([BLOCK_H], dtype=tl.float64)
-    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    if ACC64:  # fp32 inputs: P.V as fp64 dots chained through an fp64 accumulator
+        acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float64)
+    else:
+        acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     for start in range(0, n_slots, BLOCK_K):
         offs_k = start + tl.arange(0, BLOCK_K)
         valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S)
@@ -86,7 +89,7 @@ def dsa_fwd_kernel(
             # rounded once; exp and l in fp64; this block's P.V added to acc as its own dot
             s64 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64)
             s64 = dot_gather_f64(s64, q_ptr, t * stride_qt, offs_h, stride_qh, stride_qd, H,
-                                 kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, FP32_CHUNK)
+                                 kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, BLOCK_D)
             if HAS_ROPE:
                 s64 = dot_gather_f64(s64, qr_ptr, t * stride_qrt, offs_h, stride_qrh, stride_qrd,
                                      H, kr_ptr, rows, stride_krs, stride_krd, valid, DR,
@@ -99,7 +102,11 @@ def dsa_fwd_kernel(
             alpha64 = exp_accurate(m.to(tl.float64) - m_shift.to(tl.float64))
             p = p64.to(tl.float32)
             l64 = l64 * alpha64 + tl.sum(p64, axis=1)
-            acc = add_block_dot(acc, alpha64.to(tl.float32)[:, None], p, v, PRECISION)
+            if ACC64:  # fp64 sums: the chain through acc costs nothing at fp32 precision
+                acc = tl.dot(p64, v.to(tl.float64), acc * alpha64[:, None],
+                             input_precision="ieee", out_dtype=tl.float64)
+            else:
+                acc = add_block_dot(acc, alpha64.to(tl.float32)[:, None], p, v, PRECISION)
             m = m_new
         else:  # 16-bit inputs: base-2 scores, tl.exp2, P.V chained through acc
             if ONE_TILE:
