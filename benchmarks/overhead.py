@@ -63,6 +63,21 @@ class _Noop(torch.autograd.Function):
         return dout, dout, dout
 
 
+class _Alloc(torch.autograd.Function):
+    """A Python autograd node whose backward allocates four tensors, as fast's does."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        return q.view_as(q)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        out = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v, q)]
+        return out[0], out[1], out[2]
+
+
 def sdpa_parts(q, k, v, dout):
     """Pieces of fast's forward+backward timed alone (``sdpa_part_*``), to see where its host
     time goes: the kernels' launches without autograd or validation, the input checks, an
@@ -85,9 +100,28 @@ def sdpa_parts(q, k, v, dout):
 
     def empties():
         return [torch.empty(q5.shape, dtype=q.dtype, device=q.device) for _ in range(4)]
+
+    def views_noop_fwdbwd():  # the rank-5 views fast's eager path records, around a no-op node
+        o = _Noop.apply(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)).squeeze(0)
+        return torch.autograd.grad(o, (q, k, v), dout)
+
+    def alloc_noop_fwdbwd():  # a Python backward that allocates what fast's backward does
+        return torch.autograd.grad(_Alloc.apply(q, k, v), (q, k, v), dout)
+
+    def fast_fwdbwd_one_thread():  # the backward on the calling thread, not autograd's worker
+        with torch.autograd.set_multithreading_enabled(False):
+            return torch.autograd.grad(fast_sdpa(q, k, v), (q, k, v), dout)
+
+    def fast_fwd_then_launch_bwd():  # fast's public forward, the backward launched by hand
+        with torch.no_grad():
+            out, stats, _ = fsdpa._attention(q, k, v, None, 0.0, False, None, False)
+        return fsdpa._launch_bwd(d5, q5, k5, v5, None, out.unsqueeze(0), stats, False, scale)
     return {"sdpa_part_launches_fwdbwd": launches, "sdpa_part_launches_fwd": launches_fwd,
             "sdpa_part_checks": checks, "sdpa_part_autograd_noop_fwdbwd": noop_fwdbwd,
-            "sdpa_part_4_empty": empties}
+            "sdpa_part_4_empty": empties, "sdpa_part_views_noop_fwdbwd": views_noop_fwdbwd,
+            "sdpa_part_alloc_noop_fwdbwd": alloc_noop_fwdbwd,
+            "sdpa_part_fast_fwdbwd_one_thread": fast_fwdbwd_one_thread,
+            "sdpa_part_fast_fwd_then_launch_bwd": fast_fwd_then_launch_bwd}
 
 
 def dsa_calls():
@@ -147,7 +181,9 @@ def main():
         tag = "" if i == 0 else f"@{mode}"
         for name, fn in calls.items():
             if i == 0 or "_fast_" in name:
-                res[name + tag] = host_us(fn)
+                issue = {}
+                res[name + tag] = host_us(fn, issue=issue)
+                res[f"{name}{tag}:issue"] = issue["us"]
         for phase in ("fwd", "fwd_train", "fwdbwd") if "sdpa" in areas else ():
             res[f"sdpa_fast_over_torch_{phase}{tag}"] = (res[f"sdpa_fast_{phase}{tag}"]
                                                          / res[f"sdpa_torch_{phase}"])
@@ -158,7 +194,7 @@ def main():
     if args.profile:
         with open(args.profile, "w") as fh:
             for name, fn in calls.items():
-                if "_fast_" in name or "_part_launches" in name:
+                if "_fast_" in name or "_part_launches" in name or "one_thread" in name:
                     fh.write(f"==== {name}\n{profile(fn)}\n")
 
 
