@@ -390,33 +390,54 @@ _sdpa_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 class _EagerSdpa(torch.autograd.Function):
     """The eager path: the same launches as the custom ops without their dispatch cost
     (torch.library's Python custom-op layers cost more than the kernels' own launches at small
-    shapes); ``torch.compile`` traces the custom ops instead (:func:`_forward`)."""
+    shapes); ``torch.compile`` traces the custom ops instead (:func:`_attention`).
+
+    Takes the user's query, key and value and makes the rank-5 views inside, so autograd
+    records this one node and no view nodes around it (each costs host time in the backward);
+    the gradients come back shaped like the inputs, summed over broadcast dims."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, is_causal, scale):
-        out, lse_k = _launch_fwd(q, k, v, mask, is_causal, scale)
-        ctx.save_for_backward(q, k, v, mask, out, lse_k)
+    def forward(ctx, query, key, value, mask5, is_causal, scale, geometry):
+        expanded = _expanded_operands(query, key, value, geometry)
+        q, k, v = (_to_rank5(t, name) for t, name in zip(expanded, _OPERANDS))
+        out, lse_k = _launch_fwd(q, k, v, mask5, is_causal, scale)
+        ctx.save_for_backward(q, k, v, mask5, out, lse_k)
         ctx.is_causal, ctx.scale = is_causal, scale
+        ctx.shapes = tuple((tuple(t.shape), tuple(x.shape))
+                           for t, x in zip((query, key, value), expanded))
         ctx.mark_non_differentiable(lse_k)
-        return out, lse_k
+        return _from_rank5(out, geometry[3]), lse_k
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, mask, out, lse_k = ctx.saved_tensors
         if dout is None:
-            return None, None, None, None, None, None
-        dq, dk, dv = _launch_bwd(dout, q, k, v, mask, out, lse_k, ctx.is_causal, ctx.scale)
-        return dq, dk, dv, None, None, None
+            return None, None, None, None, None, None, None
+        grads = _launch_bwd(_to_rank5(dout, "dout"), q, k, v, mask, out, lse_k, ctx.is_causal,
+                            ctx.scale)
+        return (*(_grad_of_input(g, *shapes) for g, shapes in zip(grads, ctx.shapes)),
+                None, None, None, None)
 
 
-def _forward(q5, k5, v5, mask5, is_causal, scale):
-    """Rank-5 forward through the custom op when compiling, else eagerly (autograd.Function
-    only where a gradient is needed)."""
-    if torch.compiler.is_compiling():
-        return _sdpa_fwd_op(q5, k5, v5, mask5, is_causal, scale)
-    if torch.is_grad_enabled() and (q5.requires_grad or k5.requires_grad or v5.requires_grad):
-        return _EagerSdpa.apply(q5, k5, v5, mask5, is_causal, scale)
-    return _launch_fwd(q5, k5, v5, mask5, is_causal, scale)
+def _grad_of_input(g5, shape, expanded_shape):
+    """The gradient of an input of ``shape`` from that of its rank-5 view ``g5`` (contiguous)
+    of the input broadcast to ``expanded_shape``: summed over the broadcast dims."""
+    g = _from_rank5(g5, expanded_shape)
+    return g if expanded_shape == shape else g.sum_to_size(shape)
+
+
+_OPERANDS = ("query", "key", "value")
+
+
+def _expanded_operands(query, key, value, geometry):
+    """query, key, value broadcast to the call's batch and head counts (views), after the
+    kernels' int32 addressing checks."""
+    batch, hq, hkv, _ = geometry
+    q = _expand_to(query, batch, hq)
+    k = _expand_to(key, batch, hkv)
+    v = _expand_to(value, batch, hkv)
+    _check_tile_offsets(zip(_OPERANDS, (q, k, v)))
+    return q, k, v
 
 
 # ----------------------------------------------------------------------------- public API
@@ -440,19 +461,24 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     if hkv != hv:
         key, value, hkv = _common_kv_heads(key, value, hkv, hv)
     L, S, E = query.shape[-2], key.shape[-2], query.shape[-1]
-    q = _expand_to(query, batch, hq)
-    k = _expand_to(key, batch, hkv)
-    v = _expand_to(value, batch, hkv)
     mask5 = None
     if attn_mask is not None:
         mask5 = _to_rank5(attn_mask.expand(batch + (hq, L, S)), "attn_mask")
-    _check_tile_offsets((("query", q), ("key", k), ("value", v), ("attn_mask", mask5)))
+        _check_tile_offsets((("attn_mask", mask5),))
     if max(L, S) * max(E, value.shape[-1]) > _INT32_MAX:  # the outputs/gradients are contiguous
         raise NotImplementedError(f"query/key: {max(L, S)} rows x head dim overflow the kernels' "
                                   f"int32 in-head addressing")
-    out5, lse_k = _forward(_to_rank5(q, "query"), _to_rank5(k, "key"), _to_rank5(v, "value"),
-                           mask5, is_causal, scale)
-    out_shape = tuple(q.shape[:-1]) + (value.shape[-1],)
+    out_shape = tuple(batch) + (hq, L, value.shape[-1])
+    geometry = (tuple(batch), hq, hkv, out_shape)
+    compiling = torch.compiler.is_compiling()
+    if not compiling and torch.is_grad_enabled() and (
+            query.requires_grad or key.requires_grad or value.requires_grad):
+        out, lse_k = _EagerSdpa.apply(query, key, value, mask5, is_causal, scale, geometry)
+        return out, lse_k, out_shape
+    q5, k5, v5 = (_to_rank5(t, name) for t, name in
+                  zip(_expanded_operands(query, key, value, geometry), _OPERANDS))
+    launch = _sdpa_fwd_op if compiling else _launch_fwd
+    out5, lse_k = launch(q5, k5, v5, mask5, is_causal, scale)
     return _from_rank5(out5, out_shape), lse_k, out_shape
 
 
