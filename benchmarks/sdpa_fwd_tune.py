@@ -5,7 +5,8 @@
 
 For bf16 B 4, H 32 and each (D, causal, L), times every (variant, tile config) of the forward
 kernel, where a variant is a setting of :func:`attention_oracle.fast.sdpa.set_forward_options`
-(``fold``: one FMA per score exponent; ``tma``: keys and values through tensor descriptors),
+(``fold``: one FMA per score exponent; ``tma``: keys and values through tensor descriptors;
+``ws``: Triton's warp specialization of the key loop),
 with both methods of ``benchmarks.timing`` (do_bench with launches queued, and synchronised
 per call), beside cuDNN's forward in the same process. Each result's max difference from
 cuDNN's output is printed (a broken variant shows). Configs are compiled first in ``--jobs``
@@ -26,8 +27,11 @@ from attention_oracle.fast.kernels.sdpa_common import bounds_checks
 
 from .timing import queued_ms, synced_ms, tflops, write_json
 
-VARIANTS = {"base": dict(fold=False, tma=False), "fold": dict(fold=True, tma=False),
-            "fold+tma": dict(fold=True, tma=True)}
+VARIANTS = {"base": dict(fold=False, tma=False, ws=False),
+            "fold": dict(fold=True, tma=False, ws=False),
+            "fold+tma": dict(fold=True, tma=True, ws=False),
+            "fold+ws": dict(fold=True, tma=False, ws=True),
+            "fold+tma+ws": dict(fold=True, tma=True, ws=True)}
 CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3)]
 B, H = 4, 32
 
@@ -50,7 +54,7 @@ def launcher(q, k, v, causal, variant, config):
         fsdpa._ensure_scratch_allocator()
     kind, key, meta, sizes, grid, ints, factor, tunes = fsdpa._fwd_plan(
         q5.shape, k5.shape, v5.shape, q.dtype, None, causal, natural,
-        fsdpa.FORWARD_OPTIONS["fold"], tma)
+        fsdpa.FORWARD_OPTIONS["fold"], tma, fsdpa.FORWARD_OPTIONS["ws"])
     out = torch.empty_like(q5)
     lse = torch.empty(fsdpa._lse_state_shape(q5.shape, q.dtype), dtype=torch.float32,
                       device=q.device)
@@ -142,7 +146,7 @@ def main(argv=None):
                 print(f"  {variant:9s} {cfg}: {row['error']}", flush=True)
             rows.append(row)
         write_json(a.out, rows)
-    fsdpa.set_forward_options(fold=True, tma=False)
+    fsdpa.set_forward_options(fold=True, tma=False, ws=False)
 
 
 if __name__ == "__main__":

@@ -195,17 +195,19 @@ def _mask_dtype(mask):
 
 
 # $ATTENTION_ORACLE_FAST_TMA=1 turns tma on from the start
-FORWARD_OPTIONS = {"fold": True, "tma": os.environ.get("ATTENTION_ORACLE_FAST_TMA", "0") == "1"}
+FORWARD_OPTIONS = {"fold": True, "tma": os.environ.get("ATTENTION_ORACLE_FAST_TMA", "0") == "1",
+                   "ws": False}
 
 
-def set_forward_options(*, fold=None, tma=None):
+def set_forward_options(*, fold=None, tma=None, ws=None):
     """The forward kernel's variants for later calls (benchmarks compare them): ``fold`` forms
     each unmasked score's exponent as one FMA (:func:`~attention_oracle.fast.kernels.sdpa_fwd.
     _fwd_tile_loop`); ``tma`` loads keys and values through tensor descriptors where their
-    layout allows (:func:`_tma_layout`). None leaves an option as it is; returns the previous
+    layout allows (:func:`_tma_layout`); ``ws``: Triton's warp specialization of the key loop
+    (CUDA only). None leaves an option as it is; returns the previous
     options."""
     previous = dict(FORWARD_OPTIONS)
-    for name, value in (("fold", fold), ("tma", tma)):
+    for name, value in (("fold", fold), ("tma", tma), ("ws", ws)):
         if value is not None:
             FORWARD_OPTIONS[name] = bool(value)
     return previous
@@ -244,7 +246,7 @@ def _use_tma(q, k, v, natural):
 
 
 @functools.lru_cache(maxsize=1024)
-def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural, fold, tma):
+def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural, fold, tma, ws):
     """What a forward launch derives from shapes and flags alone (cached; shapes are rank 5):
     (mask kind, CachedLauncher key, constexprs, sizes, grid spec, int scalars, q.k factor)."""
     Z1, Z2, HQ, L, E = q_shape
@@ -252,10 +254,11 @@ def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural, 
     kind = MASK_NONE if mask_dtype is None else MASK_BOOL if mask_dtype == torch.uint8 else MASK_ADD
     tune_l, tune_s, block_e, block_ev = tune_bucket(L), tune_bucket(S), _block(E), _block(EV)
     meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(dtype), NATURAL=natural,
-                CHUNK_E=chunk_of(block_e), BLOCK_E=block_e, BLOCK_EV=block_ev, FOLD=fold, TMA=tma)
+                CHUNK_E=chunk_of(block_e), BLOCK_E=block_e, BLOCK_EV=block_ev, FOLD=fold, TMA=tma,
+                WS=ws)
     # meta is a function of the key (the launcher's memo relies on it)
     key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype, natural,
-           fold, tma)
+           fold, tma, ws)
     ints = (Z2, HQ, HQ // HKV, L, S, E, EV)
     factor = 1.0 if natural or kind == MASK_ADD else LOG2E  # _qk_scale
     return kind, key, meta, (L, S, E, EV), ("BLOCK_M", L, Z1 * Z2 * HQ), ints, factor, (tune_l, tune_s)
@@ -278,7 +281,7 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
         _ensure_scratch_allocator()
     kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
         q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), is_causal, natural,
-        FORWARD_OPTIONS["fold"] and scale > 0, tma)
+        FORWARD_OPTIONS["fold"] and scale > 0, tma, FORWARD_OPTIONS["ws"] and q.is_cuda)
     mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
     args = (q, k, v, mask_arg, out, lse_k,
             *q.stride(), *k.stride(), *v.stride(), *_strides5(mask), *out.stride(),

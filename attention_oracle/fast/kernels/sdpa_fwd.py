@@ -49,7 +49,8 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, k_desc, v_desc, mas
                    CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
                    BLOCK_EV: tl.constexpr, CHUNK_E: tl.constexpr, PREC: tl.constexpr,
-                   NATURAL: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr):
+                   NATURAL: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr,
+                   WS: tl.constexpr):
     """Online-softmax accumulation over key blocks [lo, hi). DIAG applies the causal mask.
 
     ``qk_scale`` is ``scale`` (fp32, or an additive mask) or ``scale * log2(e)``; the scores,
@@ -59,12 +60,13 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, k_desc, v_desc, mas
 
     FOLD (log2 units, ``qk_scale > 0``): a tile with nothing to mask takes its row max from the
     raw dots and forms ``exp2(qk * qk_scale - m)`` as one FMA per score, not a product then a
-    difference (m is the same: rounding is monotone). TMA: k and v come through the tensor
+    difference (m is the same: rounding is monotone). WS: Triton's warp specialization of the
+    loop. TMA: k and v come through the tensor
     descriptors ``k_desc`` / ``v_desc`` (rows past S read as zeros), not pointer loads."""
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     FOLDED: tl.constexpr = FOLD and MASK_KIND == 0 and not DIAG and not CHECK_N and not NATURAL
-    for start_n in range(lo, hi, BLOCK_N):
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if NATURAL:
@@ -130,7 +132,7 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
                     CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
-                    FOLD: tl.constexpr, TMA: tl.constexpr):
+                    FOLD: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:  # heaviest query blocks first: better tail balance
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -168,21 +170,21 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
                                        0, free_hi, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn, s_ve,
                                        s_mm, s_mn, qk_scale, MASK_KIND, False, CHECK_M, CHECK_N,
                                        CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
-                                       NATURAL, FOLD, TMA)
+                                       NATURAL, FOLD, TMA, WS)
         diag_hi = tl.minimum(start_m + BLOCK_M, S)
         acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, k_desc, v_desc,
                                        mask_base, offs_m,
                                        free_hi, diag_hi, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn,
                                        s_ve, s_mm, s_mn, qk_scale, MASK_KIND, True, CHECK_M, CHECK_N,
                                        CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
-                                       NATURAL, FOLD, TMA)
+                                       NATURAL, FOLD, TMA, WS)
     else:
         acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, k_desc, v_desc,
                                        mask_base, offs_m,
                                        0, S, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn, s_ve,
                                        s_mm, s_mn, qk_scale, MASK_KIND, False, CHECK_M, CHECK_N,
                                        CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
-                                       NATURAL, FOLD, TMA)
+                                       NATURAL, FOLD, TMA, WS)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
