@@ -19,7 +19,12 @@ rows packed in one [S, 576] buffer, head-major dout).
 - a hole sweep (0, 50, 75.8, 100 % holes) with compaction on and off;
 - a plain PyTorch gather baseline (bf16 matmuls, fp32 softmax, 512-query chunks);
 - index preparation against torch (stable sort + gather) and a device copy of the same bytes;
-- peak backward memory with a contiguous and a head-major dout.
+- peak backward memory with a contiguous and a head-major dout;
+- fp32 (``fp32``): the same geometry and layouts in fp32, tile configs swept on doc_4096
+  (forward and backward apart, each checked against float64 on 32 tokens), then the fastest
+  pair and the fp32 config that ran before (``FP32_OLD``) on doc_4096 and doc_16384.
+
+``--only fp32`` runs that section alone.
 
 The JSON is rewritten after every section, so a run cut short keeps what it measured;
 ``--budget-s`` starts no new section after that many seconds. A PNG next to the JSON plots
@@ -440,6 +445,167 @@ def backward_memory(p):
     return res
 
 
+# ----------------------------------------------------------------------------- fp32
+
+FP32_OLD = C(16, 16, 32, 64, 4, 1)  # before acc64: fp64 score dots, fp32 FMA P.V, dq and dkv
+# offline sm_90a (python -m attention_oracle.fast.kernels.dsa_probe fwd32|bwd32 ...): each
+# spills at most 756 B (bwd 64 heads), most 0
+FP32_FWD_CANDIDATES = [C(32, 16, 64, 512, 8, 2, acc64=True), C(16, 32, 64, 512, 8, 2, acc64=True),
+                       C(16, 16, 64, 512, 8, 2, acc64=True), C(32, 32, 64, 512, 8, 1, acc64=True),
+                       C(64, 16, 64, 256, 8, 2, acc64=True), C(32, 16, 64, 512, 8, 2)]
+FP32_BWD_CANDIDATES = [C(32, 16, 64, 128, 8, 1, acc64=True), C(32, 16, 64, 128, 8, 2, acc64=True),
+                       C(64, 16, 64, 128, 8, 1, acc64=True), C(32, 16, 64, 256, 8, 1, acc64=True),
+                       C(16, 16, 64, 256, 8, 1, acc64=True), C(32, 16, 64, 128, 8, 1)]
+FP32_CHECK_TOKENS = (2000, 2032)  # rows with ~2000 valid slots in doc_4096
+
+
+def _tag(cfg):
+    """'block_h,block_k,block_d,block_dv,warps,stages[ acc64]' of a config or its dict."""
+    c = cfg if isinstance(cfg, dict) else cfg.__dict__
+    return (",".join(str(c[k]) for k in ("block_h", "block_k", "block_d", "block_dv", "num_warps",
+                                         "num_stages")) + (" acc64" if c["acc64"] else ""))
+
+
+def fp32_problem(p):
+    """p in fp32 with p's layouts: q_rope a slice of a [T, H, 4 Dr] buffer, key rows packed in
+    one [S, Dl + Dr] buffer, head-major dout."""
+    T, S = p["T"], p["S"]
+    qbuf = torch.zeros(T, H, 4 * DR, device=DEVICE, dtype=torch.float32)
+    qbuf[:, :, 3 * DR:] = p["q_rope"]
+    kvbuf = torch.empty(S, DQK, device=DEVICE, dtype=torch.float32)
+    kvbuf[:, :DL], kvbuf[:, DL:] = p["kv_latent"], p["k_rope"]
+    dout = torch.empty(H, T, DV, device=DEVICE, dtype=torch.float32).transpose(0, 1)
+    dout.copy_(p["dout"])
+    return dict(p, q_latent=p["q_latent"].float(), q_rope=qbuf[:, :, 3 * DR:],
+                kv_latent=kvbuf[:, :DL], k_rope=kvbuf[:, DL:], dout=dout)
+
+
+def _fp32_reference(p, lo, hi):
+    """(out, dq_latent) of tokens lo:hi in float64 (gather, softmax, autograd over q only)."""
+    rows, n = p["rows"][lo:hi].long(), p["lengths"][lo:hi]
+    valid = (torch.arange(TOPK, device=DEVICE)[None, :] < n[:, None]) & (rows >= 0)
+    rows = torch.where(valid, rows, 0)
+    q = p["q_latent"][lo:hi].double().requires_grad_(True)
+    kv, kr = p["kv_latent"].double()[rows], p["k_rope"].double()[rows]
+    s = (torch.einsum("thd,tkd->thk", q, kv)
+         + torch.einsum("thd,tkd->thk", p["q_rope"][lo:hi].double(), kr)) * SCALE
+    prob = torch.softmax(s.masked_fill(~valid[:, None, :], float("-inf")), -1)
+    out = torch.einsum("thk,tkd->thd", prob, kv)
+    (dq,) = torch.autograd.grad(out, q, p["dout"][lo:hi].double())
+    return out.detach(), dq
+
+
+def _rel(x, ref):
+    return float((x.double() - ref).norm() / ref.norm())
+
+
+def _ran_override(kind, p):
+    """Whether the last launch of kind ran the config put first by set_configs."""
+    key = (kind, str(p["q_latent"].device), torch.float32, H, DL, DR)
+    return fdsa._FITTING.get(key) == 0
+
+
+def _time_fp32(fn, reps, budget_s):
+    """Timings of fn (already compiled) in a budget: synced median over as many of ``reps`` calls
+    as budget_s allows, queued by do_bench where 8 calls fit (its estimate and repeat runs),
+    else back to back calls without a sync between (one event pair)."""
+    synced_once = synced_ms(fn, 1, warmup=0)  # the sweep compiled every config measured here
+    n = max(1, min(reps, int(budget_s * 1e3 / synced_once)))
+    synced = synced_ms(fn, n, warmup=0) if n > 1 else synced_once
+    if 8 * synced_once <= budget_s * 1e3 or DEVICE != "cuda":
+        return queued_ms(fn, rep_ms=max(40, 10 * reps)), synced, "do_bench"
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n, synced, f"back_to_back_{n}"
+
+
+def measure_fp32(p, fwd_cfg, bwd_cfg, reps, budget_s, phases=("fwd", "bwd", "step")):
+    """Forward / backward / step of fast in fp32 under these configs, both timing methods."""
+    fdsa.set_configs(forward=fwd_cfg, backward=bwd_cfg)
+    try:
+        xs = leaves(p)
+        out = fast_forward(p, xs)
+        fns = {"fwd": _no_grad(lambda: fast_forward(p, xs)),
+               "bwd": lambda: torch.autograd.grad(out, xs, p["dout"], retain_graph=True),
+               "step": lambda: torch.autograd.grad(fast_varlen_forward(p, xs), xs, p["dout"])}
+        flop = {"fwd": FWD_FLOP, "bwd": BWD_FLOP, "step": FWD_FLOP + BWD_FLOP}
+        v = p["valid"]
+        row = dict(T=p["T"], valid_slots=v, forward=fwd_cfg.__dict__, backward=bwd_cfg.__dict__)
+        for phase in phases:
+            queued, synced, method = _time_fp32(fns[phase], reps, budget_s)
+            row.update({f"{phase}_ms": synced, f"{phase}_tflops": tflops(flop[phase] * v, synced),
+                        f"{phase}_queued_ms": queued,
+                        f"{phase}_queued_tflops": tflops(flop[phase] * v, queued),
+                        f"{phase}_queued_method": method})
+            print(f"fp32 T={p['T']} {_tag(fwd_cfg)} / {_tag(bwd_cfg)} {phase}: synced {synced:.2f} ms "
+                  f"({row[phase + '_tflops']:.2f} TFLOP/s), queued {queued:.2f} ms ({method})",
+                  flush=True)
+        row["ran_configs"] = dict(forward=_ran_override("forward", p),
+                                  backward=_ran_override("backward", p) if len(phases) > 1 else None)
+        return row
+    finally:
+        fdsa.set_configs()
+
+
+def sweep_fp32(p, reps):
+    """Each fp32 candidate on doc_4096: synced ms of its kernel alone, and relative errors of out
+    (forward) / dq_latent (backward) on FP32_CHECK_TOKENS against float64."""
+    q, qr, kv, kr = (p[k] for k in ("q_latent", "q_rope", "kv_latent", "k_rope"))
+    lo, hi = FP32_CHECK_TOKENS
+    ref_out, ref_dq = _fp32_reference(p, lo, hi)
+    table = {"forward": [], "backward": []}
+    out, lse = fdsa._forward(q, qr, kv, kr, p["rows"], p["lengths"], SCALE, FP32_OLD)
+    for kind, cands in (("forward", [FP32_OLD] + FP32_FWD_CANDIDATES),
+                        ("backward", [FP32_OLD] + FP32_BWD_CANDIDATES)):
+        for cfg in cands:
+            if kind == "forward":
+                fn = lambda: fdsa._forward(q, qr, kv, kr, p["rows"], p["lengths"], SCALE, cfg)  # noqa: E731
+            else:
+                fn = lambda: fdsa._backward(q, qr, kv, kr, p["rows"], p["lengths"], out, lse,  # noqa: E731
+                                            p["dout"], SCALE, cfg)
+            try:
+                res = fn()
+                ms = synced_ms(fn, 1 if cfg == FP32_OLD else reps, warmup=0)
+                err = _rel(res[0][lo:hi], ref_out if kind == "forward" else ref_dq)
+                flop = (FWD_FLOP if kind == "forward" else BWD_FLOP) * p["valid"]
+                table[kind].append(dict(config=cfg.__dict__, ms=ms, tflops=tflops(flop, ms),
+                                        rel_err=err))
+            except Exception as e:  # noqa: BLE001  (a config the GPU refuses is reported)
+                table[kind].append(dict(config=cfg.__dict__, error=repr(e)[:300]))
+            print(f"fp32 {kind} {_tag(cfg)}: " + ", ".join(
+                f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                for k, v in table[kind][-1].items() if k != "config"), flush=True)
+    return table
+
+
+def _fastest(rows, limit=1e-5):
+    ok = [r for r in rows if "ms" in r and r["rel_err"] < limit and r["config"] != FP32_OLD.__dict__]
+    return fdsa.KernelConfig(**min(ok, key=lambda r: r["ms"])["config"]) if ok else None
+
+
+def fp32_section(p4096, gen, reps, budget_s=3.0):
+    """The fp32 sweep on doc_4096, then the fastest pair and FP32_OLD on doc_4096 and doc_16384
+    (FP32_OLD forward only there: its step takes ~10 s a call)."""
+    res = {}
+    p = fp32_problem(p4096)
+    res["sweep_doc_4096"] = sweep_fp32(p, reps)
+    best = {k: _fastest(res["sweep_doc_4096"][k]) for k in ("forward", "backward")}
+    res["chosen"] = {k: v.__dict__ if v else None for k, v in best.items()}
+    fwd, bwd = best["forward"] or FP32_FWD_CANDIDATES[0], best["backward"] or FP32_BWD_CANDIDATES[0]
+    res["doc_4096"] = dict(new=measure_fp32(p, fwd, bwd, reps, budget_s),
+                           old=measure_fp32(p, FP32_OLD, FP32_OLD, reps, budget_s))
+    del p
+    torch.cuda.empty_cache()
+    p = fp32_problem(make_problem("doc_16384", [0, 16384], [0, 16384], gen))
+    res["doc_16384"] = dict(new=measure_fp32(p, fwd, bwd, reps, budget_s),
+                            old=measure_fp32(p, FP32_OLD, FP32_OLD, reps, budget_s, ("fwd",)))
+    return res
+
+
 # ----------------------------------------------------------------------------- driver
 
 def print_table(results):
@@ -484,6 +650,16 @@ def print_table(results):
               f"{r['torch_sort_us']:.1f} us ({r['torch_over_fast']:.1f}x slower)")
     if "backward_memory" in results:
         print("backward memory:", results["backward_memory"])
+    fp32 = results.get("fp32", {})
+    for kind, rows in fp32.get("sweep_doc_4096", {}).items():
+        for r in rows:
+            print(f"fp32 sweep {kind:8s} {_tag(r['config']):24s} " + (f"{r['tflops']:6.2f} TFLOP/s, rel err "
+                                                      f"{r['rel_err']:.1e}" if "ms" in r else r["error"][:120]))
+    for name in ("doc_4096", "doc_16384"):
+        for which, r in fp32.get(name, {}).items():
+            print(f"fp32 {name} {which}: " + ", ".join(
+                f"{ph} {r[ph + '_tflops']:.2f} / {r[ph + '_queued_tflops']:.2f}"
+                for ph in ("fwd", "bwd", "step") if ph + "_ms" in r) + " TFLOP/s synced / queued")
 
 
 def plot(results, path):
@@ -507,6 +683,7 @@ def main():
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="start no new section after this many seconds")
     ap.add_argument("--skip", default="", help="comma-separated sections to leave out")
+    ap.add_argument("--only", default="", help="comma-separated sections to run, alone")
     ap.add_argument("--out", default="out/bench_dsa.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -514,6 +691,7 @@ def main():
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     t0 = time.time()
     skip = set(filter(None, args.skip.split(",")))
+    only = set(filter(None, args.only.split(",")))
     reps = 3 if args.quick else 10
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     results = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
@@ -521,7 +699,7 @@ def main():
                    geometry=dict(H=H, Dl=DL, Dr=DR, Dv=DV, topk=TOPK, dtype="bfloat16"))
 
     def save(section, value):
-        if section in skip or time.time() - t0 > args.budget_s:
+        if section in skip or (only and section not in only) or time.time() - t0 > args.budget_s:
             results.setdefault("not_run", []).append(section)
             return
         if callable(value):  # a section that fails is recorded, the run goes on
@@ -557,19 +735,21 @@ def main():
     save_entry("pdl", "doc_4096", lambda: pdl_compare(problems["doc_4096"], reps))
     tiny = make_problem("doc_256", [0, 256], [0, 256], gen)
     save_entry("pdl", "doc_256", lambda: pdl_compare(tiny, reps))
-    problems["doc_16384"] = make_problem("doc_16384", [0, 16384], [0, 16384], gen)
-    save_entry("fast", "doc_16384", lambda: measure_fast(problems["doc_16384"], reps))
-    save_entry("index_prep", "doc_16384", lambda: index_prep(problems["doc_16384"], reps))
-    del problems["doc_16384"]
-    problems["packed_glm_a"] = make_problem("packed_glm_a", *PACKED_GLM_A, gen)
-    save_entry("fast", "packed_glm_a", lambda: measure_fast(problems["packed_glm_a"], reps))
-    del problems["packed_glm_a"]
+    if not only or only & {"fast", "index_prep"}:  # problems only these sections use
+        problems["doc_16384"] = make_problem("doc_16384", [0, 16384], [0, 16384], gen)
+        save_entry("fast", "doc_16384", lambda: measure_fast(problems["doc_16384"], reps))
+        save_entry("index_prep", "doc_16384", lambda: index_prep(problems["doc_16384"], reps))
+        del problems["doc_16384"]
+        problems["packed_glm_a"] = make_problem("packed_glm_a", *PACKED_GLM_A, gen)
+        save_entry("fast", "packed_glm_a", lambda: measure_fast(problems["packed_glm_a"], reps))
+        del problems["packed_glm_a"]
     torch.cuda.empty_cache()
     save("nope_rows", lambda: nope_rows(gen, reps))
     save("hole_sweep", lambda: hole_sweep(gen, reps))
     save("backward_memory", lambda: backward_memory(problems["doc_4096"]))
     save_entry("torch_gather_baseline", "doc_4096",
                lambda: baseline(problems["doc_4096"], reps, with_step=True))
+    save("fp32", lambda: fp32_section(problems["doc_4096"], gen, reps))
     save("plot", lambda: plot(results, os.path.splitext(args.out)[0] + ".png"))
     try:
         print_table(results)

@@ -403,6 +403,29 @@ def test_production_geometry_bf16(kind, cfg):
         fdsa.set_configs()
 
 
+def _gpu_fp32_candidates():
+    if DEVICE != "cuda":
+        return []
+    from benchmarks.dsa import FP32_BWD_CANDIDATES, FP32_FWD_CANDIDATES, FP32_OLD
+    return ([("forward", c) for c in FP32_FWD_CANDIDATES] + [("backward", c) for c in FP32_BWD_CANDIDATES]
+            + [("both", FP32_OLD), ("default", None)])
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="production tiles need a GPU")
+@pytest.mark.parametrize("kind,cfg", _gpu_fp32_candidates())
+def test_production_geometry_fp32(kind, cfg):
+    """H=64, 512+64/512, K=2048, fp32, trainer layouts, under every benchmarked fp32 config."""
+    kw = {} if cfg is None else {"forward": cfg, "backward": cfg} if kind == "both" else {kind: cfg}
+    fdsa.set_configs(**kw)
+    try:
+        c = make_case(T=24, H=64, DL=512, DR=64, S=3000, K=2048, dtype=torch.float32, seed=11,
+                      hole_rate=0.3, with_len=True)
+        out, lse, grads = check_case(c, dout_layout="head_major", packed=True)
+        assert_empty_rows_exact(c, out, lse, grads)
+    finally:
+        fdsa.set_configs()
+
+
 def test_no_keys_or_no_slots():
     """S = 0 (all documents empty) or K = 0: every row is empty, gradients zero."""
     for S, K in [(0, 3), (4, 0)]:
@@ -564,12 +587,15 @@ def ttir(kernel, consts, floats=()):
 
 common = dict(HAS_ROPE=True, HAS_LEN=True, ONE_TILE=True, BLOCK_H=16, BLOCK_K=32, BLOCK_D=16,
               BLOCK_DR=16, PRECISION="ieee")
+fwd = dict(common, BLOCK_DV=16, PDL=False, SPLIT_S=0)
+bwd = dict(common, BLOCK_DC=16, DKV_T=False, SPLIT_S=False, HALVES=False)
+floats = ("scale", "scale_log2")
 print(json.dumps({
     "control": ttir(folded_control, dict(B=16)),
-    "fwd": ttir(dsa_fwd_kernel, dict(common, BLOCK_DV=16, PDL=False, SPLIT_S=0),
-                ("scale", "scale_log2")),
-    "bwd": ttir(dsa_bwd_kernel, dict(common, BLOCK_DC=16, DKV_T=False, SPLIT_S=False,
-                                     HALVES=False), ("scale", "scale_log2")),
+    "fwd": ttir(dsa_fwd_kernel, dict(fwd, ACC64=False), floats),
+    "bwd": ttir(dsa_bwd_kernel, dict(bwd, ACC64=False), floats),
+    "fwd_acc64": ttir(dsa_fwd_kernel, dict(fwd, ACC64=True), floats),
+    "bwd_acc64": ttir(dsa_bwd_kernel, dict(bwd, ACC64=True), floats),
 }))
 '''
 
@@ -604,8 +630,8 @@ def test_fp32_block_dots_not_folded(tmp_path):
     needed) and reads the TTIR. Negative control: a plain ``acc + tl.dot`` loop is flagged."""
     irs = _compiled_irs(tmp_path / "dsa_ttir.py", _TTIR_SCRIPT)
     assert _loop_carried_f32_dots(irs["control"]), "control: the fold was not detected"
-    assert not _loop_carried_f32_dots(irs["fwd"]), _loop_carried_f32_dots(irs["fwd"])
-    assert not _loop_carried_f32_dots(irs["bwd"]), _loop_carried_f32_dots(irs["bwd"])
+    for name in ("fwd", "bwd", "fwd_acc64", "bwd_acc64"):
+        assert not _loop_carried_f32_dots(irs[name]), (name, _loop_carried_f32_dots(irs[name]))
 
 
 # ----------------------------------------------------------------------------- score dot layouts
@@ -637,7 +663,8 @@ def ttgir(kernel, consts):
 
 
 # 64 heads and 8 warps, as in production, on small latent tiles (layouts depend on M and warps)
-common = dict(HAS_ROPE=True, HAS_LEN=True, BLOCK_H=64, BLOCK_K=32, BLOCK_DR=16, PRECISION="tf32")
+common = dict(HAS_ROPE=True, HAS_LEN=True, BLOCK_H=64, BLOCK_K=32, BLOCK_DR=16, PRECISION="tf32",
+              ACC64=False)
 fwd = dict(common, ONE_TILE=True, BLOCK_D=64, BLOCK_DV=64, PDL=False)
 bwd = dict(common, ONE_TILE=False, BLOCK_D=16, BLOCK_DC=32, DKV_T=True, HALVES=True)
 print(json.dumps({

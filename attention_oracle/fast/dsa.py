@@ -69,6 +69,16 @@ def _two_chunks(cfg, dl):
     return chunk < dl <= 2 * chunk
 
 
+# fp32 on the GPU (both kinds): fp64 tensor-core dots (acc64); the last entry is the small
+# config that ran before them, for a GPU that refuses the others
+FP32_CONFIGS = {
+    "forward": (KernelConfig(32, 16, 64, 512, 8, 2, acc64=True),
+                KernelConfig(16, 16, 32, 64, 4, 1)),
+    "backward": (KernelConfig(32, 16, 64, 128, 8, 1, acc64=True),
+                 KernelConfig(16, 16, 32, 64, 4, 1)),
+}
+
+
 @functools.lru_cache(maxsize=256)
 def candidate_configs(h, dl, *, backward, device_type, fp32=False):
     """Tile configs to try in order for H heads and latent width dl.
@@ -89,9 +99,9 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False):
     one = latent <= _ONE_TILE_MAX
     if device_type != "cuda":
         chunk = latent if one else 256
-        return (KernelConfig(block_h, 16, latent if one else 64, chunk, 4, 1),)
+        return (KernelConfig(block_h, 16, latent if one else 64, chunk, 4, 1, acc64=fp32),)
     if fp32:
-        return (KernelConfig(16, 16, 32, 64, 4, 1),)
+        return FP32_CONFIGS["backward" if backward else "forward"]
     if backward:
         # measured on H200 (NOTES.md, "Issue 12, DSA tuning"): for 64-head blocks and a latent
         # of two 256-wide chunks (the production 512), both halves gathered in the slot loop
