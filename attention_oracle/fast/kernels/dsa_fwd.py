@@ -87,15 +87,25 @@ def dsa_fwd_kernel(
         if NATURAL:
             # fp32 (dsa_common, "reduction order"): the score from an fp64-accumulated dot,
             # rounded once; exp and l in fp64; this block's P.V added to acc as its own dot
-            s64 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64)
-            s64 = dot_gather_f64(s64, q_ptr, t * stride_qt, offs_h, stride_qh, stride_qd, H,
-                                 kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, BLOCK_D)
-            if HAS_ROPE:
-                s64 = dot_gather_f64(s64, qr_ptr, t * stride_qrt, offs_h, stride_qrh, stride_qrd,
-                                     H, kr_ptr, rows, stride_krs, stride_krd, valid, DR,
-                                     FP32_CHUNK)
+            if ONE_TILE and ACC64:
+                # one gathered latent tile serves the scores and P.V; q resident (fp64 copy)
+                v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
+                s64 = tl.dot(q.to(tl.float64), tl.trans(v.to(tl.float64)),
+                             input_precision="ieee", out_dtype=tl.float64)
+                if HAS_ROPE:
+                    kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
+                    s64 = tl.dot(qr.to(tl.float64), tl.trans(kr.to(tl.float64)), s64,
+                                 input_precision="ieee", out_dtype=tl.float64)
+            else:
+                s64 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64)
+                s64 = dot_gather_f64(s64, q_ptr, t * stride_qt, offs_h, stride_qh, stride_qd, H,
+                                     kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, BLOCK_D)
+                if HAS_ROPE:
+                    s64 = dot_gather_f64(s64, qr_ptr, t * stride_qrt, offs_h, stride_qrh,
+                                         stride_qrd, H, kr_ptr, rows, stride_krs, stride_krd,
+                                         valid, DR, FP32_CHUNK)
+                v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
             s = tl.where(valid[None, :], (s64 * scale).to(tl.float32), float("-inf"))
-            v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
             m_new = tl.maximum(m, tl.max(s, axis=1))
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
             p64 = exp_accurate(s.to(tl.float64) - m_shift.to(tl.float64)[:, None])
