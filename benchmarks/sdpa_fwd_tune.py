@@ -5,8 +5,8 @@
 
 For bf16 B 4, H 32 and each (D, causal, L), times every (variant, tile config) of the forward
 kernel, where a variant is a setting of :func:`attention_oracle.fast.sdpa.set_forward_options`
-(``fold``: one FMA per score exponent; ``tma``: keys and values through tensor descriptors;
-``ws``: Triton's warp specialization of the key loop),
+(``fold``: one FMA per score exponent; ``base``: without), and with ``--fwdbwd`` also
+forward+backward through the public function (autotuned) per variant,
 with both methods of ``benchmarks.timing`` (do_bench with launches queued, and synchronised
 per call), beside cuDNN's forward in the same process. Each result's max difference from
 cuDNN's output is printed (a broken variant shows). Configs are compiled first in ``--jobs``
@@ -27,11 +27,7 @@ from attention_oracle.fast.kernels.sdpa_common import bounds_checks
 
 from .timing import queued_ms, synced_ms, tflops, write_json
 
-VARIANTS = {"base": dict(fold=False, tma=False, ws=False),
-            "fold": dict(fold=True, tma=False, ws=False),
-            "fold+tma": dict(fold=True, tma=True, ws=False),
-            "fold+ws": dict(fold=True, tma=False, ws=True),
-            "fold+tma+ws": dict(fold=True, tma=True, ws=True)}
+VARIANTS = {"base": dict(fold=False), "fold": dict(fold=True)}
 CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3)]
 B, H = 4, 32
 
@@ -44,17 +40,14 @@ def inputs(L, D, seed=0):
 
 def launcher(q, k, v, causal, variant, config):
     """fn() running fast's forward kernel with one tile config (as ``_launch_fwd`` does)."""
-    fsdpa.set_forward_options(**VARIANTS[variant])
+    fsdpa.set_kernel_options(**VARIANTS[variant])
     q5, k5, v5 = (t.unsqueeze(0) for t in (q, k, v))
     Z1, Z2, HQ, L, E = q5.shape
     scale = E ** -0.5
     natural = fsdpa._natural(q.dtype)
-    tma = fsdpa._use_tma(q5, k5, v5, natural)
-    if tma:
-        fsdpa._ensure_scratch_allocator()
     kind, key, meta, sizes, grid, ints, factor, tunes = fsdpa._fwd_plan(
         q5.shape, k5.shape, v5.shape, q.dtype, None, causal, natural,
-        fsdpa.FORWARD_OPTIONS["fold"], tma, fsdpa.FORWARD_OPTIONS["ws"])
+        fsdpa.KERNEL_OPTIONS["fold"])
     out = torch.empty_like(q5)
     lse = torch.empty(fsdpa._lse_state_shape(q5.shape, q.dtype), dtype=torch.float32,
                       device=q.device)
@@ -71,7 +64,7 @@ def launcher(q, k, v, causal, variant, config):
     def run():
         jit[g](*args, **kw)
         return out[0]
-    return run, tma
+    return run
 
 
 def warm(task):
@@ -96,6 +89,31 @@ def precompile(tasks, jobs):
     print(f"precompiled {len(tasks)} in {time.time() - t0:.1f} s", flush=True)
 
 
+def fwdbwd_rows(q, k, v, causal, variants, fwd_flops):
+    """Forward+backward TFLOP/s of fast (public function, autotuned) per variant and cuDNN."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    dout = torch.randn_like(q)
+    fl = 3.5 * fwd_flops  # 2.5x the forward's FLOPs for the backward (5 matmuls to 2)
+
+    def step(fn):
+        return lambda: torch.autograd.grad(fn(q, k, v, is_causal=causal), (q, k, v), dout)
+    cq = tflops(fl, queued_ms(step(F.scaled_dot_product_attention)))
+    cs = tflops(fl, synced_ms(step(F.scaled_dot_product_attention)))
+    rows = []
+    for variant in variants:
+        fsdpa.set_kernel_options(**VARIANTS[variant])
+        fn = step(fsdpa.scaled_dot_product_attention)
+        fn()
+        tq, ts = tflops(fl, queued_ms(fn)), tflops(fl, synced_ms(fn))
+        print(f"  fwd+bwd {variant:5s}: {tq:6.1f} / {ts:6.1f}  cudnn {cq:6.1f} / {cs:6.1f}  "
+              f"x cudnn {tq / cq:.3f} / {ts / cs:.3f}", flush=True)
+        rows.append({"phase": "fwdbwd", "D": q.shape[-1], "causal": causal, "L": q.shape[-2],
+                     "variant": variant, "queued": tq, "synced": ts, "cudnn_queued": cq,
+                     "cudnn_synced": cs, "x_cudnn_queued": tq / cq, "x_cudnn_synced": ts / cs})
+    fsdpa.set_kernel_options(fold=True)
+    return rows
+
+
 def flops(L, D, causal):
     f = 4 * B * H * L * L * D
     return f / 2 if causal else f
@@ -107,6 +125,7 @@ def main(argv=None):
     ap.add_argument("--lengths", default="4096")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--jobs", type=int, default=14)
+    ap.add_argument("--fwdbwd", action="store_true", help="also time forward+backward")
     ap.add_argument("--out", default="out/sdpa_fwd_tune.json")
     ap.add_argument("--_warm", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -134,19 +153,21 @@ def main(argv=None):
             row = {"D": D, "causal": causal, "L": L, "variant": variant, "config": cfg,
                    "cudnn_queued": c_q, "cudnn_synced": c_s}
             try:
-                fn, tma = launcher(q, k, v, causal, variant, cfg)
+                fn = launcher(q, k, v, causal, variant, cfg)
                 err = (fn().float() - ref.float()).abs().max().item()
                 tq, ts = tflops(fl, queued_ms(fn)), tflops(fl, synced_ms(fn))
-                row.update(tma=tma, max_diff=err, queued=tq, synced=ts,
+                row.update(max_diff=err, queued=tq, synced=ts,
                            x_cudnn_queued=tq / c_q, x_cudnn_synced=ts / c_s)
                 print(f"  {variant:9s} {cfg}: {tq:6.1f} / {ts:6.1f}  x cudnn {tq / c_q:.3f} / "
-                      f"{ts / c_s:.3f}  diff {err:.2e}  tma {tma}", flush=True)
+                      f"{ts / c_s:.3f}  diff {err:.2e}", flush=True)
             except Exception as exc:  # noqa: BLE001 - an unsupported variant is a result too
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 print(f"  {variant:9s} {cfg}: {row['error']}", flush=True)
             rows.append(row)
+        if a.fwdbwd:
+            rows.extend(fwdbwd_rows(q, k, v, causal, variants, fl))
         write_json(a.out, rows)
-    fsdpa.set_forward_options(fold=True, tma=False, ws=False)
+    fsdpa.set_kernel_options(fold=True)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ import os
 from typing import Optional, Tuple
 
 import torch
-import triton
 
 from ..validation import FLOAT_DTYPES, check_sdpa_inputs
 from .host import cdiv, check_device, next_pow2
@@ -194,59 +193,23 @@ def _mask_dtype(mask):
     return torch.uint8 if mask.dtype == torch.bool else mask.dtype
 
 
-# $ATTENTION_ORACLE_FAST_TMA=1 turns tma on from the start
-FORWARD_OPTIONS = {"fold": True, "tma": os.environ.get("ATTENTION_ORACLE_FAST_TMA", "0") == "1",
-                   "ws": False}
+KERNEL_OPTIONS = {"fold": True}
 
 
-def set_forward_options(*, fold=None, tma=None, ws=None):
-    """The forward kernel's variants for later calls (benchmarks compare them): ``fold`` forms
-    each unmasked score's exponent as one FMA (:func:`~attention_oracle.fast.kernels.sdpa_fwd.
-    _fwd_tile_loop`); ``tma`` loads keys and values through tensor descriptors where their
-    layout allows (:func:`_tma_layout`); ``ws``: Triton's warp specialization of the key loop
-    (CUDA only). None leaves an option as it is; returns the previous
-    options."""
-    previous = dict(FORWARD_OPTIONS)
-    for name, value in (("fold", fold), ("tma", tma), ("ws", ws)):
-        if value is not None:
-            FORWARD_OPTIONS[name] = bool(value)
+def set_kernel_options(*, fold=None):
+    """Kernel variants for later calls (benchmarks compare them): ``fold`` forms the exponent of
+    each score with no mask to apply as one FMA, ``exp2(qk * c - m)``, in the 16-bit kernels
+    (the forward also with fp32 "plain"; the backward's P as ``exp2(qk * c - (m + log l))``,
+    as flash attention's backward does with its lse). None leaves an option as it is; returns
+    the previous options."""
+    previous = dict(KERNEL_OPTIONS)
+    if fold is not None:
+        KERNEL_OPTIONS["fold"] = bool(fold)
     return previous
 
 
-def _tma_layout(*tensors):
-    """Whether Hopper's tensor descriptors can read these rank-5 CUDA tensors: unit last
-    stride, 16-byte aligned base and every other stride a multiple of 16 bytes."""
-    for t in tensors:
-        size = t.element_size()
-        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(st * size % 16 for st in t.stride()[:-1]):
-            return False
-    return True
-
-
-def _scratch(size, alignment, stream):
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _ensure_scratch_allocator():
-    """Device-side tensor descriptors take their memory from Triton's allocator, a context
-    variable (unset in a new thread): install one on torch's caching allocator where none is."""
-    from triton.runtime import _allocation
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_scratch)
-
-
-@functools.lru_cache(maxsize=16)
-def _has_tma(device):
-    return torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def _use_tma(q, k, v, natural):
-    return (FORWARD_OPTIONS["tma"] and not natural and q.is_cuda and not interpreting()
-            and _has_tma(q.device) and _tma_layout(k, v))
-
-
 @functools.lru_cache(maxsize=1024)
-def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural, fold, tma, ws):
+def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural, fold):
     """What a forward launch derives from shapes and flags alone (cached; shapes are rank 5):
     (mask kind, CachedLauncher key, constexprs, sizes, grid spec, int scalars, q.k factor)."""
     Z1, Z2, HQ, L, E = q_shape
@@ -254,11 +217,10 @@ def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural, 
     kind = MASK_NONE if mask_dtype is None else MASK_BOOL if mask_dtype == torch.uint8 else MASK_ADD
     tune_l, tune_s, block_e, block_ev = tune_bucket(L), tune_bucket(S), _block(E), _block(EV)
     meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(dtype), NATURAL=natural,
-                CHUNK_E=chunk_of(block_e), BLOCK_E=block_e, BLOCK_EV=block_ev, FOLD=fold, TMA=tma,
-                WS=ws)
+                CHUNK_E=chunk_of(block_e), BLOCK_E=block_e, BLOCK_EV=block_ev, FOLD=fold)
     # meta is a function of the key (the launcher's memo relies on it)
     key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype, natural,
-           fold, tma, ws)
+           fold)
     ints = (Z2, HQ, HQ // HKV, L, S, E, EV)
     factor = 1.0 if natural or kind == MASK_ADD else LOG2E  # _qk_scale
     return kind, key, meta, (L, S, E, EV), ("BLOCK_M", L, Z1 * Z2 * HQ), ints, factor, (tune_l, tune_s)
@@ -276,12 +238,9 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
         lse_k.fill_(float("-inf"))
         return out.zero_(), lse_k
     natural = _natural(q.dtype)
-    tma = _use_tma(q, k, v, natural)
-    if tma:
-        _ensure_scratch_allocator()
     kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
         q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), is_causal, natural,
-        FORWARD_OPTIONS["fold"] and scale > 0, tma, FORWARD_OPTIONS["ws"] and q.is_cuda)
+        KERNEL_OPTIONS["fold"] and scale > 0)
     mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
     args = (q, k, v, mask_arg, out, lse_k,
             *q.stride(), *k.stride(), *v.stride(), *_strides5(mask), *out.stride(),
@@ -292,7 +251,7 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
 
 @functools.lru_cache(maxsize=1024)
 def _bwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, dout_dtype, is_causal, natural,
-              interpreted):
+              interpreted, fold):
     """The backward's analogue of :func:`_fwd_plan`: (key, constexprs, sizes, dK/dV grid spec,
     dQ grid spec, int scalars, q.k factor, Delta block, Delta grid)."""
     Z1, Z2, HQ, L, E = q_shape
@@ -302,10 +261,10 @@ def _bwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, dout_dtype, is_causa
     pre_block = 64 if interpreted else max(16, min(128, 8192 // block_ev))
     meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(dtype), NATURAL=natural,
                 CHUNK_E=chunk_of(block_e), CHUNK_EV=chunk_of(block_ev), BLOCK_E=block_e,
-                BLOCK_EV=block_ev)
+                BLOCK_EV=block_ev, FOLD=fold)
     tune_l, tune_s = tune_bucket(L), tune_bucket(S)
     key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype,
-           dout_dtype, natural)
+           dout_dtype, natural, fold)
     ints = (Z2, HQ, HQ // HKV, L, S, E, EV)
     factor = 1.0 if natural or kind == MASK_ADD else LOG2E
     return (kind, key, meta, (L, S, E, EV), ("BLOCK_N", S, Z1 * Z2 * HKV),
@@ -327,7 +286,8 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     delta = torch.empty((Z1 * Z2 * HQ, L), dtype=torch.float32, device=q.device)
     (kind, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
      pre_grid) = _bwd_plan(q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), dout.dtype,
-                           is_causal, _natural(q.dtype), interpreting())
+                           is_causal, _natural(q.dtype), interpreting(),
+                           KERNEL_OPTIONS["fold"] and scale > 0 and q.dtype != torch.float32)
     mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
     dout_strides = dout.stride()
     _PRE(pre_grid, (out, dout, delta, *out.stride(), *dout_strides, Z2, HQ, L, sizes[3]),

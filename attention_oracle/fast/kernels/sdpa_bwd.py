@@ -83,11 +83,13 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, s
                      CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
                      BLOCK_EV: tl.constexpr, CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
-                     PREC: tl.constexpr, NATURAL: tl.constexpr):
+                     PREC: tl.constexpr, NATURAL: tl.constexpr, FOLD: tl.constexpr):
     """Accumulate dK (unscaled) and dV of one key block over query blocks [lo, hi).
 
     fp32 (NATURAL): scores and dP from chunked dots (k, v re-read), P in fp64 from the saved
-    m and log l = hi + lo, and each query block's dot added to dK/dV, not chained."""
+    m and log l = hi + lo, and each query block's dot added to dK/dV, not chained. FOLD (16-bit,
+    no mask to apply): P = exp2(qk * qk_scale - (m + log l)), one FMA per score."""
+    FOLDED: tl.constexpr = FOLD and MASK_KIND == 0 and not NATURAL
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     for start_m in range(lo, hi, BLOCK_M):
@@ -101,11 +103,17 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, s
                                 CHECK_N, CHECK_M, CHECK_E, BLOCK_N, BLOCK_M, BLOCK_E,
                             CHUNK_E)
             sT = (sT * qk_scale).to(tl.float32)
+        elif FOLDED:
+            sT = tl.dot(k, tl.trans(q), input_precision=PREC)
         else:
             sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
         if MASK_KIND != 0:
             sT = apply_attn_mask(sT, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, True)
-        pT = recompute_p(sT, m[None, :], log_l[None, :], log_l_lo[None, :], NATURAL, MASK_KIND)
+        if FOLDED:  # m = +inf (no key, or a row past L) gives P = 0
+            pT = tl.math.exp2(sT * qk_scale - (m + log_l)[None, :])
+        else:
+            pT = recompute_p(sT, m[None, :], log_l[None, :], log_l_lo[None, :], NATURAL,
+                             MASK_KIND)
         if DIAG:
             pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
         if CHECK_N:  # rows past S are never stored, but keep them finite (no inf * 0 = nan)
@@ -151,7 +159,7 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV,
                          BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
-                         CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr):
+                         CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr, FOLD: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_bkv = tl.program_id(1)  # over [Z1, Z2, HKV]
     HKV = HQ // GROUP
@@ -185,14 +193,14 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV,
                                       qk_scale,
                                       MASK_KIND, True, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
-                                      NATURAL)
+                                      NATURAL, FOLD)
             dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
                                       stats_row, s_stat, delta_ptr, offs_n, diag_hi, L, L, S, E, EV,
                                       s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
                                       qk_scale,
                                       MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
-                                      NATURAL)
+                                      NATURAL, FOLD)
         else:
             dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
                                       stats_row, s_stat, delta_ptr, offs_n, 0, L, L, S, E, EV,
@@ -200,7 +208,7 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV,
                                       qk_scale,
                                       MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
-                                      NATURAL)
+                                      NATURAL, FOLD)
 
     dk = dk * scale
     gk_base = DK + batch_offset(pid_bkv, HKV, 1, Z2, s_gkz1, s_gkz2, s_gkh, False)
@@ -226,10 +234,12 @@ def _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, 
                  CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
                  BLOCK_EV: tl.constexpr, CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
-                 PREC: tl.constexpr, NATURAL: tl.constexpr):
+                 PREC: tl.constexpr, NATURAL: tl.constexpr, FOLD: tl.constexpr):
     """Accumulate dQ (unscaled) of one query block over key blocks [lo, hi).
 
-    Keys past S load as k = v = 0 and get P = 0. fp32 as in ``_dkdv_query_loop``."""
+    Keys past S load as k = v = 0 and get P = 0. fp32 and FOLD as in ``_dkdv_query_loop``."""
+    FOLDED: tl.constexpr = FOLD and MASK_KIND == 0 and not NATURAL
+    lse2 = m + log_l
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     for start_n in range(lo, hi, BLOCK_N):
@@ -242,11 +252,17 @@ def _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, 
                                 CHECK_M, CHECK_N, CHECK_E, BLOCK_M, BLOCK_N, BLOCK_E,
                             CHUNK_E)
             s2 = (s2 * qk_scale).to(tl.float32)  # one rounding of the (near-exact) score
+        elif FOLDED:
+            s2 = tl.dot(q, tl.trans(k), input_precision=PREC)
         else:
             s2 = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         if MASK_KIND != 0:
             s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, False)
-        p = recompute_p(s2, m[:, None], log_l[:, None], log_l_lo[:, None], NATURAL, MASK_KIND)
+        if FOLDED:
+            p = tl.math.exp2(s2 * qk_scale - lse2[:, None])
+        else:
+            p = recompute_p(s2, m[:, None], log_l[:, None], log_l_lo[:, None], NATURAL,
+                            MASK_KIND)
         if DIAG:
             p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
         if CHECK_N:  # an out-of-range key's P could overflow (inf * 0 = nan in the dot)
@@ -284,7 +300,7 @@ def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, Stats, Delta, DQ,
                        BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
-                       CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr):
+                       CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr, FOLD: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -312,19 +328,19 @@ def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, Stats, Delta, DQ,
                           offs_m, 0, free_hi,
                           L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                          BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
+                          BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL, FOLD)
         diag_hi = tl.minimum(start_m + BLOCK_M, S)
         dq = _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, v_base, mask_base,
                           offs_m, free_hi,
                           diag_hi, L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, True, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                          BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
+                          BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL, FOLD)
     else:
         dq = _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, v_base, mask_base,
                           offs_m, 0, S,
                           L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                          BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL)
+                          BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL, FOLD)
     dq = dq * scale
     gq_base = DQ + batch_offset(pid_bh, HQ, GROUP, Z2, s_gqz1, s_gqz2, s_gqh, False)
     gq_ptrs = gq_base + offs_m[:, None] * s_gqm + offs_e[None, :] * s_gqe

@@ -42,15 +42,14 @@ _prune_fwd = make_prune("BLOCK_N", "BLOCK_M", safe=_FWD_SAFE, fp32_shape=(64, 32
 
 
 @triton.jit
-def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, k_desc, v_desc, mask_base,
+def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
                    offs_m, lo, hi, L, S, E, EV,
                    s_qm, s_qe, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                    MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_M: tl.constexpr,
                    CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
                    BLOCK_EV: tl.constexpr, CHUNK_E: tl.constexpr, PREC: tl.constexpr,
-                   NATURAL: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr,
-                   WS: tl.constexpr):
+                   NATURAL: tl.constexpr, FOLD: tl.constexpr):
     """Online-softmax accumulation over key blocks [lo, hi). DIAG applies the causal mask.
 
     ``qk_scale`` is ``scale`` (fp32, or an additive mask) or ``scale * log2(e)``; the scores,
@@ -60,13 +59,11 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, k_desc, v_desc, mas
 
     FOLD (log2 units, ``qk_scale > 0``): a tile with nothing to mask takes its row max from the
     raw dots and forms ``exp2(qk * qk_scale - m)`` as one FMA per score, not a product then a
-    difference (m is the same: rounding is monotone). WS: Triton's warp specialization of the
-    loop. TMA: k and v come through the tensor
-    descriptors ``k_desc`` / ``v_desc`` (rows past S read as zeros), not pointer loads."""
+    difference (m is the same: rounding is monotone)."""
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     FOLDED: tl.constexpr = FOLD and MASK_KIND == 0 and not DIAG and not CHECK_N and not NATURAL
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
+    for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if NATURAL:
@@ -75,10 +72,7 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, k_desc, v_desc, mas
                             CHUNK_E)
             s2 = (s2 * qk_scale).to(tl.float32)  # one rounding of the (near-exact) score
         else:
-            if TMA:
-                k = k_desc.load([start_n, 0])
-            else:
-                k = load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E)
+            k = load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E)
             s2 = tl.dot(q, tl.trans(k), input_precision=PREC)
             if not FOLDED:
                 s2 = s2 * qk_scale
@@ -100,10 +94,7 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, k_desc, v_desc, mas
             p = softmax_exp(s2, m_shift[:, None], NATURAL, MASK_KIND)
             alpha = softmax_exp(m_i, m_shift, NATURAL, MASK_KIND)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if TMA and not NATURAL:
-            v = v_desc.load([start_n, 0])
-        else:
-            v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
+        v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
         acc = acc * alpha[:, None]
         if NATURAL:
             acc = acc + tl.dot(p, v, input_precision=PREC)
@@ -132,7 +123,7 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
                     CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
-                    FOLD: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
+                    FOLD: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:  # heaviest query blocks first: better tail balance
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -150,13 +141,6 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     q = load_tile(q_base, offs_m, offs_e, s_qm, s_qe, L, E, CHECK_M, CHECK_E)
-    k_desc = k_base
-    v_desc = v_base
-    if TMA:  # the launcher checked: unit last strides, 16-byte aligned rows and bases
-        k_desc = tl.make_tensor_descriptor(k_base, shape=[S, E], strides=[s_kn, 1],
-                                           block_shape=[BLOCK_N, BLOCK_E])
-        v_desc = tl.make_tensor_descriptor(v_base, shape=[S, EV], strides=[s_vn, 1],
-                                           block_shape=[BLOCK_N, BLOCK_EV])
 
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -165,26 +149,26 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
     if CAUSAL:
         # keys below the block's first query need no causal mask; the diagonal band does
         free_hi = tl.minimum(start_m, S)
-        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, k_desc, v_desc,
-                                       mask_base, offs_m,
+        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
+                                       offs_m,
                                        0, free_hi, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn, s_ve,
                                        s_mm, s_mn, qk_scale, MASK_KIND, False, CHECK_M, CHECK_N,
                                        CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
-                                       NATURAL, FOLD, TMA, WS)
+                                       NATURAL, FOLD)
         diag_hi = tl.minimum(start_m + BLOCK_M, S)
-        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, k_desc, v_desc,
-                                       mask_base, offs_m,
+        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
+                                       offs_m,
                                        free_hi, diag_hi, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn,
                                        s_ve, s_mm, s_mn, qk_scale, MASK_KIND, True, CHECK_M, CHECK_N,
                                        CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
-                                       NATURAL, FOLD, TMA, WS)
+                                       NATURAL, FOLD)
     else:
-        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, k_desc, v_desc,
-                                       mask_base, offs_m,
+        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
+                                       offs_m,
                                        0, S, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn, s_ve,
                                        s_mm, s_mn, qk_scale, MASK_KIND, False, CHECK_M, CHECK_N,
                                        CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
-                                       NATURAL, FOLD, TMA, WS)
+                                       NATURAL, FOLD)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
