@@ -72,7 +72,7 @@ def _two_chunks(cfg, dl):
 # fp32 on the GPU (both kinds): fp64 tensor-core dots (acc64); the last entry is the small
 # config that ran before them, for a GPU that refuses the others
 FP32_CONFIGS = {
-    "forward": (KernelConfig(16, 16, 512, 512, 8, 2, acc64=True),
+    "forward": (KernelConfig(16, 16, 512, 512, 8, 1, acc64=True),
                 KernelConfig(32, 16, 64, 512, 8, 2, acc64=True),
                 KernelConfig(16, 16, 32, 64, 4, 1)),
     "backward": (KernelConfig(32, 16, 64, 128, 8, 1, acc64=True),
