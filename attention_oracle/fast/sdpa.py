@@ -403,6 +403,162 @@ def _expanded_operands(query, key, value, geometry):
     return q, k, v
 
 
+# ----------------------------------------------------------------------------- call plans
+
+class _CallPlan:
+    """What an unmasked eager call derives from its operands' shapes, strides, dtypes and
+    devices and its flags, validation included: rank-5 strides of the broadcast operands, the
+    output's and gradients' shapes, both kernels' launch keys and the arguments that do not
+    change between such calls. Kept per call signature (:func:`_signature`), so a repeated call
+    validates nothing and makes no views: the kernels read the caller's tensors through the
+    saved strides (a broadcast or unsqueeze view has its base's data pointer)."""
+
+    __slots__ = ("dtype", "device", "out_shape", "out5", "lse_shape", "fwd", "fwd_tail",
+                 "bwd", "bwd_common", "bwd_scalars", "grad_shapes", "grad_tails", "pre_tail",
+                 "rows")
+
+    def __init__(self, q5, k5, v5, out_shape, shapes, is_causal, scale):
+        Z1, Z2, HQ, L, E = q5.shape
+        EV = v5.shape[4]
+        dtype = q5.dtype
+        natural = _natural(dtype)
+        self.dtype, self.device, self.out_shape = dtype, q5.device, out_shape
+        self.lse_shape = _lse_state_shape(q5.shape, dtype)
+        self.out5 = _contiguous_strides((Z1, Z2, HQ, L, EV))
+        lse_stride = _contiguous_strides(self.lse_shape)[0]
+        operands = (*q5.stride(), *k5.stride(), *v5.stride(), 0, 0, 0, 0, 0)
+        kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
+            q5.shape, k5.shape, v5.shape, dtype, None, is_causal, natural,
+            KERNEL_OPTIONS["fold"] and scale > 0)
+        self.fwd = (key, grid, sizes, meta)
+        self.fwd_tail = (*operands, *self.out5, lse_stride, *ints, scale * factor, *tunes)
+        (_, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
+         pre_grid) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
+                               natural, interpreting(),
+                               KERNEL_OPTIONS["fold"] and scale > 0 and dtype != torch.float32)
+        self.bwd = (key, key + (HQ // k5.shape[2],), grid_kv, grid_q, sizes, meta, pre_grid,
+                    {"BLOCK_M": pre_block, "BLOCK_EV": meta["BLOCK_EV"]})
+        self.bwd_common = operands
+        self.bwd_scalars = (lse_stride, *ints, scale * factor, scale, *tunes)
+        self.pre_tail = (Z2, HQ, L, EV)
+        self.rows = (L, EV)
+        # per operand: (input shape, broadcast shape); the gradient is allocated contiguous in
+        # the broadcast shape, whose strides are those of its rank-5 view's contiguous layout
+        self.grad_shapes = shapes
+        self.grad_tails = tuple(_contiguous_strides(t.shape) for t in (q5, k5, v5))
+
+    def forward(self, query, key, value):
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        lse_k = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        key_, grid, sizes, meta = self.fwd
+        _FWD(key_, grid, (query, key, value, query, out, lse_k, *self.fwd_tail), sizes, meta)
+        return out, lse_k
+
+    def backward(self, dout, query, key, value, out, lse_k):
+        dst = _dout_strides5(dout, self.rows)
+        dkey, dkv_key, grid_kv, grid_q, sizes, meta, pre_grid, pre_meta = self.bwd
+        dq, dk, dv = (torch.empty(x, dtype=self.dtype, device=self.device)
+                      for _, x in self.grad_shapes)
+        delta = torch.empty(pre_grid[1] * self.rows[0], dtype=torch.float32, device=self.device)
+        _PRE(pre_grid, (out, dout, delta, *self.out5, *dst, *self.pre_tail), pre_meta)
+        gq, gk, gv = self.grad_tails
+        _DKDV(dkv_key, grid_kv, (query, key, value, query, dout, lse_k, delta, dk, dv,
+                                 *self.bwd_common, *dst, *gk, *gv, *self.bwd_scalars), sizes, meta)
+        _DQ(dkey, grid_q, (query, key, value, query, dout, lse_k, delta, dq,
+                           *self.bwd_common, *dst, *gq, *self.bwd_scalars), sizes, meta)
+        return tuple(g if x == shape else g.sum_to_size(shape)
+                     for g, (shape, x) in zip((dq, dk, dv), self.grad_shapes))
+
+
+def _contiguous_strides(shape):
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _dout_strides5(dout, rows):
+    """The strides of ``dout``'s rank-5 view (arithmetic for ranks 3 to 5), after the kernels'
+    int32 in-head addressing check."""
+    st = dout.stride()
+    r = len(st)
+    if r > 5:
+        st = _to_rank5(dout, "dout").stride()
+    elif r < 5:
+        st = (0,) * (5 - r) + st
+    if (rows[0] - 1) * abs(st[3]) + (rows[1] - 1) * abs(st[4]) > _INT32_MAX:
+        raise NotImplementedError("dout: one head spans more elements than the kernels' int32 "
+                                  "in-head addressing reaches")
+    return st
+
+
+_CALL_PLANS = {}
+_MAX_CALL_PLANS = 1024
+
+
+def _signature(query, key, value, dropout_p, is_causal, scale, enable_gqa):
+    """Everything an unmasked call's validation and plan depend on (None for arguments of types
+    the plan does not key on: such calls take the validating path every time)."""
+    if not (scale is None or type(scale) in (float, int)) or type(dropout_p) not in (float, int):
+        return None
+    if not (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
+            and isinstance(value, torch.Tensor)):
+        return None
+    return (query.shape, key.shape, value.shape, query.stride(), key.stride(), value.stride(),
+            query.dtype, key.dtype, value.dtype, query.device, key.device, value.device,
+            dropout_p, is_causal, scale, enable_gqa, KERNEL_OPTIONS["fold"], _FP32["mode"])
+
+
+def _call_plan(query, key, value, dropout_p, is_causal, scale, enable_gqa):
+    """The cached :class:`_CallPlan` of an unmasked eager call, made (and the inputs validated)
+    on first sight; None where the general path must run (GQA key and value head counts that
+    differ, an empty dim, batch dims that cannot be merged without a copy)."""
+    sig = _signature(query, key, value, dropout_p, is_causal, scale, enable_gqa)
+    if sig is None:
+        return None
+    plan = _CALL_PLANS.get(sig, False)
+    if plan is not False:
+        return plan
+    batch, hq, hkv, hv, scale = check_sdpa_inputs(query, key, value, None, dropout_p, is_causal,
+                                                  scale, enable_gqa, dtypes=FLOAT_DTYPES)
+    check_device(query.device)
+    _check_head_dims(query, value)
+    plan = None
+    L, S = query.shape[-2], key.shape[-2]
+    if hkv == hv and L > 0 and S > 0 and len(batch) <= 2 and 0 not in batch and hq > 0:
+        out_shape = tuple(batch) + (hq, L, value.shape[-1])
+        expanded = _expanded_operands(query, key, value, (tuple(batch), hq, hkv, out_shape))
+        _check_row_span(L, S, query.shape[-1], value.shape[-1])
+        q5, k5, v5 = (_to_rank5(t, name) for t, name in zip(expanded, _OPERANDS))
+        shapes = tuple((tuple(t.shape), tuple(x.shape))
+                       for t, x in zip((query, key, value), expanded))
+        plan = _CallPlan(q5, k5, v5, out_shape, shapes, is_causal, scale)
+    if len(_CALL_PLANS) >= _MAX_CALL_PLANS:
+        _CALL_PLANS.clear()
+    _CALL_PLANS[sig] = plan
+    return plan
+
+
+class _PlannedSdpa(torch.autograd.Function):
+    """The eager autograd node of a planned call: the user's query, key and value in, out and
+    the row statistics back; one node, gradients shaped like the inputs."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, plan):
+        out, lse_k = plan.forward(query, key, value)
+        ctx.save_for_backward(query, key, value, out, lse_k)
+        ctx.plan = plan
+        ctx.mark_non_differentiable(lse_k)
+        return out, lse_k
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        if dout is None:
+            return None, None, None, None
+        return (*ctx.plan.backward(dout, *ctx.saved_tensors), None)
+
+
 # ----------------------------------------------------------------------------- public API
 
 def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -415,8 +571,25 @@ def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dro
     return out, _lse_view(lse_k, out_shape)
 
 
+def _check_row_span(L, S, E, EV):
+    if max(L, S) * max(E, EV) > _INT32_MAX:  # the outputs/gradients are contiguous
+        raise NotImplementedError(f"query/key: {max(L, S)} rows x head dim overflow the kernels' "
+                                  f"int32 in-head addressing")
+
+
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    """Validates, launches; returns (out, the kernels' row statistics, out's shape)."""
+    """Validates, launches; returns (out, the kernels' row statistics, out's shape). Unmasked
+    eager calls take their cached :class:`_CallPlan`; the rest the general path below."""
+    compiling = torch.compiler.is_compiling()
+    if attn_mask is None and not compiling:
+        plan = _call_plan(query, key, value, dropout_p, is_causal, scale, enable_gqa)
+        if plan is not None:
+            if torch.is_grad_enabled() and (
+                    query.requires_grad or key.requires_grad or value.requires_grad):
+                out, lse_k = _PlannedSdpa.apply(query, key, value, plan)
+            else:
+                out, lse_k = plan.forward(query, key, value)
+            return out, lse_k, plan.out_shape
     batch, hq, hkv, hv, scale = check_sdpa_inputs(query, key, value, attn_mask, dropout_p,
                                                   is_causal, scale, enable_gqa, dtypes=FLOAT_DTYPES)
     check_device(query.device)
@@ -428,12 +601,9 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     if attn_mask is not None:
         mask5 = _to_rank5(attn_mask.expand(batch + (hq, L, S)), "attn_mask")
         _check_tile_offsets((("attn_mask", mask5),))
-    if max(L, S) * max(E, value.shape[-1]) > _INT32_MAX:  # the outputs/gradients are contiguous
-        raise NotImplementedError(f"query/key: {max(L, S)} rows x head dim overflow the kernels' "
-                                  f"int32 in-head addressing")
+    _check_row_span(L, S, E, value.shape[-1])
     out_shape = tuple(batch) + (hq, L, value.shape[-1])
     geometry = (tuple(batch), hq, hkv, out_shape)
-    compiling = torch.compiler.is_compiling()
     if not compiling and torch.is_grad_enabled() and (
             query.requires_grad or key.requires_grad or value.requires_grad):
         out, lse_k = _EagerSdpa.apply(query, key, value, mask5, is_causal, scale, geometry)
