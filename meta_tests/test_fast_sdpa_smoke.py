@@ -442,3 +442,69 @@ def test_finfo_min_rows_catch_p_from_rounded_lse(dtype, gen):
     with report.silenced(), pytest.raises(AssertionError):
         agreement("dq", bad.to(dtype), gold["dq"], {a: r["dq"] for a, r in runs.items()}, 3,
                   gold["magnitude"]["dq"])
+
+
+# ----------------------------------------------------------------------------- call plans
+
+def _general_path(q, k, v, is_causal, enable_gqa=False):
+    """fast's general eager path (the one masked calls take), bypassing the call plans."""
+    import attention_oracle.fast.sdpa as fsdpa
+    batch, hq, hkv, _, scale = fsdpa.check_sdpa_inputs(q, k, v, None, 0.0, is_causal, None,
+                                                       enable_gqa)
+    out_shape = tuple(batch) + (hq, q.shape[-2], v.shape[-1])
+    out, _ = fsdpa._EagerSdpa.apply(q, k, v, None, is_causal, scale,
+                                    (tuple(batch), hq, hkv, out_shape))
+    return out
+
+
+@pytest.mark.parametrize("layout", ["rank3", "rank4_strided", "rank5", "batch_broadcast",
+                                    "head_broadcast", "gqa"])
+def test_call_plan_matches_general_path(layout, gen):
+    """A planned call (first sight and repeated) gives bitwise the general path's output and
+    gradients: the plan's saved strides, shapes and launch arguments are the general path's."""
+    f32 = dict(dtype=torch.float32, gen=gen)
+    gqa = layout == "gqa"
+    if layout == "rank3":
+        q, k, v = (randn(3, 20, 16, **f32) for _ in range(3))
+    elif layout == "rank4_strided":
+        q = randn(2, 20, 3, 16, **f32).transpose(1, 2)
+        k, v = randn(2, 3, 18, 32, **f32)[..., 3:19], randn(2, 3, 16, 18, **f32).transpose(-1, -2)
+    elif layout == "rank5":
+        q, k, v = (randn(2, 2, 3, 20, 16, **f32) for _ in range(3))
+    elif layout == "batch_broadcast":
+        q, k, v = randn(2, 3, 20, 16, **f32), randn(1, 3, 18, 16, **f32), randn(3, 18, 16, **f32)
+    elif layout == "head_broadcast":
+        q, k, v = randn(2, 3, 20, 16, **f32), randn(2, 1, 18, 16, **f32), randn(2, 1, 18, 16, **f32)
+    else:
+        q, k, v = randn(2, 4, 20, 16, **f32), randn(2, 2, 18, 16, **f32), randn(2, 2, 18, 16, **f32)
+    results = []
+    for run in ("plan", "plan", "general"):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = (scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=gqa)
+               if run == "plan" else _general_path(*leaves, True, gqa))
+        dout = torch.ones_like(out) if not results else results[0][0].new_ones(out.shape)
+        results.append((out, *torch.autograd.grad(out, leaves, dout)))
+    for name, a, b, c in zip(("out", "dq", "dk", "dv"), *results):
+        assert a.shape == c.shape, f"{layout} {name}: shape {tuple(a.shape)} vs {tuple(c.shape)}"
+        assert torch.equal(a, b), f"{layout} {name}: the repeated (cached) call differs"
+        assert torch.equal(a, c), f"{layout} {name}: the planned call differs from the general path"
+
+
+def test_call_plans_key_on_options_and_never_cache_a_refusal(gen):
+    """Kernel options and the fp32 mode are part of a plan's key; an input validation refuses
+    is refused again on every call (nothing is cached for it)."""
+    import attention_oracle.fast.sdpa as fsdpa
+    q, k, v = (randn(1, 2, 12, 16, dtype=torch.float32, gen=gen) for _ in range(3))
+    scaled_dot_product_attention(q, k, v)
+    before = len(fsdpa._CALL_PLANS)
+    previous = fsdpa.set_kernel_options(fold=not fsdpa.KERNEL_OPTIONS["fold"])
+    try:
+        scaled_dot_product_attention(q, k, v)
+        assert len(fsdpa._CALL_PLANS) == before + 1, "a kernel option did not change the key"
+    finally:
+        fsdpa.set_kernel_options(**previous)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="scale"):
+            scaled_dot_product_attention(q, k, v, scale=float("nan"))
+        with pytest.raises(NotImplementedError, match="dropout_p"):
+            scaled_dot_product_attention(q, k, v, dropout_p=0.5)
