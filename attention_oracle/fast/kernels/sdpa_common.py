@@ -207,6 +207,18 @@ def dot_nt_f64(a_base, offs_a, s_ar, s_ac, n_a, b_base, offs_b, s_br, s_bc, n_b,
     return acc
 
 
+@triton.jit
+def block_dot(a, b, F64: tl.constexpr, PREC: tl.constexpr):
+    """``a @ b`` of one block, for the caller to add to its fp32 accumulator (the fp32 path):
+    as one fp64 dot when F64 (products of fp32 values are exact in fp64, the H200 runs fp64
+    dots on tensor cores; rounded once to fp32), else an fp32 dot of precision PREC."""
+    if F64:
+        return tl.dot(a.to(tl.float64), b.to(tl.float64), input_precision="ieee",
+                      out_dtype=tl.float64).to(tl.float32)
+    else:
+        return tl.dot(a, b, input_precision=PREC)
+
+
 FP32_CHUNK = 32
 
 
