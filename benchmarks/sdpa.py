@@ -165,13 +165,12 @@ def bench_overhead(dtype=torch.bfloat16):
     return rows
 
 
-# fp32 variants of fast: (fp32 mode [+ tag], kernel options)
-FP32_VARIANTS = (("accurate", {}), ("accurate+f64", {"f64_products": True}), ("plain", {}))
+# fp32 variants of fast: (fp32 mode [+ tag], kernel options of fast.sdpa.set_kernel_options)
+FP32_VARIANTS = (("accurate", {}), ("plain", {}))
 
 
 def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128):
-    """fp32: fast (both fp32 modes, fast.sdpa.set_fp32_mode, and "accurate+f64": the accurate
-    mode with fp64 block products, set_kernel_options) against torch's fp32 default,
+    """fp32: fast (both fp32 modes, fast.sdpa.set_fp32_mode) against torch's fp32 default,
     forward and forward+backward; fast's largest difference from torch's output per mode."""
     (q, k, v), dout = make_inputs(B, H, L, D, seed=4, dtype=torch.float32)
     rows = []

@@ -5,8 +5,7 @@
 
 For bf16 B 4, H 32 and each (D, causal, L), times every (variant, tile config) of the forward
 kernel, where a variant is a setting of :func:`attention_oracle.fast.sdpa.set_forward_options`
-(``fold``: one FMA per score exponent; ``base``: without; ``fold+lazy``: the accumulator
-rescaled only when a row max grew by more than 2**8), and with ``--fwdbwd`` also
+(``fold``: one FMA per score exponent; ``base``: without), and with ``--fwdbwd`` also
 forward+backward through the public function (autotuned) per variant,
 with both methods of ``benchmarks.timing`` (do_bench with launches queued, and synchronised
 per call), beside cuDNN's forward in the same process. Each result's max difference from
@@ -28,8 +27,7 @@ from attention_oracle.fast.kernels.sdpa_common import bounds_checks
 
 from .timing import queued_ms, synced_ms, tflops, write_json
 
-VARIANTS = {"base": dict(fold=False, lazy=False), "fold": dict(fold=True, lazy=False),
-            "fold+lazy": dict(fold=True, lazy=True)}
+VARIANTS = {"base": dict(fold=False), "fold": dict(fold=True)}
 CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3)]
 if os.environ.get("SDPA_TUNE_CONFIGS"):  # e.g. "128,64,8,3;128,128,8,3"
     CONFIGS = [tuple(int(x) for x in c.split(",")) for c in os.environ["SDPA_TUNE_CONFIGS"].split(";")]
@@ -51,7 +49,7 @@ def launcher(q, k, v, causal, variant, config):
     natural = fsdpa._natural(q.dtype)
     kind, key, meta, sizes, grid, ints, factor, tunes = fsdpa._fwd_plan(
         q5.shape, k5.shape, v5.shape, q.dtype, None, causal, natural,
-        fsdpa.KERNEL_OPTIONS["fold"], False, fsdpa.KERNEL_OPTIONS["lazy"])
+        fsdpa.KERNEL_OPTIONS["fold"])
     out = torch.empty_like(q5)
     lse = torch.empty(fsdpa._lse_state_shape(q5.shape, q.dtype), dtype=torch.float32,
                       device=q.device)
@@ -114,7 +112,7 @@ def fwdbwd_rows(q, k, v, causal, variants, fwd_flops):
         rows.append({"phase": "fwdbwd", "D": q.shape[-1], "causal": causal, "L": q.shape[-2],
                      "variant": variant, "queued": tq, "synced": ts, "cudnn_queued": cq,
                      "cudnn_synced": cs, "x_cudnn_queued": tq / cq, "x_cudnn_synced": ts / cs})
-    fsdpa.set_kernel_options(fold=True, lazy=False)
+    fsdpa.set_kernel_options(fold=True)
     return rows
 
 
@@ -171,7 +169,7 @@ def main(argv=None):
         if a.fwdbwd:
             rows.extend(fwdbwd_rows(q, k, v, causal, variants, fl))
         write_json(a.out, rows)
-    fsdpa.set_kernel_options(fold=True, lazy=False)
+    fsdpa.set_kernel_options(fold=True)
 
 
 if __name__ == "__main__":

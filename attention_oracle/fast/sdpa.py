@@ -193,27 +193,24 @@ def _mask_dtype(mask):
     return torch.uint8 if mask.dtype == torch.bool else mask.dtype
 
 
-KERNEL_OPTIONS = {"fold": True, "f64_products": False, "lazy": False}
+KERNEL_OPTIONS = {"fold": True}
 
 
-def set_kernel_options(*, fold=None, f64_products=None, lazy=None):
+def set_kernel_options(*, fold=None):
     """Kernel variants for later calls (benchmarks compare them): ``fold`` forms the exponent of
     each score with no mask to apply as one FMA, ``exp2(qk * c - m)``, in the 16-bit kernels
     (the forward also with fp32 "plain"; the backward's P as ``exp2(qk * c - (m + log l))``,
-    as flash attention's backward does with its lse); ``f64_products``: the fp32 "accurate"
-    path forms P.V, P^T.dO, dS^T.Q and dS.K per block as fp64 dots (exact products) instead of
-    fp32 ones; ``lazy``: the forward rescales its accumulator only when a row max grew by more
-    than 2**8. None leaves an option as it is; returns the previous options."""
+    as flash attention's backward does with its lse). None leaves an option as it is; returns
+    the previous options."""
     previous = dict(KERNEL_OPTIONS)
-    for name, value in (("fold", fold), ("f64_products", f64_products), ("lazy", lazy)):
+    for name, value in (("fold", fold),):
         if value is not None:
             KERNEL_OPTIONS[name] = bool(value)
     return previous
 
 
 @functools.lru_cache(maxsize=1024)
-def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural, fold, f64,
-              lazy=False):
+def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural, fold):
     """What a forward launch derives from shapes and flags alone (cached; shapes are rank 5):
     (mask kind, CachedLauncher key, constexprs, sizes, grid spec, int scalars, q.k factor)."""
     Z1, Z2, HQ, L, E = q_shape
@@ -221,11 +218,10 @@ def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural, 
     kind = MASK_NONE if mask_dtype is None else MASK_BOOL if mask_dtype == torch.uint8 else MASK_ADD
     tune_l, tune_s, block_e, block_ev = tune_bucket(L), tune_bucket(S), _block(E), _block(EV)
     meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(dtype), NATURAL=natural,
-                CHUNK_E=chunk_of(block_e), BLOCK_E=block_e, BLOCK_EV=block_ev, FOLD=fold,
-                F64=f64, LAZY=fold and lazy)
+                CHUNK_E=chunk_of(block_e), BLOCK_E=block_e, BLOCK_EV=block_ev, FOLD=fold)
     # meta is a function of the key (the launcher's memo relies on it)
     key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype, natural,
-           fold, f64, lazy)
+           fold)
     ints = (Z2, HQ, HQ // HKV, L, S, E, EV)
     factor = 1.0 if natural or kind == MASK_ADD else LOG2E  # _qk_scale
     return kind, key, meta, (L, S, E, EV), ("BLOCK_M", L, Z1 * Z2 * HQ), ints, factor, (tune_l, tune_s)
@@ -245,8 +241,7 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
     natural = _natural(q.dtype)
     kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
         q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), is_causal, natural,
-        KERNEL_OPTIONS["fold"] and scale > 0, natural and KERNEL_OPTIONS["f64_products"],
-        KERNEL_OPTIONS["lazy"])
+        KERNEL_OPTIONS["fold"] and scale > 0)
     mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
     args = (q, k, v, mask_arg, out, lse_k,
             *q.stride(), *k.stride(), *v.stride(), *_strides5(mask), *out.stride(),
@@ -257,7 +252,7 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
 
 @functools.lru_cache(maxsize=1024)
 def _bwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, dout_dtype, is_causal, natural,
-              interpreted, fold, f64):
+              interpreted, fold):
     """The backward's analogue of :func:`_fwd_plan`: (key, constexprs, sizes, dK/dV grid spec,
     dQ grid spec, int scalars, q.k factor, Delta block, Delta grid)."""
     Z1, Z2, HQ, L, E = q_shape
@@ -267,10 +262,10 @@ def _bwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, dout_dtype, is_causa
     pre_block = 64 if interpreted else max(16, min(128, 8192 // block_ev))
     meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(dtype), NATURAL=natural,
                 CHUNK_E=chunk_of(block_e), CHUNK_EV=chunk_of(block_ev), BLOCK_E=block_e,
-                BLOCK_EV=block_ev, FOLD=fold, F64=f64)
+                BLOCK_EV=block_ev, FOLD=fold)
     tune_l, tune_s = tune_bucket(L), tune_bucket(S)
     key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype,
-           dout_dtype, natural, fold, f64)
+           dout_dtype, natural, fold)
     ints = (Z2, HQ, HQ // HKV, L, S, E, EV)
     factor = 1.0 if natural or kind == MASK_ADD else LOG2E
     return (kind, key, meta, (L, S, E, EV), ("BLOCK_N", S, Z1 * Z2 * HKV),
@@ -293,8 +288,7 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     (kind, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
      pre_grid) = _bwd_plan(q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), dout.dtype,
                            is_causal, _natural(q.dtype), interpreting(),
-                           KERNEL_OPTIONS["fold"] and scale > 0 and q.dtype != torch.float32,
-                           _natural(q.dtype) and KERNEL_OPTIONS["f64_products"])
+                           KERNEL_OPTIONS["fold"] and scale > 0 and q.dtype != torch.float32)
     mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
     dout_strides = dout.stride()
     _PRE(pre_grid, (out, dout, delta, *out.stride(), *dout_strides, Z2, HQ, L, sizes[3]),
@@ -436,15 +430,13 @@ class _CallPlan:
         operands = (*q5.stride(), *k5.stride(), *v5.stride(), 0, 0, 0, 0, 0)
         kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
             q5.shape, k5.shape, v5.shape, dtype, None, is_causal, natural,
-            KERNEL_OPTIONS["fold"] and scale > 0, natural and KERNEL_OPTIONS["f64_products"],
-            KERNEL_OPTIONS["lazy"])
+            KERNEL_OPTIONS["fold"] and scale > 0)
         self.fwd = (key, grid, sizes, meta)
         self.fwd_tail = (*operands, *self.out5, lse_stride, *ints, scale * factor, *tunes)
         (_, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
          pre_grid) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
                                natural, interpreting(),
-                               KERNEL_OPTIONS["fold"] and scale > 0 and dtype != torch.float32,
-                               natural and KERNEL_OPTIONS["f64_products"])
+                               KERNEL_OPTIONS["fold"] and scale > 0 and dtype != torch.float32)
         self.bwd = (key, key + (HQ // k5.shape[2],), grid_kv, grid_q, sizes, meta, pre_grid,
                     {"BLOCK_M": pre_block, "BLOCK_EV": meta["BLOCK_EV"]})
         self.bwd_common = operands

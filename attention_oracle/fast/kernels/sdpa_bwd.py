@@ -22,7 +22,7 @@ from .sdpa_common import (
     apply_attn_mask,
     autotune_enabled,
     batch_offset,
-    block_dot,
+    dot_f64,
     dot_nt_f64,
     load_row_stats,
     load_tile,
@@ -84,12 +84,12 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, s
                      CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
                      BLOCK_EV: tl.constexpr, CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
-                     PREC: tl.constexpr, NATURAL: tl.constexpr, FOLD: tl.constexpr,
-                     F64: tl.constexpr):
+                     PREC: tl.constexpr, NATURAL: tl.constexpr, FOLD: tl.constexpr):
     """Accumulate dK (unscaled) and dV of one key block over query blocks [lo, hi).
 
     fp32 (NATURAL): scores and dP from chunked dots (k, v re-read), P in fp64 from the saved
-    m and log l = hi + lo, and each query block's dot added to dK/dV, not chained. FOLD (16-bit,
+    m and log l = hi + lo, and each query block's product added to dK/dV as an fp64 dot
+    rounded once (``dot_f64``), not chained. FOLD (16-bit,
     no mask to apply): P = exp2(qk * qk_scale - (m + log l)), one FMA per score."""
     FOLDED: tl.constexpr = FOLD and MASK_KIND == 0 and not NATURAL
     offs_e = tl.arange(0, BLOCK_E)
@@ -126,12 +126,12 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, s
         else:
             delta = tl.load(delta_ptr + offs_m)
         if NATURAL:
-            dv = dv + block_dot(pT, do, F64, PREC)
+            dv = dv + dot_f64(pT, do)
             dpT = dot_nt_f64(v_base, offs_n, s_vn, s_ve, S, do_base, offs_m, s_dm, s_de, L, EV,
                                  CHECK_N, CHECK_M, CHECK_EV, BLOCK_N, BLOCK_M,
                              BLOCK_EV, CHUNK_EV)
             dsT = pT * (dpT - delta[None, :]).to(tl.float32)  # dP - Delta rounded once
-            dk = dk + block_dot(dsT, q, F64, PREC)
+            dk = dk + dot_f64(dsT, q)
         else:
             dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PREC)
             dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
@@ -161,8 +161,7 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV,
                          BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
-                         CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr, FOLD: tl.constexpr,
-                         F64: tl.constexpr):
+                         CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr, FOLD: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_bkv = tl.program_id(1)  # over [Z1, Z2, HKV]
     HKV = HQ // GROUP
@@ -196,14 +195,14 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV,
                                       qk_scale,
                                       MASK_KIND, True, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
-                                      NATURAL, FOLD, F64)
+                                      NATURAL, FOLD)
             dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
                                       stats_row, s_stat, delta_ptr, offs_n, diag_hi, L, L, S, E, EV,
                                       s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
                                       qk_scale,
                                       MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
-                                      NATURAL, FOLD, F64)
+                                      NATURAL, FOLD)
         else:
             dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
                                       stats_row, s_stat, delta_ptr, offs_n, 0, L, L, S, E, EV,
@@ -211,7 +210,7 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV,
                                       qk_scale,
                                       MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
-                                      NATURAL, FOLD, F64)
+                                      NATURAL, FOLD)
 
     dk = dk * scale
     gk_base = DK + batch_offset(pid_bkv, HKV, 1, Z2, s_gkz1, s_gkz2, s_gkh, False)
@@ -237,8 +236,7 @@ def _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, 
                  CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
                  BLOCK_EV: tl.constexpr, CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
-                 PREC: tl.constexpr, NATURAL: tl.constexpr, FOLD: tl.constexpr,
-                 F64: tl.constexpr):
+                 PREC: tl.constexpr, NATURAL: tl.constexpr, FOLD: tl.constexpr):
     """Accumulate dQ (unscaled) of one query block over key blocks [lo, hi).
 
     Keys past S load as k = v = 0 and get P = 0. fp32 and FOLD as in ``_dkdv_query_loop``."""
@@ -276,7 +274,7 @@ def _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, 
                                 CHECK_M, CHECK_N, CHECK_EV, BLOCK_M, BLOCK_N,
                             BLOCK_EV, CHUNK_EV)
             ds = p * (dp - delta[:, None]).to(tl.float32)  # dP - Delta rounded once
-            dq = dq + block_dot(ds, k, F64, PREC)
+            dq = dq + dot_f64(ds, k)
         else:
             dp = tl.dot(do, tl.trans(v), input_precision=PREC)
             ds = p * (dp - delta[:, None])
@@ -304,8 +302,7 @@ def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, Stats, Delta, DQ,
                        BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
-                       CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr, FOLD: tl.constexpr,
-                       F64: tl.constexpr):
+                       CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr, FOLD: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -333,19 +330,19 @@ def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, Stats, Delta, DQ,
                           offs_m, 0, free_hi,
                           L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                          BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL, FOLD, F64)
+                          BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL, FOLD)
         diag_hi = tl.minimum(start_m + BLOCK_M, S)
         dq = _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, v_base, mask_base,
                           offs_m, free_hi,
                           diag_hi, L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, True, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                          BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL, FOLD, F64)
+                          BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL, FOLD)
     else:
         dq = _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, v_base, mask_base,
                           offs_m, 0, S,
                           L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
-                          BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL, FOLD, F64)
+                          BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL, FOLD)
     dq = dq * scale
     gq_base = DQ + batch_offset(pid_bh, HQ, GROUP, Z2, s_gqz1, s_gqz2, s_gqh, False)
     gq_ptrs = gq_base + offs_m[:, None] * s_gqm + offs_e[None, :] * s_gqe

@@ -15,7 +15,7 @@ from .sdpa_common import (
     apply_attn_mask,
     autotune_enabled,
     batch_offset,
-    block_dot,
+    dot_f64,
     dot_nt_f64,
     load_tile,
     log64,
@@ -50,21 +50,18 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
                    CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
                    BLOCK_EV: tl.constexpr, CHUNK_E: tl.constexpr, PREC: tl.constexpr,
-                   NATURAL: tl.constexpr, FOLD: tl.constexpr, F64: tl.constexpr,
-                   LAZY: tl.constexpr):
+                   NATURAL: tl.constexpr, FOLD: tl.constexpr):
     """Online-softmax accumulation over key blocks [lo, hi). DIAG applies the causal mask.
 
     ``qk_scale`` is ``scale`` (fp32, or an additive mask) or ``scale * log2(e)``; the scores,
     row max ``m_i`` and exponentials are in the matching units. fp32 forms the scores from
     CHUNK_E-wide partial dots (q re-read per key block) and adds each block's P.V to the
-    rescaled accumulator instead of chaining it into one FMA sequence over every key (as an
-    fp64 dot when F64: :func:`~attention_oracle.fast.kernels.sdpa_common.block_dot`).
+    rescaled accumulator as an fp64 dot (exact products) rounded once, instead of chaining it
+    into one fp32 FMA sequence over every key.
 
     FOLD (log2 units, ``qk_scale > 0``): a tile with nothing to mask takes its row max from the
     raw dots and forms ``exp2(qk * qk_scale - m)`` as one FMA per score, not a product then a
-    difference (m is the same: rounding is monotone). LAZY (with FOLD): such tiles rescale the
-    accumulator only when a row max grew by more than 8 (log2 units); the row statistics keep
-    the reference max actually used, so P = exp2(s - m - log l) stays exact."""
+    difference (m is the same: rounding is monotone)."""
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     FOLDED: tl.constexpr = FOLD and MASK_KIND == 0 and not DIAG and not CHECK_N and not NATURAL
@@ -81,44 +78,31 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
             s2 = tl.dot(q, tl.trans(k), input_precision=PREC)
             if not FOLDED:
                 s2 = s2 * qk_scale
-        if FOLDED and LAZY:
-            # rescale only when some row's max grew by more than 2**8: P <= 256 otherwise
-            m_new = tl.maximum(m_i, tl.max(s2, 1) * qk_scale)
-            if tl.max(m_new - m_i, 0) > 8.0:
-                alpha = tl.math.exp2(m_i - m_new)
-                acc = acc * alpha[:, None]
-                l_i = l_i * alpha
-                m_i = m_new
-            p = tl.math.exp2(s2 * qk_scale - m_i[:, None])
-            l_i = l_i + tl.sum(p, 1)
-            v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
+        if FOLDED:
+            m_new = tl.maximum(m_i, tl.max(s2, 1) * qk_scale)  # finite: nothing masked here
+            p = tl.math.exp2(s2 * qk_scale - m_new[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
         else:
-            if FOLDED:
-                m_new = tl.maximum(m_i, tl.max(s2, 1) * qk_scale)  # finite: nothing masked here
-                p = tl.math.exp2(s2 * qk_scale - m_new[:, None])
-                alpha = tl.math.exp2(m_i - m_new)
-            else:
-                if MASK_KIND != 0:
-                    s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S,
-                                         MASK_KIND, False)
-                if DIAG:
-                    s2 = tl.where(offs_m[:, None] >= offs_n[None, :], s2, float("-inf"))
-                if CHECK_N:
-                    s2 = tl.where(offs_n[None, :] < S, s2, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s2, 1))
-                # a row that has seen only -inf so far keeps m = -inf; shift by 0 (no inf - inf)
-                m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-                p = softmax_exp(s2, m_shift[:, None], NATURAL, MASK_KIND)
-                alpha = softmax_exp(m_i, m_shift, NATURAL, MASK_KIND)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
-            acc = acc * alpha[:, None]
-            if NATURAL:
-                acc = acc + block_dot(p, v, F64, PREC)
-            else:
-                acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
-            m_i = m_new
+            if MASK_KIND != 0:
+                s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S,
+                                     MASK_KIND, False)
+            if DIAG:
+                s2 = tl.where(offs_m[:, None] >= offs_n[None, :], s2, float("-inf"))
+            if CHECK_N:
+                s2 = tl.where(offs_n[None, :] < S, s2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s2, 1))
+            # a row that has seen only -inf so far keeps m = -inf; shift by 0 (no inf - inf)
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = softmax_exp(s2, m_shift[:, None], NATURAL, MASK_KIND)
+            alpha = softmax_exp(m_i, m_shift, NATURAL, MASK_KIND)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
+        acc = acc * alpha[:, None]
+        if NATURAL:
+            acc = acc + dot_f64(p, v)
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
+        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -141,7 +125,7 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
                     CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
-                    FOLD: tl.constexpr, F64: tl.constexpr, LAZY: tl.constexpr):
+                    FOLD: tl.constexpr):
     pid_m = tl.program_id(0)
     if CAUSAL:  # heaviest query blocks first: better tail balance
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -172,21 +156,21 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
                                        0, free_hi, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn, s_ve,
                                        s_mm, s_mn, qk_scale, MASK_KIND, False, CHECK_M, CHECK_N,
                                        CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
-                                       NATURAL, FOLD, F64, LAZY)
+                                       NATURAL, FOLD)
         diag_hi = tl.minimum(start_m + BLOCK_M, S)
         acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
                                        offs_m,
                                        free_hi, diag_hi, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn,
                                        s_ve, s_mm, s_mn, qk_scale, MASK_KIND, True, CHECK_M, CHECK_N,
                                        CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
-                                       NATURAL, FOLD, F64, LAZY)
+                                       NATURAL, FOLD)
     else:
         acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
                                        offs_m,
                                        0, S, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn, s_ve,
                                        s_mm, s_mn, qk_scale, MASK_KIND, False, CHECK_M, CHECK_N,
                                        CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
-                                       NATURAL, FOLD, F64, LAZY)
+                                       NATURAL, FOLD)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
