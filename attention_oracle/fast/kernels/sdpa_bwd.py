@@ -22,7 +22,7 @@ from .sdpa_common import (
     apply_attn_mask,
     autotune_enabled,
     batch_offset,
-    dot_f64,
+    block_dot,
     dot_nt_f64,
     load_row_stats,
     load_tile,
@@ -89,7 +89,7 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, s
 
     fp32 (NATURAL): scores and dP from chunked dots (k, v re-read), P in fp64 from the saved
     m and log l = hi + lo, and each query block's product added to dK/dV as an fp64 dot
-    rounded once (``dot_f64``), not chained. FOLD (16-bit,
+    rounded once (``block_dot``), not chained. FOLD (16-bit,
     no mask to apply): P = exp2(qk * qk_scale - (m + log l)), one FMA per score."""
     FOLDED: tl.constexpr = FOLD and MASK_KIND == 0 and not NATURAL
     offs_e = tl.arange(0, BLOCK_E)
@@ -126,12 +126,12 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, s
         else:
             delta = tl.load(delta_ptr + offs_m)
         if NATURAL:
-            dv = dv + dot_f64(pT, do)
+            dv = dv + block_dot(pT, do, MASK_KIND != 1, PREC)
             dpT = dot_nt_f64(v_base, offs_n, s_vn, s_ve, S, do_base, offs_m, s_dm, s_de, L, EV,
                                  CHECK_N, CHECK_M, CHECK_EV, BLOCK_N, BLOCK_M,
                              BLOCK_EV, CHUNK_EV)
             dsT = pT * (dpT - delta[None, :]).to(tl.float32)  # dP - Delta rounded once
-            dk = dk + dot_f64(dsT, q)
+            dk = dk + block_dot(dsT, q, MASK_KIND != 1, PREC)
         else:
             dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PREC)
             dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
@@ -274,7 +274,7 @@ def _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, 
                                 CHECK_M, CHECK_N, CHECK_EV, BLOCK_M, BLOCK_N,
                             BLOCK_EV, CHUNK_EV)
             ds = p * (dp - delta[:, None]).to(tl.float32)  # dP - Delta rounded once
-            dq = dq + dot_f64(ds, k)
+            dq = dq + block_dot(ds, k, MASK_KIND != 1, PREC)
         else:
             dp = tl.dot(do, tl.trans(v), input_precision=PREC)
             ds = p * (dp - delta[:, None])

@@ -208,13 +208,19 @@ def dot_nt_f64(a_base, offs_a, s_ar, s_ac, n_a, b_base, offs_b, s_br, s_bc, n_b,
 
 
 @triton.jit
-def dot_f64(a, b):
-    """``a @ b`` of fp32 tiles as one fp64 dot rounded once to fp32, for the fp32 path's block
-    products (P.V, P^T.dO, dS^T.Q, dS.K) that the caller adds to its fp32 accumulator: products
-    of fp32 values are exact in fp64, and the H200 runs fp64 dots on tensor cores, about 1.7x
-    (4x causal) faster end to end than fp32 FMA dots there (NOTES.md, session 6)."""
-    return tl.dot(a.to(tl.float64), b.to(tl.float64), input_precision="ieee",
-                  out_dtype=tl.float64).to(tl.float32)
+def block_dot(a, b, F64: tl.constexpr, PREC: tl.constexpr):
+    """``a @ b`` of one block of the fp32 backward (P^T.dO, dS^T.Q, dS.K), for the caller to add
+    to its fp32 accumulator: as one fp64 dot rounded once to fp32 when F64 (products of fp32
+    values are exact in fp64; the H200 runs fp64 dots on tensor cores, about 1.7x (4x causal)
+    faster end to end than fp32 FMA dots: NOTES.md, session 6), else an fp32 dot of precision
+    PREC. The kernels pass F64 = False with a boolean mask: Triton 3.6 failed to compile an
+    fp64 dot of a boolean-masked P in the forward ("fp64 don't support largeK MMA"), and the
+    forward's P.V keeps its fp32 dot for that reason (as fp64 it was no faster)."""
+    if F64:
+        return tl.dot(a.to(tl.float64), b.to(tl.float64), input_precision="ieee",
+                      out_dtype=tl.float64).to(tl.float32)
+    else:
+        return tl.dot(a, b, input_precision=PREC)
 
 
 FP32_CHUNK = 32

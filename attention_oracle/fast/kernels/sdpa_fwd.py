@@ -15,7 +15,6 @@ from .sdpa_common import (
     apply_attn_mask,
     autotune_enabled,
     batch_offset,
-    dot_f64,
     dot_nt_f64,
     load_tile,
     log64,
@@ -56,8 +55,7 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
     ``qk_scale`` is ``scale`` (fp32, or an additive mask) or ``scale * log2(e)``; the scores,
     row max ``m_i`` and exponentials are in the matching units. fp32 forms the scores from
     CHUNK_E-wide partial dots (q re-read per key block) and adds each block's P.V to the
-    rescaled accumulator as an fp64 dot (exact products) rounded once, instead of chaining it
-    into one fp32 FMA sequence over every key.
+    rescaled accumulator instead of chaining it into one FMA sequence over every key.
 
     FOLD (log2 units, ``qk_scale > 0``): a tile with nothing to mask takes its row max from the
     raw dots and forms ``exp2(qk * qk_scale - m)`` as one FMA per score, not a product then a
@@ -99,7 +97,7 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
         v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
         acc = acc * alpha[:, None]
         if NATURAL:
-            acc = acc + dot_f64(p, v)
+            acc = acc + tl.dot(p, v, input_precision=PREC)
         else:
             acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
         m_i = m_new
