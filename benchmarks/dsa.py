@@ -449,14 +449,13 @@ def backward_memory(p):
 
 FP32_OLD = C(16, 16, 32, 64, 4, 1)  # before acc64: fp64 score dots, fp32 FMA P.V, dq and dkv
 # offline sm_90a spills (python -m attention_oracle.fast.kernels.dsa_probe fwd32|bwd32 ...):
-# forward at most 108 B, backward 0-756 B except the one-tile backward (2168 B). One-tile
-# forwards take one stage (their slot loop prefetches by hand: dsa_fwd._fp64_tile_loop)
-FP32_FWD_CANDIDATES = [C(16, 16, 512, 512, 8, 1, acc64=True), C(16, 32, 512, 512, 8, 1, acc64=True),
-                       C(16, 16, 512, 512, 8, 2, acc64=True), C(32, 16, 64, 512, 8, 2, acc64=True),
-                       C(64, 16, 64, 256, 8, 2, acc64=True), C(32, 16, 64, 512, 8, 2)]
-FP32_BWD_CANDIDATES = [C(32, 16, 64, 128, 8, 1, acc64=True), C(32, 16, 64, 128, 8, 2, acc64=True),
-                       C(64, 16, 64, 128, 8, 1, acc64=True), C(32, 16, 64, 256, 8, 1, acc64=True),
-                       C(16, 16, 512, 512, 8, 1, acc64=True), C(32, 16, 64, 128, 8, 1)]
+# forward at most 92 B, backward at most 756 B; the last of each list is without acc64 (fp32
+# FMA products after the fp64 scores)
+FP32_FWD_CANDIDATES = [C(64, 16, 64, 256, 8, 2, acc64=True), C(32, 16, 64, 512, 8, 2, acc64=True),
+                       C(32, 16, 64, 512, 8, 2)]
+FP32_BWD_CANDIDATES = [C(32, 16, 64, 256, 8, 1, acc64=True), C(32, 16, 64, 128, 8, 2, acc64=True),
+                       C(32, 16, 64, 128, 8, 1, acc64=True), C(64, 16, 64, 128, 8, 1, acc64=True),
+                       C(32, 16, 64, 128, 8, 1)]
 FP32_CHECK_TOKENS = (2000, 2032)  # rows with ~2000 valid slots in doc_4096
 
 

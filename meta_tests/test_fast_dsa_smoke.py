@@ -362,12 +362,13 @@ def test_split_scores_and_halves_agree(dtype):
         fdsa.set_configs()
 
 
-@pytest.mark.parametrize("split", ["one_tile", "chunked"])
+@pytest.mark.parametrize("split", ["one_piece", "chunked"])
 def test_fp32_acc64_agrees(split):
     """The fp32 path with ``acc64`` (every product of the slot loop an fp64 dot, fp64
-    accumulators for out, dq and dkv): one value tile, and value / latent chunks smaller than
-    the latent (several programs per token, several fp64 score pieces)."""
-    cfg = (fdsa.KernelConfig(16, 16, 64, 64, 4, 1, acc64=True) if split == "one_tile"
+    accumulators for out, dq and dkv): the latent as one fp64 score piece and one value tile,
+    and pieces / value chunks narrower than the latent (several programs per token, as the
+    GPU's configs)."""
+    cfg = (fdsa.KernelConfig(16, 16, 64, 64, 4, 1, acc64=True) if split == "one_piece"
            else fdsa.KernelConfig(16, 16, 16, 16, 4, 1, acc64=True))
     fdsa.set_configs(forward=cfg, backward=cfg)
     try:

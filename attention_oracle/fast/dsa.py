@@ -69,13 +69,16 @@ def _two_chunks(cfg, dl):
     return chunk < dl <= 2 * chunk
 
 
-# fp32 on the GPU (both kinds): fp64 tensor-core dots (acc64); the last entry is the small
-# config that ran before them, for a GPU that refuses the others
+# fp32 on the GPU (both kinds), fastest first (H200, Triton 3.6, H 64, 512 + 64 / 512, top-k
+# 2048, doc_4096, synced TFLOP/s; NOTES.md "fast DSA fp32 on the H200"): forward 14.2 / 14.0,
+# backward 7.5 / 6.0; the last entry is the config fp32 ran before (2.5 / 2.3), for a GPU that
+# refuses the others
 FP32_CONFIGS = {
-    "forward": (KernelConfig(16, 16, 512, 512, 8, 1, acc64=True),
+    "forward": (KernelConfig(64, 16, 64, 256, 8, 2, acc64=True),
                 KernelConfig(32, 16, 64, 512, 8, 2, acc64=True),
                 KernelConfig(16, 16, 32, 64, 4, 1)),
-    "backward": (KernelConfig(32, 16, 64, 128, 8, 1, acc64=True),
+    "backward": (KernelConfig(32, 16, 64, 256, 8, 1, acc64=True),
+                 KernelConfig(32, 16, 64, 128, 8, 2, acc64=True),
                  KernelConfig(16, 16, 32, 64, 4, 1)),
 }
 
@@ -88,12 +91,14 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False):
     interpreter takes small tiles. ONE_TILE configs (whole latent in one tile) come first
     for dl <= 512; the chunked ones work for any width.
 
-    fp32 inputs (both kinds) on the GPU take one spill-free config, (16 heads, BLOCK_K 16,
-    32 / 64 latent). With the fp64 score dots and the per-block dot sums of the fp32 path, the
-    16-bit configs spill heavily (offline sm_90a, backward 64 heads one tile: 1104 B stack
-    frame; Dl 512: 13 KB) and the 64-head one-tile backward gave an illegal address on the
-    H200 for H = 128, Dl = 64 (NOTES.md), as it had in 16-bit before. fp32 is the
-    accuracy path: it has no speed target.
+    fp32 inputs (both kinds) take ``FP32_CONFIGS`` on the GPU: ``acc64`` configs (every
+    product an fp64 dot on the fp64 tensor cores) with the latent in 64-wide fp64 score pieces
+    and 256 / 512-wide value or latent chunks, 16 slots per block. The 16-bit one-tile configs
+    do not suit fp32 (offline sm_90a: backward 64 heads one tile 13 KB of spills at Dl 512; a
+    64-head one-tile backward gave an illegal address on the H200 for H = 128, Dl = 64), nor
+    did fp32 one-tile acc64 tiles (H200, Triton 3.6: forward 16 heads 9.6 vs 14.2 TFLOP/s,
+    backward refused for shared memory). On the CPU fp32 takes acc64 too, so the
+    interpreter checks the GPU's arithmetic.
     """
     block_h = min(64, _pow2(h))
     latent = _pow2(dl)

@@ -13,6 +13,9 @@ here (dout is read in place through its strides, never copied). Then
   inputs; a duplicate slot adds twice, an invalid slot adds nothing),
 - with RoPE, chunk 0 also owns dq_rope and dk_rope.
 
+fp32 with ACC64 (``fast.dsa.KernelConfig.acc64``): P and dS stay fp64 and every product above
+is an fp64 dot (the fp64 tensor cores); dq is summed in fp64 and rounded once at the store.
+
 ONE_TILE: the chunk is the whole latent width, so one gathered tile serves scores, dP,
 dq and dkv (the production path). Otherwise scores and dP are accumulated over BLOCK_D
 chunks and the owned chunk is gathered again.
@@ -131,26 +134,17 @@ def dsa_bwd_kernel(
             # fp32 (dsa_common, "reduction order"): score and dP from fp64-accumulated dots,
             # the score rounded once as in the forward, P = exp(s - lse) in fp64,
             # dS = P (dP - Delta) scale in fp64 rounded once; per-block dS.K added to dq
-            if ONE_TILE and ACC64:  # the gathered tile is the whole latent; q, dO resident fp64
-                kc = kc.to(tl.float64)
-                s64 = tl.dot(q, tl.trans(kc), input_precision="ieee", out_dtype=tl.float64)
-                dp64 = tl.dot(do, tl.trans(kc), input_precision="ieee", out_dtype=tl.float64)
-                if HAS_ROPE:
-                    kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
-                    s64 = tl.dot(qr, tl.trans(kr.to(tl.float64)), s64, input_precision="ieee",
-                                 out_dtype=tl.float64)
-            else:
-                s64 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64)
-                s64 = dot_gather_f64(s64, q_ptr, q_off, offs_h, stride_qh, stride_qd, H, kv_ptr,
-                                     rows, stride_kvs, stride_kvd, valid, DL, BLOCK_D)
-                dp64 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64)
-                dp64 = dot_gather_f64(dp64, do_ptr, do_off, offs_h, stride_doh, stride_dod, H,
-                                      kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, BLOCK_D)
-                if HAS_ROPE:
-                    kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
-                    s64 = dot_gather_f64(s64, qr_ptr, t * stride_qrt, offs_h, stride_qrh,
-                                         stride_qrd, H, kr_ptr, rows, stride_krs, stride_krd,
-                                         valid, DR, FP32_CHUNK)
+            s64 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64)
+            s64 = dot_gather_f64(s64, q_ptr, q_off, offs_h, stride_qh, stride_qd, H, kv_ptr, rows,
+                                 stride_kvs, stride_kvd, valid, DL, BLOCK_D)
+            dp64 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64)
+            dp64 = dot_gather_f64(dp64, do_ptr, do_off, offs_h, stride_doh, stride_dod, H, kv_ptr,
+                                  rows, stride_kvs, stride_kvd, valid, DL, BLOCK_D)
+            if HAS_ROPE:
+                kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
+                s64 = dot_gather_f64(s64, qr_ptr, t * stride_qrt, offs_h, stride_qrh, stride_qrd,
+                                     H, kr_ptr, rows, stride_krs, stride_krd, valid, DR,
+                                     FP32_CHUNK)
             s = tl.where(valid[None, :], (s64 * scale).to(tl.float32), float("-inf"))
             p64 = exp_accurate(s.to(tl.float64) - lse_sub.to(tl.float64)[:, None])
             if ACC64:  # P and dS stay fp64; the fp64 chain through dq is far below fp32 rounding

@@ -54,7 +54,9 @@ def load_heads(base_ptr, row_offset, offs_h, stride_h, h_lim, offs_d, stride_d, 
 # over the reduction dimension, and tl.dot(a, b, acc) extends that chain through acc across
 # blocks (576 terms for a score, thousands of slots for out / dq). The fp32 kernels therefore
 # take scores and dP from fp64-accumulated dots rounded once (products of fp32 values are exact
-# in fp64), and add each slot block's P.V / dS.K product to the fp32 accumulator as its own dot.
+# in fp64), and add each slot block's P.V / dS.K product to the fp32 accumulator as its own dot;
+# with ACC64 (fast.dsa.KernelConfig.acc64) those products are fp64 dots into fp64 accumulators
+# instead (an fp64 chain's rounding is far below fp32's).
 FP32_CHUNK = tl.constexpr(32)  # width of the fp64 operand pieces (shared memory: 2 x 64 x 32 x 8 B = 32 KB)
 
 

@@ -9,7 +9,8 @@ chunks of the latent width and the value chunk is gathered separately (any head 
 Online softmax on fp32 scores: in natural units with an accurate exponential for fp32
 inputs, in base 2 (scale folded with log2e, tl.exp2) for 16-bit inputs (dsa_common, "Score
 units"); out = acc / l, lse = ln(sum exp) (natural log), an empty row gives out 0 and
-lse -inf. The slot loop stops at the row's slot count, so rows compacted with ``topk_length``
+lse -inf. fp32 with ACC64 (``fast.dsa.KernelConfig.acc64``): P.V is an fp64 dot of the fp64 P
+and the gathered rows, chained through an fp64 accumulator (the fp64 tensor cores). The slot loop stops at the row's slot count, so rows compacted with ``topk_length``
 skip their tail of holes.
 """
 import triton
@@ -43,50 +44,6 @@ def _chunked_scores(q_ptr, q_off, offs_h, stride_qh, stride_qd, H, kv_ptr, rows,
         kc = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_d, DL, valid)
         s = tl.dot(qc, tl.trans(kc), s, input_precision=PRECISION)
     return s
-
-
-@triton.jit
-def _fp64_tile_loop(q, qr, kv_ptr, kr_ptr, idx_ptr, row_offset, stride_ik, n_slots, S, DL, DR,
-                    stride_kvs, stride_kvd, stride_krs, stride_krd, offs_v, offs_r, scale,
-                    HAS_ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-                    BLOCK_DV: tl.constexpr):
-    """fp32 one-tile slot loop (acc64): returns (acc fp64 [BLOCK_H, BLOCK_DV], l fp64, m fp32).
-
-    q [BLOCK_H, DL] and qr are the resident fp32 queries (converted once, kept in shared memory
-    as fp64). Each gathered latent tile is K for the scores and V for P.V; the next block's
-    tiles are gathered before this block's dots (Triton's pipeliner leaves the latent gather
-    synchronous, the tile having two dot-operand uses; with num_stages > 1 it moves these
-    loads after the dots, so the configs using this loop take one stage)."""
-    q64 = q.to(tl.float64)
-    m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l64 = tl.zeros([BLOCK_H], dtype=tl.float64)
-    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float64)
-    offs_k = tl.arange(0, BLOCK_K)
-    valid, rows = slot_block(idx_ptr, row_offset, stride_ik, offs_k, n_slots, S)
-    v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
-    kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid & HAS_ROPE)
-    for start in range(0, n_slots, BLOCK_K):
-        valid_next, rows_next = slot_block(idx_ptr, row_offset, stride_ik,
-                                           start + BLOCK_K + offs_k, n_slots, S)
-        v_next = gather_rows(kv_ptr, rows_next, stride_kvs, stride_kvd, offs_v, DL, valid_next)
-        kr_next = gather_rows(kr_ptr, rows_next, stride_krs, stride_krd, offs_r, DR,
-                              valid_next & HAS_ROPE)
-        v64 = v.to(tl.float64)
-        s64 = tl.dot(q64, tl.trans(v64), input_precision="ieee", out_dtype=tl.float64)
-        if HAS_ROPE:
-            s64 = tl.dot(qr.to(tl.float64), tl.trans(kr.to(tl.float64)), s64,
-                         input_precision="ieee", out_dtype=tl.float64)
-        s = tl.where(valid[None, :], (s64 * scale).to(tl.float32), float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p64 = exp_accurate(s.to(tl.float64) - m_shift.to(tl.float64)[:, None])
-        alpha64 = exp_accurate(m.to(tl.float64) - m_shift.to(tl.float64))
-        l64 = l64 * alpha64 + tl.sum(p64, axis=1)
-        acc = tl.dot(p64, v64, acc * alpha64[:, None], input_precision="ieee",
-                     out_dtype=tl.float64)
-        m = m_new
-        v, kr, valid, rows = v_next, kr_next, valid_next, rows_next
-    return acc, l64, m
 
 
 @triton.jit
@@ -125,80 +82,68 @@ def dsa_fwd_kernel(
         acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float64)
     else:
         acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
-    if NATURAL and ONE_TILE and ACC64:
-        if HAS_ROPE:
-            acc, l64, m = _fp64_tile_loop(q, qr, kv_ptr, kr_ptr, idx_ptr, t * stride_it, stride_ik,
-                                          n_slots, S, DL, DR, stride_kvs, stride_kvd, stride_krs,
-                                          stride_krd, offs_v, offs_r, scale, HAS_ROPE, BLOCK_H,
-                                          BLOCK_K, BLOCK_DV)
-        else:
-            acc, l64, m = _fp64_tile_loop(q, q, kv_ptr, kr_ptr, idx_ptr, t * stride_it, stride_ik,
-                                          n_slots, S, DL, DR, stride_kvs, stride_kvd, stride_krs,
-                                          stride_krd, offs_v, offs_r, scale, HAS_ROPE, BLOCK_H,
-                                          BLOCK_K, BLOCK_DV)
-    else:
-        for start in range(0, n_slots, BLOCK_K):
-            offs_k = start + tl.arange(0, BLOCK_K)
-            valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S)
-            if NATURAL:
-                # fp32 (dsa_common, "reduction order"): the score from an fp64-accumulated dot,
-                # rounded once; exp and l in fp64; this block's P.V added to acc as its own dot
-                s64 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64)
-                s64 = dot_gather_f64(s64, q_ptr, t * stride_qt, offs_h, stride_qh, stride_qd, H,
-                                     kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, BLOCK_D)
-                if HAS_ROPE:
-                    s64 = dot_gather_f64(s64, qr_ptr, t * stride_qrt, offs_h, stride_qrh, stride_qrd,
-                                         H, kr_ptr, rows, stride_krs, stride_krd, valid, DR,
-                                         FP32_CHUNK)
+    for start in range(0, n_slots, BLOCK_K):
+        offs_k = start + tl.arange(0, BLOCK_K)
+        valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S)
+        if NATURAL:
+            # fp32 (dsa_common, "reduction order"): the score from an fp64-accumulated dot,
+            # rounded once; exp and l in fp64; this block's P.V added to acc as its own dot
+            s64 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64)
+            s64 = dot_gather_f64(s64, q_ptr, t * stride_qt, offs_h, stride_qh, stride_qd, H,
+                                 kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, BLOCK_D)
+            if HAS_ROPE:
+                s64 = dot_gather_f64(s64, qr_ptr, t * stride_qrt, offs_h, stride_qrh, stride_qrd,
+                                     H, kr_ptr, rows, stride_krs, stride_krd, valid, DR,
+                                     FP32_CHUNK)
+            v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
+            s = tl.where(valid[None, :], (s64 * scale).to(tl.float32), float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p64 = exp_accurate(s.to(tl.float64) - m_shift.to(tl.float64)[:, None])
+            alpha64 = exp_accurate(m.to(tl.float64) - m_shift.to(tl.float64))
+            p = p64.to(tl.float32)
+            l64 = l64 * alpha64 + tl.sum(p64, axis=1)
+            if ACC64:  # fp64 sums: the chain through acc costs nothing at fp32 precision
+                acc = tl.dot(p64, v.to(tl.float64), acc * alpha64[:, None],
+                             input_precision="ieee", out_dtype=tl.float64)
+            else:
+                acc = add_block_dot(acc, alpha64.to(tl.float32)[:, None], p, v, PRECISION)
+            m = m_new
+        else:  # 16-bit inputs: base-2 scores, tl.exp2, P.V chained through acc
+            if ONE_TILE:
                 v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
-                s = tl.where(valid[None, :], (s64 * scale).to(tl.float32), float("-inf"))
-                m_new = tl.maximum(m, tl.max(s, axis=1))
-                m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-                p64 = exp_accurate(s.to(tl.float64) - m_shift.to(tl.float64)[:, None])
-                alpha64 = exp_accurate(m.to(tl.float64) - m_shift.to(tl.float64))
-                p = p64.to(tl.float32)
-                l64 = l64 * alpha64 + tl.sum(p64, axis=1)
-                if ACC64:  # fp64 sums: the chain through acc costs nothing at fp32 precision
-                    acc = tl.dot(p64, v.to(tl.float64), acc * alpha64[:, None],
-                                 input_precision="ieee", out_dtype=tl.float64)
+                s = tl.dot(q, tl.trans(v), input_precision=PRECISION)
+            else:
+                s = _chunked_scores(q_ptr, t * stride_qt, offs_h, stride_qh, stride_qd, H,
+                                    kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, BLOCK_H,
+                                    BLOCK_K, BLOCK_D, PRECISION)
+                v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
+            # SPLIT_S: the score dots unchained (dsa_common.chain_break), each warpgroup takes
+            # its own slot columns; 1: a branch after each dot, 2: both dots, then one branch
+            if SPLIT_S == 1:
+                s = chain_break(s, start < n_slots)
+            if HAS_ROPE:
+                kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
+                if SPLIT_S == 2:
+                    s_rope = tl.dot(qr, tl.trans(kr), input_precision=PRECISION)
+                    s, s_rope = chain_break2(s, s_rope, start < n_slots)
+                    s = s + s_rope
                 else:
-                    acc = add_block_dot(acc, alpha64.to(tl.float32)[:, None], p, v, PRECISION)
-                m = m_new
-            else:  # 16-bit inputs: base-2 scores, tl.exp2, P.V chained through acc
-                if ONE_TILE:
-                    v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
-                    s = tl.dot(q, tl.trans(v), input_precision=PRECISION)
-                else:
-                    s = _chunked_scores(q_ptr, t * stride_qt, offs_h, stride_qh, stride_qd, H,
-                                        kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, BLOCK_H,
-                                        BLOCK_K, BLOCK_D, PRECISION)
-                    v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
-                # SPLIT_S: the score dots unchained (dsa_common.chain_break), each warpgroup takes
-                # its own slot columns; 1: a branch after each dot, 2: both dots, then one branch
-                if SPLIT_S == 1:
-                    s = chain_break(s, start < n_slots)
-                if HAS_ROPE:
-                    kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
-                    if SPLIT_S == 2:
-                        s_rope = tl.dot(qr, tl.trans(kr), input_precision=PRECISION)
-                        s, s_rope = chain_break2(s, s_rope, start < n_slots)
-                        s = s + s_rope
-                    else:
-                        s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
-                elif SPLIT_S == 2:
-                    s = chain_break(s, start < n_slots)
-                s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
-                m_new = tl.maximum(m, tl.max(s, axis=1))
-                # a row with no valid slot yet keeps m = -inf; shift by 0 so exp gives 0, not NaN
-                m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-                p = tl.exp2(s - m_shift[:, None])
-                alpha = tl.exp2(m - m_shift)
-                l = l * alpha + tl.sum(p, axis=1)
-                if SPLIT_S:
-                    p = chain_break(p, start < n_slots)
-                    alpha = chain_break(alpha, start < n_slots)
-                acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
-                m = m_new
+                    s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
+            elif SPLIT_S == 2:
+                s = chain_break(s, start < n_slots)
+            s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            # a row with no valid slot yet keeps m = -inf; shift by 0 so exp gives 0, not NaN
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_shift[:, None])
+            alpha = tl.exp2(m - m_shift)
+            l = l * alpha + tl.sum(p, axis=1)
+            if SPLIT_S:
+                p = chain_break(p, start < n_slots)
+                alpha = chain_break(alpha, start < n_slots)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+            m = m_new
 
     if NATURAL:  # out = acc / l and lse = m + log(l) in fp64, rounded once
         nonempty = l64 > 0
