@@ -63,6 +63,9 @@ def broadcast_shapes(*shapes) -> tuple:
 def _tensor(name: str, x) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.layout != torch.strided or x.is_nested:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got "
+                        f"{'a nested tensor' if x.is_nested else f'layout {x.layout}'}")
 
 
 def floating_tensor(name: str, x) -> None:

@@ -57,6 +57,9 @@ def _grad_mask():
 SDPA_ROWS = [
     # (id, builder, error, argument)
     ("query_not_tensor", lambda: _sdpa(q=[[0.0]]), TypeError, "query"),
+    ("query_sparse", lambda: _sdpa(q=_randn(1, 2, 8, 16).to_sparse()), TypeError, "query"),
+    ("value_nested", lambda: _sdpa(v=torch.nested.nested_tensor([_randn(2, 6, 16)])), TypeError,
+     "value"),
     ("key_integer", lambda: _sdpa(k=torch.ones(1, 2, 6, 16, dtype=torch.int32, device=DEVICE)),
      TypeError, "key"),
     ("value_other_dtype", lambda: _sdpa(v=_randn(1, 2, 6, 16, dtype=torch.float16)), TypeError, "value"),

@@ -506,6 +506,10 @@ def _signature(query, key, value, dropout_p, is_causal, scale, enable_gqa):
     if not (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
             and isinstance(value, torch.Tensor)):
         return None
+    strided = torch.strided
+    if (query.layout is not strided or key.layout is not strided or value.layout is not strided
+            or query.is_nested or key.is_nested or value.is_nested):
+        return None  # validation names the argument
     return (query.shape, key.shape, value.shape, query.stride(), key.stride(), value.stride(),
             query.dtype, key.dtype, value.dtype, query.device, key.device, value.device,
             dropout_p, is_causal, scale, enable_gqa, tuple(KERNEL_OPTIONS.values()), _FP32["mode"])
