@@ -32,8 +32,8 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from attention_oracle.fast.sdpa import FP32_MODES, set_fp32_mode
 from attention_oracle.fast.sdpa import scaled_dot_product_attention as fast_sdpa
-from attention_oracle.fast.sdpa import set_fp32_mode, set_kernel_options
 
 from .timing import host_us, plot_panels, queued_ms, synced_ms, write_json
 
@@ -165,10 +165,6 @@ def bench_overhead(dtype=torch.bfloat16):
     return rows
 
 
-# fp32 variants of fast: (fp32 mode [+ tag], kernel options of fast.sdpa.set_kernel_options)
-FP32_VARIANTS = (("accurate", {}), ("plain", {}))
-
-
 def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128):
     """fp32: fast (both fp32 modes, fast.sdpa.set_fp32_mode) against torch's fp32 default,
     forward and forward+backward; fast's largest difference from torch's output per mode."""
@@ -184,9 +180,8 @@ def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128):
             fn = phase_fn(phase, torch_default, q, k, v, dout, causal)
             row[f"{phase}_torch_default_tflops"] = fl / bench_ms(fn, rep) / 1e9
             row[f"{phase}_torch_default_synced_tflops"] = fl / synced_ms(fn, synced_reps) / 1e9
-        for mode, options in FP32_VARIANTS:
-            previous = set_fp32_mode(mode.split("+")[0])
-            before = set_kernel_options(**options)
+        for mode in FP32_MODES:
+            previous = set_fp32_mode(mode)
             try:
                 with torch.no_grad():
                     row[f"max_diff_out_{mode}"] = max_diff(fast(q, k, v, causal), ref)
@@ -199,7 +194,6 @@ def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128):
                                                     / row[f"{phase}_torch_default_tflops"])
             finally:
                 set_fp32_mode(previous)
-                set_kernel_options(**before)
         rows.append(row)
     return rows
 
@@ -390,7 +384,7 @@ def main(argv=None):
                   f"{r['fwdbwd_torch_default_tflops']:.1f} TFLOP/s; " + "; ".join(
                       f"fast {m} fwd {r[f'fwd_fast_{m}_tflops']:.1f} (x{r[f'fwd_{m}_ratio']:.2f}) "
                       f"f+b {r[f'fwdbwd_fast_{m}_tflops']:.1f} (x{r[f'fwdbwd_{m}_ratio']:.2f}) "
-                      f"maxdiff {r[f'max_diff_out_{m}']:.1e}" for m, _ in FP32_VARIANTS),
+                      f"maxdiff {r[f'max_diff_out_{m}']:.1e}" for m in FP32_MODES),
                   flush=True)
         save()
     if not args.no_rank3 and left():

@@ -128,12 +128,15 @@ def _check_tile_offsets(named):
         if t is None:
             continue
         shape, stride = t.shape, t.stride()
-        if 0 in shape:
-            continue
-        span = (shape[-2] - 1) * abs(stride[-2]) + (shape[-1] - 1) * abs(stride[-1])
-        if span > _INT32_MAX:
-            raise NotImplementedError(f"{name}: one head spans {span} elements (rows x strides), "
-                                      f"beyond the kernels' int32 in-head addressing")
+        if 0 not in shape:
+            _check_span(name, shape[-2], shape[-1], stride[-2], stride[-1])
+
+
+def _check_span(name, rows, cols, s_rows, s_cols):
+    span = (rows - 1) * abs(s_rows) + (cols - 1) * abs(s_cols)
+    if span > _INT32_MAX:
+        raise NotImplementedError(f"{name}: one head spans {span} elements (rows x strides), "
+                                  f"beyond the kernels' int32 in-head addressing")
 
 
 def _block(d):
@@ -203,10 +206,15 @@ def set_kernel_options(*, fold=None):
     as flash attention's backward does with its lse). None leaves an option as it is; returns
     the previous options."""
     previous = dict(KERNEL_OPTIONS)
-    for name, value in (("fold", fold),):
-        if value is not None:
-            KERNEL_OPTIONS[name] = bool(value)
+    if fold is not None:
+        KERNEL_OPTIONS["fold"] = bool(fold)
     return previous
+
+
+def _fold(scale, dtype, backward):
+    """Whether a launch takes the fold (:func:`set_kernel_options`): the kernels' log2-unit
+    fast path needs a positive scale; the backward folds only in 16-bit."""
+    return KERNEL_OPTIONS["fold"] and scale > 0 and not (backward and dtype == torch.float32)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -241,7 +249,7 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
     natural = _natural(q.dtype)
     kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
         q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), is_causal, natural,
-        KERNEL_OPTIONS["fold"] and scale > 0)
+        _fold(scale, q.dtype, False))
     mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
     args = (q, k, v, mask_arg, out, lse_k,
             *q.stride(), *k.stride(), *v.stride(), *_strides5(mask), *out.stride(),
@@ -288,7 +296,7 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     (kind, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
      pre_grid) = _bwd_plan(q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), dout.dtype,
                            is_causal, _natural(q.dtype), interpreting(),
-                           KERNEL_OPTIONS["fold"] and scale > 0 and q.dtype != torch.float32)
+                           _fold(scale, q.dtype, True))
     mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
     dout_strides = dout.stride()
     _PRE(pre_grid, (out, dout, delta, *out.stride(), *dout_strides, Z2, HQ, L, sizes[3]),
@@ -386,7 +394,11 @@ class _EagerSdpa(torch.autograd.Function):
 def _grad_of_input(g5, shape, expanded_shape):
     """The gradient of an input of ``shape`` from that of its rank-5 view ``g5`` (contiguous)
     of the input broadcast to ``expanded_shape``: summed over the broadcast dims."""
-    g = _from_rank5(g5, expanded_shape)
+    return _summed_to(_from_rank5(g5, expanded_shape), shape, expanded_shape)
+
+
+def _summed_to(g, shape, expanded_shape):
+    """A gradient of the broadcast shape summed to its input's shape (itself when equal)."""
     return g if expanded_shape == shape else g.sum_to_size(shape)
 
 
@@ -430,13 +442,13 @@ class _CallPlan:
         operands = (*q5.stride(), *k5.stride(), *v5.stride(), 0, 0, 0, 0, 0)
         kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
             q5.shape, k5.shape, v5.shape, dtype, None, is_causal, natural,
-            KERNEL_OPTIONS["fold"] and scale > 0)
+            _fold(scale, dtype, False))
         self.fwd = (key, grid, sizes, meta)
         self.fwd_tail = (*operands, *self.out5, lse_stride, *ints, scale * factor, *tunes)
         (_, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
          pre_grid) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
                                natural, interpreting(),
-                               KERNEL_OPTIONS["fold"] and scale > 0 and dtype != torch.float32)
+                               _fold(scale, dtype, True))
         self.bwd = (key, key + (HQ // k5.shape[2],), grid_kv, grid_q, sizes, meta, pre_grid,
                     {"BLOCK_M": pre_block, "BLOCK_EV": meta["BLOCK_EV"]})
         self.bwd_common = operands
@@ -467,8 +479,7 @@ class _CallPlan:
                                  *self.bwd_common, *dst, *gk, *gv, *self.bwd_scalars), sizes, meta)
         _DQ(dkey, grid_q, (query, key, value, query, dout, lse_k, delta, dq,
                            *self.bwd_common, *dst, *gq, *self.bwd_scalars), sizes, meta)
-        return tuple(g if x == shape else g.sum_to_size(shape)
-                     for g, (shape, x) in zip((dq, dk, dv), self.grad_shapes))
+        return tuple(_summed_to(g, *shapes) for g, shapes in zip((dq, dk, dv), self.grad_shapes))
 
 
 def _contiguous_strides(shape):
@@ -488,9 +499,7 @@ def _dout_strides5(dout, rows):
         st = _to_rank5(dout, "dout").stride()
     elif r < 5:
         st = (0,) * (5 - r) + st
-    if (rows[0] - 1) * abs(st[3]) + (rows[1] - 1) * abs(st[4]) > _INT32_MAX:
-        raise NotImplementedError("dout: one head spans more elements than the kernels' int32 "
-                                  "in-head addressing reaches")
+    _check_span("dout", rows[0], rows[1], st[3], st[4])
     return st
 
 
