@@ -166,7 +166,7 @@ def bench_overhead(dtype=torch.bfloat16):
 
 
 def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128):
-    """fp32: fast (both fp32 modes, fast.sdpa.set_fp32_mode) against torch's fp32 default,
+    """fp32: fast (every fp32 mode, fast.sdpa.set_fp32_mode) against torch's fp32 default,
     forward and forward+backward; fast's largest difference from torch's output per mode."""
     (q, k, v), dout = make_inputs(B, H, L, D, seed=4, dtype=torch.float32)
     rows = []
@@ -321,7 +321,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out/bench_sdpa.json")
     ap.add_argument("--quick", action="store_true", help="L = 4096 only")
-    ap.add_argument("--lengths", default="4096,1024,2048,8192,16384")
+    ap.add_argument("--lengths", default="4096,1024,2048,8192,16384",
+                    help="bf16 sweep lengths, or 'none' to skip the sweep")
     ap.add_argument("--dims", default="128,64")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--heads", type=int, default=32)
@@ -345,7 +346,8 @@ def main(argv=None):
     t0 = time.time()
     dims = [int(x) for x in args.dims.split(",")]
     causals = [bool(int(x)) for x in args.causal.split(",")]
-    lengths = [4096] if args.quick else [int(x) for x in args.lengths.split(",")]
+    lengths = ([4096] if args.quick else [] if args.lengths == "none"
+               else [int(x) for x in args.lengths.split(",")])
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": triton.__version__, "cudnn": torch.backends.cudnn.version(),
               "dtype": "bfloat16", "heads": args.heads, "tokens": args.tokens,
@@ -376,14 +378,19 @@ def main(argv=None):
                 result["points"].append(p)
                 print_table([p])
                 save()
-    result["plot"] = plot(result["points"], os.path.splitext(args.out)[0] + ".png")
+    if result["points"]:
+        result["plot"] = plot(result["points"], os.path.splitext(args.out)[0] + ".png")
     if not args.no_fp32 and left():
         result["fp32"] = bench_fp32(args.rep, args.synced_reps)
         for r in result["fp32"]:
-            print(f"fp32 causal={r['causal']}: torch fwd {r['fwd_torch_default_tflops']:.1f} f+b "
-                  f"{r['fwdbwd_torch_default_tflops']:.1f} TFLOP/s; " + "; ".join(
-                      f"fast {m} fwd {r[f'fwd_fast_{m}_tflops']:.1f} (x{r[f'fwd_{m}_ratio']:.2f}) "
-                      f"f+b {r[f'fwdbwd_fast_{m}_tflops']:.1f} (x{r[f'fwdbwd_{m}_ratio']:.2f}) "
+            print(f"fp32 causal={r['causal']} TFLOP/s queued (synced): torch fwd "
+                  f"{r['fwd_torch_default_tflops']:.1f} ({r['fwd_torch_default_synced_tflops']:.1f})"
+                  f" f+b {r['fwdbwd_torch_default_tflops']:.1f} "
+                  f"({r['fwdbwd_torch_default_synced_tflops']:.1f}); " + "; ".join(
+                      f"fast {m} fwd {r[f'fwd_fast_{m}_tflops']:.1f} "
+                      f"({r[f'fwd_fast_{m}_synced_tflops']:.1f}, x{r[f'fwd_{m}_ratio']:.2f}) "
+                      f"f+b {r[f'fwdbwd_fast_{m}_tflops']:.1f} "
+                      f"({r[f'fwdbwd_fast_{m}_synced_tflops']:.1f}, x{r[f'fwdbwd_{m}_ratio']:.2f}) "
                       f"maxdiff {r[f'max_diff_out_{m}']:.1e}" for m in FP32_MODES),
                   flush=True)
         save()

@@ -379,7 +379,7 @@ def test_bitwise_score_check_catches_one_ulp():
 
 # ----------------------------------------------------------------------------- finfo.min rows (F11)
 
-MIN_ROW_CASES = [(d, "accurate") for d in DTYPES] + [(torch.float32, "plain")]
+MIN_ROW_CASES = [(d, "accurate") for d in DTYPES] + [(torch.float32, m) for m in ("plain", "tf32x3")]
 
 
 def finfo_min_inputs(dtype, gen, empty_row=True):
@@ -405,7 +405,7 @@ def test_finfo_min_rows(dtype, fp32_mode, gen):
     """F11 (NOTES.md): a row whose every key carries finfo(dtype).min has scores that all round
     to min (even in fp64), so m = min and m + log(l) rounds to m: a backward recomputing
     P = exp(s - lse) gets 1 per key instead of 1 / l. The kernels keep m and log l apart; out,
-    lse and every gradient agree with the oracle (16-bit and both fp32 modes: the log2-unit
+    lse and every gradient agree with the oracle (16-bit and every fp32 mode: the log2-unit
     kernels would also overflow log2(e) * min to -inf and call the row empty)."""
     import attention_oracle.fast.sdpa as fast_sdpa
     previous = fast_sdpa.set_fp32_mode(fp32_mode)

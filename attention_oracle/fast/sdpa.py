@@ -17,10 +17,12 @@ broadcast dims), never materialised. ``is_causal`` is top-left: query i sees key
 A query row with no key left gives out = 0 and zero gradients. Output ``[..., Hq, L, Ev]`` in the
 input dtype. Inputs of any strides are read in place; so is the backward's ``dout``.
 
-Precision: fp32 inputs use true fp32 dots (``input_precision="ieee"``), scores in natural units
-(``fl(q.k * scale)``, one rounding as the naive math), an accurate exp/log and IEEE division
-(NOTES.md, Findings, F5); fp16/bf16 use fp32 accumulation, scores in log2 units with the fast
-exp2, and P and dS rounded to the input dtype for their dots.
+Precision: fp32 inputs (``set_fp32_mode``, default "accurate") take scores in natural units
+from fp64-accumulated dots (``fl(q.k * scale)``, one rounding as the naive math), an accurate
+exp/log and IEEE division (NOTES.md, Findings, F5); "plain" and "tf32x3" run the 16-bit
+kernels' algorithm in fp32, with IEEE dots or 3xTF32 tensor-core dots. fp16/bf16 use fp32
+accumulation, scores in log2 units with the fast exp2, and P and dS rounded to the input dtype
+for their dots.
 
 The kernels run on CUDA tensors natively and on CPU tensors under ``TRITON_INTERPRET=1``
 (bf16 is wrong in the interpreter; use fp32/fp16 there). Both forward and backward are
@@ -144,10 +146,14 @@ def _block(d):
 
 
 def _precision(dtype):
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """The ``input_precision`` of the kernels' dots: fp32 takes IEEE dots (FMA on the GPU), or
+    in "tf32x3" mode the 3xTF32 split on tensor cores; 16-bit operands ignore it."""
+    if dtype != torch.float32:
+        return "tf32"
+    return "tf32x3" if _FP32["mode"] == "tf32x3" else "ieee"
 
 
-FP32_MODES = ("accurate", "plain")
+FP32_MODES = ("accurate", "plain", "tf32x3")
 _FP32 = {"mode": os.environ.get("ATTENTION_ORACLE_FAST_FP32", "accurate")}
 if _FP32["mode"] not in FP32_MODES:
     raise ValueError(f"ATTENTION_ORACLE_FAST_FP32 must be one of {FP32_MODES}, "
@@ -156,10 +162,13 @@ if _FP32["mode"] not in FP32_MODES:
 
 def set_fp32_mode(mode):
     """The fp32 path of later calls: "accurate" (natural-unit scores from fp64-accumulated dots,
-    an accurate exp/log, IEEE division: module docstring) or "plain" (the 16-bit kernels'
+    an accurate exp/log, IEEE division: module docstring), "plain" (the 16-bit kernels'
     flash algorithm in fp32 arithmetic: IEEE fp32 dots, exp2 of log2-unit scores, as the
-    agreement rule's flash lp reference computes). Default: $ATTENTION_ORACLE_FAST_FP32 or
-    "accurate". Returns the previous mode."""
+    agreement rule's flash lp reference computes) or "tf32x3" (plain's algorithm with every
+    dot as three TF32 tensor-core products, a = big + small with big = tf32(a): a.b ~ big.big +
+    big.small + small.big, each product within ~2^-20 relative, as PyTorch's fp32 EFFICIENT
+    kernel computes (CUTLASS OpMultiplyAddFastF32); the interpreter computes these dots in fp32).
+    Default: $ATTENTION_ORACLE_FAST_FP32 or "accurate". Returns the previous mode."""
     if mode not in FP32_MODES:
         raise ValueError(f"mode must be one of {FP32_MODES}, got {mode!r}")
     previous, _FP32["mode"] = _FP32["mode"], mode
@@ -218,18 +227,18 @@ def _fold(scale, dtype, backward):
 
 
 @functools.lru_cache(maxsize=1024)
-def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural, fold):
+def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural, prec, fold):
     """What a forward launch derives from shapes and flags alone (cached; shapes are rank 5):
     (mask kind, CachedLauncher key, constexprs, sizes, grid spec, int scalars, q.k factor)."""
     Z1, Z2, HQ, L, E = q_shape
     HKV, S, EV = k_shape[2], k_shape[3], v_shape[4]
     kind = MASK_NONE if mask_dtype is None else MASK_BOOL if mask_dtype == torch.uint8 else MASK_ADD
     tune_l, tune_s, block_e, block_ev = tune_bucket(L), tune_bucket(S), _block(E), _block(EV)
-    meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(dtype), NATURAL=natural,
+    meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=prec, NATURAL=natural,
                 CHUNK_E=chunk_of(block_e), BLOCK_E=block_e, BLOCK_EV=block_ev, FOLD=fold)
     # meta is a function of the key (the launcher's memo relies on it)
     key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype, natural,
-           fold)
+           prec, fold)
     ints = (Z2, HQ, HQ // HKV, L, S, E, EV)
     factor = 1.0 if natural or kind == MASK_ADD else LOG2E  # _qk_scale
     return kind, key, meta, (L, S, E, EV), ("BLOCK_M", L, Z1 * Z2 * HQ), ints, factor, (tune_l, tune_s)
@@ -249,7 +258,7 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
     natural = _natural(q.dtype)
     kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
         q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), is_causal, natural,
-        _fold(scale, q.dtype, False))
+        _precision(q.dtype), _fold(scale, q.dtype, False))
     mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
     args = (q, k, v, mask_arg, out, lse_k,
             *q.stride(), *k.stride(), *v.stride(), *_strides5(mask), *out.stride(),
@@ -260,7 +269,7 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
 
 @functools.lru_cache(maxsize=1024)
 def _bwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, dout_dtype, is_causal, natural,
-              interpreted, fold):
+              prec, interpreted, fold):
     """The backward's analogue of :func:`_fwd_plan`: (key, constexprs, sizes, dK/dV grid spec,
     dQ grid spec, int scalars, q.k factor, Delta block, Delta grid)."""
     Z1, Z2, HQ, L, E = q_shape
@@ -268,12 +277,12 @@ def _bwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, dout_dtype, is_causa
     kind = MASK_NONE if mask_dtype is None else MASK_BOOL if mask_dtype == torch.uint8 else MASK_ADD
     block_e, block_ev = _block(E), _block(EV)
     pre_block = 64 if interpreted else max(16, min(128, 8192 // block_ev))
-    meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=_precision(dtype), NATURAL=natural,
+    meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=prec, NATURAL=natural,
                 CHUNK_E=chunk_of(block_e), CHUNK_EV=chunk_of(block_ev), BLOCK_E=block_e,
                 BLOCK_EV=block_ev, FOLD=fold)
     tune_l, tune_s = tune_bucket(L), tune_bucket(S)
     key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype,
-           dout_dtype, natural, fold)
+           dout_dtype, natural, prec, fold)
     ints = (Z2, HQ, HQ // HKV, L, S, E, EV)
     factor = 1.0 if natural or kind == MASK_ADD else LOG2E
     return (kind, key, meta, (L, S, E, EV), ("BLOCK_N", S, Z1 * Z2 * HKV),
@@ -295,7 +304,7 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     delta = torch.empty((Z1 * Z2 * HQ, L), dtype=torch.float32, device=q.device)
     (kind, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
      pre_grid) = _bwd_plan(q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), dout.dtype,
-                           is_causal, _natural(q.dtype), interpreting(),
+                           is_causal, _natural(q.dtype), _precision(q.dtype), interpreting(),
                            _fold(scale, q.dtype, True))
     mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
     dout_strides = dout.stride()
@@ -441,13 +450,13 @@ class _CallPlan:
         lse_stride = _contiguous_strides(self.lse_shape)[0]
         operands = (*q5.stride(), *k5.stride(), *v5.stride(), 0, 0, 0, 0, 0)
         kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
-            q5.shape, k5.shape, v5.shape, dtype, None, is_causal, natural,
+            q5.shape, k5.shape, v5.shape, dtype, None, is_causal, natural, _precision(dtype),
             _fold(scale, dtype, False))
         self.fwd = (key, grid, sizes, meta)
         self.fwd_tail = (*operands, *self.out5, lse_stride, *ints, scale * factor, *tunes)
         (_, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
          pre_grid) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
-                               natural, interpreting(),
+                               natural, _precision(dtype), interpreting(),
                                _fold(scale, dtype, True))
         self.bwd = (key, key + (HQ // k5.shape[2],), grid_kv, grid_q, sizes, meta, pre_grid,
                     {"BLOCK_M": pre_block, "BLOCK_EV": meta["BLOCK_EV"]})

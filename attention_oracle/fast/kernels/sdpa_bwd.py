@@ -141,7 +141,7 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, s
 
 
 @triton.autotune(configs=_dkdv_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
-                                                "MASK_KIND", "GROUP"],
+                                                "MASK_KIND", "GROUP", "PREC"],
                  prune_configs_by={"early_config_prune": _make_prune("BLOCK_M", "BLOCK_N", (32, 64), _DKDV_SAFE)},
                  **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
@@ -283,7 +283,7 @@ def _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, 
 
 
 @triton.autotune(configs=_dq_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
-                                              "MASK_KIND"],
+                                              "MASK_KIND", "PREC"],
                  prune_configs_by={"early_config_prune": _make_prune("BLOCK_N", "BLOCK_M", (64, 32), _DQ_SAFE)},
                  **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)

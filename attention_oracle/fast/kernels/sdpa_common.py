@@ -279,9 +279,10 @@ def make_prune(pipelined, resident, *, safe, fp32_shape, accumulator_cols, regis
     backward kernels. ``pipelined`` names the streamed block dim, ``resident`` the block dim
     held across the loop; ``accumulator_cols(BLOCK_E, BLOCK_EV)`` is the width of the fp32
     accumulators a program keeps per resident row (forward: EV; dK/dV and dQ: E + EV), whose
-    per-thread share must stay within ``register_limit``. fp32 (ieee dots, no tensor cores)
-    keeps ``fp32_shape`` only; 16-bit keeps tiles of at least ``min_16bit_tile`` elements
-    when any fits. Shapes not validated natively run ``safe`` (``validated_only``)."""
+    per-thread share must stay within ``register_limit``. fp32 with ieee dots (no tensor cores)
+    keeps ``fp32_shape`` only; the tensor-core paths (16-bit, fp32 with PREC "tf32x3") keep
+    tiles of at least ``min_16bit_tile`` elements when any fits. Shapes not validated natively
+    run ``safe`` (``validated_only``)."""
     def prune(configs, named_args, **kwargs):
         if len(configs) == 1:
             return configs
@@ -290,6 +291,7 @@ def make_prune(pipelined, resident, *, safe, fp32_shape, accumulator_cols, regis
             return [safe]
         be, bev = named_args["BLOCK_E"], named_args["BLOCK_EV"]
         elsize = named_args["Q"].element_size()
+        tensor_cores = elsize < 4 or named_args.get("PREC") == "tf32x3"
         kept = []
         for c in configs:
             rows_p, rows_r = c.kwargs[pipelined], c.kwargs[resident]
@@ -297,10 +299,10 @@ def make_prune(pipelined, resident, *, safe, fp32_shape, accumulator_cols, regis
                 continue
             if rows_r * accumulator_cols(be, bev) / (c.num_warps * 32) > register_limit:
                 continue
-            if elsize == 4 and (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) != fp32_shape:
+            if not tensor_cores and (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) != fp32_shape:
                 continue
             kept.append(c)
-        if elsize < 4:  # 16-bit: small tiles only when nothing larger fits
+        if tensor_cores:  # small tiles only when nothing larger fits
             kept = [c for c in kept
                     if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] >= min_16bit_tile] or kept
         kept = kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]

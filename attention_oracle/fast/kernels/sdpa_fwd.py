@@ -105,7 +105,7 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
 
 
 @triton.autotune(configs=_fwd_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
-                                               "MASK_KIND"],
+                                               "MASK_KIND", "PREC"],
                  prune_configs_by={"early_config_prune": _prune_fwd}, **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
 @triton.jit(do_not_specialize=["Z2", "HQ"])
