@@ -20,9 +20,10 @@ rows packed in one [S, 576] buffer, head-major dout).
 - a plain PyTorch gather baseline (bf16 matmuls, fp32 softmax, 512-query chunks);
 - index preparation against torch (stable sort + gather) and a device copy of the same bytes;
 - peak backward memory with a contiguous and a head-major dout;
-- fp32 (``fp32``): the same geometry and layouts in fp32, tile configs swept on doc_4096
-  (forward and backward apart, each checked against float64 on 32 tokens), then the fastest
-  pair and the fp32 config that ran before (``FP32_OLD``) on doc_4096 and doc_16384.
+- fp32 (``fp32``): the same geometry and layouts in fp32, both fp32 modes of fast.dsa
+  ("acc64", the default, at its default configs; "tf32x3" with its tile candidates swept on
+  doc_4096, forward and backward apart, each checked against float64 on 32 tokens), then
+  both modes' pairs on doc_4096 and doc_16384.
 
 ``--only fp32`` runs that section alone.
 
@@ -450,20 +451,30 @@ def backward_memory(p):
 FP32_OLD = C(16, 16, 32, 64, 4, 1)  # before acc64: fp64 score dots, fp32 FMA P.V, dq and dkv
 # offline sm_90a spills (python -m attention_oracle.fast.kernels.dsa_probe fwd32|bwd32 ...):
 # forward at most 92 B, backward at most 756 B; the last of each list is without acc64 (fp32
-# FMA products after the fp64 scores)
+# FMA products after the fp64 scores). Measured in session 6 (NOTES.md); the sweep now times
+# the acc64 defaults only.
 FP32_FWD_CANDIDATES = [C(64, 16, 64, 256, 8, 2, acc64=True), C(32, 16, 64, 512, 8, 2, acc64=True),
                        C(32, 16, 64, 512, 8, 2)]
 FP32_BWD_CANDIDATES = [C(32, 16, 64, 256, 8, 1, acc64=True), C(32, 16, 64, 128, 8, 2, acc64=True),
                        C(32, 16, 64, 128, 8, 1, acc64=True), C(64, 16, 64, 128, 8, 1, acc64=True),
                        C(32, 16, 64, 128, 8, 1)]
+# fp32 "tf32x3" mode (fast.dsa.set_fp32_mode): offline sm_90a, Triton 3.8 (dsa_probe fwdtc|bwdtc),
+# every one at 255 registers; spills forward 16-576 B, backward 64-452 B (32 heads: mma.sync,
+# 64 heads: wgmma)
+TF32X3_FWD_CANDIDATES = [C(32, 16, 64, 512, 8, 2), C(32, 16, 64, 256, 8, 2), C(32, 32, 64, 256, 8, 2),
+                         C(32, 32, 64, 256, 8, 3), C(64, 16, 64, 256, 8, 2), C(32, 16, 32, 512, 8, 2)]
+TF32X3_BWD_CANDIDATES = [C(32, 16, 64, 128, 8, 2), C(32, 16, 64, 128, 8, 1), C(32, 16, 64, 256, 8, 1),
+                         C(32, 16, 64, 256, 8, 2), C(32, 16, 64, 128, 8, 1, True),
+                         C(16, 16, 64, 256, 4, 1)]
 FP32_CHECK_TOKENS = (2000, 2032)  # rows with ~2000 valid slots in doc_4096
 
 
 def _tag(cfg):
-    """'block_h,block_k,block_d,block_dv,warps,stages[ acc64]' of a config or its dict."""
+    """'block_h,block_k,block_d,block_dv,warps,stages[ T][ acc64]' of a config or its dict."""
     c = cfg if isinstance(cfg, dict) else cfg.__dict__
     return (",".join(str(c[k]) for k in ("block_h", "block_k", "block_d", "block_dv", "num_warps",
-                                         "num_stages")) + (" acc64" if c["acc64"] else ""))
+                                         "num_stages"))
+            + (" T" if c["dkv_transposed"] else "") + (" acc64" if c["acc64"] else ""))
 
 
 def fp32_problem(p):
@@ -500,8 +511,9 @@ def _rel(x, ref):
 
 
 def _ran_override(kind, p):
-    """Whether the last launch of kind ran the config put first by set_configs."""
-    key = (kind, str(p["q_latent"].device), torch.float32, H, DL, DR)
+    """Whether the last launch of kind (in the current fp32 mode) ran the config put first by
+    set_configs."""
+    key = (kind, str(p["q_latent"].device), torch.float32, fdsa._FP32["mode"], H, DL, DR)
     return fdsa._FITTING.get(key) == 0
 
 
@@ -523,9 +535,12 @@ def _time_fp32(fn, reps, budget_s):
     return start.elapsed_time(end) / n, synced, f"back_to_back_{n}"
 
 
-def measure_fp32(p, fwd_cfg, bwd_cfg, reps, budget_s, phases=("fwd", "bwd", "step")):
-    """Forward / backward / step of fast in fp32 under these configs, both timing methods."""
+def measure_fp32(p, fwd_cfg, bwd_cfg, reps, budget_s, phases=("fwd", "bwd", "step"),
+                 mode="acc64"):
+    """Forward / backward / step of fast in fp32 under these configs and fp32 mode, both
+    timing methods."""
     fdsa.set_configs(forward=fwd_cfg, backward=bwd_cfg)
+    previous = fdsa.set_fp32_mode(mode)
     try:
         xs = leaves(p)
         out = fast_forward(p, xs)
@@ -534,75 +549,85 @@ def measure_fp32(p, fwd_cfg, bwd_cfg, reps, budget_s, phases=("fwd", "bwd", "ste
                "step": lambda: torch.autograd.grad(fast_varlen_forward(p, xs), xs, p["dout"])}
         flop = {"fwd": FWD_FLOP, "bwd": BWD_FLOP, "step": FWD_FLOP + BWD_FLOP}
         v = p["valid"]
-        row = dict(T=p["T"], valid_slots=v, forward=fwd_cfg.__dict__, backward=bwd_cfg.__dict__)
+        row = dict(T=p["T"], valid_slots=v, mode=mode, forward=fwd_cfg.__dict__,
+                   backward=bwd_cfg.__dict__)
         for phase in phases:
             queued, synced, method = _time_fp32(fns[phase], reps, budget_s)
             row.update({f"{phase}_ms": synced, f"{phase}_tflops": tflops(flop[phase] * v, synced),
                         f"{phase}_queued_ms": queued,
                         f"{phase}_queued_tflops": tflops(flop[phase] * v, queued),
                         f"{phase}_queued_method": method})
-            print(f"fp32 T={p['T']} {_tag(fwd_cfg)} / {_tag(bwd_cfg)} {phase}: synced {synced:.2f} ms "
-                  f"({row[phase + '_tflops']:.2f} TFLOP/s), queued {queued:.2f} ms ({method})",
-                  flush=True)
+            print(f"fp32 {mode} T={p['T']} {_tag(fwd_cfg)} / {_tag(bwd_cfg)} {phase}: synced "
+                  f"{synced:.2f} ms ({row[phase + '_tflops']:.2f} TFLOP/s), queued {queued:.2f} ms "
+                  f"({row[phase + '_queued_tflops']:.2f}, {method})", flush=True)
         row["ran_configs"] = dict(forward=_ran_override("forward", p),
                                   backward=_ran_override("backward", p) if len(phases) > 1 else None)
         return row
     finally:
         fdsa.set_configs()
+        fdsa.set_fp32_mode(previous)
 
 
-def sweep_fp32(p, reps):
-    """Each fp32 candidate on doc_4096: synced ms of its kernel alone, and relative errors of out
-    (forward) / dq_latent (backward) on FP32_CHECK_TOKENS against float64."""
+def sweep_fp32(p, reps, mode, fwd_cands, bwd_cands):
+    """Each candidate in this fp32 mode on doc_4096: synced ms of its kernel alone, and relative
+    errors of out (forward) / dq_latent (backward) on FP32_CHECK_TOKENS against float64."""
     q, qr, kv, kr = (p[k] for k in ("q_latent", "q_rope", "kv_latent", "k_rope"))
     lo, hi = FP32_CHECK_TOKENS
     ref_out, ref_dq = _fp32_reference(p, lo, hi)
     table = {"forward": [], "backward": []}
-    out, lse = fdsa._forward(q, qr, kv, kr, p["rows"], p["lengths"], SCALE, FP32_OLD)
-    for kind, cands in (("forward", [FP32_OLD] + FP32_FWD_CANDIDATES),
-                        ("backward", [FP32_OLD] + FP32_BWD_CANDIDATES)):
-        for cfg in cands:
-            if kind == "forward":
-                fn = lambda: fdsa._forward(q, qr, kv, kr, p["rows"], p["lengths"], SCALE, cfg)  # noqa: E731
-            else:
-                fn = lambda: fdsa._backward(q, qr, kv, kr, p["rows"], p["lengths"], out, lse,  # noqa: E731
-                                            p["dout"], SCALE, cfg)
-            try:
-                res = fn()
-                ms = synced_ms(fn, 1 if cfg == FP32_OLD else reps, warmup=0)
-                err = _rel(res[0][lo:hi], ref_out if kind == "forward" else ref_dq)
-                flop = (FWD_FLOP if kind == "forward" else BWD_FLOP) * p["valid"]
-                table[kind].append(dict(config=cfg.__dict__, ms=ms, tflops=tflops(flop, ms),
-                                        rel_err=err))
-            except Exception as e:  # noqa: BLE001  (a config the GPU refuses is reported)
-                table[kind].append(dict(config=cfg.__dict__, error=repr(e)[:300]))
-            print(f"fp32 {kind} {_tag(cfg)}: " + ", ".join(
-                f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                for k, v in table[kind][-1].items() if k != "config"), flush=True)
+    previous = fdsa.set_fp32_mode(mode)
+    try:
+        out, lse = fdsa._forward(q, qr, kv, kr, p["rows"], p["lengths"], SCALE)
+        for kind, cands in (("forward", fwd_cands), ("backward", bwd_cands)):
+            for cfg in cands:
+                if kind == "forward":
+                    fn = lambda: fdsa._forward(q, qr, kv, kr, p["rows"], p["lengths"], SCALE, cfg)  # noqa: E731
+                else:
+                    fn = lambda: fdsa._backward(q, qr, kv, kr, p["rows"], p["lengths"], out, lse,  # noqa: E731
+                                                p["dout"], SCALE, cfg)
+                try:
+                    res = fn()
+                    ms = synced_ms(fn, reps, warmup=0)
+                    err = _rel(res[0][lo:hi], ref_out if kind == "forward" else ref_dq)
+                    flop = (FWD_FLOP if kind == "forward" else BWD_FLOP) * p["valid"]
+                    table[kind].append(dict(config=cfg.__dict__, ms=ms, tflops=tflops(flop, ms),
+                                            rel_err=err))
+                except Exception as e:  # noqa: BLE001  (a config the GPU refuses is reported)
+                    table[kind].append(dict(config=cfg.__dict__, error=repr(e)[:300]))
+                print(f"fp32 {mode} {kind} {_tag(cfg)}: " + ", ".join(
+                    f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in table[kind][-1].items() if k != "config"), flush=True)
+    finally:
+        fdsa.set_fp32_mode(previous)
     return table
 
 
 def _fastest(rows, limit=1e-5):
-    ok = [r for r in rows if "ms" in r and r["rel_err"] < limit and r["config"] != FP32_OLD.__dict__]
+    ok = [r for r in rows if "ms" in r and r["rel_err"] < limit]
     return fdsa.KernelConfig(**min(ok, key=lambda r: r["ms"])["config"]) if ok else None
 
 
 def fp32_section(p4096, gen, reps, budget_s=3.0):
-    """The fp32 sweep on doc_4096, then the fastest pair and FP32_OLD on doc_4096 and doc_16384
-    (FP32_OLD forward only there: its step takes ~10 s a call)."""
+    """fp32 "acc64" (the default mode, its default configs) against "tf32x3" (candidates swept
+    on doc_4096, then the fastest pair): forward / backward / step on doc_4096 and doc_16384,
+    both timing methods."""
     res = {}
     p = fp32_problem(p4096)
-    res["sweep_doc_4096"] = sweep_fp32(p, reps)
-    best = {k: _fastest(res["sweep_doc_4096"][k]) for k in ("forward", "backward")}
-    res["chosen"] = {k: v.__dict__ if v else None for k, v in best.items()}
-    fwd, bwd = best["forward"] or FP32_FWD_CANDIDATES[0], best["backward"] or FP32_BWD_CANDIDATES[0]
-    res["doc_4096"] = dict(new=measure_fp32(p, fwd, bwd, reps, budget_s),
-                           old=measure_fp32(p, FP32_OLD, FP32_OLD, reps, budget_s))
+    acc64 = {k: fdsa.FP32_CONFIGS[k][0] for k in ("forward", "backward")}
+    res["sweep_doc_4096"] = {
+        "acc64": sweep_fp32(p, reps, "acc64", [acc64["forward"]], [acc64["backward"]]),
+        "tf32x3": sweep_fp32(p, reps, "tf32x3", TF32X3_FWD_CANDIDATES, TF32X3_BWD_CANDIDATES)}
+    best = {k: _fastest(res["sweep_doc_4096"]["tf32x3"][k]) for k in ("forward", "backward")}
+    res["chosen_tf32x3"] = {k: v.__dict__ if v else None for k, v in best.items()}
+    tc = {k: best[k] or fdsa.TF32X3_CONFIGS[k][0] for k in ("forward", "backward")}
+    pairs = {"acc64": acc64, "tf32x3": tc}
+    res["doc_4096"] = {m: measure_fp32(p, c["forward"], c["backward"], reps, budget_s, mode=m)
+                       for m, c in pairs.items()}
     del p
     torch.cuda.empty_cache()
     p = fp32_problem(make_problem("doc_16384", [0, 16384], [0, 16384], gen))
-    res["doc_16384"] = dict(new=measure_fp32(p, fwd, bwd, reps, budget_s),
-                            old=measure_fp32(p, FP32_OLD, FP32_OLD, reps, budget_s, ("fwd",)))
+    res["doc_16384"] = {m: measure_fp32(p, c["forward"], c["backward"], reps, budget_s, mode=m)
+                        for m, c in pairs.items()}
     return res
 
 
@@ -651,10 +676,12 @@ def print_table(results):
     if "backward_memory" in results:
         print("backward memory:", results["backward_memory"])
     fp32 = results.get("fp32", {})
-    for kind, rows in fp32.get("sweep_doc_4096", {}).items():
-        for r in rows:
-            print(f"fp32 sweep {kind:8s} {_tag(r['config']):24s} " + (f"{r['tflops']:6.2f} TFLOP/s, rel err "
-                                                      f"{r['rel_err']:.1e}" if "ms" in r else r["error"][:120]))
+    for mode, table in fp32.get("sweep_doc_4096", {}).items():
+        for kind, rows in table.items():
+            for r in rows:
+                print(f"fp32 sweep {mode:6s} {kind:8s} {_tag(r['config']):26s} "
+                      + (f"{r['tflops']:6.2f} TFLOP/s, rel err {r['rel_err']:.1e}" if "ms" in r
+                         else r["error"][:120]))
     for name in ("doc_4096", "doc_16384"):
         for which, r in fp32.get(name, {}).items():
             print(f"fp32 {name} {which}: " + ", ".join(

@@ -6,6 +6,7 @@ algorithms in that dtype (the rule's lp ensemble and its floor's magnitudes), an
 docs/CONTRACT.md "5. The agreement rule" decides. On a CPU-only machine the kernels run under Triton's interpreter
 (fp32/fp16 only: the interpreter computes bf16 wrongly); on a GPU bf16 is checked too.
 """
+import contextlib
 import math
 import os
 
@@ -22,6 +23,7 @@ from attention_oracle.properties.dsa.checks import lp_references  # noqa: E402
 from attention_oracle.properties.harness import agreement  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
 
 
@@ -362,6 +364,24 @@ def test_split_scores_and_halves_agree(dtype):
         fdsa.set_configs()
 
 
+@contextlib.contextmanager
+def fp32_mode(mode):
+    """fast.dsa's fp32 path pinned to ``mode`` inside the block (the run's own mode may be
+    either: $ATTENTION_ORACLE_FAST_DSA_FP32)."""
+    previous = fdsa.set_fp32_mode(mode)
+    try:
+        yield
+    finally:
+        fdsa.set_fp32_mode(previous)
+
+
+@pytest.fixture
+def acc64_mode():
+    with fp32_mode("acc64"):
+        yield
+
+
+@pytest.mark.usefixtures("acc64_mode")
 @pytest.mark.parametrize("split", ["one_piece", "chunked"])
 def test_fp32_acc64_agrees(split):
     """The fp32 path with ``acc64`` (every product of the slot loop an fp64 dot, fp64
@@ -380,6 +400,94 @@ def test_fp32_acc64_agrees(split):
         check_case(c)
     finally:
         fdsa.set_configs()
+
+
+# ----------------------------------------------------------------------------- fp32 tf32x3
+
+def _tf32_rna(x):
+    """fp32 -> tf32 (10 mantissa bits) rounded to nearest, ties away: PTX cvt.rna.tf32.f32."""
+    import numpy as np
+    r = ((x.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+    return np.where(np.isfinite(x), r, x)
+
+
+def _tf32_read(x):
+    """What a TF32 tensor core reads of an fp32 register: its top 19 bits (truncation)."""
+    import numpy as np
+    return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@contextlib.contextmanager
+def emulated_tf32x3(drop_cross_term=False):
+    """Triton's interpreter computes ``input_precision="tf32x3"`` dots as plain fp32 matmuls;
+    inside this block it computes them as the GPU does (Triton's F32DotTC decomposition, read
+    off the sm_90 TTGIR): big = cvt.rna.tf32(a), small = a - big (read by the tensor core as
+    tf32), small_a.big_b + big_a.small_b + big_a.big_b, each product exact and summed in fp32,
+    then + acc. ``drop_cross_term`` leaves big_a.small_b out (a planted bug: the negative control)."""
+    import numpy as np
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+    plain = InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if "TF32x3" not in str(input_precision) or a.data.dtype != np.float32:
+            return plain(self, a, b, d, input_precision, max_num_imprecise_acc)
+        a_big, b_big = _tf32_rna(a.data), _tf32_rna(b.data)
+        a_small, b_small = _tf32_read(a.data - a_big), _tf32_read(b.data - b_big)
+        r = np.matmul(a_small, b_big, dtype=np.float32)
+        if not drop_cross_term:
+            r = np.matmul(a_big, b_small, dtype=np.float32) + r
+        r = np.matmul(a_big, b_big, dtype=np.float32) + r
+        return TensorHandle(r + d.data, d.dtype.scalar)
+
+    InterpreterBuilder.create_dot = create_dot
+    try:
+        yield
+    finally:
+        InterpreterBuilder.create_dot = plain
+
+
+def _tf32x3_cases():
+    """(case, dout layout) pairs: rope with lengths and holes, head-major dout; NoPE."""
+    return [(make_case(T=6, H=5, DL=40, DR=8, S=29, K=45, dtype=torch.float32, seed=21,
+                       with_len=True), "head_major"),
+            (make_case(T=3, H=2, DL=24, DR=0, S=9, K=12, dtype=torch.float32, seed=22), None)]
+
+
+_TF32X3_TILES = {"one_piece": fdsa.KernelConfig(16, 16, 64, 64, 4, 1),
+                 "chunked": fdsa.KernelConfig(16, 16, 16, 16, 4, 1)}
+
+
+@pytest.mark.parametrize("split", ["one_piece", "chunked"])
+def test_fp32_tf32x3_agrees(split):
+    """fp32 in "tf32x3" mode (fast.dsa.set_fp32_mode: the 16-bit algorithm on fp32 operands,
+    3xTF32 dots) against the oracle under the agreement rule, one tile and chunked tiles
+    (several programs per token, as the GPU's configs). Under the interpreter the dots are
+    emulated as the GPU computes them (``emulated_tf32x3``), so the arithmetic is checked
+    too; on a GPU the tensor cores run it."""
+    cfg = _TF32X3_TILES[split]
+    with fp32_mode("tf32x3"), (emulated_tf32x3() if INTERPRETED else contextlib.nullcontext()):
+        fdsa.set_configs(forward=cfg, backward=cfg)
+        try:
+            for c, layout in _tf32x3_cases():
+                out, lse, grads = check_case(c, dout_layout=layout)
+                assert_empty_rows_exact(c, out, lse, grads)
+        finally:
+            fdsa.set_configs()
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="plants the bug in the interpreter's dots")
+def test_fp32_tf32x3_dropped_term_is_caught():
+    """Negative control of test_fp32_tf32x3_agrees: the same kernels and cases with one of
+    3xTF32's cross terms dropped (big_a.small_b, an error of ~2^-11 relative per product,
+    between TF32 and 3xTF32) must fail the agreement rule."""
+    with fp32_mode("tf32x3"), emulated_tf32x3(drop_cross_term=True):
+        fdsa.set_configs(forward=_TF32X3_TILES["chunked"], backward=_TF32X3_TILES["chunked"])
+        try:
+            c, layout = _tf32x3_cases()[0]
+            with pytest.raises(agreement.OracleMismatch, match="ratio"):
+                check_case(c, dout_layout=layout)
+        finally:
+            fdsa.set_configs()
 
 
 def _gpu_candidates():
@@ -405,24 +513,37 @@ def test_production_geometry_bf16(kind, cfg):
 
 
 def _gpu_fp32_candidates():
+    """(fp32 mode, kind, config): every benchmarked fp32 config in its mode, and the defaults."""
     if DEVICE != "cuda":
         return []
-    from benchmarks.dsa import FP32_BWD_CANDIDATES, FP32_FWD_CANDIDATES, FP32_OLD
-    return ([("forward", c) for c in FP32_FWD_CANDIDATES] + [("backward", c) for c in FP32_BWD_CANDIDATES]
-            + [("both", FP32_OLD), ("default", None)])
+    from benchmarks.dsa import (
+        FP32_BWD_CANDIDATES,
+        FP32_FWD_CANDIDATES,
+        FP32_OLD,
+        TF32X3_BWD_CANDIDATES,
+        TF32X3_FWD_CANDIDATES,
+    )
+    return ([("acc64", "forward", c) for c in FP32_FWD_CANDIDATES]
+            + [("acc64", "backward", c) for c in FP32_BWD_CANDIDATES]
+            + [("acc64", "both", FP32_OLD), ("acc64", "default", None)]
+            + [("tf32x3", "forward", c) for c in TF32X3_FWD_CANDIDATES]
+            + [("tf32x3", "backward", c) for c in TF32X3_BWD_CANDIDATES]
+            + [("tf32x3", "default", None)])
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="production tiles need a GPU")
-@pytest.mark.parametrize("kind,cfg", _gpu_fp32_candidates())
-def test_production_geometry_fp32(kind, cfg):
-    """H=64, 512+64/512, K=2048, fp32, trainer layouts, under every benchmarked fp32 config."""
+@pytest.mark.parametrize("mode,kind,cfg", _gpu_fp32_candidates())
+def test_production_geometry_fp32(mode, kind, cfg):
+    """H=64, 512+64/512, K=2048, fp32, trainer layouts, under every benchmarked fp32 config
+    in its fp32 mode."""
     kw = {} if cfg is None else {"forward": cfg, "backward": cfg} if kind == "both" else {kind: cfg}
     fdsa.set_configs(**kw)
     try:
-        c = make_case(T=24, H=64, DL=512, DR=64, S=3000, K=2048, dtype=torch.float32, seed=11,
-                      hole_rate=0.3, with_len=True)
-        out, lse, grads = check_case(c, dout_layout="head_major", packed=True)
-        assert_empty_rows_exact(c, out, lse, grads)
+        with fp32_mode(mode):
+            c = make_case(T=24, H=64, DL=512, DR=64, S=3000, K=2048, dtype=torch.float32,
+                          seed=11, hole_rate=0.3, with_len=True)
+            out, lse, grads = check_case(c, dout_layout="head_major", packed=True)
+            assert_empty_rows_exact(c, out, lse, grads)
     finally:
         fdsa.set_configs()
 
@@ -460,6 +581,7 @@ def test_no_keys_or_no_slots_rope(S, K):
         assert g.shape == x.shape and (g == 0).all()
 
 
+@pytest.mark.usefixtures("acc64_mode")
 @pytest.mark.parametrize("rope", [False, True])
 @pytest.mark.parametrize("scale", [1.0, 0.5])
 def test_fp32_scores_in_natural_units(rope, scale):
@@ -494,6 +616,7 @@ def test_fp32_scores_in_natural_units(rope, scale):
     assert torch.equal(out, kv[rows][:, None, :].expand(T, H, DL))
 
 
+@pytest.mark.usefixtures("acc64_mode")
 @pytest.mark.parametrize("rope", [False, True])
 def test_fp32_score_dot_rounded_once(rope):
     """fp32 scores come from an fp64-accumulated dot rounded once (NOTES.md, fast DSA, "fp32
@@ -587,7 +710,7 @@ def ttir(kernel, consts, floats=()):
 
 
 common = dict(HAS_ROPE=True, HAS_LEN=True, ONE_TILE=True, BLOCK_H=16, BLOCK_K=32, BLOCK_D=16,
-              BLOCK_DR=16, PRECISION="ieee")
+              BLOCK_DR=16, PRECISION="ieee", FP32_TC=False)
 fwd = dict(common, BLOCK_DV=16, PDL=False, SPLIT_S=0)
 bwd = dict(common, BLOCK_DC=16, DKV_T=False, SPLIT_S=False, HALVES=False)
 floats = ("scale", "scale_log2")
@@ -597,6 +720,8 @@ print(json.dumps({
     "bwd": ttir(dsa_bwd_kernel, dict(bwd, ACC64=False), floats),
     "fwd_acc64": ttir(dsa_fwd_kernel, dict(fwd, ACC64=True), floats),
     "bwd_acc64": ttir(dsa_bwd_kernel, dict(bwd, ACC64=True), floats),
+    "fwd_tc": ttir(dsa_fwd_kernel, dict(fwd, ACC64=False, FP32_TC=True, PRECISION="tf32x3"), floats),
+    "bwd_tc": ttir(dsa_bwd_kernel, dict(bwd, ACC64=False, FP32_TC=True, PRECISION="tf32x3"), floats),
 }))
 '''
 
@@ -628,10 +753,11 @@ def test_fp32_block_dots_not_folded(tmp_path):
     accumulator became ONE sequential FMA chain over all slots of a row (NOTES.md:
     `index.compacted_attention` K = 2048, 1536 duplicate slots of one key, out error 4.46e-05,
     ratio 22). The interpreter does not fold, so this compiles the kernels for sm_90 (no GPU
-    needed) and reads the TTIR. Negative control: a plain ``acc + tl.dot`` loop is flagged."""
+    needed) and reads the TTIR: the acc64 kernels, and the tf32x3 ones (``_tc``: their dots are
+    still one tt.dot each in TTIR). Negative control: a plain ``acc + tl.dot`` loop is flagged."""
     irs = _compiled_irs(tmp_path / "dsa_ttir.py", _TTIR_SCRIPT)
     assert _loop_carried_f32_dots(irs["control"]), "control: the fold was not detected"
-    for name in ("fwd", "bwd", "fwd_acc64", "bwd_acc64"):
+    for name in ("fwd", "bwd", "fwd_acc64", "bwd_acc64", "fwd_tc", "bwd_tc"):
         assert not _loop_carried_f32_dots(irs[name]), (name, _loop_carried_f32_dots(irs[name]))
 
 
@@ -665,7 +791,7 @@ def ttgir(kernel, consts):
 
 # 64 heads and 8 warps, as in production, on small latent tiles (layouts depend on M and warps)
 common = dict(HAS_ROPE=True, HAS_LEN=True, BLOCK_H=64, BLOCK_K=32, BLOCK_DR=16, PRECISION="tf32",
-              ACC64=False)
+              ACC64=False, FP32_TC=False)
 fwd = dict(common, ONE_TILE=True, BLOCK_D=64, BLOCK_DV=64, PDL=False)
 bwd = dict(common, ONE_TILE=False, BLOCK_D=16, BLOCK_DC=32, DKV_T=True, HALVES=True)
 print(json.dumps({

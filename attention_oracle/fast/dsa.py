@@ -14,10 +14,20 @@ Every input may be a strided view (q_rope a channel slice of a wider buffer, key
 in one [S, 576] buffer); the kernels read through strides. Gradients flow through autograd:
 dq (dq_latent, dq_rope) and dkv (dkv_latent, dk_rope) accumulated in fp32 (the key gradients
 in fp64 for fp32 inputs), dq deterministic.
+
+fp32 inputs take one of two paths (``set_fp32_mode`` / ``$ATTENTION_ORACLE_FAST_DSA_FP32``):
+"acc64" (the default): natural-unit scores from fp64-accumulated dots rounded once, an accurate
+exponential, every later product an fp64 dot (``KernelConfig.acc64``); "tf32x3": the 16-bit
+kernels' algorithm (log2-unit scores, exp2) on fp32 operands, every dot as three TF32
+tensor-core products (``tl.dot(input_precision="tf32x3")``: a = big + small with big = tf32(a),
+a.b ~ big.big + big.small + small.big, as PyTorch's fp32 EFFICIENT attention computes), each slot
+block's P.V and dS.K summed apart, Delta in fp64, the key gradients in fp64 atomics. The CPU
+interpreter computes tf32x3 dots in plain fp32, so there only the algorithm is checked.
 The varlen forms run :func:`fast.index.offset_gather_kv_indices` (one launch, no host sync)
 and then the global kernel with the returned lengths.
 """
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +39,27 @@ from .index import offset_rows, pdl_on
 from .kernels.dsa_bwd import dsa_bwd_kernel
 from .kernels.dsa_fwd import dsa_fwd_kernel
 from .launch import DirectLauncher
+
+FP32_MODES = ("acc64", "tf32x3")
+_FP32 = {"mode": os.environ.get("ATTENTION_ORACLE_FAST_DSA_FP32", "acc64")}
+if _FP32["mode"] not in FP32_MODES:
+    raise ValueError(f"ATTENTION_ORACLE_FAST_DSA_FP32 must be one of {FP32_MODES}, "
+                     f"got {_FP32['mode']!r}")
+
+
+def set_fp32_mode(mode):
+    """The fp32 path of later calls, "acc64" or "tf32x3" (module docstring); returns the
+    previous mode. Default: $ATTENTION_ORACLE_FAST_DSA_FP32 or "acc64"."""
+    if mode not in FP32_MODES:
+        raise ValueError(f"mode must be one of {FP32_MODES}, got {mode!r}")
+    previous, _FP32["mode"] = _FP32["mode"], mode
+    return previous
+
+
+def _fp32_tc(dtype):
+    """Whether inputs of this dtype take the tf32x3 path."""
+    return dtype == torch.float32 and _FP32["mode"] == "tf32x3"
+
 
 _ONE_TILE_MAX = 512  # widest latent kept as one register tile (Dl = 512 production path)
 _LOG2E = 1.4426950408889634
@@ -51,8 +82,8 @@ class KernelConfig:
     # backward, chunked tiles: the latent in two halves (owned chunk + the other), both gathered
     # in the slot loop itself (no inner chunk loop, so the slot loop is software-pipelined)
     halves: bool = False
-    # fp32 inputs only: every product of the slot loop as an fp64 dot (fp64 tensor cores) with
-    # fp64 accumulators (forward P.V, backward dq, dkv); 16-bit launches ignore it
+    # fp32 inputs in "acc64" mode only: every product of the slot loop as an fp64 dot (fp64
+    # tensor cores) with fp64 accumulators (forward P.V, backward dq, dkv); others ignore it
     acc64: bool = False
 
     def one_tile(self, dl):
@@ -83,8 +114,20 @@ FP32_CONFIGS = {
 }
 
 
+# fp32 in "tf32x3" mode on the GPU: chunked tiles (the fp32 one-tile forward spilled 2.5-14 KB
+# offline), 32 heads and the whole 512 value width (forward: scores computed once per head) or
+# 128-wide latent chunks (backward), chosen by fewest offline sm_90a spills (Triton 3.8,
+# dsa_probe fwdtc / bwdtc: 52 B and 64 B); the last entry for a GPU that refuses them
+TF32X3_CONFIGS = {
+    "forward": (KernelConfig(32, 16, 64, 512, 8, 2),
+                KernelConfig(16, 16, 32, 64, 4, 1)),
+    "backward": (KernelConfig(32, 16, 64, 128, 8, 2),
+                 KernelConfig(16, 16, 32, 64, 4, 1)),
+}
+
+
 @functools.lru_cache(maxsize=256)
-def candidate_configs(h, dl, *, backward, device_type, fp32=False):
+def candidate_configs(h, dl, *, backward, device_type, fp32=False, tc32=False):
     """Tile configs to try in order for H heads and latent width dl.
 
     The first that fits the GPU's shared memory is used (and remembered); the CPU
@@ -99,13 +142,19 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False):
     did fp32 one-tile acc64 tiles (H200, Triton 3.6: forward 16 heads 9.6 vs 14.2 TFLOP/s,
     backward refused for shared memory). On the CPU fp32 takes acc64 too, so the
     interpreter checks the GPU's arithmetic.
+
+    ``tc32`` (fp32 in "tf32x3" mode) takes ``TF32X3_CONFIGS`` on the GPU, the 16-bit CPU tiles
+    on the CPU.
     """
     block_h = min(64, _pow2(h))
     latent = _pow2(dl)
     one = latent <= _ONE_TILE_MAX
     if device_type != "cuda":
         chunk = latent if one else 256
-        return (KernelConfig(block_h, 16, latent if one else 64, chunk, 4, 1, acc64=fp32),)
+        return (KernelConfig(block_h, 16, latent if one else 64, chunk, 4, 1,
+                             acc64=fp32 and not tc32),)
+    if tc32:
+        return TF32X3_CONFIGS["backward" if backward else "forward"]
     if fp32:
         return FP32_CONFIGS["backward" if backward else "forward"]
     if backward:
@@ -138,7 +187,7 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False):
 
 
 _OVERRIDES = {"forward": None, "backward": None}
-_FITTING = {}  # (kind, device, dtype, H, DL, DR) -> index of the first candidate that launched
+_FITTING = {}  # (kind, device, dtype, fp32 mode, H, DL, DR) -> index of the first candidate that launched
 
 
 def set_configs(*, forward=None, backward=None):
@@ -156,10 +205,10 @@ def _launch_first_fitting(kind, q, dr, launch, config):
     if config is not None:
         return launch(config)
     candidates = candidate_configs(H, DL, backward=kind == "backward", device_type=q.device.type,
-                                   fp32=q.dtype == torch.float32)
+                                   fp32=q.dtype == torch.float32, tc32=_fp32_tc(q.dtype))
     if _OVERRIDES[kind] is not None:
         candidates = (_OVERRIDES[kind],) + candidates
-    key = (kind, str(q.device), q.dtype, H, DL, dr)
+    key = (kind, str(q.device), q.dtype, _FP32["mode"], H, DL, dr)
     for i in range(_FITTING.get(key, 0), len(candidates)):
         try:
             launch(candidates[i])
@@ -185,8 +234,15 @@ def _validate(q, q_rope, kv, k_rope, indices, topk_length, softmax_scale, rope):
 # ----------------------------------------------------------------------------- launches
 
 def _precision(dtype):
-    # fp32 inputs: true fp32 products, as the suite's reference does them
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """The dots' input_precision: fp32 IEEE dots ("acc64" mode; its fp64 dots ignore it) or
+    3xTF32 ("tf32x3" mode); 16-bit operands ignore it."""
+    if dtype != torch.float32:
+        return "tf32"
+    return "tf32x3" if _fp32_tc(dtype) else "ieee"
+
+
+def _acc64(cfg, dtype):
+    return cfg.acc64 and dtype == torch.float32 and not _fp32_tc(dtype)
 
 
 def _strides3(x):
@@ -230,7 +286,7 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
             ONE_TILE=cfg.one_tile(DL), BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k,
             BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DV=min(cfg.block_dv, _pow2(DL)),
             BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype), PDL=use_pdl,
-            SPLIT_S=int(cfg.split_scores), ACC64=cfg.acc64 and q.dtype == torch.float32,
+            SPLIT_S=int(cfg.split_scores), ACC64=_acc64(cfg, q.dtype), FP32_TC=_fp32_tc(q.dtype),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw,
         )
 
@@ -270,7 +326,7 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
                 BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DC=min(cfg.block_dv, _pow2(DL)),
                 BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype), DKV_T=cfg.dkv_transposed,
                 SPLIT_S=bool(cfg.split_scores), HALVES=cfg.halves and _two_chunks(cfg, DL),
-                ACC64=cfg.acc64 and q.dtype == torch.float32,
+                ACC64=_acc64(cfg, q.dtype), FP32_TC=_fp32_tc(q.dtype),
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
 

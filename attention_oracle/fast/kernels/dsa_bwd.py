@@ -16,6 +16,10 @@ here (dout is read in place through its strides, never copied). Then
 fp32 with ACC64 (``fast.dsa.KernelConfig.acc64``): P and dS stay fp64 and every product above
 is an fp64 dot (the fp64 tensor cores); dq is summed in fp64 and rounded once at the store.
 
+fp32 with FP32_TC (``fast.dsa.set_fp32_mode("tf32x3")``): the 16-bit algorithm on fp32
+operands, every dot as PRECISION (3xTF32 tensor-core products), Delta summed in fp64, each slot
+block's dS.K added to dq apart (dsa_common.add_block_dot).
+
 ONE_TILE: the chunk is the whole latent width, so one gathered tile serves scores, dP,
 dq and dkv (the production path). Otherwise scores and dP are accumulated over BLOCK_D
 chunks and the owned chunk is gathered again.
@@ -82,7 +86,7 @@ def dsa_bwd_kernel(
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DC: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
     DKV_T: tl.constexpr = False, SPLIT_S: tl.constexpr = False, HALVES: tl.constexpr = False,
-    ACC64: tl.constexpr = False,
+    ACC64: tl.constexpr = False, FP32_TC: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -90,7 +94,8 @@ def dsa_bwd_kernel(
     offs_c = cb * BLOCK_DC + tl.arange(0, BLOCK_DC)
     offs_r = tl.arange(0, BLOCK_DR)
     n_slots = row_slot_count(len_ptr, t, K, HAS_LEN)
-    NATURAL: tl.constexpr = q_ptr.dtype.element_ty == tl.float32  # fp32: natural-unit scores
+    # fp32: natural-unit scores, unless FP32_TC (the 16-bit algorithm on fp32 operands)
+    NATURAL: tl.constexpr = q_ptr.dtype.element_ty == tl.float32 and not FP32_TC
     ACC_KV: tl.constexpr = dkv_ptr.dtype.element_ty  # fp64 for fp32 inputs, else fp32
     q_off = t * stride_qt
     do_off = t * stride_dot
@@ -103,8 +108,10 @@ def dsa_bwd_kernel(
                              stride_doh, stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D, tl.float64)
     else:
         lse_sub = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+        # FP32_TC: Delta's exact fp32 products summed in fp64, rounded once
         delta = _row_delta(out_ptr, t * stride_ot, stride_oh, stride_od, do_ptr, do_off,
-                           stride_doh, stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D, tl.float32)
+                           stride_doh, stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D,
+                           tl.float64 if FP32_TC else tl.float32).to(tl.float32)
 
     q = load_heads(q_ptr, q_off, offs_h, stride_qh, H, offs_c, stride_qd, DL)
     do = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_c, stride_dod, DL).to(q.dtype)
@@ -180,7 +187,10 @@ def dsa_bwd_kernel(
                     s = chain_break(s, start < n_slots)
             p = tl.exp2(tl.where(valid[None, :], s * scale_log2, float("-inf")) - lse_sub[:, None])
             ds = (p * (dp - delta[:, None]) * scale).to(kc.dtype)
-            dq = tl.dot(ds, kc, dq, input_precision=PRECISION)
+            if FP32_TC:  # fp32 operands: each block's dS.K its own dot, not one chain over slots
+                dq = add_block_dot(dq, 1.0, ds, kc, PRECISION)
+            else:
+                dq = tl.dot(ds, kc, dq, input_precision=PRECISION)
         if ACC64:
             dkv = tl.dot(tl.trans(ds), q, input_precision="ieee", out_dtype=tl.float64)
             dkv = tl.dot(tl.trans(p), do, dkv, input_precision="ieee", out_dtype=tl.float64)
@@ -205,7 +215,7 @@ def dsa_bwd_kernel(
             tl.atomic_add(dkr_ptr + rows[:, None] * DR + offs_r[None, :], dkr,
                           mask=valid[:, None] & r_mask, sem="relaxed")
         elif HAS_ROPE:
-            if NATURAL:
+            if NATURAL or FP32_TC:
                 dqr = add_block_dot(dqr, 1.0, ds, kr, PRECISION)
             else:
                 dqr = tl.dot(ds, kr, dqr, input_precision=PRECISION)

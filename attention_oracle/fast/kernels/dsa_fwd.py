@@ -9,7 +9,10 @@ chunks of the latent width and the value chunk is gathered separately (any head 
 Online softmax on fp32 scores: in natural units with an accurate exponential for fp32
 inputs, in base 2 (scale folded with log2e, tl.exp2) for 16-bit inputs (dsa_common, "Score
 units"); out = acc / l, lse = ln(sum exp) (natural log), an empty row gives out 0 and
-lse -inf. fp32 with ACC64 (``fast.dsa.KernelConfig.acc64``): P.V is an fp64 dot of the fp64 P
+lse -inf. fp32 with FP32_TC (``fast.dsa.set_fp32_mode("tf32x3")``) runs the 16-bit
+algorithm on fp32 operands, every dot as PRECISION (3xTF32 tensor-core products), each slot
+block's P.V summed apart and added to acc (dsa_common.add_block_dot), IEEE division for out.
+fp32 with ACC64 (``fast.dsa.KernelConfig.acc64``): P.V is an fp64 dot of the fp64 P
 and the gathered rows, chained through an fp64 accumulator (the fp64 tensor cores). The slot loop stops at the row's slot count, so rows compacted with ``topk_length``
 skip their tail of holes.
 """
@@ -58,13 +61,15 @@ def dsa_fwd_kernel(
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr = False, SPLIT_S: tl.constexpr = 0, ACC64: tl.constexpr = False,
+    FP32_TC: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     vb = tl.program_id(2)
     offs_v = vb * BLOCK_DV + tl.arange(0, BLOCK_DV)
     offs_r = tl.arange(0, BLOCK_DR)
-    NATURAL: tl.constexpr = q_ptr.dtype.element_ty == tl.float32  # fp32: natural-unit scores
+    # fp32: natural-unit scores, unless FP32_TC (the 16-bit algorithm on fp32 operands)
+    NATURAL: tl.constexpr = q_ptr.dtype.element_ty == tl.float32 and not FP32_TC
 
     if ONE_TILE:
         q = load_heads(q_ptr, t * stride_qt, offs_h, stride_qh, H, offs_v, stride_qd, DL)
@@ -142,7 +147,10 @@ def dsa_fwd_kernel(
             if SPLIT_S:
                 p = chain_break(p, start < n_slots)
                 alpha = chain_break(alpha, start < n_slots)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+            if FP32_TC:  # fp32 operands: each block's P.V its own dot, not one chain over slots
+                acc = add_block_dot(acc, alpha[:, None], p, v, PRECISION)
+            else:
+                acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
             m = m_new
 
     if NATURAL:  # out = acc / l and lse = m + log(l) in fp64, rounded once
@@ -152,7 +160,10 @@ def dsa_fwd_kernel(
     else:
         nonempty = l > 0
         l_safe = tl.where(nonempty, l, 1.0)
-        out = acc / l_safe[:, None]
+        if FP32_TC:  # IEEE division (a plain fp32 `/` compiles to div.full.f32, ~2 ulp)
+            out = tl.math.div_rn(acc, l_safe[:, None])
+        else:
+            out = acc / l_safe[:, None]
     o_ptrs = out_ptr + t * stride_ot + offs_h[:, None] * stride_oh + offs_v[None, :] * stride_od
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty),
              mask=(offs_h[:, None] < H) & (offs_v[None, :] < DL))

@@ -3,11 +3,13 @@
     python -m fast.kernels.dsa_probe fwd 64,64,512,512,8,2 [more configs...]
     python -m fast.kernels.dsa_probe bwd 64,32,64,256,8,3,1
     python -m fast.kernels.dsa_probe fwd32 32,32,64,512,8,1,0,0,0,1
+    python -m fast.kernels.dsa_probe fwdtc 32,32,64,512,8,2
 
 A config is block_h,block_k,block_d,block_dv,num_warps,num_stages[,dkv_transposed[,split_scores
 [,halves[,acc64]]]] (0/1 flags; halves only where the latent is two chunks of block_dv; acc64:
 the fp32 path's fp64 accumulators). ``fwd32`` / ``bwd32`` compile the fp32 path (fp32 inputs,
-fp64 key-gradient buffers). The production geometry is assumed (bf16, H=64, Dl=512, Dr=64,
+fp64 key-gradient buffers); ``fwdtc`` / ``bwdtc`` the fp32 "tf32x3" path (fast.dsa.set_fp32_mode:
+the 16-bit algorithm on fp32 operands, 3xTF32 dots). The production geometry is assumed (bf16, H=64, Dl=512, Dr=64,
 K=2048, packed [S, 576] keys):
 integer arguments that Triton would specialise as divisible by 16 on the GPU are marked so,
 unit strides are constants. Prints the shared memory the kernel needs (the H200 allows
@@ -47,20 +49,24 @@ def _fp32_pointers(pointers):
             for k, v in pointers.items()}
 
 
-def compile_for_sm90(which, cfg, fp32=False, asm=False):
+def compile_for_sm90(which, cfg, fp32=False, asm=False, tc=False):
     """Returns (shared bytes, registers, spill-store bytes) of one config (+ the compiled
-    kernel's asm dict when ``asm``)."""
+    kernel's asm dict when ``asm``); ``tc``: the fp32 tf32x3 path (implies fp32)."""
+    fp32 = fp32 or tc
     bh, bk, bd, bdv, warps, stages = cfg[:6]
     kernel = dsa_fwd_kernel if which == "fwd" else dsa_bwd_kernel
     consts = dict(HAS_ROPE=True, HAS_LEN=True, ONE_TILE=bd >= 512 and bdv >= 512, BLOCK_H=bh,
-                  BLOCK_K=bk, BLOCK_D=bd, BLOCK_DR=64, PRECISION="ieee" if fp32 else "tf32")
+                  BLOCK_K=bk, BLOCK_D=bd, BLOCK_DR=64,
+                  PRECISION="tf32x3" if tc else "ieee" if fp32 else "tf32")
     consts["BLOCK_DV" if which == "fwd" else "BLOCK_DC"] = bdv
     consts["SPLIT_S"] = (int if which == "fwd" else bool)(cfg[7]) if len(cfg) > 7 else 0
     if which == "bwd":
         consts["DKV_T"] = bool(cfg[6]) if len(cfg) > 6 else False
         consts["HALVES"] = bool(cfg[8]) if len(cfg) > 8 else False
     if "ACC64" in kernel.arg_names:
-        consts["ACC64"] = bool(cfg[9]) if len(cfg) > 9 else False
+        consts["ACC64"] = bool(cfg[9]) if len(cfg) > 9 and not tc else False
+    if "FP32_TC" in kernel.arg_names:
+        consts["FP32_TC"] = tc
     consts.update({n: 1 for n in _UNIT if n in kernel.arg_names})
     pointers = _fp32_pointers(_POINTERS[which]) if fp32 else _POINTERS[which]
     signature, attrs = {}, {}
@@ -103,13 +109,13 @@ def _ptxas_usage(ptx):
 
 
 def main(argv):
-    if len(argv) < 2 or argv[0] not in ("fwd", "bwd", "fwd32", "bwd32"):
+    if len(argv) < 2 or argv[0] not in ("fwd", "bwd", "fwd32", "bwd32", "fwdtc", "bwdtc"):
         raise SystemExit(__doc__)
-    which, fp32 = argv[0][:3], argv[0].endswith("32")
+    which, fp32, tc = argv[0][:3], argv[0].endswith("32"), argv[0].endswith("tc")
     for text in argv[1:]:
         cfg = tuple(int(x) for x in text.split(","))
         try:
-            shared, regs, spills = compile_for_sm90(which, cfg, fp32)
+            shared, regs, spills = compile_for_sm90(which, cfg, fp32, tc=tc)
             print(f"{argv[0]} {cfg}: shared {shared} B, {regs} registers, {spills} B spilled",
                   flush=True)
         except Exception as e:  # noqa: BLE001  (a config the compiler rejects is reported)
