@@ -508,3 +508,41 @@ def test_call_plans_key_on_options_and_never_cache_a_refusal(gen):
             scaled_dot_product_attention(q, k, v, scale=float("nan"))
         with pytest.raises(NotImplementedError, match="dropout_p"):
             scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+
+
+# ----------------------------------------------------------------------------- fp32 modes
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["plan", "masked"])
+@pytest.mark.parametrize("modes", [("accurate", "tf32x3"), ("tf32x3", "accurate")],
+                         ids=lambda m: "-then-".join(m))
+def test_fp32_mode_change_between_forward_and_backward(modes, masked, gen):
+    """The backward runs the path whose statistics the forward saved (natural units keep four
+    rows, the log2-unit modes three), not the fp32 mode set since: read as the other layout, the
+    rows give wrong gradients or a read past the saved tensor. Gradients match a backward run
+    under the forward's own mode (bitwise in the interpreter, which computes tf32x3 dots in
+    fp32; within 1e-5 of the largest gradient on the GPU, where "tf32x3" and IEEE dots differ)."""
+    import attention_oracle.fast.sdpa as fast_sdpa
+    q, k, v, dout = (randn(1, 2, 40, 32, dtype=torch.float32, gen=gen) for _ in range(4))
+    mask = None
+    if masked:
+        mask = torch.zeros(40, 40, device=DEVICE)
+        mask[:, 7] = float("-inf")
+
+    def gradients(forward_mode, backward_mode):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        fast_sdpa.set_fp32_mode(forward_mode)
+        out = scaled_dot_product_attention(*leaves, attn_mask=mask)
+        fast_sdpa.set_fp32_mode(backward_mode)
+        return torch.autograd.grad(out, leaves, dout)
+
+    previous = fast_sdpa.set_fp32_mode(modes[0])
+    try:
+        mixed = gradients(*modes)
+        own = gradients(modes[0], modes[0])
+    finally:
+        fast_sdpa.set_fp32_mode(previous)
+    for name, g, ref in zip(("dq", "dk", "dv"), mixed, own):
+        tol = 0.0 if DEVICE == "cpu" else 1e-5 * ref.abs().max().item()
+        err = (g - ref).abs().max().item()
+        assert err <= tol, f"{name}: {err:.3g} from the forward mode's own backward (bound {tol:.3g})"

@@ -145,12 +145,13 @@ def _block(d):
     return max(16, next_pow2(d))
 
 
-def _precision(dtype):
-    """The ``input_precision`` of the kernels' dots: fp32 takes IEEE dots (FMA on the GPU), or
-    in "tf32x3" mode the 3xTF32 split on tensor cores; 16-bit operands ignore it."""
+def _precision(dtype, width):
+    """The ``input_precision`` of the kernels' dots for head dims up to ``width``: fp32 takes
+    IEEE dots (FMA on the GPU), or in "tf32x3" mode the 3xTF32 split on tensor cores; 16-bit
+    operands ignore it."""
     if dtype != torch.float32:
         return "tf32"
-    return "tf32x3" if _FP32["mode"] == "tf32x3" else "ieee"
+    return "tf32x3" if _fp32_mode(width) == "tf32x3" else "ieee"
 
 
 FP32_MODES = ("accurate", "plain", "tf32x3")
@@ -175,18 +176,30 @@ def set_fp32_mode(mode):
     return previous
 
 
-def _natural(dtype):
+# "tf32x3" keeps q (or k and v) in shared memory twice (the big and small halves): wider heads
+# than this do not fit the H200's 227 KB with any tile the kernels use
+TF32X3_MAX_BLOCK = 128
+
+
+def _fp32_mode(width):
+    """The fp32 mode a call with head dims up to ``width`` runs: :func:`set_fp32_mode`'s, except
+    that "tf32x3" runs "accurate" where a head dim's block exceeds ``TF32X3_MAX_BLOCK``."""
+    mode = _FP32["mode"]
+    return "accurate" if mode == "tf32x3" and _block(width) > TF32X3_MAX_BLOCK else mode
+
+
+def _natural(dtype, width):
     """fp32 in "accurate" mode keeps scores and lse in natural units with an accurate exp (the
-    old rule allowed about two naive fp32 roundings); 16-bit inputs and fp32 in "plain" mode
-    take the log2-unit, exp2 fast path."""
-    return dtype == torch.float32 and _FP32["mode"] == "accurate"
+    old rule allowed about two naive fp32 roundings); 16-bit inputs and fp32 in "plain" or
+    "tf32x3" mode take the log2-unit, exp2 fast path."""
+    return dtype == torch.float32 and _fp32_mode(width) == "accurate"
 
 
-def _lse_state_shape(q_shape, dtype):
+def _lse_state_shape(q_shape, dtype, width):
     """The forward's saved row statistics ``[R, Z1, Z2, Hq, L]`` float32, rows ``STATS_*``
-    (:mod:`fast.kernels.sdpa_common`): m, log l, the public lse and, for fp32 (R = 4), the
-    rounding error of log l."""
-    return (stats_rows(_natural(dtype)),) + tuple(q_shape[:4])
+    (:mod:`fast.kernels.sdpa_common`): m, log l, the public lse and, on the natural-unit fp32
+    path (R = 4), the rounding error of log l. ``width``: the larger head dim."""
+    return (stats_rows(_natural(dtype, width)),) + tuple(q_shape[:4])
 
 
 # ----------------------------------------------------------------------------- launches
@@ -249,16 +262,18 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
     Z1, Z2, HQ, L, E = q.shape
     S, EV = k.shape[3], v.shape[4]
     out = torch.empty((Z1, Z2, HQ, L, EV), dtype=q.dtype, device=q.device)
-    lse_k = torch.empty(_lse_state_shape(q.shape, q.dtype), dtype=torch.float32, device=q.device)
+    width = max(E, EV)
+    lse_k = torch.empty(_lse_state_shape(q.shape, q.dtype, width), dtype=torch.float32,
+                        device=q.device)
     if out.numel() == 0:
         return out, lse_k
     if S == 0:  # only the public lse is read (the backward returns zeros)
         lse_k.fill_(float("-inf"))
         return out.zero_(), lse_k
-    natural = _natural(q.dtype)
+    natural = _natural(q.dtype, width)
     kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
         q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), is_causal, natural,
-        _precision(q.dtype), _fold(scale, q.dtype, False))
+        _precision(q.dtype, width), _fold(scale, q.dtype, False))
     mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
     args = (q, k, v, mask_arg, out, lse_k,
             *q.stride(), *k.stride(), *v.stride(), *_strides5(mask), *out.stride(),
@@ -302,10 +317,12 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
         return dq.zero_(), dk.zero_(), dv.zero_()
     _check_tile_offsets((("dout", dout),))
     delta = torch.empty((Z1 * Z2 * HQ, L), dtype=torch.float32, device=q.device)
+    # the forward's statistics say which path made them (the fp32 mode may have changed since)
+    natural = lse_k.shape[0] == stats_rows(True)
+    prec = "ieee" if natural else _precision(q.dtype, max(E, v.shape[4]))
     (kind, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
      pre_grid) = _bwd_plan(q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), dout.dtype,
-                           is_causal, _natural(q.dtype), _precision(q.dtype), interpreting(),
-                           _fold(scale, q.dtype, True))
+                           is_causal, natural, prec, interpreting(), _fold(scale, q.dtype, True))
     mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
     dout_strides = dout.stride()
     _PRE(pre_grid, (out, dout, delta, *out.stride(), *dout_strides, Z2, HQ, L, sizes[3]),
@@ -333,7 +350,8 @@ def _sdpa_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Option
 @_sdpa_fwd_op.register_fake
 def _sdpa_fwd_fake(q, k, v, mask, is_causal, scale):
     out = q.new_empty(tuple(q.shape[:4]) + (v.shape[4],))
-    return out, q.new_empty(_lse_state_shape(q.shape, q.dtype), dtype=torch.float32)
+    width = max(q.shape[4], v.shape[4])
+    return out, q.new_empty(_lse_state_shape(q.shape, q.dtype, width), dtype=torch.float32)
 
 
 @torch.library.custom_op("attention_oracle::sdpa_bwd", mutates_args=())
@@ -443,20 +461,21 @@ class _CallPlan:
         Z1, Z2, HQ, L, E = q5.shape
         EV = v5.shape[4]
         dtype = q5.dtype
-        natural = _natural(dtype)
+        width = max(E, EV)
+        natural = _natural(dtype, width)
         self.dtype, self.device, self.out_shape = dtype, q5.device, out_shape
-        self.lse_shape = _lse_state_shape(q5.shape, dtype)
+        self.lse_shape = _lse_state_shape(q5.shape, dtype, width)
         self.out5 = _contiguous_strides((Z1, Z2, HQ, L, EV))
         lse_stride = _contiguous_strides(self.lse_shape)[0]
         operands = (*q5.stride(), *k5.stride(), *v5.stride(), 0, 0, 0, 0, 0)
         kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
-            q5.shape, k5.shape, v5.shape, dtype, None, is_causal, natural, _precision(dtype),
+            q5.shape, k5.shape, v5.shape, dtype, None, is_causal, natural, _precision(dtype, width),
             _fold(scale, dtype, False))
         self.fwd = (key, grid, sizes, meta)
         self.fwd_tail = (*operands, *self.out5, lse_stride, *ints, scale * factor, *tunes)
         (_, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
          pre_grid) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
-                               natural, _precision(dtype), interpreting(),
+                               natural, _precision(dtype, width), interpreting(),
                                _fold(scale, dtype, True))
         self.bwd = (key, key + (HQ // k5.shape[2],), grid_kv, grid_q, sizes, meta, pre_grid,
                     {"BLOCK_M": pre_block, "BLOCK_EV": meta["BLOCK_EV"]})

@@ -83,6 +83,16 @@ def smem_bytes(block_rows_pipelined, block_rows_resident, block_e, block_ev, els
     return streamed + resident
 
 
+def smem_bytes_tf32x3(block_rows_pipelined, block_rows_resident, resident_cols, block_e,
+                      block_ev, stages):
+    """Shared memory of an fp32 tile loop with tf32x3 dots: the streamed tiles per stage plus
+    the resident operands twice (their big and small halves). Matches offline sm_90 compiles
+    within 0.2% (``python -m attention_oracle.fast.kernels.sdpa_probe``, NOTES.md session 7),
+    and the device's 393984 B for dK/dV at D 128, 64 x 128 x 2 stages."""
+    streamed = block_rows_pipelined * (block_e + block_ev) * 4 * stages
+    return streamed + 2 * block_rows_resident * resident_cols * 4
+
+
 SMEM_LIMIT = 220 * 1024
 
 
@@ -273,14 +283,15 @@ def validated_only(named_args) -> bool:
             or named_args["TUNE_L"] <= 128 or named_args["TUNE_S"] <= 128)
 
 
-def make_prune(pipelined, resident, *, safe, fp32_shape, accumulator_cols, register_limit,
-               min_16bit_tile):
+def make_prune(pipelined, resident, *, safe, fp32_shape, accumulator_cols, resident_cols,
+               register_limit, min_16bit_tile):
     """Autotune config pruning on shared memory and registers, for the forward and both
     backward kernels. ``pipelined`` names the streamed block dim, ``resident`` the block dim
     held across the loop; ``accumulator_cols(BLOCK_E, BLOCK_EV)`` is the width of the fp32
     accumulators a program keeps per resident row (forward: EV; dK/dV and dQ: E + EV), whose
-    per-thread share must stay within ``register_limit``. fp32 with ieee dots (no tensor cores)
-    keeps ``fp32_shape`` only; the tensor-core paths (16-bit, fp32 with PREC "tf32x3") keep
+    per-thread share must stay within ``register_limit``; ``resident_cols(BLOCK_E, BLOCK_EV)``
+    the width of the operand tiles held per resident row (forward: E, q; backward: E + EV). fp32 with ieee dots (no tensor cores)
+    keeps ``fp32_shape`` (BLOCK_M, BLOCK_N, warps, stages) only; the tensor-core paths (16-bit, fp32 with PREC "tf32x3") keep
     tiles of at least ``min_16bit_tile`` elements when any fits. Shapes not validated natively
     run ``safe`` (``validated_only``)."""
     def prune(configs, named_args, **kwargs):
@@ -295,11 +306,17 @@ def make_prune(pipelined, resident, *, safe, fp32_shape, accumulator_cols, regis
         kept = []
         for c in configs:
             rows_p, rows_r = c.kwargs[pipelined], c.kwargs[resident]
-            if smem_bytes(rows_p, rows_r, be, bev, elsize, c.num_stages) > SMEM_LIMIT:
+            if elsize == 4 and tensor_cores:
+                smem = smem_bytes_tf32x3(rows_p, rows_r, resident_cols(be, bev), be, bev,
+                                         c.num_stages)
+            else:
+                smem = smem_bytes(rows_p, rows_r, be, bev, elsize, c.num_stages)
+            if smem > SMEM_LIMIT:
                 continue
             if rows_r * accumulator_cols(be, bev) / (c.num_warps * 32) > register_limit:
                 continue
-            if not tensor_cores and (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) != fp32_shape:
+            if not tensor_cores and (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps,
+                                     c.num_stages) != fp32_shape:
                 continue
             kept.append(c)
         if tensor_cores:  # small tiles only when nothing larger fits

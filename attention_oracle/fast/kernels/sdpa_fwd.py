@@ -30,14 +30,15 @@ def _fwd_configs():
     if not autotune_enabled():
         return [_FWD_SAFE]
     shapes = [(128, 64, 4, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 128, 8, 3),
-              (64, 64, 4, 3), (64, 32, 4, 2)]
+              (64, 64, 4, 3), (64, 32, 4, 2), (64, 32, 4, 3)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
             for bm, bn, w, s in shapes]
 
 
 # registers: the BM x BEV fp32 accumulator spread over the warps
-_prune_fwd = make_prune("BLOCK_N", "BLOCK_M", safe=_FWD_SAFE, fp32_shape=(64, 32),
-                        accumulator_cols=lambda be, bev: bev, register_limit=128,
+_prune_fwd = make_prune("BLOCK_N", "BLOCK_M", safe=_FWD_SAFE, fp32_shape=(64, 32, 4, 2),
+                        accumulator_cols=lambda be, bev: bev,
+                        resident_cols=lambda be, bev: be, register_limit=128,
                         min_16bit_tile=128 * 64)
 
 

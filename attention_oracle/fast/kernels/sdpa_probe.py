@@ -1,0 +1,79 @@
+"""Offline probe: compile the SDPA kernels for sm_90a on a machine without a GPU.
+
+    python -m attention_oracle.fast.kernels.sdpa_probe fwd tf32x3 128 64,32,4,2 128,64,8,2
+    python -m attention_oracle.fast.kernels.sdpa_probe dkdv ieee 64 32,64,4,2
+
+Arguments: the kernel (``fwd``, ``dkdv``, ``dq``), the fp32 dot precision (``ieee`` or
+``tf32x3``; ``bf16`` compiles the 16-bit kernel), the head dim (E = Ev, a power of two), then
+configs ``BLOCK_M,BLOCK_N,num_warps,num_stages``. Unmasked, not causal, log2-unit path (the
+"plain" / "tf32x3" / 16-bit kernels). Prints the shared memory each config needs (the H200
+allows 232448 bytes) and, from the ptxas bundled with Triton, registers and spill bytes.
+Shared-memory figures come from the local Triton, which may lay operands out differently from
+the device's (NOTES.md, DSA fp32), so a config near the limit still needs the device.
+"""
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from .dsa_probe import _ptxas_usage
+from .sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel
+from .sdpa_fwd import sdpa_fwd_kernel
+
+_KERNELS = {"fwd": (sdpa_fwd_kernel, 6), "dkdv": (sdpa_bwd_dkdv_kernel, 9),
+            "dq": (sdpa_bwd_dq_kernel, 8)}
+
+
+def compile_for_sm90(which, prec, head_dim, cfg):
+    """(shared bytes, registers, spill-store bytes) of one config."""
+    autotuned, n_tensors = _KERNELS[which]
+    kernel = autotuned.fn.fn
+    bm, bn, warps, stages = cfg
+    elem = "*bf16" if prec == "bf16" else "*fp32"
+    consts = dict(CAUSAL=False, MASK_KIND=0, PREC="tf32" if prec == "bf16" else prec,
+                  NATURAL=False, CHUNK_E=32, CHUNK_EV=32, BLOCK_E=head_dim, BLOCK_EV=head_dim,
+                  BLOCK_M=bm, BLOCK_N=bn, CHECK_M=False, CHECK_N=False, CHECK_E=False,
+                  CHECK_EV=False, FOLD=True)
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in consts:
+            signature[name] = "constexpr"
+        elif i < n_tensors:
+            fp32_row = name in ("Stats", "Delta") or (name == "Mask")
+            signature[name] = "*fp32" if fp32_row else elem
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in ("qk_scale", "scale"):
+            signature[name] = "fp32"
+        elif name.endswith("e") and name.startswith("s_"):  # unit channel strides
+            consts[name] = 1
+            signature[name] = "constexpr"
+        else:
+            signature[name] = "i32"
+            if name not in ("Z2", "HQ", "GROUP"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    consts = {k: v for k, v in consts.items() if k in kernel.arg_names}
+    src = ASTSource(fn=kernel, signature=signature, attrs=attrs,
+                    constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=warps, num_stages=stages))
+    return (compiled.metadata.shared,) + _ptxas_usage(compiled.asm["ptx"])
+
+
+def main(argv):
+    if len(argv) < 4 or argv[0] not in _KERNELS or argv[1] not in ("ieee", "tf32x3", "bf16"):
+        raise SystemExit(__doc__)
+    which, prec, head_dim = argv[0], argv[1], int(argv[2])
+    for text in argv[3:]:
+        cfg = tuple(int(x) for x in text.split(","))
+        try:
+            shared, regs, spills = compile_for_sm90(which, prec, head_dim, cfg)
+            print(f"{which} {prec} D{head_dim} {cfg}: shared {shared} B, {regs} registers, "
+                  f"{spills} B spilled", flush=True)
+        except Exception as exc:  # report and go on with the next config
+            print(f"{which} {prec} D{head_dim} {cfg}: {type(exc).__name__}: {str(exc)[:200]}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
