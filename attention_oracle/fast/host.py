@@ -1,10 +1,14 @@
-"""Host-side helpers for the launchers: integer arithmetic and the device check.
+"""Host-side helpers for the launchers: integer arithmetic, the device check and the device
+a launch runs on.
 
 Plain Python on purpose: ``triton.cdiv`` and ``triton.next_power_of_2`` are constexpr
 functions whose call wrapper costs a few microseconds per call on the host, and a launch
 computes several of them.
 """
+import contextlib
 import os
+
+import torch
 
 
 def cdiv(a, b):
@@ -32,3 +36,17 @@ def check_device(device):
     need = "the CPU (TRITON_INTERPRET=1 is set)" if _INTERPRETING else (
         "a CUDA device (Triton runs on CUDA; set TRITON_INTERPRET=1 for the CPU)")
     raise NotImplementedError(f"tensors on {device}: fast's kernels need {need}")
+
+
+_SAME_DEVICE = contextlib.nullcontext()
+
+
+def on_device_of(tensor):
+    """A context that makes ``tensor``'s CUDA device the current one for a launch (a no-op when
+    it already is, or for a CPU tensor). Triton launches on the current device and its current
+    stream; torch's own ops follow their tensors' device, so without this a kernel on tensors of
+    another GPU would run on the wrong one and read memory it cannot address."""
+    index = tensor.get_device() if isinstance(tensor, torch.Tensor) else -1
+    if index < 0 or index == torch.cuda.current_device():
+        return _SAME_DEVICE
+    return torch.cuda.device(index)

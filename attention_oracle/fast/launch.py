@@ -15,7 +15,7 @@ specializes a compiled kernel on, so two launches sharing a key run the same com
   for ``do_not_specialize`` arguments; keeping them only adds cache entries);
 * floats (fp32), bools (u1), None (a constexpr): their type;
 * every keyword argument (constexprs and options such as ``num_warps``) by value;
-* the current CUDA device.
+* the current CUDA device (a launch first makes its first tensor's device current).
 
 Anything else (an argument of another type, a launch hook or pre-run hook installed, Triton's
 interpreter, a ``CompiledKernel`` without the expected attributes, an exception on the first
@@ -32,6 +32,8 @@ is checked so, and a mismatch raises).
 import inspect
 import os
 import warnings
+
+from .host import on_device_of
 
 LAUNCH_MODES = ("direct", "triton", "check")
 _MODE = {"mode": os.environ.get("ATTENTION_ORACLE_FAST_LAUNCH", "direct")}
@@ -131,6 +133,10 @@ class DirectLauncher:
         self.direct_launches = 0  # for tests: how many launches took the direct path
 
     def __call__(self, grid, args, kwargs):
+        with on_device_of(args[0]):  # the device of the kernel's tensors, not the current one
+            self._launch(grid, args, kwargs)
+
+    def _launch(self, grid, args, kwargs):
         mode = _MODE["mode"]
         if mode == "triton" or not self.usable or getattr(self.jit, "pre_run_hooks", None):
             self.jit[grid](*args, **kwargs)

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from ..host import next_pow2
+from ..host import next_pow2, on_device_of
 from ..launch import DirectLauncher
 from .accurate_math import exp_accurate, log_accurate
 
@@ -373,7 +373,8 @@ class CachedLauncher:
         if plan is None:
             kwargs = self.configs.get(key)
             if kwargs is None:
-                self.autotuned[self._grid_fn(grid)](*args, **meta)
+                with on_device_of(args[0]):
+                    self.autotuned[self._grid_fn(grid)](*args, **meta)
                 config = getattr(self.autotuned, "best_config", None)
                 if config is not None:
                     self.configs[key] = config.all_kwargs()
