@@ -69,9 +69,11 @@ def _dq_configs():
             for bm, bn, w, s in shapes]
 
 
-def _make_prune(pipelined, resident, fp32_shape, safe):
-    """Pruning for the backward kernels: two fp32 accumulators (E + EV wide) per program."""
-    return make_prune(pipelined, resident, safe=safe, fp32_shape=fp32_shape,
+def _make_prune(pipelined, resident, fp32_shapes, safe):
+    """Pruning for the backward kernels: two fp32 accumulators (E + EV wide) per program; fp32
+    with IEEE dots takes ``fp32_shapes`` (4 or 8 warps: with 4, the fp64 pieces spill, 1.6 KB
+    per thread for dK/dV at D 128 in an offline sm_90 compile, 76 B with 8)."""
+    return make_prune(pipelined, resident, safe=safe, fp32_shapes=fp32_shapes,
                       accumulator_cols=lambda be, bev: be + bev,
                       resident_cols=lambda be, bev: be + bev, register_limit=160,
                       min_16bit_tile=64 * 64)
@@ -143,7 +145,7 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, s
 
 @triton.autotune(configs=_dkdv_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                                 "MASK_KIND", "GROUP", "PREC"],
-                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_M", "BLOCK_N", (32, 64, 4, 2), _DKDV_SAFE)},
+                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_M", "BLOCK_N", ((32, 64, 4, 2), (32, 64, 8, 2)), _DKDV_SAFE)},
                  **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
 @triton.jit(do_not_specialize=["Z2", "HQ"])
@@ -285,7 +287,7 @@ def _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, 
 
 @triton.autotune(configs=_dq_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                               "MASK_KIND", "PREC"],
-                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_N", "BLOCK_M", (64, 32, 4, 2), _DQ_SAFE)},
+                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_N", "BLOCK_M", ((64, 32, 4, 2), (64, 32, 8, 2)), _DQ_SAFE)},
                  **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
 @triton.jit(do_not_specialize=["Z2", "HQ"])

@@ -283,17 +283,18 @@ def validated_only(named_args) -> bool:
             or named_args["TUNE_L"] <= 128 or named_args["TUNE_S"] <= 128)
 
 
-def make_prune(pipelined, resident, *, safe, fp32_shape, accumulator_cols, resident_cols,
+def make_prune(pipelined, resident, *, safe, fp32_shapes, accumulator_cols, resident_cols,
                register_limit, min_16bit_tile):
     """Autotune config pruning on shared memory and registers, for the forward and both
     backward kernels. ``pipelined`` names the streamed block dim, ``resident`` the block dim
     held across the loop; ``accumulator_cols(BLOCK_E, BLOCK_EV)`` is the width of the fp32
     accumulators a program keeps per resident row (forward: EV; dK/dV and dQ: E + EV), whose
     per-thread share must stay within ``register_limit``; ``resident_cols(BLOCK_E, BLOCK_EV)``
-    the width of the operand tiles held per resident row (forward: E, q; backward: E + EV). fp32 with ieee dots (no tensor cores)
-    keeps ``fp32_shape`` (BLOCK_M, BLOCK_N, warps, stages) only; the tensor-core paths (16-bit, fp32 with PREC "tf32x3") keep
-    tiles of at least ``min_16bit_tile`` elements when any fits. Shapes not validated natively
-    run ``safe`` (``validated_only``)."""
+    the width of the operand tiles held per resident row (forward: E, q; backward: E + EV).
+    fp32 with IEEE dots (no tensor cores) tunes over ``fp32_shapes`` ((BLOCK_M, BLOCK_N, warps,
+    stages) each) instead of the list; the tensor-core paths (16-bit, fp32 with PREC "tf32x3")
+    keep tiles of at least ``min_16bit_tile`` elements when any fits. Shapes not validated
+    natively run ``safe`` (``validated_only``)."""
     def prune(configs, named_args, **kwargs):
         if len(configs) == 1:
             return configs
@@ -303,10 +304,13 @@ def make_prune(pipelined, resident, *, safe, fp32_shape, accumulator_cols, resid
         be, bev = named_args["BLOCK_E"], named_args["BLOCK_EV"]
         elsize = named_args["Q"].element_size()
         tensor_cores = elsize < 4 or named_args.get("PREC") == "tf32x3"
+        if not tensor_cores:
+            return forced_choice([triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w,
+                                                num_stages=st) for bm, bn, w, st in fp32_shapes])
         kept = []
         for c in configs:
             rows_p, rows_r = c.kwargs[pipelined], c.kwargs[resident]
-            if elsize == 4 and tensor_cores:
+            if elsize == 4:
                 smem = smem_bytes_tf32x3(rows_p, rows_r, resident_cols(be, bev), be, bev,
                                          c.num_stages)
             else:
@@ -315,13 +319,10 @@ def make_prune(pipelined, resident, *, safe, fp32_shape, accumulator_cols, resid
                 continue
             if rows_r * accumulator_cols(be, bev) / (c.num_warps * 32) > register_limit:
                 continue
-            if not tensor_cores and (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps,
-                                     c.num_stages) != fp32_shape:
-                continue
             kept.append(c)
-        if tensor_cores:  # small tiles only when nothing larger fits
-            kept = [c for c in kept
-                    if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] >= min_16bit_tile] or kept
+        # small tiles only when nothing larger fits
+        kept = [c for c in kept
+                if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] >= min_16bit_tile] or kept
         kept = kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
         return forced_choice(kept)
     return prune

@@ -35,8 +35,10 @@ def _fwd_configs():
             for bm, bn, w, s in shapes]
 
 
+# fp32 with IEEE dots: 4 or 8 warps (8 halve each thread's share of the fp64 score pieces)
+_FP32_SHAPES = ((64, 32, 4, 2), (64, 32, 8, 2))
 # registers: the BM x BEV fp32 accumulator spread over the warps
-_prune_fwd = make_prune("BLOCK_N", "BLOCK_M", safe=_FWD_SAFE, fp32_shape=(64, 32, 4, 2),
+_prune_fwd = make_prune("BLOCK_N", "BLOCK_M", safe=_FWD_SAFE, fp32_shapes=_FP32_SHAPES,
                         accumulator_cols=lambda be, bev: bev,
                         resident_cols=lambda be, bev: be, register_limit=128,
                         min_16bit_tile=128 * 64)

@@ -3,10 +3,10 @@
     python -m attention_oracle.fast.kernels.sdpa_probe fwd tf32x3 128 64,32,4,2 128,64,8,2
     python -m attention_oracle.fast.kernels.sdpa_probe dkdv ieee 64 32,64,4,2
 
-Arguments: the kernel (``fwd``, ``dkdv``, ``dq``), the fp32 dot precision (``ieee`` or
-``tf32x3``; ``bf16`` compiles the 16-bit kernel), the head dim (E = Ev, a power of two), then
-configs ``BLOCK_M,BLOCK_N,num_warps,num_stages``. Unmasked, not causal, log2-unit path (the
-"plain" / "tf32x3" / 16-bit kernels). Prints the shared memory each config needs (the H200
+Arguments: the kernel (``fwd``, ``dkdv``, ``dq``), the path (``ieee`` or ``tf32x3``: fp32
+"plain" / "tf32x3" mode; ``accurate``: fp32 "accurate" mode, natural units and fp64 pieces;
+``bf16``: the 16-bit kernel), the head dim (E = Ev, a power of two), then configs
+``BLOCK_M,BLOCK_N,num_warps,num_stages``. Unmasked, not causal. Prints the shared memory each config needs (the H200
 allows 232448 bytes) and, from the ptxas bundled with Triton, registers and spill bytes.
 Shared-memory figures come from the local Triton, which may lay operands out differently from
 the device's (NOTES.md, DSA fp32), so a config near the limit still needs the device.
@@ -19,6 +19,7 @@ from triton.compiler import ASTSource
 
 from .dsa_probe import _ptxas_usage
 from .sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel
+from .sdpa_common import chunk_of
 from .sdpa_fwd import sdpa_fwd_kernel
 
 _KERNELS = {"fwd": (sdpa_fwd_kernel, 6), "dkdv": (sdpa_bwd_dkdv_kernel, 9),
@@ -31,8 +32,10 @@ def compile_for_sm90(which, prec, head_dim, cfg):
     kernel = autotuned.fn.fn
     bm, bn, warps, stages = cfg
     elem = "*bf16" if prec == "bf16" else "*fp32"
-    consts = dict(CAUSAL=False, MASK_KIND=0, PREC="tf32" if prec == "bf16" else prec,
-                  NATURAL=False, CHUNK_E=32, CHUNK_EV=32, BLOCK_E=head_dim, BLOCK_EV=head_dim,
+    consts = dict(CAUSAL=False, MASK_KIND=0,
+                  PREC={"bf16": "tf32", "accurate": "ieee"}.get(prec, prec),
+                  NATURAL=prec == "accurate", CHUNK_E=chunk_of(head_dim),
+                  CHUNK_EV=chunk_of(head_dim), BLOCK_E=head_dim, BLOCK_EV=head_dim,
                   BLOCK_M=bm, BLOCK_N=bn, CHECK_M=False, CHECK_N=False, CHECK_E=False,
                   CHECK_EV=False, FOLD=True)
     signature, attrs = {}, {}
@@ -61,7 +64,7 @@ def compile_for_sm90(which, prec, head_dim, cfg):
 
 
 def main(argv):
-    if len(argv) < 4 or argv[0] not in _KERNELS or argv[1] not in ("ieee", "tf32x3", "bf16"):
+    if len(argv) < 4 or argv[0] not in _KERNELS or argv[1] not in ("ieee", "tf32x3", "accurate", "bf16"):
         raise SystemExit(__doc__)
     which, prec, head_dim = argv[0], argv[1], int(argv[2])
     for text in argv[3:]:

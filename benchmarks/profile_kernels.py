@@ -1,0 +1,117 @@
+"""One profiled launch per workload, for Nsight Compute: what limits fast's kernels against
+their peers (issue 12: "any target missed is stated with what limits it, measured").
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
+        --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \\
+        --section LaunchStats python -m benchmarks.profile_kernels [--only NAME,...]
+
+Each workload runs twice untimed (compilation, autotuning, caches), then once between
+``cudaProfilerStart`` and ``cudaProfilerStop``, so ncu sees only that call's kernels. Without
+ncu the script just runs them. Workloads (bf16 unless named):
+sdpa_fwd_fast / sdpa_fwd_cudnn (B 4, H 32, L 4096, D 128), sdpa_bwd_fast / sdpa_bwd_cudnn
+(the backward of the same), dsa_fwd_fast / dsa_bwd_fast (doc_16384, H 64, 512 + 64, top-k 2048),
+sdpa_fp32_fwd_{accurate,tf32x3} / sdpa_fp32_bwd_{accurate,tf32x3} / sdpa_fp32_bwd_torch
+(fp32, B 2, H 16, L 2048, D 128).
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attention_oracle.fast import sdpa as fast_sdpa
+
+
+def _profiled(fn):
+    fn()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def _inputs(B, H, L, D, dtype):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    return [torch.randn(B, H, L, D, device="cuda", dtype=dtype, generator=g) for _ in range(4)]
+
+
+def _sdpa(impl, backward, dtype=torch.bfloat16, shape=(4, 32, 4096, 128)):
+    q, k, v, dout = _inputs(*shape, dtype)
+    leaves = [t.requires_grad_(backward) for t in (q, k, v)]
+
+    def forward():
+        if impl == "cudnn":
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                return F.scaled_dot_product_attention(*leaves)
+        if impl == "torch":
+            return F.scaled_dot_product_attention(*leaves)
+        return fast_sdpa.scaled_dot_product_attention(*leaves)
+
+    if not backward:
+        def run():
+            with torch.no_grad():
+                forward()
+        return run
+    out = forward()  # the profiled call is the backward alone
+
+    def run_backward():
+        torch.autograd.grad(out, leaves, dout, retain_graph=True)
+    return run_backward
+
+
+def _dsa(backward):
+    from benchmarks import dsa as bench
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    p = bench.make_problem("doc_16384", [0, 16384], [0, 16384], gen)
+    xs = bench.leaves(p)
+    if not backward:
+        def run():
+            with torch.no_grad():
+                bench.fast_forward(p, xs)
+        return run
+    out = bench.fast_forward(p, xs)
+
+    def run_backward():
+        torch.autograd.grad(out, xs, p["dout"], retain_graph=True)
+    return run_backward
+
+
+FP32 = dict(dtype=torch.float32, shape=(2, 16, 2048, 128))
+WORKLOADS = {
+    "sdpa_fwd_fast": lambda: _sdpa("fast", False),
+    "sdpa_fwd_cudnn": lambda: _sdpa("cudnn", False),
+    "sdpa_bwd_fast": lambda: _sdpa("fast", True),
+    "sdpa_bwd_cudnn": lambda: _sdpa("cudnn", True),
+    "dsa_fwd_fast": lambda: _dsa(False),
+    "dsa_bwd_fast": lambda: _dsa(True),
+    "sdpa_fp32_fwd_accurate": lambda: _sdpa("fast", False, **FP32),
+    "sdpa_fp32_fwd_tf32x3": lambda: _sdpa("fast", False, **FP32),
+    "sdpa_fp32_fwd_torch": lambda: _sdpa("torch", False, **FP32),
+    "sdpa_fp32_bwd_accurate": lambda: _sdpa("fast", True, **FP32),
+    "sdpa_fp32_bwd_tf32x3": lambda: _sdpa("fast", True, **FP32),
+    "sdpa_fp32_bwd_torch": lambda: _sdpa("torch", True, **FP32),
+}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=",".join(WORKLOADS))
+    args = ap.parse_args(argv)
+    for name in args.only.split(","):
+        # the fp32 mode is the name's suffix, set before a backward workload's forward
+        mode = name.rsplit("_", 1)[1] if name.startswith("sdpa_fp32_") else None
+        previous = fast_sdpa.set_fp32_mode(mode) if mode in fast_sdpa.FP32_MODES else None
+        try:
+            run = WORKLOADS[name]()
+            print(f"== workload {name}", flush=True)
+            _profiled(run)
+        finally:
+            if previous:
+                fast_sdpa.set_fp32_mode(previous)
+
+
+if __name__ == "__main__":
+    main()
