@@ -20,10 +20,10 @@ rows packed in one [S, 576] buffer, head-major dout).
 - a plain PyTorch gather baseline (bf16 matmuls, fp32 softmax, 512-query chunks);
 - index preparation against torch (stable sort + gather) and a device copy of the same bytes;
 - peak backward memory with a contiguous and a head-major dout;
-- fp32 (``fp32``): the same geometry and layouts in fp32, both fp32 modes of fast.dsa
+- fp32 (``fp32``): the same geometry and layouts in fp32, the fp32 modes of fast.dsa
   ("acc64", the default, at its default configs; "tf32x3" with its tile candidates swept on
-  doc_4096, forward and backward apart, each checked against float64 on 32 tokens), then
-  both modes' pairs on doc_4096 and doc_16384.
+  doc_4096, forward and backward apart, each checked against float64 on 32 tokens;
+  "tf32x3_exp2" at tf32x3's fastest pair), then each mode's pair on doc_4096 and doc_16384.
 
 ``--only fp32`` runs that section alone.
 
@@ -609,8 +609,8 @@ def _fastest(rows, limit=1e-5):
 
 def fp32_section(p4096, gen, reps, budget_s=3.0):
     """fp32 "acc64" (the default mode, its default configs) against "tf32x3" (candidates swept
-    on doc_4096, then the fastest pair): forward / backward / step on doc_4096 and doc_16384,
-    both timing methods."""
+    on doc_4096, then the fastest pair) and "tf32x3_exp2" (that pair): forward / backward /
+    step on doc_4096 and doc_16384, both timing methods."""
     res = {}
     p = fp32_problem(p4096)
     acc64 = {k: fdsa.FP32_CONFIGS[k][0] for k in ("forward", "backward")}
@@ -620,7 +620,7 @@ def fp32_section(p4096, gen, reps, budget_s=3.0):
     best = {k: _fastest(res["sweep_doc_4096"]["tf32x3"][k]) for k in ("forward", "backward")}
     res["chosen_tf32x3"] = {k: v.__dict__ if v else None for k, v in best.items()}
     tc = {k: best[k] or fdsa.TF32X3_CONFIGS[k][0] for k in ("forward", "backward")}
-    pairs = {"acc64": acc64, "tf32x3": tc}
+    pairs = {"acc64": acc64, "tf32x3": tc, "tf32x3_exp2": tc}
     res["doc_4096"] = {m: measure_fp32(p, c["forward"], c["backward"], reps, budget_s, mode=m)
                        for m, c in pairs.items()}
     del p

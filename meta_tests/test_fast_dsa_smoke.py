@@ -457,15 +457,16 @@ _TF32X3_TILES = {"one_piece": fdsa.KernelConfig(16, 16, 64, 64, 4, 1),
                  "chunked": fdsa.KernelConfig(16, 16, 16, 16, 4, 1)}
 
 
+@pytest.mark.parametrize("mode", ["tf32x3", "tf32x3_exp2"])
 @pytest.mark.parametrize("split", ["one_piece", "chunked"])
-def test_fp32_tf32x3_agrees(split):
-    """fp32 in "tf32x3" mode (fast.dsa.set_fp32_mode: the 16-bit algorithm on fp32 operands,
-    3xTF32 dots) against the oracle under the agreement rule, one tile and chunked tiles
+def test_fp32_tf32x3_agrees(split, mode):
+    """fp32 in the "tf32x3" modes (fast.dsa.set_fp32_mode: 3xTF32 dots, natural-unit or exp2
+    softmax) against the oracle under the agreement rule, one tile and chunked tiles
     (several programs per token, as the GPU's configs). Under the interpreter the dots are
     emulated as the GPU computes them (``emulated_tf32x3``), so the arithmetic is checked
     too; on a GPU the tensor cores run it."""
     cfg = _TF32X3_TILES[split]
-    with fp32_mode("tf32x3"), (emulated_tf32x3() if INTERPRETED else contextlib.nullcontext()):
+    with fp32_mode(mode), (emulated_tf32x3() if INTERPRETED else contextlib.nullcontext()):
         fdsa.set_configs(forward=cfg, backward=cfg)
         try:
             for c, layout in _tf32x3_cases():
@@ -528,7 +529,7 @@ def _gpu_fp32_candidates():
             + [("acc64", "both", FP32_OLD), ("acc64", "default", None)]
             + [("tf32x3", "forward", c) for c in TF32X3_FWD_CANDIDATES]
             + [("tf32x3", "backward", c) for c in TF32X3_BWD_CANDIDATES]
-            + [("tf32x3", "default", None)])
+            + [("tf32x3", "default", None), ("tf32x3_exp2", "default", None)])
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="production tiles need a GPU")
@@ -710,7 +711,7 @@ def ttir(kernel, consts, floats=()):
 
 
 common = dict(HAS_ROPE=True, HAS_LEN=True, ONE_TILE=True, BLOCK_H=16, BLOCK_K=32, BLOCK_D=16,
-              BLOCK_DR=16, PRECISION="ieee", FP32_TC=False)
+              BLOCK_DR=16, PRECISION="ieee", FP32_TC=0)
 fwd = dict(common, BLOCK_DV=16, PDL=False, SPLIT_S=0)
 bwd = dict(common, BLOCK_DC=16, DKV_T=False, SPLIT_S=False, HALVES=False)
 floats = ("scale", "scale_log2")
@@ -720,8 +721,10 @@ print(json.dumps({
     "bwd": ttir(dsa_bwd_kernel, dict(bwd, ACC64=False), floats),
     "fwd_acc64": ttir(dsa_fwd_kernel, dict(fwd, ACC64=True), floats),
     "bwd_acc64": ttir(dsa_bwd_kernel, dict(bwd, ACC64=True), floats),
-    "fwd_tc": ttir(dsa_fwd_kernel, dict(fwd, ACC64=False, FP32_TC=True, PRECISION="tf32x3"), floats),
-    "bwd_tc": ttir(dsa_bwd_kernel, dict(bwd, ACC64=False, FP32_TC=True, PRECISION="tf32x3"), floats),
+    "fwd_tc": ttir(dsa_fwd_kernel, dict(fwd, ACC64=False, FP32_TC=1, PRECISION="tf32x3"), floats),
+    "bwd_tc": ttir(dsa_bwd_kernel, dict(bwd, ACC64=False, FP32_TC=1, PRECISION="tf32x3"), floats),
+    "fwd_tc2": ttir(dsa_fwd_kernel, dict(fwd, ACC64=False, FP32_TC=2, PRECISION="tf32x3"), floats),
+    "bwd_tc2": ttir(dsa_bwd_kernel, dict(bwd, ACC64=False, FP32_TC=2, PRECISION="tf32x3"), floats),
 }))
 '''
 
@@ -757,7 +760,7 @@ def test_fp32_block_dots_not_folded(tmp_path):
     still one tt.dot each in TTIR). Negative control: a plain ``acc + tl.dot`` loop is flagged."""
     irs = _compiled_irs(tmp_path / "dsa_ttir.py", _TTIR_SCRIPT)
     assert _loop_carried_f32_dots(irs["control"]), "control: the fold was not detected"
-    for name in ("fwd", "bwd", "fwd_acc64", "bwd_acc64", "fwd_tc", "bwd_tc"):
+    for name in ("fwd", "bwd", "fwd_acc64", "bwd_acc64", "fwd_tc", "bwd_tc", "fwd_tc2", "bwd_tc2"):
         assert not _loop_carried_f32_dots(irs[name]), (name, _loop_carried_f32_dots(irs[name]))
 
 
@@ -791,7 +794,7 @@ def ttgir(kernel, consts):
 
 # 64 heads and 8 warps, as in production, on small latent tiles (layouts depend on M and warps)
 common = dict(HAS_ROPE=True, HAS_LEN=True, BLOCK_H=64, BLOCK_K=32, BLOCK_DR=16, PRECISION="tf32",
-              ACC64=False, FP32_TC=False)
+              ACC64=False, FP32_TC=0)
 fwd = dict(common, ONE_TILE=True, BLOCK_D=64, BLOCK_DV=64, PDL=False)
 bwd = dict(common, ONE_TILE=False, BLOCK_D=16, BLOCK_DC=32, DKV_T=True, HALVES=True)
 print(json.dumps({

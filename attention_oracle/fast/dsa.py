@@ -15,14 +15,21 @@ in one [S, 576] buffer); the kernels read through strides. Gradients flow throug
 dq (dq_latent, dq_rope) and dkv (dkv_latent, dk_rope) accumulated in fp32 (the key gradients
 in fp64 for fp32 inputs), dq deterministic.
 
-fp32 inputs take one of two paths (``set_fp32_mode`` / ``$ATTENTION_ORACLE_FAST_DSA_FP32``):
-"acc64" (the default): natural-unit scores from fp64-accumulated dots rounded once, an accurate
-exponential, every later product an fp64 dot (``KernelConfig.acc64``); "tf32x3": the 16-bit
-kernels' algorithm (log2-unit scores, exp2) on fp32 operands, every dot as three TF32
-tensor-core products (``tl.dot(input_precision="tf32x3")``: a = big + small with big = tf32(a),
-a.b ~ big.big + big.small + small.big, as PyTorch's fp32 EFFICIENT attention computes), each slot
-block's P.V and dS.K summed apart, Delta in fp64, the key gradients in fp64 atomics. The CPU
-interpreter computes tf32x3 dots in plain fp32, so there only the algorithm is checked.
+fp32 inputs take one of three paths (``set_fp32_mode`` / ``$ATTENTION_ORACLE_FAST_DSA_FP32``):
+
+- "acc64" (the default): natural-unit scores from fp64-accumulated dots rounded once, an
+  accurate exponential, every later product an fp64 dot (``KernelConfig.acc64``);
+- "tf32x3": every dot (scores, dP, P.V, dS.K, the key-gradient products) as three TF32
+  tensor-core products (``tl.dot(input_precision="tf32x3")``: a = big + small with
+  big = tf32(a), a.b ~ big.big + big.small + small.big, as PyTorch's fp32 EFFICIENT attention
+  computes), fp32 operands straight from memory, each slot block's P.V and dS.K summed apart;
+  the scores fl(dot * scale) in natural units, the exponential, l and dS in fp64, lse =
+  m + log(l) as in "acc64";
+- "tf32x3_exp2": the same dots with the 16-bit kernels' softmax (log2-unit scores, exp2,
+  Delta summed in fp64).
+
+The key gradients are summed in fp64 atomics in every fp32 mode. The CPU interpreter computes
+tf32x3 dots in plain fp32 (meta_tests/test_fast_dsa_smoke.py emulates the GPU's split).
 The varlen forms run :func:`fast.index.offset_gather_kv_indices` (one launch, no host sync)
 and then the global kernel with the returned lengths.
 """
@@ -40,7 +47,7 @@ from .kernels.dsa_bwd import dsa_bwd_kernel
 from .kernels.dsa_fwd import dsa_fwd_kernel
 from .launch import DirectLauncher
 
-FP32_MODES = ("acc64", "tf32x3")
+FP32_MODES = ("acc64", "tf32x3", "tf32x3_exp2")
 _FP32 = {"mode": os.environ.get("ATTENTION_ORACLE_FAST_DSA_FP32", "acc64")}
 if _FP32["mode"] not in FP32_MODES:
     raise ValueError(f"ATTENTION_ORACLE_FAST_DSA_FP32 must be one of {FP32_MODES}, "
@@ -48,7 +55,7 @@ if _FP32["mode"] not in FP32_MODES:
 
 
 def set_fp32_mode(mode):
-    """The fp32 path of later calls, "acc64" or "tf32x3" (module docstring); returns the
+    """The fp32 path of later calls, one of ``FP32_MODES`` (module docstring); returns the
     previous mode. Default: $ATTENTION_ORACLE_FAST_DSA_FP32 or "acc64"."""
     if mode not in FP32_MODES:
         raise ValueError(f"mode must be one of {FP32_MODES}, got {mode!r}")
@@ -57,8 +64,11 @@ def set_fp32_mode(mode):
 
 
 def _fp32_tc(dtype):
-    """Whether inputs of this dtype take the tf32x3 path."""
-    return dtype == torch.float32 and _FP32["mode"] == "tf32x3"
+    """The kernels' FP32_TC for inputs of this dtype: 0 (no tensor-core fp32 path), 1
+    ("tf32x3"), 2 ("tf32x3_exp2")."""
+    if dtype != torch.float32:
+        return 0
+    return {"tf32x3": 1, "tf32x3_exp2": 2}.get(_FP32["mode"], 0)
 
 
 _ONE_TILE_MAX = 512  # widest latent kept as one register tile (Dl = 512 production path)
@@ -143,7 +153,7 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False, tc32=False):
     backward refused for shared memory). On the CPU fp32 takes acc64 too, so the
     interpreter checks the GPU's arithmetic.
 
-    ``tc32`` (fp32 in "tf32x3" mode) takes ``TF32X3_CONFIGS`` on the GPU, the 16-bit CPU tiles
+    ``tc32`` (fp32 in a "tf32x3" mode) takes ``TF32X3_CONFIGS`` on the GPU, the 16-bit CPU tiles
     on the CPU.
     """
     block_h = min(64, _pow2(h))
@@ -205,7 +215,7 @@ def _launch_first_fitting(kind, q, dr, launch, config):
     if config is not None:
         return launch(config)
     candidates = candidate_configs(H, DL, backward=kind == "backward", device_type=q.device.type,
-                                   fp32=q.dtype == torch.float32, tc32=_fp32_tc(q.dtype))
+                                   fp32=q.dtype == torch.float32, tc32=_fp32_tc(q.dtype) > 0)
     if _OVERRIDES[kind] is not None:
         candidates = (_OVERRIDES[kind],) + candidates
     key = (kind, str(q.device), q.dtype, _FP32["mode"], H, DL, dr)
@@ -235,14 +245,14 @@ def _validate(q, q_rope, kv, k_rope, indices, topk_length, softmax_scale, rope):
 
 def _precision(dtype):
     """The dots' input_precision: fp32 IEEE dots ("acc64" mode; its fp64 dots ignore it) or
-    3xTF32 ("tf32x3" mode); 16-bit operands ignore it."""
+    3xTF32 (the "tf32x3" modes); 16-bit operands ignore it."""
     if dtype != torch.float32:
         return "tf32"
-    return "tf32x3" if _fp32_tc(dtype) else "ieee"
+    return "tf32x3" if _fp32_tc(dtype) > 0 else "ieee"
 
 
 def _acc64(cfg, dtype):
-    return cfg.acc64 and dtype == torch.float32 and not _fp32_tc(dtype)
+    return cfg.acc64 and dtype == torch.float32 and _fp32_tc(dtype) == 0
 
 
 def _strides3(x):

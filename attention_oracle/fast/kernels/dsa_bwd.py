@@ -16,9 +16,11 @@ here (dout is read in place through its strides, never copied). Then
 fp32 with ACC64 (``fast.dsa.KernelConfig.acc64``): P and dS stay fp64 and every product above
 is an fp64 dot (the fp64 tensor cores); dq is summed in fp64 and rounded once at the store.
 
-fp32 with FP32_TC (``fast.dsa.set_fp32_mode("tf32x3")``): the 16-bit algorithm on fp32
-operands, every dot as PRECISION (3xTF32 tensor-core products), Delta summed in fp64, each slot
-block's dS.K added to dq apart (dsa_common.add_block_dot).
+fp32 with FP32_TC (``fast.dsa.set_fp32_mode``): scores, dP and every product as tensor-core
+dots of PRECISION ("tf32x3"), each slot block's dS.K added to dq apart
+(dsa_common.add_block_dot); 1 ("tf32x3") keeps the fp32 path's natural units, accurate
+exponential and fp64 dS, 2 ("tf32x3_exp2") runs the 16-bit algorithm on fp32 operands with
+Delta summed in fp64.
 
 ONE_TILE: the chunk is the whole latent width, so one gathered tile serves scores, dP,
 dq and dkv (the production path). Otherwise scores and dP are accumulated over BLOCK_D
@@ -86,7 +88,7 @@ def dsa_bwd_kernel(
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DC: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
     DKV_T: tl.constexpr = False, SPLIT_S: tl.constexpr = False, HALVES: tl.constexpr = False,
-    ACC64: tl.constexpr = False, FP32_TC: tl.constexpr = False,
+    ACC64: tl.constexpr = False, FP32_TC: tl.constexpr = 0,
 ):
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -94,8 +96,8 @@ def dsa_bwd_kernel(
     offs_c = cb * BLOCK_DC + tl.arange(0, BLOCK_DC)
     offs_r = tl.arange(0, BLOCK_DR)
     n_slots = row_slot_count(len_ptr, t, K, HAS_LEN)
-    # fp32: natural-unit scores, unless FP32_TC (the 16-bit algorithm on fp32 operands)
-    NATURAL: tl.constexpr = q_ptr.dtype.element_ty == tl.float32 and not FP32_TC
+    # fp32: natural-unit scores, unless FP32_TC == 2 (the 16-bit algorithm on fp32 operands)
+    NATURAL: tl.constexpr = q_ptr.dtype.element_ty == tl.float32 and FP32_TC != 2
     ACC_KV: tl.constexpr = dkv_ptr.dtype.element_ty  # fp64 for fp32 inputs, else fp32
     q_off = t * stride_qt
     do_off = t * stride_dot
@@ -137,10 +139,9 @@ def dsa_bwd_kernel(
         offs_k = start + tl.arange(0, BLOCK_K)
         valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S)
         kc = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_c, DL, valid)
-        if NATURAL:
+        if NATURAL and not FP32_TC:
             # fp32 (dsa_common, "reduction order"): score and dP from fp64-accumulated dots,
-            # the score rounded once as in the forward, P = exp(s - lse) in fp64,
-            # dS = P (dP - Delta) scale in fp64 rounded once; per-block dS.K added to dq
+            # the score rounded once as in the forward
             s64 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64)
             s64 = dot_gather_f64(s64, q_ptr, q_off, offs_h, stride_qh, stride_qd, H, kv_ptr, rows,
                                  stride_kvs, stride_kvd, valid, DL, BLOCK_D)
@@ -153,17 +154,7 @@ def dsa_bwd_kernel(
                                      H, kr_ptr, rows, stride_krs, stride_krd, valid, DR,
                                      FP32_CHUNK)
             s = tl.where(valid[None, :], (s64 * scale).to(tl.float32), float("-inf"))
-            p64 = exp_accurate(s.to(tl.float64) - lse_sub.to(tl.float64)[:, None])
-            if ACC64:  # P and dS stay fp64; the fp64 chain through dq is far below fp32 rounding
-                p = p64
-                ds = p64 * (dp64 - delta64[:, None]) * scale
-                kc = kc.to(tl.float64)
-                dq = tl.dot(ds, kc, dq, input_precision="ieee", out_dtype=tl.float64)
-            else:
-                p = p64.to(tl.float32)
-                ds = (p64 * (dp64 - delta64[:, None]) * scale).to(tl.float32)
-                dq = add_block_dot(dq, 1.0, ds, kc, PRECISION)  # no chain over slots
-        else:
+        else:  # scores and dP as dots of PRECISION (16-bit inputs, fp32 with FP32_TC)
             if ONE_TILE or HALVES:
                 s = tl.dot(q, tl.trans(kc), input_precision=PRECISION)
                 dp = tl.dot(do, tl.trans(kc), input_precision=PRECISION)
@@ -185,6 +176,23 @@ def dsa_bwd_kernel(
                 s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
                 if SPLIT_S:
                     s = chain_break(s, start < n_slots)
+            if NATURAL:  # FP32_TC 1: natural units, the score times scale rounded once
+                s = tl.where(valid[None, :], s * scale, float("-inf"))
+                dp64 = dp.to(tl.float64)
+        if NATURAL:
+            # fp32: P = exp(s - lse) in fp64, dS = P (dP - Delta) scale in fp64 rounded once;
+            # per-block dS.K added to dq
+            p64 = exp_accurate(s.to(tl.float64) - lse_sub.to(tl.float64)[:, None])
+            if ACC64:  # P and dS stay fp64; the fp64 chain through dq is far below fp32 rounding
+                p = p64
+                ds = p64 * (dp64 - delta64[:, None]) * scale
+                kc = kc.to(tl.float64)
+                dq = tl.dot(ds, kc, dq, input_precision="ieee", out_dtype=tl.float64)
+            else:
+                p = p64.to(tl.float32)
+                ds = (p64 * (dp64 - delta64[:, None]) * scale).to(tl.float32)
+                dq = add_block_dot(dq, 1.0, ds, kc, PRECISION)  # no chain over slots
+        else:
             p = tl.exp2(tl.where(valid[None, :], s * scale_log2, float("-inf")) - lse_sub[:, None])
             ds = (p * (dp - delta[:, None]) * scale).to(kc.dtype)
             if FP32_TC:  # fp32 operands: each block's dS.K its own dot, not one chain over slots

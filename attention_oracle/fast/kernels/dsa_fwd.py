@@ -9,10 +9,11 @@ chunks of the latent width and the value chunk is gathered separately (any head 
 Online softmax on fp32 scores: in natural units with an accurate exponential for fp32
 inputs, in base 2 (scale folded with log2e, tl.exp2) for 16-bit inputs (dsa_common, "Score
 units"); out = acc / l, lse = ln(sum exp) (natural log), an empty row gives out 0 and
-lse -inf. fp32 with FP32_TC (``fast.dsa.set_fp32_mode("tf32x3")``) runs the 16-bit
-algorithm on fp32 operands, every dot as PRECISION (3xTF32 tensor-core products), each slot
-block's P.V summed apart and added to acc (dsa_common.add_block_dot), IEEE division for out.
-fp32 with ACC64 (``fast.dsa.KernelConfig.acc64``): P.V is an fp64 dot of the fp64 P
+lse -inf. fp32 with FP32_TC (``fast.dsa.set_fp32_mode``, tensor-core dots of PRECISION =
+"tf32x3", each slot block's P.V summed apart and added to acc, dsa_common.add_block_dot): 1
+("tf32x3") keeps the natural units, accurate exponential and fp64 l of the fp32 path with the
+scores from those dots (fl(dot * scale)); 2 ("tf32x3_exp2") runs the 16-bit algorithm on fp32
+operands, with IEEE division for out. fp32 with ACC64 (``fast.dsa.KernelConfig.acc64``): P.V is an fp64 dot of the fp64 P
 and the gathered rows, chained through an fp64 accumulator (the fp64 tensor cores). The slot loop stops at the row's slot count, so rows compacted with ``topk_length``
 skip their tail of holes.
 """
@@ -61,15 +62,15 @@ def dsa_fwd_kernel(
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr = False, SPLIT_S: tl.constexpr = 0, ACC64: tl.constexpr = False,
-    FP32_TC: tl.constexpr = False,
+    FP32_TC: tl.constexpr = 0,
 ):
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     vb = tl.program_id(2)
     offs_v = vb * BLOCK_DV + tl.arange(0, BLOCK_DV)
     offs_r = tl.arange(0, BLOCK_DR)
-    # fp32: natural-unit scores, unless FP32_TC (the 16-bit algorithm on fp32 operands)
-    NATURAL: tl.constexpr = q_ptr.dtype.element_ty == tl.float32 and not FP32_TC
+    # fp32: natural-unit scores, unless FP32_TC == 2 (the 16-bit algorithm on fp32 operands)
+    NATURAL: tl.constexpr = q_ptr.dtype.element_ty == tl.float32 and FP32_TC != 2
 
     if ONE_TILE:
         q = load_heads(q_ptr, t * stride_qt, offs_h, stride_qh, H, offs_v, stride_qd, DL)
@@ -90,9 +91,23 @@ def dsa_fwd_kernel(
     for start in range(0, n_slots, BLOCK_K):
         offs_k = start + tl.arange(0, BLOCK_K)
         valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S)
-        if NATURAL:
+        if NATURAL and FP32_TC:
+            # fp32, tensor cores: the score from fp32 dots of PRECISION, times scale rounded once
+            if ONE_TILE:
+                v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
+                s32 = tl.dot(q, tl.trans(v), input_precision=PRECISION)
+            else:
+                s32 = _chunked_scores(q_ptr, t * stride_qt, offs_h, stride_qh, stride_qd, H,
+                                      kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, BLOCK_H,
+                                      BLOCK_K, BLOCK_D, PRECISION)
+                v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
+            if HAS_ROPE:
+                kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
+                s32 = tl.dot(qr, tl.trans(kr), s32, input_precision=PRECISION)
+            s = tl.where(valid[None, :], s32 * scale, float("-inf"))
+        elif NATURAL:
             # fp32 (dsa_common, "reduction order"): the score from an fp64-accumulated dot,
-            # rounded once; exp and l in fp64; this block's P.V added to acc as its own dot
+            # rounded once
             s64 = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float64)
             s64 = dot_gather_f64(s64, q_ptr, t * stride_qt, offs_h, stride_qh, stride_qd, H,
                                  kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, BLOCK_D)
@@ -102,6 +117,8 @@ def dsa_fwd_kernel(
                                      FP32_CHUNK)
             v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
             s = tl.where(valid[None, :], (s64 * scale).to(tl.float32), float("-inf"))
+        if NATURAL:
+            # exp and l in fp64; this block's P.V added to acc as its own dot
             m_new = tl.maximum(m, tl.max(s, axis=1))
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
             p64 = exp_accurate(s.to(tl.float64) - m_shift.to(tl.float64)[:, None])
@@ -114,7 +131,7 @@ def dsa_fwd_kernel(
             else:
                 acc = add_block_dot(acc, alpha64.to(tl.float32)[:, None], p, v, PRECISION)
             m = m_new
-        else:  # 16-bit inputs: base-2 scores, tl.exp2, P.V chained through acc
+        else:  # 16-bit inputs (and FP32_TC 2): base-2 scores, tl.exp2, P.V chained through acc
             if ONE_TILE:
                 v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
                 s = tl.dot(q, tl.trans(v), input_precision=PRECISION)

@@ -9,7 +9,7 @@ A config is block_h,block_k,block_d,block_dv,num_warps,num_stages[,dkv_transpose
 [,halves[,acc64]]]] (0/1 flags; halves only where the latent is two chunks of block_dv; acc64:
 the fp32 path's fp64 accumulators). ``fwd32`` / ``bwd32`` compile the fp32 path (fp32 inputs,
 fp64 key-gradient buffers); ``fwdtc`` / ``bwdtc`` the fp32 "tf32x3" path (fast.dsa.set_fp32_mode:
-the 16-bit algorithm on fp32 operands, 3xTF32 dots). The production geometry is assumed (bf16, H=64, Dl=512, Dr=64,
+3xTF32 dots, natural-unit softmax), ``fwdtc2`` / ``bwdtc2`` its "tf32x3_exp2" form. The production geometry is assumed (bf16, H=64, Dl=512, Dr=64,
 K=2048, packed [S, 576] keys):
 integer arguments that Triton would specialise as divisible by 16 on the GPU are marked so,
 unit strides are constants. Prints the shared memory the kernel needs (the H200 allows
@@ -51,7 +51,8 @@ def _fp32_pointers(pointers):
 
 def compile_for_sm90(which, cfg, fp32=False, asm=False, tc=False):
     """Returns (shared bytes, registers, spill-store bytes) of one config (+ the compiled
-    kernel's asm dict when ``asm``); ``tc``: the fp32 tf32x3 path (implies fp32)."""
+    kernel's asm dict when ``asm``); ``tc``: the kernels' FP32_TC (1 "tf32x3", 2 "tf32x3_exp2";
+    implies fp32)."""
     fp32 = fp32 or tc
     bh, bk, bd, bdv, warps, stages = cfg[:6]
     kernel = dsa_fwd_kernel if which == "fwd" else dsa_bwd_kernel
@@ -66,7 +67,7 @@ def compile_for_sm90(which, cfg, fp32=False, asm=False, tc=False):
     if "ACC64" in kernel.arg_names:
         consts["ACC64"] = bool(cfg[9]) if len(cfg) > 9 and not tc else False
     if "FP32_TC" in kernel.arg_names:
-        consts["FP32_TC"] = tc
+        consts["FP32_TC"] = int(tc)
     consts.update({n: 1 for n in _UNIT if n in kernel.arg_names})
     pointers = _fp32_pointers(_POINTERS[which]) if fp32 else _POINTERS[which]
     signature, attrs = {}, {}
@@ -109,9 +110,11 @@ def _ptxas_usage(ptx):
 
 
 def main(argv):
-    if len(argv) < 2 or argv[0] not in ("fwd", "bwd", "fwd32", "bwd32", "fwdtc", "bwdtc"):
+    if len(argv) < 2 or argv[0] not in ("fwd", "bwd", "fwd32", "bwd32", "fwdtc", "bwdtc", "fwdtc2",
+                                        "bwdtc2"):
         raise SystemExit(__doc__)
-    which, fp32, tc = argv[0][:3], argv[0].endswith("32"), argv[0].endswith("tc")
+    which, fp32 = argv[0][:3], argv[0].endswith("32")
+    tc = 2 if argv[0].endswith("tc2") else 1 if argv[0].endswith("tc") else 0
     for text in argv[1:]:
         cfg = tuple(int(x) for x in text.split(","))
         try:
