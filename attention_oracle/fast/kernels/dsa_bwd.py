@@ -110,10 +110,13 @@ def dsa_bwd_kernel(
                              stride_doh, stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D, tl.float64)
     else:
         lse_sub = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-        # FP32_TC: Delta's exact fp32 products summed in fp64, rounded once
-        delta = _row_delta(out_ptr, t * stride_ot, stride_oh, stride_od, do_ptr, do_off,
-                           stride_doh, stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D,
-                           tl.float64 if FP32_TC else tl.float32).to(tl.float32)
+        if FP32_TC:  # Delta's exact fp32 products summed in fp64, rounded once
+            delta = _row_delta(out_ptr, t * stride_ot, stride_oh, stride_od, do_ptr, do_off,
+                               stride_doh, stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D,
+                               tl.float64).to(tl.float32)
+        else:
+            delta = _row_delta(out_ptr, t * stride_ot, stride_oh, stride_od, do_ptr, do_off,
+                               stride_doh, stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D, tl.float32)
 
     q = load_heads(q_ptr, q_off, offs_h, stride_qh, H, offs_c, stride_qd, DL)
     do = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_c, stride_dod, DL).to(q.dtype)
