@@ -459,10 +459,11 @@ FP32_BWD_CANDIDATES = [C(32, 16, 64, 256, 8, 1, acc64=True), C(32, 16, 64, 128, 
                        C(32, 16, 64, 128, 8, 1, acc64=True), C(64, 16, 64, 128, 8, 1, acc64=True),
                        C(32, 16, 64, 128, 8, 1)]
 # fp32 "tf32x3" mode (fast.dsa.set_fp32_mode): offline sm_90a, Triton 3.8 (dsa_probe fwdtc|bwdtc),
-# every one at 255 registers; spills forward 16-576 B, backward 64-452 B (32 heads: mma.sync,
-# 64 heads: wgmma)
+# every one at 255 registers; spills forward 8-52 B, backward 52-432 B (32 heads: mma.sync).
+# The 64-head forward (64, 16, 64, 256, 8, 2) (wgmma) gave relative error 3e32 on the H200
+# (Triton 3.6) and was dropped.
 TF32X3_FWD_CANDIDATES = [C(32, 16, 64, 512, 8, 2), C(32, 16, 64, 256, 8, 2), C(32, 32, 64, 256, 8, 2),
-                         C(32, 32, 64, 256, 8, 3), C(64, 16, 64, 256, 8, 2), C(32, 16, 32, 512, 8, 2)]
+                         C(32, 32, 64, 256, 8, 3), C(32, 16, 32, 512, 8, 2)]
 TF32X3_BWD_CANDIDATES = [C(32, 16, 64, 128, 8, 2), C(32, 16, 64, 128, 8, 1), C(32, 16, 64, 256, 8, 1),
                          C(32, 16, 64, 256, 8, 2), C(32, 16, 64, 128, 8, 1, True),
                          C(16, 16, 64, 256, 4, 1)]
@@ -552,6 +553,7 @@ def measure_fp32(p, fwd_cfg, bwd_cfg, reps, budget_s, phases=("fwd", "bwd", "ste
         row = dict(T=p["T"], valid_slots=v, mode=mode, forward=fwd_cfg.__dict__,
                    backward=bwd_cfg.__dict__)
         for phase in phases:
+            fns[phase]()  # compiles what the sweep did not (another mode's backward, the step)
             queued, synced, method = _time_fp32(fns[phase], reps, budget_s)
             row.update({f"{phase}_ms": synced, f"{phase}_tflops": tflops(flop[phase] * v, synced),
                         f"{phase}_queued_ms": queued,

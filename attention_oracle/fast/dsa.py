@@ -124,14 +124,18 @@ FP32_CONFIGS = {
 }
 
 
-# fp32 in "tf32x3" mode on the GPU: chunked tiles (the fp32 one-tile forward spilled 2.5-14 KB
-# offline), 32 heads and the whole 512 value width (forward: scores computed once per head) or
-# 128-wide latent chunks (backward), chosen by fewest offline sm_90a spills (Triton 3.8,
-# dsa_probe fwdtc / bwdtc: 52 B and 64 B); the last entry for a GPU that refuses them
+# fp32 in the "tf32x3" modes on the GPU, fastest first (H200, Triton 3.6, H 64, 512 + 64 / 512,
+# top-k 2048, doc_4096, synced TFLOP/s; NOTES.md "fast DSA fp32 through 3xTF32"): forward 32
+# heads, the whole 512 value width (scores once per head) 9.65; backward 32 heads, 256-wide
+# latent chunks, 2 stages 7.57 (128-wide chunks: 4.54). Chunked tiles only (the one-tile fp32
+# forward spilled 2.5-14 KB offline); 64-head tf32x3 forward tiles (wgmma) gave garbage on
+# Triton 3.6 (relative error 3e32) and are not offered. The last entry for a GPU that refuses
+# the others.
 TF32X3_CONFIGS = {
     "forward": (KernelConfig(32, 16, 64, 512, 8, 2),
                 KernelConfig(16, 16, 32, 64, 4, 1)),
-    "backward": (KernelConfig(32, 16, 64, 128, 8, 2),
+    "backward": (KernelConfig(32, 16, 64, 256, 8, 2),
+                 KernelConfig(32, 16, 64, 128, 8, 2),
                  KernelConfig(16, 16, 32, 64, 4, 1)),
 }
 
