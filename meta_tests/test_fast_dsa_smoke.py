@@ -21,6 +21,7 @@ from attention_oracle.fast.index import offset_gather_kv_indices  # noqa: E402
 from attention_oracle.oracle.dsa import dsa_reference  # noqa: E402
 from attention_oracle.properties.dsa.checks import lp_references  # noqa: E402
 from attention_oracle.properties.harness import agreement  # noqa: E402
+from meta_tests.tf32x3_emulation import emulated_tf32x3  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -403,48 +404,6 @@ def test_fp32_acc64_agrees(split):
 
 
 # ----------------------------------------------------------------------------- fp32 tf32x3
-
-def _tf32_rna(x):
-    """fp32 -> tf32 (10 mantissa bits) rounded to nearest, ties away: PTX cvt.rna.tf32.f32."""
-    import numpy as np
-    r = ((x.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
-    return np.where(np.isfinite(x), r, x)
-
-
-def _tf32_read(x):
-    """What a TF32 tensor core reads of an fp32 register: its top 19 bits (truncation)."""
-    import numpy as np
-    return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
-
-
-@contextlib.contextmanager
-def emulated_tf32x3(drop_cross_term=False):
-    """Triton's interpreter computes ``input_precision="tf32x3"`` dots as plain fp32 matmuls;
-    inside this block it computes them as the GPU does (Triton's F32DotTC decomposition, read
-    off the sm_90 TTGIR): big = cvt.rna.tf32(a), small = a - big (read by the tensor core as
-    tf32), small_a.big_b + big_a.small_b + big_a.big_b, each product exact and summed in fp32,
-    then + acc. ``drop_cross_term`` leaves big_a.small_b out (a planted bug: the negative control)."""
-    import numpy as np
-    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
-    plain = InterpreterBuilder.create_dot
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if "TF32x3" not in str(input_precision) or a.data.dtype != np.float32:
-            return plain(self, a, b, d, input_precision, max_num_imprecise_acc)
-        a_big, b_big = _tf32_rna(a.data), _tf32_rna(b.data)
-        a_small, b_small = _tf32_read(a.data - a_big), _tf32_read(b.data - b_big)
-        r = np.matmul(a_small, b_big, dtype=np.float32)
-        if not drop_cross_term:
-            r = np.matmul(a_big, b_small, dtype=np.float32) + r
-        r = np.matmul(a_big, b_big, dtype=np.float32) + r
-        return TensorHandle(r + d.data, d.dtype.scalar)
-
-    InterpreterBuilder.create_dot = create_dot
-    try:
-        yield
-    finally:
-        InterpreterBuilder.create_dot = plain
-
 
 def _tf32x3_cases():
     """(case, dout layout) pairs: rope with lengths and holes, head-major dout; NoPE."""

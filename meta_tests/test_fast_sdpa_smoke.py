@@ -9,6 +9,7 @@ goes through the suite's agreement rule (``agreement.assert_agrees``, docs/agree
 4 eps(dtype) times the oracle's magnitude of the terms behind an element;
 ``test_floor_still_catches_real_error`` is its negative control here.
 """
+import contextlib
 import math
 import os
 
@@ -22,6 +23,7 @@ from attention_oracle.fast.sdpa import scaled_dot_product_attention, scaled_dot_
 from attention_oracle.oracle.sdpa import ALGORITHMS, sdpa_reference  # noqa: E402
 from attention_oracle.properties.harness import report  # noqa: E402
 from attention_oracle.properties.harness.agreement import FLOOR_ULPS, assert_agrees  # noqa: E402
+from meta_tests.tf32x3_emulation import emulated_tf32x3  # noqa: E402
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -546,3 +548,49 @@ def test_fp32_mode_change_between_forward_and_backward(modes, masked, gen):
         tol = 0.0 if DEVICE == "cpu" else 1e-5 * ref.abs().max().item()
         err = (g - ref).abs().max().item()
         assert err <= tol, f"{name}: {err:.3g} from the forward mode's own backward (bound {tol:.3g})"
+
+
+INTERPRETED = DEVICE == "cpu"
+
+
+def _tf32x3_cases(gen):
+    """(q, k, v, mask, is_causal, enable_gqa): a causal GQA case with ragged sizes, an additive
+    mask with -inf and finfo.min rows, and a head dim that is not a power of two."""
+    yield (randn(2, 4, 37, 32, dtype=torch.float32, gen=gen),
+           randn(2, 2, 37, 32, dtype=torch.float32, gen=gen),
+           randn(2, 2, 37, 32, dtype=torch.float32, gen=gen), None, True, True)
+    q, k, v, mask = finfo_min_inputs(torch.float32, gen)
+    yield q, k, v, mask, False, True
+    yield (randn(1, 3, 20, 40, dtype=torch.float32, gen=gen),
+           randn(1, 3, 33, 40, dtype=torch.float32, gen=gen),
+           randn(1, 3, 33, 24, dtype=torch.float32, gen=gen), None, False, False)
+
+
+def test_fp32_tf32x3_agrees(gen):
+    """fp32 "tf32x3" mode (the flash kernels with 3xTF32 dots) against the oracle under the
+    agreement rule, forward and gradients. In the interpreter the dots are computed as the GPU
+    computes them (``meta_tests/tf32x3_emulation.py``), so CI checks the arithmetic too; on a GPU
+    the tensor cores run it."""
+    import attention_oracle.fast.sdpa as fast_sdpa
+    previous = fast_sdpa.set_fp32_mode("tf32x3")
+    try:
+        with emulated_tf32x3() if INTERPRETED else contextlib.nullcontext():
+            for q, k, v, mask, causal, gqa in _tf32x3_cases(gen):
+                check_case(q, k, v, mask=mask, is_causal=causal, enable_gqa=gqa)
+    finally:
+        fast_sdpa.set_fp32_mode(previous)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="plants the bug in the interpreter's dots")
+def test_fp32_tf32x3_dropped_term_is_caught(gen):
+    """Negative control of test_fp32_tf32x3_agrees: the same kernels with one of 3xTF32's cross
+    terms dropped (big_a.small_b) must fail the agreement rule."""
+    import attention_oracle.fast.sdpa as fast_sdpa
+    previous = fast_sdpa.set_fp32_mode("tf32x3")
+    try:
+        with emulated_tf32x3(drop_cross_term=True):
+            q, k, v, mask, causal, gqa = next(_tf32x3_cases(gen))
+            with pytest.raises(AssertionError, match="ratio"):
+                check_case(q, k, v, mask=mask, is_causal=causal, enable_gqa=gqa)
+    finally:
+        fast_sdpa.set_fp32_mode(previous)
