@@ -2,7 +2,7 @@
 otherwise, as on CI).
 
 Triton launches on the current device and its current stream. Every fast launch first makes
-its tensors' device current (``fast.host.on_device_of``), so a call on ``cuda:1`` while
+its tensors' device current (``fast.host.other_device``), so a call on ``cuda:1`` while
 ``cuda:0`` is current must give what the same call gives with ``cuda:1`` current: bitwise for
 SDPA (deterministic), the DSA forward and index preparation; within the atomics' reordering for
 the DSA backward. Without the guard the kernels would run on device 0 with device-1 pointers

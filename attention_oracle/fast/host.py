@@ -5,7 +5,7 @@ Plain Python on purpose: ``triton.cdiv`` and ``triton.next_power_of_2`` are cons
 functions whose call wrapper costs a few microseconds per call on the host, and a launch
 computes several of them.
 """
-import contextlib
+import functools
 import os
 
 import torch
@@ -38,15 +38,20 @@ def check_device(device):
     raise NotImplementedError(f"tensors on {device}: fast's kernels need {need}")
 
 
-_SAME_DEVICE = contextlib.nullcontext()
+def other_device(tensor):
+    """The index of ``tensor``'s CUDA device when it is not the current one, else None (also
+    for a CPU tensor or another argument). Triton launches on the current device and its
+    current stream, while torch's own ops follow their tensors' device: a launch on tensors of
+    another GPU must make that device current first (``with torch.cuda.device(index)``), or the
+    kernel runs on the wrong GPU with pointers it cannot address."""
+    if not _several_gpus() or not isinstance(tensor, torch.Tensor):
+        return None
+    index = tensor.get_device()
+    return None if index < 0 or index == torch.cuda.current_device() else index
 
 
-def on_device_of(tensor):
-    """A context that makes ``tensor``'s CUDA device the current one for a launch (a no-op when
-    it already is, or for a CPU tensor). Triton launches on the current device and its current
-    stream; torch's own ops follow their tensors' device, so without this a kernel on tensors of
-    another GPU would run on the wrong one and read memory it cannot address."""
-    index = tensor.get_device() if isinstance(tensor, torch.Tensor) else -1
-    if index < 0 or index == torch.cuda.current_device():
-        return _SAME_DEVICE
-    return torch.cuda.device(index)
+@functools.cache
+def _several_gpus():
+    """Whether this process sees more than one CUDA device (fixed once CUDA is initialised);
+    with one, every CUDA tensor is on the current device."""
+    return torch.cuda.is_available() and torch.cuda.device_count() > 1

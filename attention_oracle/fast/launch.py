@@ -33,7 +33,9 @@ import inspect
 import os
 import warnings
 
-from .host import on_device_of
+import torch
+
+from .host import other_device
 
 LAUNCH_MODES = ("direct", "triton", "check")
 _MODE = {"mode": os.environ.get("ATTENTION_ORACLE_FAST_LAUNCH", "direct")}
@@ -133,8 +135,12 @@ class DirectLauncher:
         self.direct_launches = 0  # for tests: how many launches took the direct path
 
     def __call__(self, grid, args, kwargs):
-        with on_device_of(args[0]):  # the device of the kernel's tensors, not the current one
+        index = other_device(args[0])  # launch on the kernel's tensors' device
+        if index is None:
             self._launch(grid, args, kwargs)
+        else:
+            with torch.cuda.device(index):
+                self._launch(grid, args, kwargs)
 
     def _launch(self, grid, args, kwargs):
         mode = _MODE["mode"]
