@@ -514,7 +514,7 @@ def _rel(x, ref):
 def _ran_override(kind, p):
     """Whether the last launch of kind (in the current fp32 mode) ran the config put first by
     set_configs."""
-    key = (kind, str(p["q_latent"].device), torch.float32, fdsa._FP32["mode"], H, DL, DR)
+    key = (kind, str(p["q_latent"].device), torch.float32, fdsa._FP32.value, H, DL, DR)
     return fdsa._FITTING.get(key) == 0
 
 

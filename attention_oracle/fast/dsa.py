@@ -34,33 +34,26 @@ The varlen forms run :func:`fast.index.offset_gather_kv_indices` (one launch, no
 and then the global kernel with the returned lengths.
 """
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 from triton.runtime.errors import OutOfResources
 
 from ..validation import FLOAT_DTYPES, check_dsa_inputs, key_rows
-from .host import cdiv, check_device, next_pow2
+from .host import Choice, cdiv, check_device, next_pow2
 from .index import offset_rows, pdl_on
 from .kernels.dsa_bwd import dsa_bwd_kernel
 from .kernels.dsa_fwd import dsa_fwd_kernel
 from .launch import DirectLauncher
 
 FP32_MODES = ("acc64", "tf32x3", "tf32x3_exp2")
-_FP32 = {"mode": os.environ.get("ATTENTION_ORACLE_FAST_DSA_FP32", "acc64")}
-if _FP32["mode"] not in FP32_MODES:
-    raise ValueError(f"ATTENTION_ORACLE_FAST_DSA_FP32 must be one of {FP32_MODES}, "
-                     f"got {_FP32['mode']!r}")
+_FP32 = Choice("ATTENTION_ORACLE_FAST_DSA_FP32", FP32_MODES, "acc64")
 
 
 def set_fp32_mode(mode):
     """The fp32 path of later calls, one of ``FP32_MODES`` (module docstring); returns the
     previous mode. Default: $ATTENTION_ORACLE_FAST_DSA_FP32 or "acc64"."""
-    if mode not in FP32_MODES:
-        raise ValueError(f"mode must be one of {FP32_MODES}, got {mode!r}")
-    previous, _FP32["mode"] = _FP32["mode"], mode
-    return previous
+    return _FP32.set(mode)
 
 
 def _fp32_tc(dtype):
@@ -68,7 +61,7 @@ def _fp32_tc(dtype):
     ("tf32x3"), 2 ("tf32x3_exp2")."""
     if dtype != torch.float32:
         return 0
-    return {"tf32x3": 1, "tf32x3_exp2": 2}.get(_FP32["mode"], 0)
+    return {"tf32x3": 1, "tf32x3_exp2": 2}.get(_FP32.value, 0)
 
 
 _ONE_TILE_MAX = 512  # widest latent kept as one register tile (Dl = 512 production path)
@@ -222,7 +215,7 @@ def _launch_first_fitting(kind, q, dr, launch, config):
                                    fp32=q.dtype == torch.float32, tc32=_fp32_tc(q.dtype) > 0)
     if _OVERRIDES[kind] is not None:
         candidates = (_OVERRIDES[kind],) + candidates
-    key = (kind, str(q.device), q.dtype, _FP32["mode"], H, DL, dr)
+    key = (kind, str(q.device), q.dtype, _FP32.value, H, DL, dr)
     for i in range(_FITTING.get(key, 0), len(candidates)):
         try:
             launch(candidates[i])

@@ -55,3 +55,21 @@ def _several_gpus():
     """Whether this process sees more than one CUDA device (fixed once CUDA is initialised);
     with one, every CUDA tensor is on the current device."""
     return torch.cuda.is_available() and torch.cuda.device_count() > 1
+
+
+class Choice:
+    """A process-wide option among ``choices``: ``$ENV`` at import (else ``default``), changed
+    by :meth:`set`. A bad value raises ``ValueError`` naming the variable or the argument."""
+
+    def __init__(self, env, choices, default):
+        self.choices = tuple(choices)
+        self.value = os.environ.get(env, default)
+        if self.value not in self.choices:
+            raise ValueError(f"{env} must be one of {self.choices}, got {self.value!r}")
+
+    def set(self, value):
+        """Make ``value`` the option of later calls; returns the previous one."""
+        if value not in self.choices:
+            raise ValueError(f"mode must be one of {self.choices}, got {value!r}")
+        previous, self.value = self.value, value
+        return previous

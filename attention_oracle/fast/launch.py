@@ -30,18 +30,14 @@ Triton's path with a warning. Modes (``set_launch_mode`` / ``$ATTENTION_ORACLE_F
 is checked so, and a mismatch raises).
 """
 import inspect
-import os
 import warnings
 
 import torch
 
-from .host import other_device
+from .host import Choice, other_device
 
 LAUNCH_MODES = ("direct", "triton", "check")
-_MODE = {"mode": os.environ.get("ATTENTION_ORACLE_FAST_LAUNCH", "direct")}
-if _MODE["mode"] not in LAUNCH_MODES:
-    raise ValueError(f"ATTENTION_ORACLE_FAST_LAUNCH must be one of {LAUNCH_MODES}, "
-                     f"got {_MODE['mode']!r}")
+_MODE = Choice("ATTENTION_ORACLE_FAST_LAUNCH", LAUNCH_MODES, "direct")
 
 # int codes of specialization_key: (i32, i64, u64) x (not / divisible by 16), and the value 1
 _I32_MIN, _I32_MAX = -2**31, 2**31 - 1
@@ -52,10 +48,7 @@ _MAX_KERNELS = 4096  # entries per launcher before the cache is emptied (shapes 
 
 def set_launch_mode(mode):
     """Launch mode of later calls (module docstring); returns the previous one."""
-    if mode not in LAUNCH_MODES:
-        raise ValueError(f"mode must be one of {LAUNCH_MODES}, got {mode!r}")
-    previous, _MODE["mode"] = _MODE["mode"], mode
-    return previous
+    return _MODE.set(mode)
 
 
 class Unkeyable(TypeError):
@@ -143,7 +136,7 @@ class DirectLauncher:
                 self._launch(grid, args, kwargs)
 
     def _launch(self, grid, args, kwargs):
-        mode = _MODE["mode"]
+        mode = _MODE.value
         if mode == "triton" or not self.usable or getattr(self.jit, "pre_run_hooks", None):
             self.jit[grid](*args, **kwargs)
             return

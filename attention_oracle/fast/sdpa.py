@@ -31,13 +31,12 @@ implementations, so ``torch.compile`` traces through them.
 """
 import functools
 import math
-import os
 from typing import Optional, Tuple
 
 import torch
 
 from ..validation import FLOAT_DTYPES, check_sdpa_inputs
-from .host import cdiv, check_device, next_pow2
+from .host import Choice, cdiv, check_device, next_pow2
 from .kernels.sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel, sdpa_bwd_preprocess_kernel
 from .kernels.sdpa_common import (
     LOG2E,
@@ -155,10 +154,7 @@ def _precision(dtype, width):
 
 
 FP32_MODES = ("accurate", "plain", "tf32x3")
-_FP32 = {"mode": os.environ.get("ATTENTION_ORACLE_FAST_FP32", "accurate")}
-if _FP32["mode"] not in FP32_MODES:
-    raise ValueError(f"ATTENTION_ORACLE_FAST_FP32 must be one of {FP32_MODES}, "
-                     f"got {_FP32['mode']!r}")
+_FP32 = Choice("ATTENTION_ORACLE_FAST_FP32", FP32_MODES, "accurate")
 
 
 def set_fp32_mode(mode):
@@ -170,10 +166,7 @@ def set_fp32_mode(mode):
     big.small + small.big, each product within ~2^-20 relative, as PyTorch's fp32 EFFICIENT
     kernel computes (CUTLASS OpMultiplyAddFastF32); the interpreter computes these dots in fp32).
     Default: $ATTENTION_ORACLE_FAST_FP32 or "accurate". Returns the previous mode."""
-    if mode not in FP32_MODES:
-        raise ValueError(f"mode must be one of {FP32_MODES}, got {mode!r}")
-    previous, _FP32["mode"] = _FP32["mode"], mode
-    return previous
+    return _FP32.set(mode)
 
 
 # "tf32x3" keeps q (or k and v) in shared memory twice (the big and small halves): wider heads
@@ -184,7 +177,7 @@ TF32X3_MAX_BLOCK = 128
 def _fp32_mode(width):
     """The fp32 mode a call with head dims up to ``width`` runs: :func:`set_fp32_mode`'s, except
     that "tf32x3" runs "accurate" where a head dim's block exceeds ``TF32X3_MAX_BLOCK``."""
-    mode = _FP32["mode"]
+    mode = _FP32.value
     return "accurate" if mode == "tf32x3" and _block(width) > TF32X3_MAX_BLOCK else mode
 
 
@@ -549,7 +542,7 @@ def _signature(query, key, value, dropout_p, is_causal, scale, enable_gqa):
         return None  # validation names the argument
     return (query.shape, key.shape, value.shape, query.stride(), key.stride(), value.stride(),
             query.dtype, key.dtype, value.dtype, query.device, key.device, value.device,
-            dropout_p, is_causal, scale, enable_gqa, tuple(KERNEL_OPTIONS.values()), _FP32["mode"])
+            dropout_p, is_causal, scale, enable_gqa, tuple(KERNEL_OPTIONS.values()), _FP32.value)
 
 
 def _call_plan(query, key, value, dropout_p, is_causal, scale, enable_gqa):
