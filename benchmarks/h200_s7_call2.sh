@@ -6,13 +6,7 @@
 #   3. in parallel: the gpu-profile conformance of fast SDPA (+ SDPA regressions) with
 #      ATTENTION_ORACLE_FAST_FP32=tf32x3, and the fp32 calibration of fast (tf32x3) and torch.
 # Usage (device, repository root): OUT=dir bash benchmarks/h200_s7_call2.sh
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-out}
-W=$(mktemp -d)
-export PYTHONUNBUFFERED=1
-t0=$(date +%s)
-note() { echo "== $1 ($(($(date +%s) - t0)) s)"; }
+source "$(dirname "$0")/h200_common.sh"
 {
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv
 timeout 90 python3 -m pytest -p no:cacheprovider -q -n 6 -rfE --tb=short meta_tests/test_fast_sdpa_smoke.py \
@@ -31,6 +25,4 @@ note "calibration: exit $?"; tail -40 "$W/cal.log"
 wait
 note "conformance (tf32x3)"; tail -60 "$W/conf_summary.log"
 } 2>&1 | tee "$W/summary.txt"
-mkdir -p "$OUT"
-cp "$W/summary.txt" "$OUT/summary.txt"
-tar czf "$OUT/call2.tgz" -C "$W" .
+finish call2

@@ -6,13 +6,7 @@
 #      SDPA / DSA smoke and reliability tests (4 workers).
 # Usage (device, repository root): OUT=dir [BUDGET=s] bash benchmarks/h200_s7_final.sh;
 # everything lands in $OUT/final.tgz plus $OUT/summary.txt.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-out}
-W=$(mktemp -d)
-export PYTHONUNBUFFERED=1
-t0=$(date +%s)
-note() { echo "== $1 ($(($(date +%s) - t0)) s)"; }
+source "$(dirname "$0")/h200_common.sh"
 {
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv
 timeout 40 python3 -m benchmarks.overhead --areas sdpa,dsa --out "$W/overhead.json" > "$W/overhead.log" 2>&1
@@ -31,6 +25,4 @@ note "smoke: exit $?"; grep -E "passed|failed|FAILED|ERROR|Error" "$W/smoke.log"
 wait
 note "gpu conformance fast"; tail -70 "$W/conformance_summary.log"
 } 2>&1 | tee "$W/summary.txt"
-mkdir -p "$OUT"
-cp "$W/summary.txt" "$OUT/summary.txt"
-tar czf "$OUT/final.tgz" -C "$W" .
+finish final
