@@ -50,6 +50,16 @@ def other_device(tensor):
     return None if index < 0 or index == torch.cuda.current_device() else index
 
 
+def on_device_of(tensor, launch, *args, **kwargs):
+    """``launch(*args, **kwargs)`` with ``tensor``'s CUDA device current (:func:`other_device`);
+    a plain call when it already is."""
+    index = other_device(tensor)
+    if index is None:
+        return launch(*args, **kwargs)
+    with torch.cuda.device(index):
+        return launch(*args, **kwargs)
+
+
 @functools.cache
 def _several_gpus():
     """Whether this process sees more than one CUDA device (fixed once CUDA is initialised);

@@ -32,9 +32,7 @@ is checked so, and a mismatch raises).
 import inspect
 import warnings
 
-import torch
-
-from .host import Choice, other_device
+from .host import Choice, on_device_of
 
 LAUNCH_MODES = ("direct", "triton", "check")
 _MODE = Choice("ATTENTION_ORACLE_FAST_LAUNCH", LAUNCH_MODES, "direct")
@@ -128,12 +126,7 @@ class DirectLauncher:
         self.direct_launches = 0  # for tests: how many launches took the direct path
 
     def __call__(self, grid, args, kwargs):
-        index = other_device(args[0])  # launch on the kernel's tensors' device
-        if index is None:
-            self._launch(grid, args, kwargs)
-        else:
-            with torch.cuda.device(index):
-                self._launch(grid, args, kwargs)
+        on_device_of(args[0], self._launch, grid, args, kwargs)  # the tensors' device
 
     def _launch(self, grid, args, kwargs):
         mode = _MODE.value

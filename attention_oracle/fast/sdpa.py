@@ -390,13 +390,10 @@ class _EagerSdpa(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, mask5, is_causal, scale, geometry):
-        expanded = _expanded_operands(query, key, value, geometry)
-        q, k, v = (_to_rank5(t, name) for t, name in zip(expanded, _OPERANDS))
+        (q, k, v), ctx.shapes = _rank5_operands(query, key, value, geometry)
         out, lse_k = _launch_fwd(q, k, v, mask5, is_causal, scale)
         ctx.save_for_backward(q, k, v, mask5, out, lse_k)
         ctx.is_causal, ctx.scale = is_causal, scale
-        ctx.shapes = tuple((tuple(t.shape), tuple(x.shape))
-                           for t, x in zip((query, key, value), expanded))
         ctx.mark_non_differentiable(lse_k)
         return _from_rank5(out, geometry[3]), lse_k
 
@@ -425,15 +422,18 @@ def _summed_to(g, shape, expanded_shape):
 _OPERANDS = ("query", "key", "value")
 
 
-def _expanded_operands(query, key, value, geometry):
-    """query, key, value broadcast to the call's batch and head counts (views), after the
-    kernels' int32 addressing checks."""
+def _rank5_operands(query, key, value, geometry):
+    """(rank-5 views of query, key, value broadcast to the call's batch and head counts, and
+    per operand its (input shape, broadcast shape)), after the kernels' int32 addressing
+    checks."""
     batch, hq, hkv, _ = geometry
-    q = _expand_to(query, batch, hq)
-    k = _expand_to(key, batch, hkv)
-    v = _expand_to(value, batch, hkv)
-    _check_tile_offsets(zip(_OPERANDS, (q, k, v)))
-    return q, k, v
+    expanded = (_expand_to(query, batch, hq), _expand_to(key, batch, hkv),
+                _expand_to(value, batch, hkv))
+    _check_tile_offsets(zip(_OPERANDS, expanded))
+    views = tuple(_to_rank5(t, name) for t, name in zip(expanded, _OPERANDS))
+    shapes = tuple((tuple(t.shape), tuple(x.shape))
+                   for t, x in zip((query, key, value), expanded))
+    return views, shapes
 
 
 # ----------------------------------------------------------------------------- call plans
@@ -563,11 +563,9 @@ def _call_plan(query, key, value, dropout_p, is_causal, scale, enable_gqa):
     L, S = query.shape[-2], key.shape[-2]
     if hkv == hv and L > 0 and S > 0 and len(batch) <= 2 and 0 not in batch and hq > 0:
         out_shape = tuple(batch) + (hq, L, value.shape[-1])
-        expanded = _expanded_operands(query, key, value, (tuple(batch), hq, hkv, out_shape))
+        (q5, k5, v5), shapes = _rank5_operands(query, key, value,
+                                               (tuple(batch), hq, hkv, out_shape))
         _check_row_span(L, S, query.shape[-1], value.shape[-1])
-        q5, k5, v5 = (_to_rank5(t, name) for t, name in zip(expanded, _OPERANDS))
-        shapes = tuple((tuple(t.shape), tuple(x.shape))
-                       for t, x in zip((query, key, value), expanded))
         plan = _CallPlan(q5, k5, v5, out_shape, shapes, is_causal, scale)
     if len(_CALL_PLANS) >= _MAX_CALL_PLANS:
         _CALL_PLANS.clear()
@@ -612,6 +610,12 @@ def _check_row_span(L, S, E, EV):
                                   f"int32 in-head addressing")
 
 
+def _needs_grad(query, key, value):
+    """Whether autograd records this call (validated tensors only)."""
+    return torch.is_grad_enabled() and (
+        query.requires_grad or key.requires_grad or value.requires_grad)
+
+
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """Validates, launches; returns (out, the kernels' row statistics, out's shape). Unmasked
     eager calls take their cached :class:`_CallPlan`; the rest the general path below."""
@@ -619,8 +623,7 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     if attn_mask is None and not compiling:
         plan = _call_plan(query, key, value, dropout_p, is_causal, scale, enable_gqa)
         if plan is not None:
-            if torch.is_grad_enabled() and (
-                    query.requires_grad or key.requires_grad or value.requires_grad):
+            if _needs_grad(query, key, value):
                 out, lse_k = _PlannedSdpa.apply(query, key, value, plan)
             else:
                 out, lse_k = plan.forward(query, key, value)
@@ -639,12 +642,10 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     _check_row_span(L, S, E, value.shape[-1])
     out_shape = tuple(batch) + (hq, L, value.shape[-1])
     geometry = (tuple(batch), hq, hkv, out_shape)
-    if not compiling and torch.is_grad_enabled() and (
-            query.requires_grad or key.requires_grad or value.requires_grad):
+    if not compiling and _needs_grad(query, key, value):
         out, lse_k = _EagerSdpa.apply(query, key, value, mask5, is_causal, scale, geometry)
         return out, lse_k, out_shape
-    q5, k5, v5 = (_to_rank5(t, name) for t, name in
-                  zip(_expanded_operands(query, key, value, geometry), _OPERANDS))
+    (q5, k5, v5), _ = _rank5_operands(query, key, value, geometry)
     launch = _sdpa_fwd_op if compiling else _launch_fwd
     out5, lse_k = launch(q5, k5, v5, mask5, is_causal, scale)
     return _from_rank5(out5, out_shape), lse_k, out_shape

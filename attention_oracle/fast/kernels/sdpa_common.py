@@ -33,12 +33,11 @@ exp(x)) add more; together they exceeded the bound on single-key rows and small 
 """
 import os
 
-import torch
 import triton
 import triton.language as tl
 import triton.testing
 
-from ..host import next_pow2, other_device
+from ..host import next_pow2, on_device_of
 from ..launch import DirectLauncher
 from .accurate_math import exp_accurate, log_accurate
 
@@ -375,12 +374,8 @@ class CachedLauncher:
         if plan is None:
             kwargs = self.configs.get(key)
             if kwargs is None:
-                index = other_device(args[0])  # the autotuner launches on the current device
-                if index is None:
-                    self.autotuned[self._grid_fn(grid)](*args, **meta)
-                else:
-                    with torch.cuda.device(index):
-                        self.autotuned[self._grid_fn(grid)](*args, **meta)
+                # the autotuner launches on the current device: make it the tensors'
+                on_device_of(args[0], self.autotuned[self._grid_fn(grid)], *args, **meta)
                 config = getattr(self.autotuned, "best_config", None)
                 if config is not None:
                     self.configs[key] = config.all_kwargs()
