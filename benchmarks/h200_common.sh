@@ -1,4 +1,4 @@
-# Sourced by the session-7 H200 scripts (benchmarks/h200_s7_*.sh): run from the repository
+# Sourced by the H200 check scripts (benchmarks/h200_*final.sh, h200_s7_*.sh): run from the repository
 # root, a work folder $W, a timer, and `finish NAME` (summary and $OUT/NAME.tgz of $W).
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -10,13 +10,7 @@
 #   6. benchmarks.compare fast vs torch.
 # Usage (device, repository root): OUT=dir bash benchmarks/h200_final.sh; everything lands in
 # $OUT/final.tgz plus $OUT/summary.txt.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-out}
-W=$(mktemp -d)
-export PYTHONUNBUFFERED=1
-t0=$(date +%s)
-note() { echo "== $1 ($(($(date +%s) - t0)) s)"; }
+source "$(dirname "$0")/h200_common.sh"
 {
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv
 SDPA_AUTOTUNE=0 ATTENTION_ORACLE_FAST_LAUNCH=check timeout 60 python3 -m pytest -p no:cacheprovider \
@@ -44,6 +38,4 @@ timeout 45 python3 -m benchmarks.compare --impl fast --impl torch --lengths 1024
     --areas sdpa --out "$W/compare.json" > "$W/compare.log" 2>&1
 note "compare: exit $?"; tail -20 "$W/compare.log"
 } 2>&1 | tee "$W/summary.txt"
-mkdir -p "$OUT"
-cp "$W/summary.txt" "$OUT/summary.txt"
-tar czf "$OUT/final.tgz" -C "$W" .
+finish final

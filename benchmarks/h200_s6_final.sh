@@ -7,13 +7,7 @@
 #      timing methods) and the fp32 rows.
 # Usage (device, repository root): OUT=dir bash benchmarks/h200_s6_final.sh; everything lands in
 # $OUT/final.tgz plus $OUT/summary.txt.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-out}
-W=$(mktemp -d)
-export PYTHONUNBUFFERED=1
-t0=$(date +%s)
-note() { echo "== $1 ($(($(date +%s) - t0)) s)"; }
+source "$(dirname "$0")/h200_common.sh"
 {
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv
 SDPA_AUTOTUNE=0 ATTENTION_ORACLE_FAST_LAUNCH=check timeout 50 python3 -m pytest -p no:cacheprovider \
@@ -30,6 +24,4 @@ timeout 150 python3 -m benchmarks.sdpa --lengths 4096,16384,1024 --precompile 14
     --no-fp32 --budget-s 135 --out "$W/sdpa.json" > "$W/sdpa.log" 2>&1
 note "sdpa: exit $?"; tail -45 "$W/sdpa.log"
 } 2>&1 | tee "$W/summary.txt"
-mkdir -p "$OUT"
-cp "$W/summary.txt" "$OUT/summary.txt"
-tar czf "$OUT/final.tgz" -C "$W" .
+finish final
