@@ -1,7 +1,7 @@
 """Host overhead per call of fast's entry points at tiny shapes, against torch, with a profile.
 
     python -m benchmarks.overhead [--out out/overhead.json] [--profile out/overhead_profile.txt]
-                                  [--launch-modes direct,triton]
+                                  [--launch-modes direct,triton] [--pairs 15]
 
 Host microseconds per call (benchmarks.timing.host_us: calls queued back to back, one sync)
 for fast SDPA (forward no_grad, training forward, forward+backward; B 1, H 1, L 16, D 64,
@@ -10,7 +10,9 @@ H 64, 512 + 64 / 512, top-k 64). With ``--profile``, cProfile's top functions (b
 of each fast entry point over 300 calls, to see where the host time goes. ``--launch-modes``
 measures fast once per launch mode of ``attention_oracle.fast.launch`` (``direct``: the compiled
 kernels' own launchers; ``triton``: ``kernel[grid](...)``), in this order, in one process; keys
-of every mode but the first carry its name (``sdpa_fast_fwd@triton``).
+of every mode but the first carry its name (``sdpa_fast_fwd@triton``). ``--pairs N`` then times fast and torch in turn N times per SDPA
+phase (200 calls each, one round), so that both see the same drift of the host, and reports the
+median of the N ratios fast / torch with their range (``sdpa_pairs_<phase>``).
 """
 import argparse
 import cProfile
@@ -150,6 +152,18 @@ def dsa_calls():
             "dsa_fast_index_prep": index_prep, "device_copy_tiny": lambda: local.clone()}
 
 
+def paired_ratios(fast_fn, torch_fn, pairs):
+    """fast / torch host time per call, timed in turn ``pairs`` times: median, min, max, all."""
+    ratios = []
+    for _ in range(pairs):
+        f = host_us(fast_fn, rounds=1)
+        t = host_us(torch_fn, rounds=1)
+        ratios.append(f / t)
+    ratios.sort()
+    return {"median": ratios[len(ratios) // 2], "min": ratios[0], "max": ratios[-1],
+            "ratios": ratios}
+
+
 def profile(fn, calls=300, top=16):
     fn()
     torch.cuda.synchronize()
@@ -171,6 +185,8 @@ def main():
     ap.add_argument("--launch-modes", default="direct",
                     help="comma-separated modes of attention_oracle.fast.launch to measure fast in")
     ap.add_argument("--areas", default="sdpa,dsa", help="sdpa, dsa or both")
+    ap.add_argument("--pairs", type=int, default=0,
+                    help="time fast and torch in turn this many times per SDPA phase")
     args = ap.parse_args()
     areas = args.areas.split(",")
     calls = {**(sdpa_calls() if "sdpa" in areas else {}), **(dsa_calls() if "dsa" in areas else {})}
@@ -188,9 +204,17 @@ def main():
             res[f"sdpa_fast_over_torch_{phase}{tag}"] = (res[f"sdpa_fast_{phase}{tag}"]
                                                          / res[f"sdpa_torch_{phase}"])
     set_launch_mode(modes[0])
+    if args.pairs and "sdpa" in areas:
+        for phase in ("fwd", "fwd_train", "fwdbwd"):
+            res[f"sdpa_pairs_{phase}"] = paired_ratios(calls[f"sdpa_fast_{phase}"],
+                                                       calls[f"sdpa_torch_{phase}"], args.pairs)
     write_json(args.out, res)
     for name, us in res.items():
-        print(f"{name:32s} {us:9.2f}" + ("" if "_over_" in name else " us"))
+        if isinstance(us, dict):
+            print(f"{name:32s} fast/torch median {us['median']:.2f} "
+                  f"(min {us['min']:.2f}, max {us['max']:.2f}, {len(us['ratios'])} pairs)")
+        else:
+            print(f"{name:32s} {us:9.2f}" + ("" if "_over_" in name else " us"))
     if args.profile:
         with open(args.profile, "w") as fh:
             for name, fn in calls.items():
