@@ -114,6 +114,16 @@ def sdpa_parts(q, k, v, dout):
         with torch.autograd.set_multithreading_enabled(False):
             return torch.autograd.grad(fast_sdpa(q, k, v), (q, k, v), dout)
 
+    plan = fsdpa._call_plan(q, k, v, 0.0, False, None, False)
+    with torch.no_grad():
+        p_out, p_lse = plan.forward(q, k, v)
+
+    def plan_fwd():  # the call plan's forward alone: two allocations, one launch
+        return plan.forward(q, k, v)
+
+    def plan_bwd():  # the call plan's backward alone, on this thread, no autograd
+        return plan.backward(dout, q, k, v, p_out, p_lse)
+
     def fast_fwd_then_launch_bwd():  # fast's public forward, the backward launched by hand
         with torch.no_grad():
             out, stats, _ = fsdpa._attention(q, k, v, None, 0.0, False, None, False)
@@ -123,7 +133,8 @@ def sdpa_parts(q, k, v, dout):
             "sdpa_part_4_empty": empties, "sdpa_part_views_noop_fwdbwd": views_noop_fwdbwd,
             "sdpa_part_alloc_noop_fwdbwd": alloc_noop_fwdbwd,
             "sdpa_part_fast_fwdbwd_one_thread": fast_fwdbwd_one_thread,
-            "sdpa_part_fast_fwd_then_launch_bwd": fast_fwd_then_launch_bwd}
+            "sdpa_part_fast_fwd_then_launch_bwd": fast_fwd_then_launch_bwd,
+            "sdpa_part_plan_fwd": plan_fwd, "sdpa_part_plan_bwd": plan_bwd}
 
 
 def dsa_calls():
@@ -218,7 +229,7 @@ def main():
     if args.profile:
         with open(args.profile, "w") as fh:
             for name, fn in calls.items():
-                if "_fast_" in name or "_part_launches" in name or "one_thread" in name:
+                if "_fast_" in name or "_part_launches" in name or "_part_plan" in name:
                     fh.write(f"==== {name}\n{profile(fn)}\n")
 
 
