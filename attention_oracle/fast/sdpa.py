@@ -37,6 +37,7 @@ import torch
 
 from ..validation import FLOAT_DTYPES, check_sdpa_inputs
 from .host import Choice, cdiv, check_device, next_pow2
+from .kernels import sdpa_fwd_gluon
 from .kernels.sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel, sdpa_bwd_preprocess_kernel
 from .kernels.sdpa_common import (
     LOG2E,
@@ -155,6 +156,16 @@ def _precision(dtype, width):
 
 FP32_MODES = ("accurate", "plain", "tf32x3")
 _FP32 = Choice("ATTENTION_ORACLE_FAST_FP32", FP32_MODES, "accurate")
+FWD_BACKENDS = ("triton", "gluon")
+_FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_FWD", FWD_BACKENDS, "triton")
+
+
+def set_forward_backend(backend):
+    """The forward kernel of later calls: "triton" (every input) or "gluon" (the Hopper
+    kernel of :mod:`fast.kernels.sdpa_fwd_gluon`, taken on sm_90 for fp16/bf16, head dims 128,
+    no mask, TMA-ready strides; other calls keep the Triton kernel). Default:
+    $ATTENTION_ORACLE_FAST_SDPA_FWD or "triton". Returns the previous backend."""
+    return _FWD_BACKEND.set(backend)
 
 
 def set_fp32_mode(mode):
@@ -263,6 +274,11 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
     if S == 0:  # only the public lse is read (the backward returns zeros)
         lse_k.fill_(float("-inf"))
         return out.zero_(), lse_k
+    if _FWD_BACKEND.value == "gluon" and mask is None:
+        gluon_plan = sdpa_fwd_gluon.plan(q, k, v, is_causal, scale)
+        if gluon_plan is not None and sdpa_fwd_gluon.aligned(q, k, v):
+            sdpa_fwd_gluon.launch(q, k, v, out, lse_k, gluon_plan)
+            return out, lse_k
     natural = _natural(q.dtype, width)
     kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
         q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), is_causal, natural,
@@ -448,7 +464,7 @@ class _CallPlan:
 
     __slots__ = ("dtype", "device", "out_shape", "out5", "lse_shape", "fwd", "fwd_tail",
                  "bwd", "bwd_common", "bwd_scalars", "grad_shapes", "grad_tails", "pre_tail",
-                 "rows")
+                 "rows", "gluon")
 
     def __init__(self, q5, k5, v5, out_shape, shapes, is_causal, scale):
         Z1, Z2, HQ, L, E = q5.shape
@@ -465,6 +481,7 @@ class _CallPlan:
             q5.shape, k5.shape, v5.shape, dtype, None, is_causal, natural, _precision(dtype, width),
             _fold(scale, dtype, False))
         self.fwd = (key, grid, sizes, meta)
+        self.gluon = sdpa_fwd_gluon.plan(q5, k5, v5, is_causal, scale)
         self.fwd_tail = (*operands, *self.out5, lse_stride, *ints, scale * factor, *tunes)
         (_, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
          pre_grid) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
@@ -484,6 +501,10 @@ class _CallPlan:
     def forward(self, query, key, value):
         out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         lse_k = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        if (self.gluon is not None and _FWD_BACKEND.value == "gluon"
+                and sdpa_fwd_gluon.aligned(query, key, value)):
+            sdpa_fwd_gluon.launch(query, key, value, out, lse_k, self.gluon)
+            return out, lse_k
         key_, grid, sizes, meta = self.fwd
         _FWD(key_, grid, (query, key, value, query, out, lse_k, *self.fwd_tail), sizes, meta)
         return out, lse_k

@@ -1,0 +1,296 @@
+"""Hopper (sm_90) SDPA forward in Gluon for head dim 128, 16-bit inputs, no mask.
+
+The same function as :func:`fast.kernels.sdpa_fwd.sdpa_fwd_kernel` on its 16-bit unmasked
+path (FOLD: scores in log2 units, ``exp2(qk * c - m)`` with ``c = scale * log2(e) > 0``),
+written the way FA3 feeds the tensor cores:
+
+* Q ``[BLOCK_M, 128]`` and a ring of ``STAGES`` K and V tiles ``[BLOCK_N, 128]`` in shared
+  memory, filled by TMA (5-d descriptors over the rank-5 views, one head per tile, so a
+  ragged last tile is zero-filled, never the next head's rows), each tile completing on its
+  own mbarrier;
+* ``S = Q K^T`` and ``O += P V`` as asynchronous ``warpgroup_mma`` (P from registers);
+* intra-warpgroup pipelining: iteration j issues ``S_j = Q K_j^T`` and then
+  ``O += P_{j-1} V_{j-1}``, waits for S_j alone and runs softmax(j) while the P.V product of
+  the previous tile is still on the tensor cores.
+
+Writes ``out`` (rank 5, contiguous, through a TMA store) and the saved row statistics
+``Stats [3, Z1*Z2*HQ*L]`` as the Triton forward does: m (log2 units), log2 l and the public
+natural-log lse. Tiles past S (ragged S) and, when causal, keys after the query (top-left)
+are masked to -inf; every row sees key 0, so no row is empty (S > 0 is the launcher's case).
+
+Gluon does not run under Triton's CPU interpreter: CI checks the Triton forward; this one is
+checked on the GPU by ``meta_tests/test_fast_sdpa_gluon.py``.
+"""
+import functools
+
+import torch
+
+try:  # Gluon is experimental: a Triton without it (or with another API) leaves the path off
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    GLUON_AVAILABLE = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    GLUON_AVAILABLE = False
+
+HEAD_DIM = 128
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+# (BLOCK_M, BLOCK_N, STAGES, num_warps): 2 consumer warpgroups of 64 query rows each
+CONFIG = (128, 128, 2, 8)
+_GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+if GLUON_AVAILABLE:
+
+    @gluon.jit
+    def _tile_softmax(s, m_i, l_i, start_m, start_n, S, qk_scale,
+                      s_layout: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Online-softmax step of one score tile ``s [BLOCK_M, BLOCK_N]`` (raw q.k, fp32).
+
+        Returns (p, alpha, m_new, l_new) in log2 units: ``p = exp2(s * c - m_new)``,
+        ``alpha = exp2(m_i - m_new)``. MASKED applies ``key < S`` and, when CAUSAL,
+        ``key <= query``."""
+        if MASKED:
+            offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+            offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            keep = offs_n[None, :] < S
+            if CAUSAL:
+                keep = keep & (offs_m[:, None] >= offs_n[None, :])
+            s2 = gl.where(keep, s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s2, 1))
+            # a row with only -inf so far keeps m = -inf; shift by 0 (no inf - inf)
+            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(s2 - m_shift[:, None])
+            alpha = gl.exp2(m_i - m_shift)
+        else:
+            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+            p = gl.exp2(s * qk_scale - m_new[:, None])
+            alpha = gl.exp2(m_i - m_new)
+        l_new = l_i * alpha + gl.sum(p, 1)
+        return p, alpha, m_new, l_new
+
+    @gluon.jit
+    def _tile_view(ring, stage, BLOCK: gl.constexpr, HEAD_D: gl.constexpr):
+        """The [BLOCK, HEAD_D] view of one stage of a TMA ring [STAGES, 1, 1, 1, BLOCK, D]."""
+        return ring.index(stage).reshape([BLOCK, HEAD_D])
+
+    @gluon.jit
+    def _load_tile(desc, ring, bars, stage, z1, z2, h, row, pred):
+        bar = bars.index(stage)
+        mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(desc, [z1, z2, h, row, 0], bar, ring.index(stage),
+                                        pred=pred)
+
+    @gluon.jit
+    def sdpa_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, Stats, s_stat,
+                              Z2, HQ, GROUP, L, S, qk_scale,
+                              CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                              STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """Grid (cdiv(L, BLOCK_M), Z1*Z2*HQ); descriptors over rank-5 q, k, v, out with blocks
+        [1, 1, 1, BLOCK_{M,N}, HEAD_D]; Stats rows m, log2 l, lse (row stride s_stat)."""
+        dtype: gl.constexpr = q_desc.dtype
+        pid_m = gl.program_id(0)
+        if CAUSAL:  # heaviest query blocks first: better tail balance
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        pid_bh = gl.program_id(1)
+        h = pid_bh % HQ
+        z2 = (pid_bh // HQ) % Z2
+        z1 = pid_bh // (HQ * Z2)
+        hk = h // GROUP
+        start_m = pid_m * BLOCK_M
+
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, HEAD_D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+        k_ring = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape,
+                                           k_desc.layout)
+        v_ring = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape,
+                                           v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar.index(0), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+        fence_async_shared()
+
+        # key tiles [0, free_hi) need no mask; [free_hi, hi) take the bound and causal masks
+        if CAUSAL:
+            hi = gl.minimum(start_m + BLOCK_M, S)
+            free_hi = gl.minimum(start_m, (S // BLOCK_N) * BLOCK_N)
+        else:
+            hi = S
+            free_hi = (S // BLOCK_N) * BLOCK_N
+        n_tiles = gl.cdiv(hi, BLOCK_N)
+
+        mbarrier.expect(q_bar.index(0), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [z1, z2, h, start_m, 0], q_bar.index(0), q_smem)
+        for i in gl.static_range(STAGES):
+            _load_tile(k_desc, k_ring, k_bars, i, z1, z2, hk, i * BLOCK_N, i < n_tiles)
+            _load_tile(v_desc, v_ring, v_bars, i, z1, z2, hk, i * BLOCK_N, i < n_tiles)
+        q_tile = q_smem.reshape([BLOCK_M, HEAD_D])
+        mbarrier.wait(q_bar.index(0), 0)
+
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_layout))
+
+        # tile 0: scores and softmax only (its P.V is issued in the next iteration)
+        mbarrier.wait(k_bars.index(0), 0)
+        k_t = _tile_view(k_ring, 0, BLOCK_N, HEAD_D).permute((1, 0))
+        s_tok = warpgroup_mma(q_tile, k_t, s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s_tok, ))
+        if free_hi > 0:
+            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, 0, S, qk_scale, s_layout,
+                                               False, CAUSAL, BLOCK_M, BLOCK_N)
+        else:
+            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, 0, S, qk_scale, s_layout,
+                                               True, CAUSAL, BLOCK_M, BLOCK_N)
+        gl.thread_barrier()  # both warpgroups are done with K stage 0
+        _load_tile(k_desc, k_ring, k_bars, 0, z1, z2, hk, STAGES * BLOCK_N, STAGES < n_tiles)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        alpha_o = gl.convert_layout(alpha, row_o)
+
+        for j in range(1, n_tiles):
+            stage = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_bars.index(stage), (j // STAGES) & 1)
+            k_t = _tile_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0))
+            s_tok = warpgroup_mma(q_tile, k_t, s_zero, use_acc=False, is_async=True)
+            acc = acc * alpha_o[:, None]
+            mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+            v_tile = _tile_view(v_ring, prev, BLOCK_N, HEAD_D)
+            o_tok = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok, ))
+            start_n = j * BLOCK_N
+            if start_n < free_hi:
+                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, start_n, S, qk_scale,
+                                                   s_layout, False, CAUSAL, BLOCK_M, BLOCK_N)
+            else:
+                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, start_n, S, qk_scale,
+                                                   s_layout, True, CAUSAL, BLOCK_M, BLOCK_N)
+            acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+            gl.thread_barrier()  # both warpgroups are done with K stage `stage`, V stage `prev`
+            _load_tile(k_desc, k_ring, k_bars, stage, z1, z2, hk, (j + STAGES) * BLOCK_N,
+                       j + STAGES < n_tiles)
+            _load_tile(v_desc, v_ring, v_bars, prev, z1, z2, hk, (j - 1 + STAGES) * BLOCK_N,
+                       j - 1 + STAGES < n_tiles)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            alpha_o = gl.convert_layout(alpha, row_o)
+
+        last = (n_tiles - 1) % STAGES
+        acc = acc * alpha_o[:, None]
+        mbarrier.wait(v_bars.index(last), ((n_tiles - 1) // STAGES) & 1)
+        o_tok = warpgroup_mma(p_op, _tile_view(v_ring, last, BLOCK_N, HEAD_D), acc,
+                              is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+
+        mbarrier.invalidate(q_bar.index(0))
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(k_bars.index(i))
+            mbarrier.invalidate(v_bars.index(i))
+
+        l_o = gl.convert_layout(l_i, row_o)
+        l_safe = gl.where(l_o == 0.0, 1.0, l_o)
+        out = acc / l_safe[:, None]
+        gl.thread_barrier()  # every warpgroup's last Q read is done: Q's buffer holds out
+        q_tile.store(out.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(o_desc, [z1, z2, h, start_m, 0], q_smem)
+
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
+        in_rows = offs_m < L
+        log_l = gl.log2(gl.where(l_i == 0.0, 1.0, l_i))
+        ptrs = Stats + pid_bh.to(gl.int64) * L + offs_m
+        gl.store(ptrs, m_i, mask=in_rows)
+        gl.store(ptrs + s_stat, log_l, mask=in_rows)
+        gl.store(ptrs + 2 * s_stat, (m_i + log_l) * 0.6931471805599453, mask=in_rows)
+        tma.store_wait(pendings=0)
+
+
+def _shared_layout(block, dtype):
+    return gl.NVMMASharedLayout.get_default_for(block, getattr(gl, _GL_DTYPES[dtype]))
+
+
+@functools.lru_cache(maxsize=16)
+def _is_sm90(device):
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def _tma_strides(shape, stride, element_size):
+    """Whether a rank-5 view can be a TMA source: unit channel stride, 16-byte strides, no
+    broadcast (stride 0 over a dim longer than 1)."""
+    if stride[-1] != 1:
+        return False
+    return all(n == 1 or (st > 0 and (st * element_size) % 16 == 0)
+               for n, st in zip(shape[:-1], stride[:-1]))
+
+
+def plan(q5, k5, v5, is_causal, scale):
+    """The Gluon forward's launch plan for rank-5 operands (their shapes and strides, the
+    flags), or None where it does not apply: CUDA on sm_90, fp16/bf16, head dims 128, a
+    positive scale, TMA-ready strides, non-empty (masks and dropout never reach it). Data
+    pointers are checked per call (:func:`aligned`)."""
+    if not GLUON_AVAILABLE or not scale > 0 or q5.dtype not in _GL_DTYPES or not q5.is_cuda:
+        return None
+    if q5.shape[-1] != HEAD_DIM or v5.shape[-1] != HEAD_DIM or 0 in q5.shape or 0 in k5.shape:
+        return None
+    if not _is_sm90(q5.device):
+        return None
+    views = (q5, k5, v5)
+    if not all(_tma_strides(t.shape, t.stride(), t.element_size()) for t in views):
+        return None
+    return (tuple(tuple(t.shape) for t in views), tuple(tuple(t.stride()) for t in views),
+            bool(is_causal), float(scale))
+
+
+def aligned(*tensors):
+    """TMA needs 16-byte aligned base addresses."""
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _descriptor(t, shape, stride, rows):
+    """5-d TMA descriptor over ``t``'s data seen as ``shape``/``stride`` (rank 5) with block
+    [1, 1, 1, rows, 128]; strides of length-1 dims are replaced (unused, but TMA wants
+    16-byte multiples)."""
+    strides = [st if n > 1 else HEAD_DIM for n, st in zip(shape[:-1], stride[:-1])] + [1]
+    block = [1, 1, 1, rows, HEAD_DIM]
+    return TensorDescriptor(t, list(shape), strides, block, _shared_layout(block, t.dtype))
+
+
+def launch(query, key, value, out, stats, gluon_plan):
+    """Fill ``out`` (contiguous, [Z1, Z2, HQ, L, 128] as rank 5) and ``stats``
+    ([3, Z1*Z2*HQ*L] float32 rows m, log2 l, lse) from query, key, value read as the plan's
+    rank-5 shapes and strides (a view shares its base's data pointer, so the caller's
+    tensors can be passed as they are)."""
+    (qs, ks, vs), (qst, kst, vst), is_causal, scale = gluon_plan
+    Z1, Z2, HQ, L, _ = qs
+    block_m, block_n, stages, warps = CONFIG
+    os_ = (Z1, Z2, HQ, L, HEAD_DIM)
+    ost = (Z2 * HQ * L * HEAD_DIM, HQ * L * HEAD_DIM, L * HEAD_DIM, HEAD_DIM, 1)
+    grid = (-(-L // block_m), Z1 * Z2 * HQ)
+    sdpa_fwd_gluon_kernel[grid](
+        _descriptor(query, qs, qst, block_m), _descriptor(key, ks, kst, block_n),
+        _descriptor(value, vs, vst, block_n), _descriptor(out, os_, ost, block_m),
+        stats, stats.stride(0), Z2, HQ, HQ // ks[2], L, ks[3], scale * LOG2E,
+        CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=HEAD_DIM, STAGES=stages,
+        num_warps=warps)
