@@ -16,7 +16,12 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 
 from attention_oracle.fast import launch
-from attention_oracle.fast.launch import DirectLauncher, set_launch_mode, specialization_key
+from attention_oracle.fast.launch import (
+    BoundLaunch,
+    DirectLauncher,
+    set_launch_mode,
+    specialization_key,
+)
 
 
 def _kernel(X, n, scale, BLOCK: tl.constexpr, FLAG: tl.constexpr = 3):
@@ -219,6 +224,92 @@ def test_a_failing_direct_launch_falls_back_for_good(rig):
     assert launches(log) == ["triton", "triton", "triton"] and not launcher.usable
 
 
+@pytest.fixture
+def bound_rig(rig, monkeypatch):
+    """A BoundLaunch over the rig's launcher (one tensor, then n and scale), and a log of the
+    calls that went through the launcher itself ("via launcher") rather than the bound path."""
+    launcher, log, compiled = rig
+    launcher.n_tensors = 1
+    inner = launcher._launch
+
+    def counted(grid, args, kwargs):
+        log.append(("via launcher",))
+        return inner(grid, args, kwargs)
+    monkeypatch.setattr(launcher, "_launch", counted)
+    return BoundLaunch(launcher, (3, 2), {"BLOCK": 32, "num_warps": 4}), launcher, log, compiled
+
+
+def paths(log):
+    """Per launch: "triton", "direct" (through the launcher) or "bound" (the bound path)."""
+    out, via = [], False
+    for e in log:
+        if e[0] == "via launcher":
+            via = True
+        elif e[0] in ("triton", "direct"):
+            out.append(e[0] if e[0] == "triton" or via else "bound")
+            via = False
+    return out
+
+
+def test_bound_launch_is_direct_once_the_launcher_was(bound_rig):
+    """Call 1 goes through Triton, call 2 directly through the launcher (verified), later ones
+    with the same scalars take the bound path with the launcher's exact arguments; new scalar
+    values go through the launcher once and are bound from then on."""
+    bound, launcher, log, _ = bound_rig
+    x = torch.empty(64)
+    for n in (17, 17, 17, 19, 19):
+        bound((x, n, 0.5))
+    assert paths(log) == ["triton", "direct", "bound", "direct", "bound"]
+    launcher((3, 2), (x, 19, 0.5), {"BLOCK": 32, "num_warps": 4})
+    direct = [e for e in log if e[0] == "direct"]
+    assert direct[-1][2] == direct[-2][2], "the bound path passes other arguments"
+
+
+@pytest.mark.parametrize("change", ["value", "one", "alignment", "dtype", "triton_mode",
+                                    "check_mode", "hook"])
+def test_bound_launch_leaves_the_bound_path_on_any_change(bound_rig, change):
+    """What could change the compiled kernel or the launch path (another scalar, the value 1,
+    a misaligned or other-dtype tensor, another launch mode, a launch hook) goes through the
+    launcher. A bound path keyed on less than it checks fails these."""
+    bound, launcher, log, _ = bound_rig
+    buf = torch.empty(64)
+    x, n = buf[:16], 16
+    for _ in range(3):
+        bound((x, n, 0.5))
+    assert paths(log)[-1] == "bound"
+    if change == "value":
+        n = 48
+    elif change == "one":
+        n = 1
+    elif change == "alignment":
+        x = buf[1:17]
+    elif change == "dtype":
+        x = torch.empty(16, dtype=torch.float16)
+    elif change == "triton_mode":
+        set_launch_mode("triton")
+    elif change == "check_mode":
+        set_launch_mode("check")
+    else:
+        launcher.knobs.launch_enter_hook = print
+    del log[:]
+    bound((x, n, 0.5))
+    assert paths(log) and paths(log)[0] != "bound", f"{change}: the bound path was taken"
+
+
+def test_bound_launch_follows_a_failure_to_the_launcher(bound_rig):
+    bound, launcher, log, compiled = bound_rig
+    x = torch.empty(16)
+    for _ in range(3):
+        bound((x, 16, 1.0))
+    for kernel in compiled.values():
+        kernel.fail = True
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bound((x, 16, 1.0))
+    assert any("direct launch failed" in str(w.message) for w in caught)
+    assert paths(log)[-1] == "triton" and not launcher.usable
+
+
 def test_interpreted_functions_never_launch_directly():
     assert not DirectLauncher(object()).usable
 
@@ -303,7 +394,9 @@ def _run(fn, q, k, v, kw, dout_seed):
 @pytest.mark.parametrize("dtype_name", DTYPE_NAMES)
 def test_direct_launches_match_tritons_on_gpu(dtype_name, kind):
     """The case three times in check mode (each direct launch asks Triton which compiled kernel
-    it would run), bitwise equal to Triton's own launches; the direct path was taken."""
+    it would run), then three times in direct mode (a call plan's launches bound from the
+    third call on, launch.BoundLaunch), bitwise equal to Triton's own launches; the direct
+    path was taken."""
     from attention_oracle.fast import sdpa as fast
     launchers = [fast._FWD.direct, fast._DKDV.direct, fast._DQ.direct, fast._PRE]
     q, k, v, kw = _sdpa_case(dtype_name, kind)
@@ -317,6 +410,11 @@ def test_direct_launches_match_tritons_on_gpu(dtype_name, kind):
             for what, a, b in zip(("out", "dq", "dk", "dv"), got, expected):
                 assert torch.equal(a, b), f"{what} differs from Triton's own launch"
         assert sum(la.direct_launches for la in launchers) > before, "no direct launch"
+        set_launch_mode("direct")
+        for _ in range(3):
+            got = _run(fast.scaled_dot_product_attention, q, k, v, kw, 5)
+            for what, a, b in zip(("out", "dq", "dk", "dv"), got, expected):
+                assert torch.equal(a, b), f"{what} differs from Triton's own launch (direct mode)"
     finally:
         set_launch_mode("direct")
 

@@ -32,7 +32,7 @@ is checked so, and a mismatch raises).
 import inspect
 import warnings
 
-from .host import Choice, on_device_of
+from .host import Choice, on_device_of, other_device
 
 LAUNCH_MODES = ("direct", "triton", "check")
 _MODE = Choice("ATTENTION_ORACLE_FAST_LAUNCH", LAUNCH_MODES, "direct")
@@ -126,13 +126,15 @@ class DirectLauncher:
         self.direct_launches = 0  # for tests: how many launches took the direct path
 
     def __call__(self, grid, args, kwargs):
-        on_device_of(args[0], self._launch, grid, args, kwargs)  # the tensors' device
+        """Launches; returns the entry of the compiled kernel when it was launched directly
+        (for :class:`BoundLaunch`), else None."""
+        return on_device_of(args[0], self._launch, grid, args, kwargs)  # the tensors' device
 
     def _launch(self, grid, args, kwargs):
         mode = _MODE.value
         if mode == "triton" or not self.usable or getattr(self.jit, "pre_run_hooks", None):
             self.jit[grid](*args, **kwargs)
-            return
+            return None
         try:
             device, options = self._device(), tuple(kwargs.items())
             raw = entry = None
@@ -149,19 +151,18 @@ class DirectLauncher:
                     self._remember_raw(raw, entry)
         except Exception:  # noqa: BLE001 - an unmodelled argument, no driver: Triton's own path
             self.jit[grid](*args, **kwargs)
-            return
+            return None
         if entry is None:
             kernel = self.jit.run(*args, grid=grid, warmup=False, **kwargs)
             self._remember(key, kernel, len(args), kwargs)
-            return
+            return None
         if mode == "check" or not entry.verified:
             if not self._check(entry, grid, args, kwargs, strict=mode == "check"):
                 self.jit[grid](*args, **kwargs)
-                return
-        knobs = self.knobs
-        if _installed(knobs.launch_enter_hook) or _installed(knobs.launch_exit_hook):
+                return None
+        if self.hooked():
             self.jit[grid](*args, **kwargs)
-            return
+            return None
         g0, g1, g2 = _grid3(grid)
         try:
             entry.run(g0, g1, g2, self.stream(device), entry.function, entry.packed, None, None,
@@ -172,6 +173,13 @@ class DirectLauncher:
             warnings.warn(f"{self.jit.fn.__name__}: direct launch failed ({exc!r}); "
                           f"using Triton's launch path from now on", RuntimeWarning, stacklevel=2)
             self.jit[grid](*args, **kwargs)
+            return None
+        return entry
+
+    def hooked(self):
+        """Whether a profiler installed a launch hook (those launches take Triton's path)."""
+        knobs = self.knobs
+        return _installed(knobs.launch_enter_hook) or _installed(knobs.launch_exit_hook)
 
     def __getitem__(self, grid):
         """``launcher[grid](*args, **kwargs)``, as a JIT function is called."""
@@ -226,6 +234,47 @@ class DirectLauncher:
         warnings.warn(msg + "; using Triton's launch path from now on", RuntimeWarning,
                       stacklevel=3)
         return False
+
+
+class BoundLaunch:
+    """``bound(args)`` launches ``launcher[grid](*args, **kwargs)`` for one call site whose grid
+    and keyword arguments are fixed and whose argument types per position never change.
+
+    Once ``launcher`` (a :class:`DirectLauncher` with ``n_tensors``) has launched directly, the
+    compiled kernel it ran is kept with that call's non-tensor arguments and its tensors'
+    (dtype, 16-byte alignment); a later call whose non-tensor arguments compare equal and whose
+    tensors have the same keys calls the kernel's own launcher without building the launcher's
+    lookup keys: equal values at positions of fixed types are equal specializations. Anything
+    else (another launch mode, a launch hook, tensors on another device than the current one,
+    a failing launch) goes through ``launcher``."""
+    __slots__ = ("launcher", "grid", "grid3", "kwargs", "n", "entry", "rest", "tensor_key")
+
+    def __init__(self, launcher, grid, kwargs):
+        if launcher.n_tensors is None:
+            raise ValueError("BoundLaunch needs a DirectLauncher with n_tensors")
+        self.launcher, self.grid, self.grid3, self.kwargs = launcher, grid, _grid3(grid), kwargs
+        self.n = launcher.n_tensors
+        self.entry = self.rest = self.tensor_key = None
+
+    def __call__(self, args):
+        entry, n = self.entry, self.n
+        if entry is not None and args[n:] == self.rest and _MODE.value == "direct":
+            launcher = self.launcher
+            if (launcher.usable and other_device(args[0]) is None and not launcher.hooked()
+                    and tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in args[:n]])
+                    == self.tensor_key):
+                g0, g1, g2 = self.grid3
+                try:
+                    entry.run(g0, g1, g2, launcher.stream(launcher.device_of()), entry.function,
+                              entry.packed, None, None, None, *args, *entry.tail)
+                    launcher.direct_launches += 1
+                    return
+                except Exception:  # noqa: BLE001 - the launcher's own path decides (and warns)
+                    self.entry = None
+        entry = self.launcher(self.grid, args, self.kwargs)
+        if entry is not None and other_device(args[0]) is None:
+            self.entry, self.rest = entry, args[n:]
+            self.tensor_key = tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in args[:n]])
 
 
 def _installed(hook):

@@ -52,7 +52,7 @@ from .kernels.sdpa_common import (
     tune_bucket,
 )
 from .kernels.sdpa_fwd import sdpa_fwd_kernel
-from .launch import DirectLauncher
+from .launch import BoundLaunch, DirectLauncher
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_with_lse"]
 
@@ -464,7 +464,7 @@ class _CallPlan:
 
     __slots__ = ("dtype", "device", "out_shape", "out5", "lse_shape", "fwd", "fwd_tail",
                  "bwd", "bwd_common", "bwd_scalars", "grad_shapes", "grad_tails", "pre_tail",
-                 "rows", "gluon")
+                 "rows", "gluon", "bound", "pre")
 
     def __init__(self, q5, k5, v5, out_shape, shapes, is_causal, scale):
         Z1, Z2, HQ, L, E = q5.shape
@@ -492,6 +492,8 @@ class _CallPlan:
         self.bwd_common = operands
         self.bwd_scalars = (lse_stride, *ints, scale * factor, scale, *tunes)
         self.pre_tail = (Z2, HQ, L, EV)
+        self.pre = BoundLaunch(_PRE, pre_grid, self.bwd[7])
+        self.bound = [None, None, None]  # forward, dK/dV, dQ: BoundLaunch once tuned
         self.rows = (L, EV)
         # per operand: (input shape, broadcast shape); the gradient is allocated contiguous in
         # the broadcast shape, whose strides are those of its rank-5 view's contiguous layout
@@ -506,7 +508,8 @@ class _CallPlan:
             sdpa_fwd_gluon.launch(query, key, value, out, lse_k, self.gluon)
             return out, lse_k
         key_, grid, sizes, meta = self.fwd
-        _FWD(key_, grid, (query, key, value, query, out, lse_k, *self.fwd_tail), sizes, meta)
+        self._launch(0, _FWD, key_, grid, sizes, meta,
+                     (query, key, value, query, out, lse_k, *self.fwd_tail))
         return out, lse_k
 
     def backward(self, dout, query, key, value, out, lse_k):
@@ -515,13 +518,27 @@ class _CallPlan:
         dq, dk, dv = (torch.empty(x, dtype=self.dtype, device=self.device)
                       for _, x in self.grad_shapes)
         delta = torch.empty(pre_grid[1] * self.rows[0], dtype=torch.float32, device=self.device)
-        _PRE(pre_grid, (out, dout, delta, *self.out5, *dst, *self.pre_tail), pre_meta)
+        self.pre((out, dout, delta, *self.out5, *dst, *self.pre_tail))
         gq, gk, gv = self.grad_tails
-        _DKDV(dkv_key, grid_kv, (query, key, value, query, dout, lse_k, delta, dk, dv,
-                                 *self.bwd_common, *dst, *gk, *gv, *self.bwd_scalars), sizes, meta)
-        _DQ(dkey, grid_q, (query, key, value, query, dout, lse_k, delta, dq,
-                           *self.bwd_common, *dst, *gq, *self.bwd_scalars), sizes, meta)
+        self._launch(1, _DKDV, dkv_key, grid_kv, sizes, meta,
+                     (query, key, value, query, dout, lse_k, delta, dk, dv, *self.bwd_common,
+                      *dst, *gk, *gv, *self.bwd_scalars))
+        self._launch(2, _DQ, dkey, grid_q, sizes, meta,
+                     (query, key, value, query, dout, lse_k, delta, dq, *self.bwd_common, *dst,
+                      *gq, *self.bwd_scalars))
         return tuple(_summed_to(g, *shapes) for g, shapes in zip((dq, dk, dv), self.grad_shapes))
+
+    def _launch(self, i, launcher, key, grid, sizes, meta, args):
+        """This plan's launch ``i`` through ``launcher`` (a CachedLauncher); once the key is
+        tuned, through a BoundLaunch of it (the launch's grid and constexprs fixed)."""
+        bound = self.bound[i]
+        if bound is None:
+            bound = launcher.bind(key, grid, sizes, meta)
+            if bound is None:
+                launcher(key, grid, args, sizes, meta)
+                return
+            self.bound[i] = bound
+        bound(args)
 
 
 def _contiguous_strides(shape):

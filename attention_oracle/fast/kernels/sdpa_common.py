@@ -38,7 +38,7 @@ import triton.language as tl
 import triton.testing
 
 from ..host import next_pow2, on_device_of
-from ..launch import DirectLauncher
+from ..launch import BoundLaunch, DirectLauncher
 from .accurate_math import exp_accurate, log_accurate
 
 LOG2E = 1.4426950408889634
@@ -385,6 +385,15 @@ class CachedLauncher:
                 self.plans.clear()
             self.plans[(key, grid, sizes)] = plan
         self.direct(plan[0], args, plan[1])
+
+    def bind(self, key, grid, sizes, meta):
+        """A :class:`~attention_oracle.fast.launch.BoundLaunch` of this launch (its tuned config
+        fixed) once the key has been tuned, else None (launch through ``__call__`` first)."""
+        kwargs = self.configs.get(key)
+        if kwargs is None:
+            return None
+        launch_grid, launch_kwargs = self._plan(kwargs, grid, sizes, meta)
+        return BoundLaunch(self.direct, launch_grid, launch_kwargs)
 
     @staticmethod
     def _grid_fn(grid):
