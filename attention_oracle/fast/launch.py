@@ -247,22 +247,25 @@ class BoundLaunch:
     lookup keys: equal values at positions of fixed types are equal specializations. Anything
     else (another launch mode, a launch hook, tensors on another device than the current one,
     a failing launch) goes through ``launcher``."""
-    __slots__ = ("launcher", "grid", "grid3", "kwargs", "n", "entry", "rest", "tensor_key")
+    __slots__ = ("launcher", "grid", "grid3", "kwargs", "n", "bound")
 
     def __init__(self, launcher, grid, kwargs):
         if launcher.n_tensors is None:
             raise ValueError("BoundLaunch needs a DirectLauncher with n_tensors")
         self.launcher, self.grid, self.grid3, self.kwargs = launcher, grid, _grid3(grid), kwargs
         self.n = launcher.n_tensors
-        self.entry = self.rest = self.tensor_key = None
+        # (entry, non-tensor arguments, tensor keys) of the last direct launch: one tuple, so a
+        # thread never sees one launch's entry with another's arguments
+        self.bound = None
 
     def __call__(self, args):
-        entry, n = self.entry, self.n
-        if entry is not None and args[n:] == self.rest and _MODE.value == "direct":
+        bound, n = self.bound, self.n
+        if bound is not None and args[n:] == bound[1] and _MODE.value == "direct":
             launcher = self.launcher
             if (launcher.usable and other_device(args[0]) is None and not launcher.hooked()
                     and tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in args[:n]])
-                    == self.tensor_key):
+                    == bound[2]):
+                entry = bound[0]
                 g0, g1, g2 = self.grid3
                 try:
                     entry.run(g0, g1, g2, launcher.stream(launcher.device_of()), entry.function,
@@ -270,11 +273,11 @@ class BoundLaunch:
                     launcher.direct_launches += 1
                     return
                 except Exception:  # noqa: BLE001 - the launcher's own path decides (and warns)
-                    self.entry = None
+                    self.bound = None
         entry = self.launcher(self.grid, args, self.kwargs)
         if entry is not None and other_device(args[0]) is None:
-            self.entry, self.rest = entry, args[n:]
-            self.tensor_key = tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in args[:n]])
+            self.bound = (entry, args[n:],
+                          tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in args[:n]]))
 
 
 def _installed(hook):
