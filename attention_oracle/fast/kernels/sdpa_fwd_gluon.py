@@ -227,8 +227,11 @@ if GLUON_AVAILABLE:
         tma.store_wait(pendings=0)
 
 
-def _shared_layout(block, dtype):
-    return gl.NVMMASharedLayout.get_default_for(block, getattr(gl, _GL_DTYPES[dtype]))
+@functools.lru_cache(maxsize=64)
+def _shared_layout(rows, dtype):
+    """The TMA / wgmma shared layout of a [1, 1, 1, rows, 128] block (cached: ~17 us each)."""
+    return gl.NVMMASharedLayout.get_default_for([1, 1, 1, rows, HEAD_DIM],
+                                                getattr(gl, _GL_DTYPES[dtype]))
 
 
 @functools.lru_cache(maxsize=16)
@@ -273,8 +276,8 @@ def _descriptor(t, shape, stride, rows):
     [1, 1, 1, rows, 128]; strides of length-1 dims are replaced (unused, but TMA wants
     16-byte multiples)."""
     strides = [st if n > 1 else HEAD_DIM for n, st in zip(shape[:-1], stride[:-1])] + [1]
-    block = [1, 1, 1, rows, HEAD_DIM]
-    return TensorDescriptor(t, list(shape), strides, block, _shared_layout(block, t.dtype))
+    return TensorDescriptor(t, list(shape), strides, [1, 1, 1, rows, HEAD_DIM],
+                            _shared_layout(rows, t.dtype))
 
 
 def launch(query, key, value, out, stats, gluon_plan):
