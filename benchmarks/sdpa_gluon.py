@@ -18,7 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention_oracle.fast import sdpa as fast_sdpa
 from attention_oracle.fast.kernels import sdpa_fwd_gluon
-from benchmarks.timing import queued_ms, synced_ms, tflops
+from benchmarks.timing import host_us, queued_ms, synced_ms, tflops
 
 SHAPES = [(16, 32, 1024), (4, 32, 4096), (1, 32, 16384)]
 
@@ -80,6 +80,18 @@ def measure(cfgs, B, H, L, causal, dtype=torch.bfloat16):
     return rows
 
 
+def host_overhead():
+    """Host microseconds per forward call at a tiny shape (B 1, H 1, L 128: the device is idle
+    most of the time), fast-triton and fast-gluon in turn."""
+    q = torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        row = {b: host_us(lambda b=b: _run(b, q, q, q, False)) for b in ("triton", "gluon")}
+    fast_sdpa.set_forward_backend("triton")
+    print(f"host us per call at L 128: triton {row['triton']:.1f}, gluon {row['gluon']:.1f}",
+          flush=True)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", nargs="*", default=["128,128,2,8"])
@@ -88,14 +100,14 @@ def main():
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     cfgs = [tuple(int(x) for x in text.split(",")) for text in args.configs]
-    rows = []
+    rows = [dict(host_us=host_overhead())]
     for i in args.shapes.split(","):
         B, H, L = SHAPES[int(i)]
         for causal in (c == "1" for c in args.causal.split(",")):
             rows += measure(cfgs, B, H, L, causal)
     print("cfg            L      causal | queued: cudnn triton gluon g/c g/t | synced: cudnn "
           "triton gluon g/c g/t | max|g-t|  err64 t/g")
-    for r in rows:
+    for r in rows[1:]:
         print(f"{str(tuple(r['cfg'])):14} {r['L']:6} {str(r['causal']):6} | "
               f"{r['cudnn_queued']:5.0f} {r['triton_queued']:5.0f} {r['gluon_queued']:5.0f} "
               f"{r['gluon_queued'] / r['cudnn_queued']:.2f} "
