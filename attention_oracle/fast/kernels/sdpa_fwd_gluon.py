@@ -25,6 +25,8 @@ import functools
 
 import torch
 
+from ..host import on_device_of
+
 try:  # Gluon is experimental: a Triton without it (or with another API) leaves the path off
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -291,9 +293,10 @@ def launch(query, key, value, out, stats, gluon_plan):
     os_ = (Z1, Z2, HQ, L, HEAD_DIM)
     ost = (Z2 * HQ * L * HEAD_DIM, HQ * L * HEAD_DIM, L * HEAD_DIM, HEAD_DIM, 1)
     grid = (-(-L // block_m), Z1 * Z2 * HQ)
-    sdpa_fwd_gluon_kernel[grid](
-        _descriptor(query, qs, qst, block_m), _descriptor(key, ks, kst, block_n),
-        _descriptor(value, vs, vst, block_n), _descriptor(out, os_, ost, block_m),
-        stats, stats.stride(0), Z2, HQ, HQ // ks[2], L, ks[3], scale * LOG2E,
-        CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=HEAD_DIM, STAGES=stages,
-        num_warps=warps)
+    args = (_descriptor(query, qs, qst, block_m), _descriptor(key, ks, kst, block_n),
+            _descriptor(value, vs, vst, block_n), _descriptor(out, os_, ost, block_m),
+            stats, stats.stride(0), Z2, HQ, HQ // ks[2], L, ks[3], scale * LOG2E)
+    meta = dict(CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=HEAD_DIM,
+                STAGES=stages, num_warps=warps)
+    # Triton launches on the current device: make the tensors' one current first
+    on_device_of(stats, lambda: sdpa_fwd_gluon_kernel[grid](*args, **meta))
