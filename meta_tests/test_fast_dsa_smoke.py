@@ -365,6 +365,44 @@ def test_split_scores_and_halves_agree(dtype):
         fdsa.set_configs()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_lean_switches_agree(dtype):
+    """The switches ``int32_rows`` (both kernels), ``no_zero_trip`` (forward), ``token_major``
+    and ``rope_owner`` (backward): H 20 in blocks of 16 and DL 40 in two chunks of 32 (halves
+    path) give four programs per token in the token-major grid, of which only chunk 0 computes
+    the rope gradients; empty rows (row 0, topk_length 0) make the no-zero-trip forward run
+    one all-invalid block. Then NoPE through the one-tile path."""
+    fwd = fdsa.KernelConfig(16, 16, 64, 64, 4, 1, split_scores=True, int32_rows=True,
+                            no_zero_trip=True)
+    bwd = fdsa.KernelConfig(16, 16, 16, 32, 4, 1, True, split_scores=True, halves=True,
+                            int32_rows=True, token_major=True, rope_owner=True)
+    try:
+        fdsa.set_configs(forward=fwd, backward=bwd)
+        c = make_case(T=5, H=20, DL=40, DR=8, S=13, K=21, dtype=dtype, seed=14, with_len=True)
+        c["topk_length"][2] = 0
+        out, lse, grads = check_case(c, dout_layout="head_major", packed=True)
+        assert_empty_rows_exact(c, out, lse, grads)
+        fdsa.set_configs(forward=fwd, backward=fdsa.KernelConfig(16, 16, 64, 64, 4, 1, True,
+                                                                  int32_rows=True,
+                                                                  token_major=True))
+        c = make_case(T=3, H=2, DL=24, DR=0, S=9, K=12, dtype=dtype, seed=15)
+        check_case(c)
+    finally:
+        fdsa.set_configs()
+
+
+def test_int32_rows_only_where_offsets_fit():
+    """``_int32_rows``: int32 indices and element offsets below 2**31 only (meta tensors stand
+    in for large packed [S, 576] key buffers)."""
+    idx32 = torch.zeros(2, 4, dtype=torch.int32)
+    kv = torch.empty(1000, 576, device="meta")
+    assert fdsa._int32_rows(idx32, kv[:, :512], kv[:, 512:], 512, 64)
+    assert not fdsa._int32_rows(idx32.long(), kv[:, :512], kv[:, 512:], 512, 64)
+    big = torch.empty(2 ** 31 // 576 + 1, 576, device="meta")
+    assert not fdsa._int32_rows(idx32, big[:, :512], big[:, 512:], 512, 64)
+    assert fdsa._int32_rows(idx32, big[:-3, :512], None, 512, 0)
+
+
 @contextlib.contextmanager
 def fp32_mode(mode):
     """fast.dsa's fp32 path pinned to ``mode`` inside the block (the run's own mode may be
@@ -632,6 +670,7 @@ def _compiled_irs(script, source: str) -> dict:
 
 
 _TTIR_SCRIPT = r'''
+import inspect
 import json, sys
 import triton
 import triton.language as tl
@@ -654,6 +693,8 @@ def folded_control(a_ptr, b_ptr, o_ptr, n, B: tl.constexpr):
 
 
 def ttir(kernel, consts, floats=()):
+    consts = {**{p.name: p.default for p in kernel.params
+                 if p.is_constexpr and p.default is not inspect.Parameter.empty}, **consts}
     sig = {}
     for name in kernel.arg_names:
         if name in consts:
@@ -726,6 +767,7 @@ def test_fp32_block_dots_not_folded(tmp_path):
 # ----------------------------------------------------------------------------- score dot layouts
 
 _TTGIR_SCRIPT = r'''
+import inspect
 import json
 import triton
 from triton.backends.compiler import GPUTarget
@@ -735,6 +777,8 @@ from attention_oracle.fast.kernels.dsa_fwd import dsa_fwd_kernel
 
 
 def ttgir(kernel, consts):
+    consts = {**{p.name: p.default for p in kernel.params
+                 if p.is_constexpr and p.default is not inspect.Parameter.empty}, **consts}
     sig = {}
     for name in kernel.arg_names:
         if name in consts:
@@ -788,3 +832,4 @@ def test_split_scores_unchain_score_dots(tmp_path):
     for name in ("fwd_split", "fwd_split2", "bwd_split"):
         warps = _score_dot_warps(irs[name])
         assert warps and set(warps) == {"4, 2"}, (name, warps)
+

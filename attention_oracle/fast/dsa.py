@@ -88,6 +88,19 @@ class KernelConfig:
     # fp32 inputs in "acc64" mode only: every product of the slot loop as an fp64 dot (fp64
     # tensor cores) with fp64 accumulators (forward P.V, backward dq, dkv); others ignore it
     acc64: bool = False
+    # 32-bit slot counts, index compares and row offsets where the inputs allow
+    # (``_int32_rows``: int32 indices, element offsets of the key buffers below 2**31)
+    int32_rows: bool = False
+    # forward: the slot loop runs at least once (an empty row runs one all-invalid block), so
+    # the compiled loop has no zero-trip path; with one, ptxas serialises every wgmma of the
+    # split 2-stage forward (warning C7515; NOTES.md, "fast DSA tuning, session 8")
+    no_zero_trip: bool = False
+    # backward: a 1-D grid with the programs of one token (latent chunks, head blocks)
+    # adjacent, so the second gather of the same key rows finds them in L2
+    token_major: bool = False
+    # backward: the rope gradients (dq_rope, dk_rope) computed by chunk 0 only, behind a
+    # run-time branch (the other chunks computed and masked them)
+    rope_owner: bool = False
 
     def one_tile(self, dl):
         return self.block_dv >= dl and self.block_d >= dl
@@ -256,6 +269,19 @@ def _strides3(x):
     return x.stride(0), x.stride(1), x.stride(2)
 
 
+def _int32_rows(indices, kv, k_rope, dl, dr):
+    """Whether the kernels may count slots and address key rows in int32: int32 indices
+    (int64 ones could hold values past 2**31 that a cast would wrap into range) and every
+    element offset row * stride + column of kv, k_rope and the [S, Dl] / [S, Dr] gradient
+    buffers below 2**31."""
+    if indices.dtype != torch.int32:
+        return False
+    rows = kv.shape[0]
+    strides = [kv.stride(0), dl, dr] + ([k_rope.stride(0)] if k_rope is not None else [])
+    cols = [dl * kv.stride(1), dl, dr] + ([dr * k_rope.stride(1)] if k_rope is not None else [])
+    return rows * max(strides) + max(cols) < 2 ** 31
+
+
 # the compiled kernels' own launchers after Triton's first launch (fast/launch.py); n_tensors:
 # the kernels' leading pointer arguments
 _FWD_LAUNCH = DirectLauncher(dsa_fwd_kernel, n_tensors=8)
@@ -294,6 +320,8 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
             BLOCK_D=min(cfg.block_d, _pow2(DL)), BLOCK_DV=min(cfg.block_dv, _pow2(DL)),
             BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype), PDL=use_pdl,
             SPLIT_S=int(cfg.split_scores), ACC64=_acc64(cfg, q.dtype), FP32_TC=_fp32_tc(q.dtype),
+            I32=cfg.int32_rows and _int32_rows(indices, kv, k_rope, DL, DR),
+            NO_ZERO_TRIP=cfg.no_zero_trip,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw,
         )
 
@@ -321,6 +349,8 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
 
         def launch(cfg):
             grid = (T, cdiv(H, cfg.block_h), cdiv(DL, cfg.block_dv))
+            if cfg.token_major:
+                grid = (grid[0] * grid[1] * grid[2],)
             _BWD_LAUNCH[grid](
                 q, qr, kv, kr, indices, topk_length if topk_length is not None else indices,
                 out, dout, lse, dq, dqr, dkv_acc, dkr_acc,
@@ -334,6 +364,8 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
                 BLOCK_DR=_pow2(DR), PRECISION=_precision(q.dtype), DKV_T=cfg.dkv_transposed,
                 SPLIT_S=bool(cfg.split_scores), HALVES=cfg.halves and _two_chunks(cfg, DL),
                 ACC64=_acc64(cfg, q.dtype), FP32_TC=_fp32_tc(q.dtype),
+                I32=cfg.int32_rows and _int32_rows(indices, kv, k_rope, DL, DR),
+                TOKEN_MAJOR=cfg.token_major, ROPE_OWNER=cfg.rope_owner,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
 

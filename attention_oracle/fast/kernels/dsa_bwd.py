@@ -76,6 +76,26 @@ def _chunked_scores_and_dp(q_ptr, q_off, stride_qh, stride_qd, do_ptr, do_off, s
 
 
 @triton.jit
+def _rope_grads(dqr, ds, kr, qr, dkr_ptr, rows, valid, offs_r, r_mask, DR, ACC_KV: tl.constexpr,
+                BLOCK_SUM: tl.constexpr, DKV_T: tl.constexpr, PRECISION: tl.constexpr):
+    """dq_rope += dS . K_rope (each block's product its own dot with BLOCK_SUM) and the
+    dk_rope atomics dS^T . q_rope (rows where r_mask holds, chunk 0's); returns dq_rope."""
+    if BLOCK_SUM:
+        dqr = add_block_dot(dqr, 1.0, ds, kr, PRECISION)
+    else:
+        dqr = tl.dot(ds, kr, dqr, input_precision=PRECISION)
+    if DKV_T:
+        dkr_t = tl.dot(tl.trans(qr), ds, input_precision=PRECISION)
+        tl.atomic_add(dkr_ptr + rows[None, :] * DR + offs_r[:, None], dkr_t.to(ACC_KV),
+                      mask=valid[None, :] & (tl.trans(r_mask)), sem="relaxed")
+    else:
+        dkr = tl.dot(tl.trans(ds), qr, input_precision=PRECISION)
+        tl.atomic_add(dkr_ptr + rows[:, None] * DR + offs_r[None, :], dkr.to(ACC_KV),
+                      mask=valid[:, None] & r_mask, sem="relaxed")
+    return dqr
+
+
+@triton.jit
 def dsa_bwd_kernel(
     q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, len_ptr, out_ptr, do_ptr, lse_ptr,
     dq_ptr, dqr_ptr, dkv_ptr, dkr_ptr,
@@ -88,14 +108,24 @@ def dsa_bwd_kernel(
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DC: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
     DKV_T: tl.constexpr = False, SPLIT_S: tl.constexpr = False, HALVES: tl.constexpr = False,
-    ACC64: tl.constexpr = False, FP32_TC: tl.constexpr = 0,
+    ACC64: tl.constexpr = False, FP32_TC: tl.constexpr = 0, I32: tl.constexpr = False,
+    TOKEN_MAJOR: tl.constexpr = False, ROPE_OWNER: tl.constexpr = False,
 ):
-    t = tl.program_id(0).to(tl.int64)
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    cb = tl.program_id(2)
+    if TOKEN_MAJOR:  # a 1-D grid with the programs of one token adjacent (they gather the same rows)
+        pid = tl.program_id(0)
+        n_cb = tl.cdiv(DL, BLOCK_DC)
+        n_hb = tl.cdiv(H, BLOCK_H)
+        cb = pid % n_cb
+        hb = (pid // n_cb) % n_hb
+        t = (pid // (n_cb * n_hb)).to(tl.int64)
+    else:
+        t = tl.program_id(0).to(tl.int64)
+        hb = tl.program_id(1)
+        cb = tl.program_id(2)
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_c = cb * BLOCK_DC + tl.arange(0, BLOCK_DC)
     offs_r = tl.arange(0, BLOCK_DR)
-    n_slots = row_slot_count(len_ptr, t, K, HAS_LEN)
+    n_slots = row_slot_count(len_ptr, t, K, HAS_LEN, I32)
     # fp32: natural-unit scores, unless FP32_TC == 2 (the 16-bit algorithm on fp32 operands)
     NATURAL: tl.constexpr = q_ptr.dtype.element_ty == tl.float32 and FP32_TC != 2
     ACC_KV: tl.constexpr = dkv_ptr.dtype.element_ty  # fp64 for fp32 inputs, else fp32
@@ -140,7 +170,7 @@ def dsa_bwd_kernel(
     r_mask = (offs_r[None, :] < DR) & ((offs_r[None, :] * 0 + cb) == 0)  # chunk 0 owns rope
     for start in range(0, n_slots, BLOCK_K):
         offs_k = start + tl.arange(0, BLOCK_K)
-        valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S)
+        valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S, I32)
         kc = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_c, DL, valid)
         if NATURAL and not FP32_TC:
             # fp32 (dsa_common, "reduction order"): score and dP from fp64-accumulated dots,
@@ -226,18 +256,13 @@ def dsa_bwd_kernel(
             tl.atomic_add(dkr_ptr + rows[:, None] * DR + offs_r[None, :], dkr,
                           mask=valid[:, None] & r_mask, sem="relaxed")
         elif HAS_ROPE:
-            if NATURAL or FP32_TC:
-                dqr = add_block_dot(dqr, 1.0, ds, kr, PRECISION)
+            if ROPE_OWNER:  # only chunk 0 stores dq_rope and adds dk_rope: the others skip the work
+                if cb == 0:
+                    dqr = _rope_grads(dqr, ds, kr, qr, dkr_ptr, rows, valid, offs_r, r_mask, DR,
+                                      ACC_KV, NATURAL or FP32_TC, DKV_T, PRECISION)
             else:
-                dqr = tl.dot(ds, kr, dqr, input_precision=PRECISION)
-            if DKV_T:
-                dkr_t = tl.dot(tl.trans(qr), ds, input_precision=PRECISION)
-                tl.atomic_add(dkr_ptr + rows[None, :] * DR + offs_r[:, None], dkr_t.to(ACC_KV),
-                              mask=valid[None, :] & (tl.trans(r_mask)), sem="relaxed")
-            else:
-                dkr = tl.dot(tl.trans(ds), qr, input_precision=PRECISION)
-                tl.atomic_add(dkr_ptr + rows[:, None] * DR + offs_r[None, :], dkr.to(ACC_KV),
-                              mask=valid[:, None] & r_mask, sem="relaxed")
+                dqr = _rope_grads(dqr, ds, kr, qr, dkr_ptr, rows, valid, offs_r, r_mask, DR,
+                                  ACC_KV, NATURAL or FP32_TC, DKV_T, PRECISION)
 
     h_mask = offs_h[:, None] < H
     tl.store(dq_ptr + t * H * DL + offs_h[:, None] * DL + offs_c[None, :],

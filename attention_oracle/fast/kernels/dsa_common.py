@@ -18,19 +18,31 @@ from .accurate_math import exp_accurate, log_accurate  # noqa: F401  (re-exporte
 
 
 @triton.jit
-def row_slot_count(len_ptr, t, K, HAS_LEN: tl.constexpr):
-    """Number of leading slots of row t that may hold keys: min(max(topk_length[t], 0), K)."""
-    n = K + t * 0
-    if HAS_LEN:
-        n = tl.minimum(tl.maximum(tl.load(len_ptr + t).to(tl.int64), 0), K)
+def row_slot_count(len_ptr, t, K, HAS_LEN: tl.constexpr, I32: tl.constexpr = False):
+    """Number of leading slots of row t that may hold keys: min(max(topk_length[t], 0), K)
+    (int32 with I32, so that the slot loop counts in 32 bits, else int64)."""
+    if I32:
+        n = (t * 0).to(tl.int32) + K
+        if HAS_LEN:
+            n = tl.minimum(tl.maximum(tl.load(len_ptr + t).to(tl.int32), 0), n)
+    else:
+        n = K + t * 0
+        if HAS_LEN:
+            n = tl.minimum(tl.maximum(tl.load(len_ptr + t).to(tl.int64), 0), K)
     return n
 
 
 @triton.jit
-def slot_block(idx_ptr, row_offset, stride_k, offs_k, n_slots, S):
-    """Returns (valid [BLOCK_K] bool, rows [BLOCK_K] int64 with 0 where invalid)."""
+def slot_block(idx_ptr, row_offset, stride_k, offs_k, n_slots, S, I32: tl.constexpr = False):
+    """Returns (valid [BLOCK_K] bool, rows [BLOCK_K] with 0 where invalid).
+
+    rows are int64, or with I32 int32 (the host sets I32 only for int32 indices and key
+    buffers whose element offsets stay below 2**31, fast.dsa._int32_rows): 64-bit compares
+    and multiplies per gathered row cost two to four ALU instructions each."""
     in_range = offs_k < n_slots
-    idx = tl.load(idx_ptr + row_offset + offs_k * stride_k, mask=in_range, other=-1).to(tl.int64)
+    idx = tl.load(idx_ptr + row_offset + offs_k * stride_k, mask=in_range, other=-1)
+    if not I32:
+        idx = idx.to(tl.int64)
     valid = in_range & (idx >= 0) & (idx < S)
     return valid, tl.where(valid, idx, 0)
 

@@ -62,7 +62,7 @@ def dsa_fwd_kernel(
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr = False, SPLIT_S: tl.constexpr = 0, ACC64: tl.constexpr = False,
-    FP32_TC: tl.constexpr = 0,
+    FP32_TC: tl.constexpr = 0, I32: tl.constexpr = False, NO_ZERO_TRIP: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -78,7 +78,14 @@ def dsa_fwd_kernel(
         qr = load_heads(qr_ptr, t * stride_qrt, offs_h, stride_qrh, H, offs_r, stride_qrd, DR)
     if PDL:  # launched as a programmatic dependent: indices and lengths come from the grid before
         gdc_wait()
-    n_slots = row_slot_count(len_ptr, t, K, HAS_LEN)
+    n_slots = row_slot_count(len_ptr, t, K, HAS_LEN, I32)
+    n_end = n_slots
+    if NO_ZERO_TRIP:
+        # at least one (all-invalid, contributing nothing) block for an empty row: a loop that
+        # may run zero times leaves the accumulator defined by moves on the bypass path, and
+        # ptxas then serialises every wgmma of the kernel (warning C7515) once the P.V dot is
+        # left in flight across iterations (2+ stages) and the body has a branch (split scores)
+        n_end = tl.maximum(n_slots, 1)
 
     m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -88,9 +95,9 @@ def dsa_fwd_kernel(
         acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float64)
     else:
         acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
-    for start in range(0, n_slots, BLOCK_K):
+    for start in range(0, n_end, BLOCK_K):
         offs_k = start + tl.arange(0, BLOCK_K)
-        valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S)
+        valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S, I32)
         if NATURAL and FP32_TC:
             # fp32, tensor cores: the score from fp32 dots of PRECISION, times scale rounded once
             if ONE_TILE:
@@ -143,17 +150,17 @@ def dsa_fwd_kernel(
             # SPLIT_S: the score dots unchained (dsa_common.chain_break), each warpgroup takes
             # its own slot columns; 1: a branch after each dot, 2: both dots, then one branch
             if SPLIT_S == 1:
-                s = chain_break(s, start < n_slots)
+                s = chain_break(s, start < n_end)
             if HAS_ROPE:
                 kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
                 if SPLIT_S == 2:
                     s_rope = tl.dot(qr, tl.trans(kr), input_precision=PRECISION)
-                    s, s_rope = chain_break2(s, s_rope, start < n_slots)
+                    s, s_rope = chain_break2(s, s_rope, start < n_end)
                     s = s + s_rope
                 else:
                     s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
             elif SPLIT_S == 2:
-                s = chain_break(s, start < n_slots)
+                s = chain_break(s, start < n_end)
             s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             # a row with no valid slot yet keeps m = -inf; shift by 0 so exp gives 0, not NaN
@@ -162,8 +169,8 @@ def dsa_fwd_kernel(
             alpha = tl.exp2(m - m_shift)
             l = l * alpha + tl.sum(p, axis=1)
             if SPLIT_S:
-                p = chain_break(p, start < n_slots)
-                alpha = chain_break(alpha, start < n_slots)
+                p = chain_break(p, start < n_end)
+                alpha = chain_break(alpha, start < n_end)
             if FP32_TC:  # fp32 operands: each block's P.V its own dot, not one chain over slots
                 acc = add_block_dot(acc, alpha[:, None], p, v, PRECISION)
             else:

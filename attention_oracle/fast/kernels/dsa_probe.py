@@ -7,7 +7,11 @@
 
 A config is block_h,block_k,block_d,block_dv,num_warps,num_stages[,dkv_transposed[,split_scores
 [,halves[,acc64]]]] (0/1 flags; halves only where the latent is two chunks of block_dv; acc64:
-the fp32 path's fp64 accumulators). ``fwd32`` / ``bwd32`` compile the fp32 path (fp32 inputs,
+the fp32 path's fp64 accumulators), optionally followed by ``+NAME`` switches of
+``fast.dsa.KernelConfig``: ``+int32_rows``, ``+no_zero_trip`` (forward), ``+token_major``,
+``+rope_owner`` (backward); e.g. ``fwd 64,64,512,512,8,2,0,1+no_zero_trip+int32_rows``.
+``--sass`` adds the instruction counts of the kernel's largest loop from the disassembly (the
+wgmma serialisation warning C7515 of ptxas shows there as a WARPGROUP wait per HGMMA). ``fwd32`` / ``bwd32`` compile the fp32 path (fp32 inputs,
 fp64 key-gradient buffers); ``fwdtc`` / ``bwdtc`` the fp32 "tf32x3" path (fast.dsa.set_fp32_mode:
 3xTF32 dots, natural-unit softmax), ``fwdtc2`` / ``bwdtc2`` its "tf32x3_exp2" form. The production geometry is assumed (bf16, H=64, Dl=512, Dr=64,
 K=2048, packed [S, 576] keys):
@@ -49,10 +53,14 @@ def _fp32_pointers(pointers):
             for k, v in pointers.items()}
 
 
-def compile_for_sm90(which, cfg, fp32=False, asm=False, tc=False):
+_SWITCHES = {"int32_rows": "I32", "no_zero_trip": "NO_ZERO_TRIP", "token_major": "TOKEN_MAJOR",
+             "rope_owner": "ROPE_OWNER"}
+
+
+def compile_for_sm90(which, cfg, fp32=False, asm=False, tc=False, switches=()):
     """Returns (shared bytes, registers, spill-store bytes) of one config (+ the compiled
     kernel's asm dict when ``asm``); ``tc``: the kernels' FP32_TC (1 "tf32x3", 2 "tf32x3_exp2";
-    implies fp32)."""
+    implies fp32); ``switches``: KernelConfig switch names (``_SWITCHES``) set true."""
     fp32 = fp32 or tc
     bh, bk, bd, bdv, warps, stages = cfg[:6]
     kernel = dsa_fwd_kernel if which == "fwd" else dsa_bwd_kernel
@@ -68,6 +76,11 @@ def compile_for_sm90(which, cfg, fp32=False, asm=False, tc=False):
         consts["ACC64"] = bool(cfg[9]) if len(cfg) > 9 and not tc else False
     if "FP32_TC" in kernel.arg_names:
         consts["FP32_TC"] = int(tc)
+    consts.update({c: False for c in _SWITCHES.values() if c in kernel.arg_names})
+    for name in switches:
+        if _SWITCHES[name] not in kernel.arg_names:
+            raise ValueError(f"switch {name} does not apply to the {which} kernel")
+        consts[_SWITCHES[name]] = True
     consts.update({n: 1 for n in _UNIT if n in kernel.arg_names})
     pointers = _fp32_pointers(_POINTERS[which]) if fp32 else _POINTERS[which]
     signature, attrs = {}, {}
@@ -89,40 +102,97 @@ def compile_for_sm90(which, cfg, fp32=False, asm=False, tc=False):
     return usage + (compiled.asm,) if asm else usage
 
 
-def _ptxas_usage(ptx):
+def _bin(*names):
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    return next((os.path.join(bin_dir, n) for n in names
+                 if os.path.exists(os.path.join(bin_dir, n))), None)
+
+
+def _ptxas(ptx, out):
+    """ptxas -v output of assembling ``ptx`` for sm_90a into ``out`` (None without a ptxas)."""
     # the newer of Triton's bundled assemblers reads the PTX version Triton emits
-    ptxas = next((os.path.join(bin_dir, n) for n in ("ptxas-blackwell", "ptxas")
-                  if os.path.exists(os.path.join(bin_dir, n))), None)
+    ptxas = _bin("ptxas-blackwell", "ptxas")
     if ptxas is None:
-        return None, None
+        return None
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
     try:
-        r = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+        r = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", out],
                            capture_output=True, text=True)
     finally:
         os.unlink(f.name)
-    text = r.stdout + r.stderr
+    return r.stdout + r.stderr
+
+
+def loop_counts(ptx):
+    """(ptxas messages, {opcode: count}) of the largest loop (the longest backward branch) of
+    the kernel's sm_90a SASS; opcodes without their modifiers."""
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        messages = _ptxas(ptx, cubin)
+        sass = subprocess.run([_bin("nvdisasm"), "-c", cubin], capture_output=True,
+                              text=True).stdout
+    labels, code, pending = {}, [], None
+    for line in sass.splitlines():
+        m = re.match(r"\s*\.(L_x_\d+):", line)
+        if m:
+            pending = m.group(1)
+            continue
+        m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*?);", line)
+        if m:
+            addr = int(m.group(1), 16)
+            if pending:
+                labels[pending], pending = addr, None
+            code.append((addr, m.group(2).split(".")[0], m.group(3)))
+    loops = [(labels[m.group(1)], addr) for addr, op, rest in code if op == "BRA"
+             for m in [re.search(r"\(\.(L_x_\d+)\)", rest)]
+             if m and labels.get(m.group(1), addr) < addr]
+    lo, hi = max(loops, key=lambda r: r[1] - r[0]) if loops else (0, -1)
+    counts = {}
+    for addr, op, _ in code:
+        if lo <= addr <= hi:
+            counts[op] = counts.get(op, 0) + 1
+    return messages, counts
+
+
+def _ptxas_usage(ptx):
+    text = _ptxas(ptx, os.devnull)
+    if text is None:
+        return None, None
     regs = re.findall(r"Used (\d+) registers", text)
     spills = re.findall(r"(\d+) bytes spill stores", text)
     return (int(regs[0]) if regs else None), (int(spills[0]) if spills else None)
 
 
+_LOOP_OPS = ("HGMMA", "WARPGROUP", "BAR", "ISETP", "IMAD", "SEL", "FMUL", "LDL", "STL", "LDG",
+             "LDGSTS", "REDG")
+
+
 def main(argv):
+    sass = "--sass" in argv
+    argv = [a for a in argv if a != "--sass"]
     if len(argv) < 2 or argv[0] not in ("fwd", "bwd", "fwd32", "bwd32", "fwdtc", "bwdtc", "fwdtc2",
                                         "bwdtc2"):
         raise SystemExit(__doc__)
     which, fp32 = argv[0][:3], argv[0].endswith("32")
     tc = 2 if argv[0].endswith("tc2") else 1 if argv[0].endswith("tc") else 0
     for text in argv[1:]:
-        cfg = tuple(int(x) for x in text.split(","))
+        numbers, *switches = text.split("+")
+        cfg = tuple(int(x) for x in numbers.split(","))
+        name = f"{argv[0]} {cfg}{''.join('+' + s for s in switches)}"
         try:
-            shared, regs, spills = compile_for_sm90(which, cfg, fp32, tc=tc)
-            print(f"{argv[0]} {cfg}: shared {shared} B, {regs} registers, {spills} B spilled",
-                  flush=True)
+            shared, regs, spills, asm = compile_for_sm90(which, cfg, fp32, asm=True, tc=tc,
+                                                         switches=switches)
+            line = f"{name}: shared {shared} B, {regs} registers, {spills} B spilled"
+            if sass:
+                messages, counts = loop_counts(asm["ptx"])
+                serial = "C7515" in (messages or "")
+                line += (f"; wgmma {'SERIALISED (C7515)' if serial else 'pipelined'}; loop "
+                         f"{sum(counts.values())} instructions: "
+                         + ", ".join(f"{op} {counts.get(op, 0)}" for op in _LOOP_OPS))
+            print(line, flush=True)
         except Exception as e:  # noqa: BLE001  (a config the compiler rejects is reported)
-            print(f"{argv[0]} {cfg}: error {e!r}"[:300], flush=True)
+            print(f"{name}: error {e!r}"[:300], flush=True)
 
 
 if __name__ == "__main__":
