@@ -1,10 +1,10 @@
 """The Gluon SDPA forward beside the Triton forward and cuDNN (H200, bf16, head dim 128).
 
-    python -m benchmarks.sdpa_gluon [--configs 128,128,2,8 64,64,3,4] [--shapes 0,1,2]
+    python -m benchmarks.sdpa_gluon [--configs 128,128,2,8 128,128,2,4,1] [--shapes 0,1,2]
                                     [--causal 0,1] [--json PATH]
 
 For each shape (B*L = 16k tokens, H 32: L 1k, 4k, 16k; causal and not) and each config of the
-Gluon kernel (BLOCK_M, BLOCK_N, STAGES, num_warps): correctness (max |gluon - triton| over the
+Gluon kernel (BLOCK_M, BLOCK_N, STAGES, num_warps[, WS]): correctness (max |gluon - triton| over the
 whole output, max error of each against float64 on the first head), then TFLOP/s of cuDNN,
 fast-triton and fast-gluon by both timing methods of :mod:`benchmarks.timing` (``queued_ms``: do_bench; ``synced_ms``: events and a sync per call).
 FLOPs: 4*B*H*L*S*D, halved when causal.
@@ -80,6 +80,13 @@ def measure(cfgs, B, H, L, causal, dtype=torch.bfloat16):
     return rows
 
 
+def _config(text):
+    """"BLOCK_M,BLOCK_N,STAGES,num_warps[,WS]" -> sdpa_fwd_gluon.CONFIG (WS 1: the
+    warp-specialized kernel)."""
+    c = [int(x) for x in text.split(",")]
+    return (*c[:4], bool(c[4]) if len(c) > 4 else False)
+
+
 def host_overhead():
     """Host microseconds per forward call at a tiny shape (B 1, H 1, L 128: the device is idle
     most of the time), fast-triton and fast-gluon in turn."""
@@ -99,7 +106,7 @@ def main():
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    cfgs = [tuple(int(x) for x in text.split(",")) for text in args.configs]
+    cfgs = [_config(text) for text in args.configs]
     rows = [dict(host_us=host_overhead())]
     for i in args.shapes.split(","):
         B, H, L = SHAPES[int(i)]

@@ -13,6 +13,12 @@ written the way FA3 feeds the tensor cores:
   ``O += P_{j-1} V_{j-1}``, waits for S_j alone and runs softmax(j) while the P.V product of
   the previous tile is still on the tensor cores.
 
+A warp-specialized form (``sdpa_fwd_gluon_ws_kernel``, ``CONFIG[4]``; FA3's roles, not yet run on
+the GPU): one producer warp issues every TMA load; the two 64-row consumer warpgroups are
+separate partitions that free each ring stage through an empty mbarrier of count 2, so they
+never wait for each other (in the default kernel both warpgroups meet at CTA barriers each
+tile).
+
 Writes ``out`` (rank 5, contiguous, through a TMA store) and the saved row statistics
 ``Stats [3, Z1*Z2*HQ*L]`` as the Triton forward does: m (log2 units), log2 l and the public
 natural-log lse. Tiles past S (ragged S) and, when causal, keys after the query (top-left)
@@ -43,10 +49,16 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
     GLUON_AVAILABLE = False
 
 HEAD_DIM = 128
+# registers per thread requested for the warp-specialized kernel's workers (consumer, producer)
+WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
+PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-# (BLOCK_M, BLOCK_N, STAGES, num_warps): 2 consumer warpgroups of 64 query rows each
-CONFIG = (128, 128, 2, 8)
+# (BLOCK_M, BLOCK_N, STAGES, num_warps, WS): WS=False is sdpa_fwd_gluon_kernel (num_warps 8:
+# two warpgroups of 64 query rows in lockstep); WS=True is sdpa_fwd_gluon_ws_kernel (num_warps
+# 4 for the first consumer; a second consumer and a producer warp as workers). Only the default
+# has been run on the GPU (NOTES.md, Gluon SDPA forward).
+CONFIG = (128, 128, 2, 8, False)
 _GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -228,6 +240,206 @@ if GLUON_AVAILABLE:
         gl.store(ptrs + 2 * s_stat, (m_i + log_l) * 0.6931471805599453, mask=in_rows)
         tma.store_wait(pendings=0)
 
+    # ------------------------------------------------------------------ warp-specialized form
+
+    @gluon.jit
+    def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
+                     k_empty, v_empty, z1, z2, h, hk, start_m, n_tiles):
+        """One warp: Q once, then K_j and V_j into the rings as the consumers free stages.
+        (Worker arguments carry no constexprs: sizes come from the ring's shape.)"""
+        STAGES: gl.constexpr = k_ring.shape[0]
+        BLOCK_N: gl.constexpr = k_ring.shape[4]
+        mbarrier.expect(q_bar.index(0), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [z1, z2, h, start_m, 0], q_bar.index(0), q_smem)
+        for j in range(n_tiles):
+            stage = j % STAGES
+            free_phase = ((j // STAGES) & 1) ^ 1  # a fresh barrier passes phase 1 at once
+            mbarrier.wait(k_empty.index(stage), free_phase)
+            _load_tile(k_desc, k_ring, k_full, stage, z1, z2, hk, j * BLOCK_N, True)
+            mbarrier.wait(v_empty.index(stage), free_phase)
+            _load_tile(v_desc, v_ring, v_full, stage, z1, z2, hk, j * BLOCK_N, True)
+
+    @gluon.jit
+    def _ws_consumer(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
+                     k_empty, v_empty, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
+                     qk_scale, ROW0: gl.constexpr, CAUSAL: gl.constexpr,
+                     ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                     STAGES: gl.constexpr):
+        """One warpgroup: query rows [start_m + ROW0, + ROWS) against every key tile, the
+        intra-warpgroup overlap of :func:`sdpa_fwd_gluon_kernel`; frees each K stage after its
+        S and each V stage after its P.V (thread 0 of the partition arrives: a partition
+        barrier first)."""
+        dtype: gl.constexpr = q_smem.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        q_rows = q_smem.reshape([2 * ROWS, HEAD_D]).slice(ROW0, ROWS)
+        row_m = start_m + ROW0
+
+        s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+        acc = gl.zeros([ROWS, HEAD_D], gl.float32, layout=o_layout)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([ROWS], gl.float32, layout=row_s)
+        mbarrier.wait(q_bar.index(0), 0)
+
+        mbarrier.wait(k_full.index(0), 0)
+        s_tok = warpgroup_mma(q_rows, _tile_view(k_ring, 0, BLOCK_N, HEAD_D).permute((1, 0)),
+                              s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s_tok, ))
+        _release(k_empty, 0)
+        if free_hi > 0:
+            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, S, qk_scale, s_layout,
+                                               False, CAUSAL, ROWS, BLOCK_N)
+        else:
+            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, S, qk_scale, s_layout,
+                                               True, CAUSAL, ROWS, BLOCK_N)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        alpha_o = gl.convert_layout(alpha, row_o)
+
+        for j in range(1, n_tiles):
+            stage = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_full.index(stage), (j // STAGES) & 1)
+            k_t = _tile_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0))
+            s_tok = warpgroup_mma(q_rows, k_t, s_zero, use_acc=False, is_async=True)
+            acc = acc * alpha_o[:, None]
+            mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
+            o_tok = warpgroup_mma(p_op, _tile_view(v_ring, prev, BLOCK_N, HEAD_D), acc,
+                                  is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok, ))
+            _release(k_empty, stage)
+            start_n = j * BLOCK_N
+            if start_n < free_hi:
+                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, S, qk_scale,
+                                                   s_layout, False, CAUSAL, ROWS, BLOCK_N)
+            else:
+                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, S, qk_scale,
+                                                   s_layout, True, CAUSAL, ROWS, BLOCK_N)
+            acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+            _release(v_empty, prev)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            alpha_o = gl.convert_layout(alpha, row_o)
+
+        last = (n_tiles - 1) % STAGES
+        acc = acc * alpha_o[:, None]
+        mbarrier.wait(v_full.index(last), ((n_tiles - 1) // STAGES) & 1)
+        o_tok = warpgroup_mma(p_op, _tile_view(v_ring, last, BLOCK_N, HEAD_D), acc,
+                              is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+
+        l_o = gl.convert_layout(l_i, row_o)
+        out = acc / gl.where(l_o == 0.0, 1.0, l_o)[:, None]
+        q_rows.store(out.to(dtype))  # this warpgroup's own Q rows, read by its wgmma only
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(o_desc, [z1, z2, h, row_m, 0],
+                                        q_smem.slice(ROW0, ROWS, dim=3))
+        offs_m = row_m + gl.arange(0, ROWS, layout=row_s)
+        in_rows = offs_m < L
+        log_l = gl.log2(gl.where(l_i == 0.0, 1.0, l_i))
+        ptrs = Stats + pid_bh.to(gl.int64) * L + offs_m
+        gl.store(ptrs, m_i, mask=in_rows)
+        gl.store(ptrs + s_stat, log_l, mask=in_rows)
+        gl.store(ptrs + 2 * s_stat, (m_i + log_l) * 0.6931471805599453, mask=in_rows)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _release(empty, stage):
+        """Free one ring stage: every warp of this partition is past its wgmma wait, then
+        thread 0 arrives (mbarrier.arrive is issued by thread 0 only)."""
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(stage), count=1)
+
+    @gluon.jit
+    def _ws_consumer_hi(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
+                        k_empty, v_empty, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
+                        qk_scale):
+        """The second consumer (a worker partition), not causal."""
+        ROWS: gl.constexpr = o_desc.block_type.shape[3]
+        _ws_consumer(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
+                     k_empty, v_empty, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
+                     qk_scale, ROWS, False, ROWS, k_ring.shape[4], k_ring.shape[5],
+                     k_ring.shape[0])
+
+    @gluon.jit
+    def _ws_consumer_hi_causal(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full,
+                               v_full, k_empty, v_empty, z1, z2, h, pid_bh, start_m, free_hi,
+                               n_tiles, L, S, qk_scale):
+        """The second consumer (a worker partition), causal."""
+        ROWS: gl.constexpr = o_desc.block_type.shape[3]
+        _ws_consumer(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
+                     k_empty, v_empty, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
+                     qk_scale, ROWS, True, ROWS, k_ring.shape[4], k_ring.shape[5],
+                     k_ring.shape[0])
+
+    @gluon.jit
+    def sdpa_fwd_gluon_ws_kernel(q_desc, k_desc, v_desc, o_desc, Stats, s_stat,
+                                 Z2, HQ, GROUP, L, S, qk_scale,
+                                 CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                                 BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                                 STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """Warp-specialized form of :func:`sdpa_fwd_gluon_kernel` (FA3's roles): a producer
+        warp loads Q and the K/V rings by TMA; two consumer warpgroups (the default
+        partition: rows [0, BLOCK_M/2); a worker: the rest) run independently on their halves,
+        freeing each stage through an empty barrier of count 2. ``num_warps`` = 4; o_desc's
+        block has BLOCK_M/2 rows."""
+        ROWS: gl.constexpr = BLOCK_M // 2
+        pid_m = gl.program_id(0)
+        if CAUSAL:
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        pid_bh = gl.program_id(1)
+        h = pid_bh % HQ
+        z2 = (pid_bh // HQ) % Z2
+        z1 = pid_bh // (HQ * Z2)
+        hk = h // GROUP
+        start_m = pid_m * BLOCK_M
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+        k_ring = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape,
+                                           k_desc.layout)
+        v_ring = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape,
+                                           v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar.index(0), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_full.index(i), count=1)
+            mbarrier.init(v_full.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)
+            mbarrier.init(v_empty.index(i), count=2)
+        fence_async_shared()
+        if CAUSAL:
+            hi = gl.minimum(start_m + BLOCK_M, S)
+            free_hi = gl.minimum(start_m, (S // BLOCK_N) * BLOCK_N)
+        else:
+            hi = S
+            free_hi = (S // BLOCK_N) * BLOCK_N
+        n_tiles = gl.cdiv(hi, BLOCK_N)
+        consumer_args = (o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
+                         k_empty, v_empty, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
+                         qk_scale)
+        producer_args = (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
+                         k_empty, v_empty, z1, z2, h, hk, start_m, n_tiles)
+        if CAUSAL:
+            gl.warp_specialize([
+                (_ws_consumer, consumer_args + (0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES)),
+                (_ws_consumer_hi_causal, consumer_args),
+                (_ws_producer, producer_args),
+            ], [4, 1], [WORKER_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_ws_consumer, consumer_args + (0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES)),
+                (_ws_consumer_hi, consumer_args),
+                (_ws_producer, producer_args),
+            ], [4, 1], [WORKER_REGS, PRODUCER_REGS])
+
 
 @functools.lru_cache(maxsize=64)
 def _shared_layout(rows, dtype):
@@ -289,14 +501,16 @@ def launch(query, key, value, out, stats, gluon_plan):
     tensors can be passed as they are)."""
     (qs, ks, vs), (qst, kst, vst), is_causal, scale = gluon_plan
     Z1, Z2, HQ, L, _ = qs
-    block_m, block_n, stages, warps = CONFIG
+    block_m, block_n, stages, warps, ws = CONFIG
     os_ = (Z1, Z2, HQ, L, HEAD_DIM)
     ost = (Z2 * HQ * L * HEAD_DIM, HQ * L * HEAD_DIM, L * HEAD_DIM, HEAD_DIM, 1)
     grid = (-(-L // block_m), Z1 * Z2 * HQ)
     args = (_descriptor(query, qs, qst, block_m), _descriptor(key, ks, kst, block_n),
-            _descriptor(value, vs, vst, block_n), _descriptor(out, os_, ost, block_m),
+            _descriptor(value, vs, vst, block_n),
+            _descriptor(out, os_, ost, block_m // 2 if ws else block_m),
             stats, stats.stride(0), Z2, HQ, HQ // ks[2], L, ks[3], scale * LOG2E)
     meta = dict(CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=HEAD_DIM,
                 STAGES=stages, num_warps=warps)
     # Triton launches on the current device: make the tensors' one current first
-    on_device_of(stats, lambda: sdpa_fwd_gluon_kernel[grid](*args, **meta))
+    kernel = sdpa_fwd_gluon_ws_kernel if ws else sdpa_fwd_gluon_kernel
+    on_device_of(stats, lambda: kernel[grid](*args, **meta))
