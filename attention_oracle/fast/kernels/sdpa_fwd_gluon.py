@@ -333,6 +333,7 @@ if GLUON_AVAILABLE:
 
         l_o = gl.convert_layout(l_i, row_o)
         out = acc / gl.where(l_o == 0.0, 1.0, l_o)[:, None]
+        gl.thread_barrier()  # every warp of this warpgroup is past its last wgmma on Q
         q_rows.store(out.to(dtype))  # this warpgroup's own Q rows, read by its wgmma only
         fence_async_shared()
         gl.thread_barrier()
