@@ -14,7 +14,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 timeout 120 python3 -m benchmarks.sdpa_gluon --configs 128,128,2,8 64,64,2,4 128,128,2,4,1 128,64,3,4,1 \
     --shapes 1 --json "$W/l4k.json" > "$W/l4k.log" 2>&1
 note "L 4k: exit $?"; grep -v "^{" "$W/l4k.log" | tail -13
-SDPA_AUTOTUNE=0 timeout 170 python3 -m pytest -p no:cacheprovider -q -x -n 0 -rfE --tb=short \
+ATTENTION_ORACLE_GLUON_VARIANTS=1 SDPA_AUTOTUNE=0 timeout 170 python3 -m pytest -p no:cacheprovider -q -x -n 0 -rfE --tb=short \
     meta_tests/test_fast_sdpa_gluon.py > "$W/test.log" 2>&1
 note "gluon tests: exit $?"; tail -25 "$W/test.log" | cut -c1-400
 timeout 100 python3 -m benchmarks.sdpa_gluon --configs 128,128,2,8 128,128,2,4,1 --shapes 0,2 \

@@ -7,6 +7,7 @@ forward's saved row statistics) dq, dk, dv. Each case asserts the Gluon kernel r
 ``test_planted_wrong_scale_is_caught`` is the negative control.
 """
 import contextlib
+import os
 
 import pytest
 import torch
@@ -106,6 +107,10 @@ def test_planted_wrong_scale_is_caught(gen, monkeypatch):
     assert calls
 
 
+# the warp-specialized kernel has not run on a GPU yet: a deadlock in its barriers would hang
+# the run, so these cases run only when asked (benchmarks/h200_s8_h1_gluon.sh asks)
+@pytest.mark.skipif(os.environ.get("ATTENTION_ORACLE_GLUON_VARIANTS", "0") in ("", "0"),
+                    reason="set ATTENTION_ORACLE_GLUON_VARIANTS=1 to check the other Gluon configs")
 @pytest.mark.parametrize("config", [(64, 64, 2, 4, False), (128, 128, 2, 4, True),
                                     (128, 64, 3, 4, True)], ids=str)
 @pytest.mark.parametrize("is_causal", [False, True])
