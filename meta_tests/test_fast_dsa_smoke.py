@@ -833,3 +833,58 @@ def test_split_scores_unchain_score_dots(tmp_path):
         warps = _score_dot_warps(irs[name])
         assert warps and set(warps) == {"4, 2"}, (name, warps)
 
+
+# ----------------------------------------------------------------------------- wgmma pipelining
+
+_PTXAS_SCRIPT = r'''
+import dataclasses
+import json
+from attention_oracle.fast import dsa as fdsa
+from attention_oracle.fast.kernels import dsa_probe
+
+cfg = fdsa.candidate_configs(64, 512, backward=False, device_type="cuda")[0]
+numbers = (cfg.block_h, cfg.block_k, cfg.block_d, cfg.block_dv, cfg.num_warps, cfg.num_stages,
+           int(cfg.dkv_transposed), int(cfg.split_scores))
+switches = [f.name for f in dataclasses.fields(cfg)
+            if f.name in dsa_probe._SWITCHES and getattr(cfg, f.name)]
+result = {}
+for name, sw in (("default", switches), ("control", [s for s in switches if s != "no_zero_trip"])):
+    asm = dsa_probe.compile_for_sm90("fwd", numbers, asm=True, switches=sw)[-1]
+    messages, counts = dsa_probe.loop_counts(asm["ptx"])
+    result[name] = dict(messages=messages, counts=counts)
+print(json.dumps(result))
+'''
+
+
+def _serialised(compiled):
+    """ptxas's wgmma serialisation: its warning C7515 and a WARPGROUP wait per HGMMA."""
+    counts = compiled["counts"]
+    return ("C7515" in compiled["messages"]
+            or counts.get("WARPGROUP", 0) >= counts.get("HGMMA", 0) > 0)
+
+
+def test_default_forward_wgmma_pipelined(tmp_path):
+    """The default 16-bit GPU forward (64 heads, Dl 512, split scores, 2 stages) must keep its
+    wgmma pipelined. With a slot loop that may run zero times, the ptxas of Triton 3.8 (CI's)
+    serialises every wgmma of the kernel (warning C7515: an accumulator defined by moves on the
+    loop's bypass path while the P.V dot is in flight across iterations), one WARPGROUP wait per
+    HGMMA in the loop (NOTES.md, "fast DSA tuning, session 8"). Compiles for sm_90a without a
+    GPU, with Triton's ptxas. The control (the default without ``no_zero_trip``) shows the
+    serialisation under Triton 3.8; Triton 3.6's ptxas (the H200 machine's) pipelines both,
+    so there the control is only reported."""
+    if dsa_probe_ptxas() is None:
+        pytest.skip("no ptxas in this Triton")
+    irs = _compiled_irs(tmp_path / "dsa_ptxas.py", _PTXAS_SCRIPT)
+    control, default = irs["control"], irs["default"]
+    assert not _serialised(default), (default["messages"], default["counts"])
+    if _serialised(control):
+        return
+    import triton
+    assert triton.__version__.startswith("3.6"), (
+        f"Triton {triton.__version__}: the control was not serialised, so this test cannot "
+        f"tell a serialised default from a pipelined one: {control['counts']}")
+
+
+def dsa_probe_ptxas():
+    from attention_oracle.fast.kernels import dsa_probe
+    return dsa_probe._bin("ptxas-blackwell", "ptxas")

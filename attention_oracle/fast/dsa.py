@@ -171,8 +171,9 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False, tc32=False):
     one = latent <= _ONE_TILE_MAX
     if device_type != "cuda":
         chunk = latent if one else 256
+        lean = not fp32 and not backward  # the 16-bit GPU forward's switches, checked here too
         return (KernelConfig(block_h, 16, latent if one else 64, chunk, 4, 1,
-                             acc64=fp32 and not tc32),)
+                             acc64=fp32 and not tc32, int32_rows=lean, no_zero_trip=lean),)
     if tc32:
         return TF32X3_CONFIGS["backward" if backward else "forward"]
     if fp32:
@@ -188,7 +189,11 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False, tc32=False):
         # (Triton 3.6, heavy spills): it is not offered. (For Dl <= 256 the first config is one
         # tile all the same, BLOCK_DC being capped at the latent; in 16-bit it stays under
         # 500 B of spills there and passed the suite natively.)
-        halves = ((KernelConfig(64, 64, 64, 256, 8, 1, True, split_scores=True, halves=True),
+        # Then (NOTES.md, "fast DSA tuning, session 8") the BLOCK_K 64 halves config with 32-bit
+        # index math, a token's two programs adjacent and the rope gradients in chunk 0 only:
+        # 139.4 vs 124.2 (doc_16384), 119.7 vs 108.5 (packed_glm_a) TFLOP/s synced.
+        halves = ((KernelConfig(64, 64, 64, 256, 8, 1, True, split_scores=True, halves=True,
+                                int32_rows=True, token_major=True, rope_owner=True),
                    KernelConfig(64, 32, 64, 256, 8, 1, True, split_scores=True, halves=True))
                   if block_h == 64 and 256 < dl <= 512 else ())
         return halves + (KernelConfig(block_h, 32, 64, 256, 8, 3, True),
@@ -197,8 +202,12 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False, tc32=False):
                          KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
                          KernelConfig(16, 16, 32, 64, 4, 1))
     # one tile: unchained score dots first (each warpgroup its own slot columns; H200,
-    # doc_16384: 276.8 vs 208.3 TFLOP/s synced, NOTES.md "Issue 12, DSA tuning")
-    first = (KernelConfig(block_h, 64, latent, latent, 8, 2, split_scores=1),
+    # doc_16384: 276.8 vs 208.3 TFLOP/s synced, NOTES.md "Issue 12, DSA tuning"), with 32-bit
+    # index math and a slot loop free of a zero-trip path (NOTES.md, "fast DSA tuning,
+    # session 8": 339.3 vs 274.2 doc_16384, 298.8 vs 249.2 packed_glm_a TFLOP/s synced)
+    first = (KernelConfig(block_h, 64, latent, latent, 8, 2, split_scores=1, int32_rows=True,
+                          no_zero_trip=True),
+             KernelConfig(block_h, 64, latent, latent, 8, 2, split_scores=1),
              KernelConfig(block_h, 64, latent, latent, 8, 2),
              KernelConfig(block_h, 32, latent, latent, 8, 1)) if one else ()
     return first + (KernelConfig(block_h, 32, 64, 256, 8, 1),
