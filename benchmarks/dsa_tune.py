@@ -56,6 +56,8 @@ FORWARD = {  # the forward candidates (their figures: NOTES.md, "Issue 12, DSA t
                          int32_rows=True),
     "nzt32_s2_i32": C(64, 32, 512, 512, 8, 2, split_scores=1, no_zero_trip=True, int32_rows=True),
     "nzt32_s3_i32": C(64, 32, 512, 512, 8, 3, split_scores=1, no_zero_trip=True, int32_rows=True),
+    "nzt64_s2_i32_ed": C(64, 64, 512, 512, 8, 2, split_scores=1, no_zero_trip=True,
+                         int32_rows=True, even_d=True),
 }
 BACKWARD = {
     "default": None,
@@ -73,6 +75,10 @@ BACKWARD = {
                    rope_owner=True),
     "k64_i32_tm_ro": C(64, 64, 64, 256, 8, 1, True, split_scores=True, halves=True,
                        int32_rows=True, token_major=True, rope_owner=True),
+    "k64_i32_ro": C(64, 64, 64, 256, 8, 1, True, split_scores=True, halves=True, int32_rows=True,
+                    rope_owner=True),
+    "k64_i32_tm_ro_ed": C(64, 64, 64, 256, 8, 1, True, split_scores=True, halves=True,
+                          int32_rows=True, token_major=True, rope_owner=True, even_d=True),
 }
 SLICE = 128  # query tokens of the float64 check
 BF16_EPS = 2.0 ** -8

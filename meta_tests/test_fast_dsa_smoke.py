@@ -366,19 +366,21 @@ def test_split_scores_and_halves_agree(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_lean_switches_agree(dtype):
-    """The switches ``int32_rows`` (both kernels), ``no_zero_trip`` (forward), ``token_major``
-    and ``rope_owner`` (backward): H 20 in blocks of 16 and DL 40 in two chunks of 32 (halves
-    path) give four programs per token in the token-major grid, of which only chunk 0 computes
-    the rope gradients; empty rows (row 0, topk_length 0) make the no-zero-trip forward run
-    one all-invalid block. Then NoPE through the one-tile path."""
+@pytest.mark.parametrize("dl,dr", [(40, 8), (64, 16)])
+def test_lean_switches_agree(dtype, dl, dr):
+    """The switches ``int32_rows`` (both kernels), ``no_zero_trip`` (forward), ``token_major``,
+    ``rope_owner`` (backward) and ``even_d``: H 20 in blocks of 16 and the latent in two chunks
+    of 32 (halves path) give four programs per token in the token-major grid, of which only
+    chunk 0 computes the rope gradients; empty rows (row 0, topk_length 0) make the
+    no-zero-trip forward run one all-invalid block. DL 40 leaves even_d off (a chunk runs past
+    the width), DL 64 with DR 16 turns it on. Then NoPE through the one-tile path."""
     fwd = fdsa.KernelConfig(16, 16, 64, 64, 4, 1, split_scores=True, int32_rows=True,
-                            no_zero_trip=True)
+                            no_zero_trip=True, even_d=True)
     bwd = fdsa.KernelConfig(16, 16, 16, 32, 4, 1, True, split_scores=True, halves=True,
-                            int32_rows=True, token_major=True, rope_owner=True)
+                            int32_rows=True, token_major=True, rope_owner=True, even_d=True)
     try:
         fdsa.set_configs(forward=fwd, backward=bwd)
-        c = make_case(T=5, H=20, DL=40, DR=8, S=13, K=21, dtype=dtype, seed=14, with_len=True)
+        c = make_case(T=5, H=20, DL=dl, DR=dr, S=13, K=21, dtype=dtype, seed=14, with_len=True)
         c["topk_length"][2] = 0
         out, lse, grads = check_case(c, dout_layout="head_major", packed=True)
         assert_empty_rows_exact(c, out, lse, grads)
@@ -389,6 +391,14 @@ def test_lean_switches_agree(dtype):
         check_case(c)
     finally:
         fdsa.set_configs()
+
+
+def test_even_d_only_where_tiles_divide():
+    """``_even_d``: every latent tile divides Dl and the rope tile is Dr (or no rope)."""
+    assert fdsa._even_d(512, 64, 512, 512, block_dr=64)
+    assert fdsa._even_d(64, 0, 16, 32, block_dr=16)
+    assert not fdsa._even_d(40, 8, 16, 32, block_dr=8)
+    assert not fdsa._even_d(512, 60, 512, 512, block_dr=64)
 
 
 def test_int32_rows_only_where_offsets_fit():

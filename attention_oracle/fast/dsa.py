@@ -101,6 +101,8 @@ class KernelConfig:
     # backward: the rope gradients (dq_rope, dk_rope) computed by chunk 0 only, behind a
     # run-time branch (the other chunks computed and masked them)
     rope_owner: bool = False
+    # gathers masked by slot validity alone where the tiles divide the widths (``_even_d``)
+    even_d: bool = False
 
     def one_tile(self, dl):
         return self.block_dv >= dl and self.block_d >= dl
@@ -291,6 +293,12 @@ def _int32_rows(indices, kv, k_rope, dl, dr):
     return rows * max(strides) + max(cols) < 2 ** 31
 
 
+def _even_d(dl, dr, *blocks, block_dr):
+    """Whether every latent tile width in ``blocks`` divides dl and the rope tile is dr (or
+    there is no rope), so no gathered column lies past the widths (the kernels' EVEN_D)."""
+    return all(dl % b == 0 for b in blocks) and dr in (0, block_dr)
+
+
 # the compiled kernels' own launchers after Triton's first launch (fast/launch.py); n_tensors:
 # the kernels' leading pointer arguments
 _FWD_LAUNCH = DirectLauncher(dsa_fwd_kernel, n_tensors=8)
@@ -331,6 +339,8 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
             SPLIT_S=int(cfg.split_scores), ACC64=_acc64(cfg, q.dtype), FP32_TC=_fp32_tc(q.dtype),
             I32=cfg.int32_rows and _int32_rows(indices, kv, k_rope, DL, DR),
             NO_ZERO_TRIP=cfg.no_zero_trip,
+            EVEN_D=cfg.even_d and _even_d(DL, DR, min(cfg.block_d, _pow2(DL)),
+                                          min(cfg.block_dv, _pow2(DL)), block_dr=_pow2(DR)),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw,
         )
 
@@ -375,6 +385,8 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
                 ACC64=_acc64(cfg, q.dtype), FP32_TC=_fp32_tc(q.dtype),
                 I32=cfg.int32_rows and _int32_rows(indices, kv, k_rope, DL, DR),
                 TOKEN_MAJOR=cfg.token_major, ROPE_OWNER=cfg.rope_owner,
+                EVEN_D=cfg.even_d and _even_d(DL, DR, min(cfg.block_d, _pow2(DL)),
+                                              min(cfg.block_dv, _pow2(DL)), block_dr=_pow2(DR)),
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
 

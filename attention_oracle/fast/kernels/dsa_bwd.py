@@ -61,13 +61,13 @@ def _row_delta(out_ptr, o_off, stride_oh, stride_od, do_ptr, do_off, stride_doh,
 def _chunked_scores_and_dp(q_ptr, q_off, stride_qh, stride_qd, do_ptr, do_off, stride_doh,
                            stride_dod, offs_h, H, kv_ptr, rows, stride_kvs, stride_kvd, valid, DL,
                            BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                           PRECISION: tl.constexpr):
+                           PRECISION: tl.constexpr, EVEN_D: tl.constexpr = False):
     """(q . k, dO . v) over the latent width in BLOCK_D chunks (values are the latent rows)."""
     s = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
     dp = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
     for d0 in range(0, DL, BLOCK_D):
         offs_d = d0 + tl.arange(0, BLOCK_D)
-        kc = tl.trans(gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_d, DL, valid))
+        kc = tl.trans(gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_d, DL, valid, EVEN_D))
         qc = load_heads(q_ptr, q_off, offs_h, stride_qh, H, offs_d, stride_qd, DL)
         s = tl.dot(qc, kc, s, input_precision=PRECISION)
         doc = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_d, stride_dod, DL)
@@ -110,6 +110,7 @@ def dsa_bwd_kernel(
     DKV_T: tl.constexpr = False, SPLIT_S: tl.constexpr = False, HALVES: tl.constexpr = False,
     ACC64: tl.constexpr = False, FP32_TC: tl.constexpr = 0, I32: tl.constexpr = False,
     TOKEN_MAJOR: tl.constexpr = False, ROPE_OWNER: tl.constexpr = False,
+    EVEN_D: tl.constexpr = False,
 ):
     if TOKEN_MAJOR:  # a 1-D grid with the programs of one token adjacent (they gather the same rows)
         pid = tl.program_id(0)
@@ -171,7 +172,7 @@ def dsa_bwd_kernel(
     for start in range(0, n_slots, BLOCK_K):
         offs_k = start + tl.arange(0, BLOCK_K)
         valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S, I32)
-        kc = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_c, DL, valid)
+        kc = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_c, DL, valid, EVEN_D)
         if NATURAL and not FP32_TC:
             # fp32 (dsa_common, "reduction order"): score and dP from fp64-accumulated dots,
             # the score rounded once as in the forward
@@ -182,7 +183,7 @@ def dsa_bwd_kernel(
             dp64 = dot_gather_f64(dp64, do_ptr, do_off, offs_h, stride_doh, stride_dod, H, kv_ptr,
                                   rows, stride_kvs, stride_kvd, valid, DL, BLOCK_D)
             if HAS_ROPE:
-                kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
+                kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid, EVEN_D)
                 s64 = dot_gather_f64(s64, qr_ptr, t * stride_qrt, offs_h, stride_qrh, stride_qrd,
                                      H, kr_ptr, rows, stride_krs, stride_krd, valid, DR,
                                      FP32_CHUNK)
@@ -192,7 +193,8 @@ def dsa_bwd_kernel(
                 s = tl.dot(q, tl.trans(kc), input_precision=PRECISION)
                 dp = tl.dot(do, tl.trans(kc), input_precision=PRECISION)
                 if HALVES:
-                    kb = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_b, DL, valid)
+                    kb = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_b, DL, valid,
+                                     EVEN_D)
                     if SPLIT_S:
                         s, dp = chain_break2(s, dp, start < n_slots)
                     s = tl.dot(qb, tl.trans(kb), s, input_precision=PRECISION)
@@ -203,9 +205,9 @@ def dsa_bwd_kernel(
                 s, dp = _chunked_scores_and_dp(q_ptr, q_off, stride_qh, stride_qd, do_ptr,
                                                do_off, stride_doh, stride_dod, offs_h, H, kv_ptr,
                                                rows, stride_kvs, stride_kvd, valid, DL, BLOCK_H,
-                                               BLOCK_K, BLOCK_D, PRECISION)
+                                               BLOCK_K, BLOCK_D, PRECISION, EVEN_D)
             if HAS_ROPE:
-                kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
+                kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid, EVEN_D)
                 s = tl.dot(qr, tl.trans(kr), s, input_precision=PRECISION)
                 if SPLIT_S:
                     s = chain_break(s, start < n_slots)

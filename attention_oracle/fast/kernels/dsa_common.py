@@ -48,9 +48,15 @@ def slot_block(idx_ptr, row_offset, stride_k, offs_k, n_slots, S, I32: tl.conste
 
 
 @triton.jit
-def gather_rows(base_ptr, rows, stride_s, stride_d, offs_d, d_lim, valid):
-    """Gathers key rows: [BLOCK_K, BLOCK_D] tile of base[rows, offs_d], 0 outside."""
+def gather_rows(base_ptr, rows, stride_s, stride_d, offs_d, d_lim, valid,
+                EVEN: tl.constexpr = False):
+    """Gathers key rows: [BLOCK_K, BLOCK_D] tile of base[rows, offs_d], 0 outside.
+
+    EVEN: every offs_d is below d_lim (the host's EVEN_D: the tiles divide the widths), so
+    the mask is the slot validity alone (no compare and AND per column vector)."""
     ptrs = base_ptr + rows[:, None] * stride_s + offs_d[None, :] * stride_d
+    if EVEN:
+        return tl.load(ptrs, mask=valid[:, None], other=0.0)
     return tl.load(ptrs, mask=valid[:, None] & (offs_d[None, :] < d_lim), other=0.0)
 
 

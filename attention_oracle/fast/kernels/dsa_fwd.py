@@ -39,13 +39,13 @@ from .pdl import gdc_wait
 @triton.jit
 def _chunked_scores(q_ptr, q_off, offs_h, stride_qh, stride_qd, H, kv_ptr, rows, stride_kvs,
                     stride_kvd, valid, DL, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
-                    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+                    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, EVEN_D: tl.constexpr = False):
     """q . k over the latent width in BLOCK_D chunks: [BLOCK_H, BLOCK_K] fp32."""
     s = tl.zeros([BLOCK_H, BLOCK_K], dtype=tl.float32)
     for d0 in range(0, DL, BLOCK_D):
         offs_d = d0 + tl.arange(0, BLOCK_D)
         qc = load_heads(q_ptr, q_off, offs_h, stride_qh, H, offs_d, stride_qd, DL)
-        kc = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_d, DL, valid)
+        kc = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_d, DL, valid, EVEN_D)
         s = tl.dot(qc, tl.trans(kc), s, input_precision=PRECISION)
     return s
 
@@ -63,6 +63,7 @@ def dsa_fwd_kernel(
     BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr = False, SPLIT_S: tl.constexpr = 0, ACC64: tl.constexpr = False,
     FP32_TC: tl.constexpr = 0, I32: tl.constexpr = False, NO_ZERO_TRIP: tl.constexpr = False,
+    EVEN_D: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -101,15 +102,15 @@ def dsa_fwd_kernel(
         if NATURAL and FP32_TC:
             # fp32, tensor cores: the score from fp32 dots of PRECISION, times scale rounded once
             if ONE_TILE:
-                v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
+                v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid, EVEN_D)
                 s32 = tl.dot(q, tl.trans(v), input_precision=PRECISION)
             else:
                 s32 = _chunked_scores(q_ptr, t * stride_qt, offs_h, stride_qh, stride_qd, H,
                                       kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, BLOCK_H,
-                                      BLOCK_K, BLOCK_D, PRECISION)
-                v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
+                                      BLOCK_K, BLOCK_D, PRECISION, EVEN_D)
+                v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid, EVEN_D)
             if HAS_ROPE:
-                kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
+                kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid, EVEN_D)
                 s32 = tl.dot(qr, tl.trans(kr), s32, input_precision=PRECISION)
             s = tl.where(valid[None, :], s32 * scale, float("-inf"))
         elif NATURAL:
@@ -122,7 +123,7 @@ def dsa_fwd_kernel(
                 s64 = dot_gather_f64(s64, qr_ptr, t * stride_qrt, offs_h, stride_qrh, stride_qrd,
                                      H, kr_ptr, rows, stride_krs, stride_krd, valid, DR,
                                      FP32_CHUNK)
-            v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
+            v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid, EVEN_D)
             s = tl.where(valid[None, :], (s64 * scale).to(tl.float32), float("-inf"))
         if NATURAL:
             # exp and l in fp64; this block's P.V added to acc as its own dot
@@ -140,19 +141,19 @@ def dsa_fwd_kernel(
             m = m_new
         else:  # 16-bit inputs (and FP32_TC 2): base-2 scores, tl.exp2, P.V chained through acc
             if ONE_TILE:
-                v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
+                v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid, EVEN_D)
                 s = tl.dot(q, tl.trans(v), input_precision=PRECISION)
             else:
                 s = _chunked_scores(q_ptr, t * stride_qt, offs_h, stride_qh, stride_qd, H,
                                     kv_ptr, rows, stride_kvs, stride_kvd, valid, DL, BLOCK_H,
-                                    BLOCK_K, BLOCK_D, PRECISION)
-                v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid)
+                                    BLOCK_K, BLOCK_D, PRECISION, EVEN_D)
+                v = gather_rows(kv_ptr, rows, stride_kvs, stride_kvd, offs_v, DL, valid, EVEN_D)
             # SPLIT_S: the score dots unchained (dsa_common.chain_break), each warpgroup takes
             # its own slot columns; 1: a branch after each dot, 2: both dots, then one branch
             if SPLIT_S == 1:
                 s = chain_break(s, start < n_end)
             if HAS_ROPE:
-                kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid)
+                kr = gather_rows(kr_ptr, rows, stride_krs, stride_krd, offs_r, DR, valid, EVEN_D)
                 if SPLIT_S == 2:
                     s_rope = tl.dot(qr, tl.trans(kr), input_precision=PRECISION)
                     s, s_rope = chain_break2(s, s_rope, start < n_end)

@@ -9,7 +9,7 @@ A config is block_h,block_k,block_d,block_dv,num_warps,num_stages[,dkv_transpose
 [,halves[,acc64]]]] (0/1 flags; halves only where the latent is two chunks of block_dv; acc64:
 the fp32 path's fp64 accumulators), optionally followed by ``+NAME`` switches of
 ``fast.dsa.KernelConfig``: ``+int32_rows``, ``+no_zero_trip`` (forward), ``+token_major``,
-``+rope_owner`` (backward); e.g. ``fwd 64,64,512,512,8,2,0,1+no_zero_trip+int32_rows``.
+``+rope_owner`` (backward), ``+even_d``; e.g. ``fwd 64,64,512,512,8,2,0,1+no_zero_trip+int32_rows``.
 ``--sass`` adds the instruction counts of the kernel's largest loop from the disassembly (the
 wgmma serialisation warning C7515 of ptxas shows there as a WARPGROUP wait per HGMMA). ``fwd32`` / ``bwd32`` compile the fp32 path (fp32 inputs,
 fp64 key-gradient buffers); ``fwdtc`` / ``bwdtc`` the fp32 "tf32x3" path (fast.dsa.set_fp32_mode:
@@ -54,7 +54,7 @@ def _fp32_pointers(pointers):
 
 
 _SWITCHES = {"int32_rows": "I32", "no_zero_trip": "NO_ZERO_TRIP", "token_major": "TOKEN_MAJOR",
-             "rope_owner": "ROPE_OWNER"}
+             "rope_owner": "ROPE_OWNER", "even_d": "EVEN_D"}
 
 
 def compile_for_sm90(which, cfg, fp32=False, asm=False, tc=False, switches=()):
