@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention_oracle import oracle
-from attention_oracle.oracle.sdpa import sdpa_reference
+from attention_oracle.oracle.sdpa import _accumulate_rows, sdpa_reference
 from attention_oracle.properties.sdpa.cases import build, sdpa_cases
 
 F64 = (torch.float64,)
@@ -155,7 +155,44 @@ def test_prescaled_with_an_exact_root_is_the_naive_math(dtype):
     naive = sdpa_reference(q, k, v, do, compute_dtype=dtype, **kw)
     pre = sdpa_reference(q, k, v, do, compute_dtype=dtype, algorithm="prescaled", **kw)
     for name in ("out", "dq", "dk", "dv"):
-        assert torch.equal(pre[name], naive[name]), name
+        if dtype == torch.float32 and name in ("dk", "dv"):  # naive chains rows, prescaled blocks
+            torch.testing.assert_close(pre[name], naive[name], rtol=1e-5, atol=1e-6, msg=name)
+        else:
+            assert torch.equal(pre[name], naive[name]), name
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_row_chain_adds_the_group_heads_in_turn_row_by_row(group):
+    """_accumulate_rows: one accumulator per key head, the group's query heads in turn, each
+    row by row, every product rounded then added (bitwise against that loop written out)."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(2, 2 * group, 11, 7, generator=g)
+    b = torch.randn(2, 2 * group, 11, 5, generator=g)
+    got = _accumulate_rows(torch.zeros(2, 2, 7, 5), a, b)
+    a5, b5 = a.reshape(2, 2, group, 11, 7), b.reshape(2, 2, group, 11, 5)
+    acc = torch.zeros(2, 2, 7, 5)
+    for h in range(group):
+        for i in range(11):
+            acc = acc + a5[:, :, h, i, :, None] * b5[:, :, h, i, None, :]
+    assert torch.equal(got, acc)
+
+
+def test_fp32_naive_dv_is_the_chained_sum_of_equal_terms():
+    """F13's mechanism: one key (P = 1) and a dout equal along the rows make every dv term of a
+    head the same value; the fp32 naive run's dv is the sequential sum over the group's heads
+    and rows (PyTorch's CPU flash value), not the per-head sums added afterwards."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(4, 63, 1, generator=g)
+    k, v = torch.randn(2, 1, 1, generator=g), torch.randn(2, 1, 1, generator=g)
+    do = (torch.randn(4, 1, 1, generator=g) * 2).expand(4, 63, 1)
+    dv = sdpa_reference(q, k, v, do, enable_gqa=True, compute_dtype=torch.float32)["dv"]
+    terms = do.reshape(2, 2 * 63)
+    chained = torch.zeros(2)
+    for i in range(2 * 63):
+        chained = chained + terms[:, i]
+    per_head = do.reshape(2, 2, 63).sum(-1).sum(-1)
+    assert torch.equal(dv.flatten(), chained)
+    assert not torch.equal(chained, per_head)  # the order matters on these inputs
 
 
 def test_prescaled_rounds_q_and_k():

@@ -147,6 +147,26 @@ def _accumulation_weights(p, dout_abs, v_abs, out):
 # PyTorch's math backend) and "flash" (fused-kernel numerics, ``oracle/flash.py``).
 
 
+def _accumulate_rows(acc, a, b):
+    """``acc`` plus the sum over query rows i of the outer products ``a[..., i, :]^T b[..., i, :]``,
+    added one row at a time (the query heads of a GQA group in turn, each in row order);
+    each product is rounded, then added. a: [B, Hq, rows, S] (dS or P), b: [B, Hq, rows, D]
+    (q or dO), acc: [B, Hkv, S, D], query head j in kv head j // (Hq / Hkv)'s group.
+
+    The fp32 naive run sums dk and dv so: the longest chain of additions a correct kernel
+    makes (PyTorch's CPU flash backward: one accumulator per key head across its group's rows,
+    finding F13); the prescaled and flash runs keep blocked products (matmuls), so the
+    ensemble holds both orders."""
+    B, hq, rows = a.shape[:3]
+    hkv = acc.shape[1]
+    a = a.reshape(B, hkv, hq // hkv, rows, a.shape[-1])
+    b = b.reshape(B, hkv, hq // hkv, rows, b.shape[-1])
+    for h in range(hq // hkv):
+        for i in range(rows):
+            acc.add_(a[:, :, h, i, :, None] * b[:, :, h, i, None, :])
+    return acc
+
+
 def _flash_scores(qc, k, mask_c, is_causal, row0, sc, acc):
     """(r, scale) for ``flash.forward``: raw float32 dots and the scale, or, with an additive
     mask (or a scale <= 0, where a raw row max is not the scaled one), the scaled masked scores
@@ -230,10 +250,14 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
 
     out = q.new_zeros((b, hq, l_q, v.shape[-1]))
     lse = q.new_zeros((b, hq, l_q), dtype=flash.lse_dtype(acc) if algorithm == "flash" else cd)
-    grads = None
+    grads = rows_chained = None
     if do is not None:
-        grads = {"dq": torch.zeros_like(q), "dk": torch.zeros_like(k, dtype=acc),
-                 "dv": torch.zeros_like(v, dtype=acc)}
+        grads = {"dq": torch.zeros_like(q), "dk": None, "dv": None}
+        if cd == torch.float32 and algorithm == "naive":  # dk, dv per key head, one chain
+            rows_chained = (q.new_zeros((b, hkv, s_k, k.shape[-1])),
+                            q.new_zeros((b, hkv, s_k, v.shape[-1])))
+        else:
+            grads.update(dk=torch.zeros_like(k, dtype=acc), dv=torch.zeros_like(v, dtype=acc))
     mags = {"out": 0.0, "lse": 0.0, "dq": 0.0}
     mags_acc = {"dq": 0.0}
     mag_dk = torch.zeros_like(k) if (magnitudes and do is not None) else None
@@ -275,8 +299,12 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
         delta = (doc * oc).sum(-1, keepdim=True)
         ds = p * (dp - delta)
         grads["dq"][:, :, r0:r1] = torch.matmul(ds, k) * sc
-        grads["dk"] += torch.matmul(ds.transpose(-1, -2), qc) * sc
-        grads["dv"] += torch.matmul(p.transpose(-1, -2), doc)
+        if rows_chained is not None:
+            _accumulate_rows(rows_chained[0], ds, qc)
+            _accumulate_rows(rows_chained[1], p, doc)
+        else:
+            grads["dk"] += torch.matmul(ds.transpose(-1, -2), qc) * sc
+            grads["dv"] += torch.matmul(p.transpose(-1, -2), doc)
         if magnitudes:
             qc_abs, doc_abs = qc.abs(), doc.abs()
             w = p * (dp.abs() + delta.abs())
@@ -293,9 +321,12 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
     }
     if grads is not None:
         dk, dv = grads["dk"], grads["dv"]
-        if group > 1:  # sum the expanded heads back onto their kv head
+        if rows_chained is not None:
+            dk, dv = rows_chained[0] * sc, rows_chained[1]
+        elif group > 1:  # sum the expanded heads back onto their kv head
             dk = dk.reshape(b, hkv, group, s_k, -1).sum(2)
             dv = dv.reshape(b, hkv, group, s_k, -1).sum(2)
+        if group > 1:
             if mag_dk is not None:
                 mag_dk = mag_dk.reshape(b, hkv, group, s_k, -1).sum(2)
                 mag_dv = mag_dv.reshape(b, hkv, group, s_k, -1).sum(2)
