@@ -17,7 +17,7 @@ SDPA_AUTOTUNE=0 ATTENTION_ORACLE_FAST_LAUNCH=check timeout 90 python3 -m pytest 
 note "launch tests (check mode): exit $?"; grep -E "passed|failed|FAILED|ERROR" "$W/launch.log" | cut -c1-200 | tail -6
 smoke=(meta_tests/test_fast_sdpa_smoke.py meta_tests/test_fast_dsa_smoke.py meta_tests/test_fast_reliability.py
        meta_tests/test_fast_multi_device.py meta_tests/test_fast_sdpa_gluon.py)
-timeout 300 python3 -m pytest -p no:cacheprovider -q -n 4 -rfE --tb=line "${smoke[@]}" > "$W/smoke.log" 2>&1
+timeout 380 python3 -m pytest -p no:cacheprovider -q -n 4 -rfE --tb=line "${smoke[@]}" > "$W/smoke.log" 2>&1
 note "smoke: exit $?"; grep -E "passed|failed|FAILED|ERROR|Error" "$W/smoke.log" | cut -c1-300 | tail -12
 wait
 note "gpu conformance fast"; tail -75 "$W/conformance_summary.log"
