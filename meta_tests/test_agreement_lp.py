@@ -40,3 +40,20 @@ def test_reading_padded_rows_as_masked_is_still_caught():
     assert_agrees(gold["out"].to(torch.float32), gold["out"], lp, **kw)
     with pytest.raises(OracleMismatch):
         assert_agrees(wrong, gold["out"], lp, **kw)
+
+
+def test_a_nan_gold_is_reproduced_by_nan_and_only_by_nan():
+    """Where the oracle's value is NaN (inputs it cannot give a number for), an implementation
+    returning NaN there reproduces it; a finite value there does not, nor NaN for an inf."""
+    gold = torch.tensor([1.0, float("nan"), float("inf")], dtype=torch.float64)
+    lp = {"naive": gold.to(torch.float32)}
+
+    def judge(values):
+        return assert_agrees(torch.tensor(values), gold, lp, check="check", impl="impl",
+                             name="out", dtype=torch.float32, gradient=False, magnitude=1.0,
+                             repro="replay")
+    judge([1.0, float("nan"), float("inf")])
+    with pytest.raises(OracleMismatch, match="non-finite gold value nan"):
+        judge([1.0, 0.0, float("inf")])
+    with pytest.raises(OracleMismatch, match="non-finite gold value inf"):
+        judge([1.0, float("nan"), float("nan")])

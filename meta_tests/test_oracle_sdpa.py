@@ -250,3 +250,18 @@ def test_flash_keeps_rows_of_finite_minimum_biases_right():
     fl = sdpa_reference(q, k, v, dout, attn_mask=mask, compute_dtype=torch.float32, algorithm="flash")
     for name in ("out", "lse", "dq", "dk", "dv"):
         torch.testing.assert_close(fl[name].double(), gold[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_large_score_cases_stay_finite_in_their_dtype(dtype):
+    """The large-score regime (|scale q.k| up to 1e4) with one channel and a small scale: q
+    alone would pass fp16's range (it overflowed to inf and the oracle's gold was NaN, found by
+    fuzzing torch-math); q and k then share the factor. The peak score is the target."""
+    from attention_oracle.properties.sdpa.cases import SdpaCase
+    case = SdpaCase(E=1, Ev=1, L=1, S=1, dtype=dtype, scale=0.5, score_target=1e4, seed=0,
+                    value_scale=0.3)
+    inp = build(case, torch.device("cpu"))
+    for t in (inp.q, inp.k):
+        assert torch.isfinite(t).all()
+    peak = float((inp.q.double() * inp.k.double()).sum().abs()) * 0.5
+    assert peak == pytest.approx(1e4, rel=1e-2)  # q and k each rounded to the dtype

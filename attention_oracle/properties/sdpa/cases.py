@@ -150,12 +150,20 @@ def _mask(case: SdpaCase, g: torch.Generator) -> torch.Tensor | None:
     return torch.where(keep, add, torch.full_like(add, float("-inf")))
 
 
-def _rescale_to_target(q: torch.Tensor, k: torch.Tensor, case: SdpaCase) -> torch.Tensor:
-    """q scaled so that the largest |scale * q.k| (any head pairing) is ``case.score_target``."""
+def _rescale_to_target(q: torch.Tensor, k: torch.Tensor, case: SdpaCase):
+    """(q, k) with the largest |scale * q.k| (any head pairing) equal to ``case.score_target``:
+    q scaled alone, or, where that would take q past 1/16 of the dtype's largest value (fp16,
+    few channels, a small scale: q overflowed to inf), q and k each by the square root."""
     kk = k.repeat_interleave(case.hq // case.hkv, dim=-3) if case.hq != case.hkv else k
     s = torch.matmul(q.double(), kk.double().transpose(-1, -2)) * case.effective_scale
     peak = float(s.abs().max()) if s.numel() else 0.0
-    return q if peak == 0.0 else q * (case.score_target / peak)
+    if peak == 0.0:
+        return q, k
+    factor = case.score_target / peak
+    if float(q.abs().max()) * factor <= torch.finfo(case.torch_dtype).max / 16:
+        return q * factor, k
+    root = math.sqrt(factor)
+    return q * root, k * root
 
 
 def build(case: SdpaCase, device: torch.device, requires_grad: bool = True) -> SdpaInputs:
@@ -166,7 +174,7 @@ def build(case: SdpaCase, device: torch.device, requires_grad: bool = True) -> S
     q = torch.randn(lead + (case.hq, case.L, case.E), generator=g) * case.value_scale
     k = torch.randn(lead + (case.hkv, case.S, case.E), generator=g)
     if case.score_target > 0:
-        q = _rescale_to_target(q, k, case)
+        q, k = _rescale_to_target(q, k, case)
     v = torch.randn(lead + (case.hkv, case.S, case.Ev), generator=g)
     dout = torch.randn(lead + (case.hq, case.L, case.Ev), generator=g)
     mask = _mask(case, g)
