@@ -87,6 +87,11 @@ def specialization_key(args):
     return tuple(out)
 
 
+def tensor_keys(tensors):
+    """(dtype, 16-byte aligned) per tensor: what Triton specializes a tensor argument on."""
+    return tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in tensors])
+
+
 def _grid3(grid):
     g = tuple(grid)
     return (g + (1, 1))[:3] if len(g) < 3 else g
@@ -141,7 +146,7 @@ class DirectLauncher:
             n = self.n_tensors
             if n is not None:
                 rest = args[n:]
-                raw = (device, tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in args[:n]]),
+                raw = (device, tensor_keys(args[:n]),
                        rest, tuple(map(type, rest)), options)
                 entry = self.raw.get(raw)
             if entry is None:
@@ -263,8 +268,7 @@ class BoundLaunch:
         if bound is not None and args[n:] == bound[1] and _MODE.value == "direct":
             launcher = self.launcher
             if (launcher.usable and other_device(args[0]) is None and not launcher.hooked()
-                    and tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in args[:n]])
-                    == bound[2]):
+                    and tensor_keys(args[:n]) == bound[2]):
                 entry = bound[0]
                 g0, g1, g2 = self.grid3
                 try:
@@ -276,8 +280,7 @@ class BoundLaunch:
                     self.bound = None
         entry = self.launcher(self.grid, args, self.kwargs)
         if entry is not None and other_device(args[0]) is None:
-            self.bound = (entry, args[n:],
-                          tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in args[:n]]))
+            self.bound = (entry, args[n:], tensor_keys(args[:n]))
 
 
 def _installed(hook):

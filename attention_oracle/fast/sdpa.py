@@ -487,12 +487,11 @@ class _CallPlan:
          pre_grid) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
                                natural, _precision(dtype, width), interpreting(),
                                _fold(scale, dtype, True))
-        self.bwd = (key, key + (HQ // k5.shape[2],), grid_kv, grid_q, sizes, meta, pre_grid,
-                    {"BLOCK_M": pre_block, "BLOCK_EV": meta["BLOCK_EV"]})
+        self.bwd = (key, key + (HQ // k5.shape[2],), grid_kv, grid_q, sizes, meta, pre_grid)
         self.bwd_common = operands
         self.bwd_scalars = (lse_stride, *ints, scale * factor, scale, *tunes)
         self.pre_tail = (Z2, HQ, L, EV)
-        self.pre = BoundLaunch(_PRE, pre_grid, self.bwd[7])
+        self.pre = BoundLaunch(_PRE, pre_grid, {"BLOCK_M": pre_block, "BLOCK_EV": meta["BLOCK_EV"]})
         self.bound = [None, None, None]  # forward, dK/dV, dQ: BoundLaunch once tuned
         self.rows = (L, EV)
         # per operand: (input shape, broadcast shape); the gradient is allocated contiguous in
@@ -514,7 +513,7 @@ class _CallPlan:
 
     def backward(self, dout, query, key, value, out, lse_k):
         dst = _dout_strides5(dout, self.rows)
-        dkey, dkv_key, grid_kv, grid_q, sizes, meta, pre_grid, pre_meta = self.bwd
+        dkey, dkv_key, grid_kv, grid_q, sizes, meta, pre_grid = self.bwd
         dq, dk, dv = (torch.empty(x, dtype=self.dtype, device=self.device)
                       for _, x in self.grad_shapes)
         delta = torch.empty(pre_grid[1] * self.rows[0], dtype=torch.float32, device=self.device)
