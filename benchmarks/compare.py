@@ -39,7 +39,7 @@ import torch
 if not torch.cuda.is_available():  # before any Triton kernel module is imported (FACTS.md)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from attention_oracle.properties.harness.targets import Refused, load  # noqa: E402
+from attention_oracle.judge.targets import Refused, load  # noqa: E402
 
 from .timing import plot_panels, queued_ms, synced_ms, tflops, write_json  # noqa: E402
 

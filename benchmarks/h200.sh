@@ -1,0 +1,261 @@
+#!/usr/bin/env bash
+# The device runs of the suite and of the fast kernels on an H200 (or any CUDA machine), one
+# entry point. Run from anywhere; it works in the repository root.
+#
+#   [OUT=dir] bash benchmarks/h200.sh TASK [TASK ...]
+#
+# Tasks (each ends within one 10-minute device call with the default budgets):
+#   check        fast's launch tests in check mode (every direct launch compared with Triton's
+#                own), then the fast kernels' GPU smoke, reliability, Gluon and multi-device
+#                tests natively, then the negative controls on CUDA that once raised device errors
+#   conformance  the conformance suite on fast under the gpu profile (bf16 included) through
+#                .ci/gpu; BUDGET (500 s) is enough for the full-size DSA fixtures
+#   sdpa         benchmarks.sdpa at L 1k/4k/16k, D 64/128 (fast vs cuDNN, FA2, default dispatch;
+#                fp32 rows included), benchmarks.compare fast vs torch, and with GLUON=1 the
+#                opt-in Gluon forward (benchmarks.sdpa_gluon)
+#   dsa          benchmarks.dsa --quick (doc_4096, doc_16384, packed_glm_a, NoPE rows, index
+#                preparation, PDL); FP32=1 adds the fp32 section, TUNE=a,b,... runs
+#                benchmarks.dsa_tune on those candidates first
+#   overhead     host time per call: fast and torch timed in turn (--pairs), direct vs Triton
+#                launches, and where a Python backward's time goes (benchmarks.host_threads)
+#   calibration  the calibration report on CUDA: negative controls, correct built-ins, the rule
+#                against the naive-only rule (fp32, flex's F8 shapes), the narrow FLASH_ATTENTION
+#                kernel with its capability declaration, fast at small sizes
+#   profile      Nsight Compute on one launch of each benchmarks.profile_kernels workload (needs ncu)
+#   all          check conformance overhead sdpa dsa calibration, in that order (several calls' worth)
+#
+# Everything is written under $OUT/TASK/ (default ./out, which git ignores): logs, JSON reports,
+# $OUT/TASK/summary.txt with the lines that matter. Nothing is written into the tree.
+# Knobs (environment): OUT, PY (python3), BUDGET (conformance seconds), WORKERS (conformance
+# xdist workers, 12), IMPLS (conformance implementations, "fast"), GLUON, FP32, TUNE; the
+# calibration budgets B_CONTROLS B_TORCH B_RULE B_NARROW B_FAST (120 60 80 60 40 s), GRACE (30),
+# SIZES (large), NARROW_PROFILE (gpu), EXAMPLES CONTROL_EXAMPLES FAST_EXAMPLES (10 40 4), STEPS
+# ("1 2 3 4 5"), DEVICE (cuda). The fast kernels' own switches pass through, e.g.
+# ATTENTION_ORACLE_FAST_SDPA_FWD=gluon or ATTENTION_ORACLE_FAST_DSA_FP32=tf32x3 bash
+# benchmarks/h200.sh conformance.
+# A CPU check of the calibration logic with tiny budgets:
+#   OUT=/tmp/h200 DEVICE=cpu SIZES=small NARROW_PROFILE=dev GRACE=10 B_CONTROLS=15 B_TORCH=15 \
+#     B_RULE=20 B_NARROW=40 B_FAST=15 bash benchmarks/h200.sh calibration
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+PY=${PY:-python3}
+DEVICE=${DEVICE:-cuda}
+export PYTHONUNBUFFERED=1
+# the suite's own tests: tests/ (meta_tests/ in older trees)
+TESTS=$( [ -d tests ] && echo tests || echo meta_tests )
+# the narrow real kernel, wherever the package keeps its adapters
+if [ -f attention_oracle/judge/adapters/torch_flash_narrow.py ]; then
+    NARROW=${NARROW:-attention_oracle.judge.adapters.torch_flash_narrow:NarrowFlash}
+else
+    NARROW=${NARROW:-attention_oracle.properties.adapters.torch_flash_narrow:NarrowFlash}
+fi
+t0=$(date +%s)
+
+note() { echo "== $1 ($(($(date +%s) - t0)) s)"; }
+
+machine() {
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1
+    "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1
+    git rev-parse --short HEAD 2>/dev/null | sed 's/^/tree /'
+}
+
+# the fast kernels' GPU tests other than the launch tests, present in this tree
+smoke_tests() {
+    local f
+    for f in "$TESTS"/test_fast_sdpa_smoke.py "$TESTS"/test_fast_dsa_smoke.py "$TESTS"/test_fast_reliability.py \
+             "$TESTS"/test_fast_multi_device.py "$TESTS"/test_fast_sdpa_gluon.py; do
+        [ -f "$f" ] && echo "$f"
+    done
+}
+
+task_check() {
+    local d=$1
+    SDPA_AUTOTUNE=0 ATTENTION_ORACLE_FAST_LAUNCH=check timeout 90 "$PY" -m pytest -p no:cacheprovider \
+        -q -n 4 -rfE "$TESTS"/test_fast_launch.py > "$d/launch.log" 2>&1
+    note "launch tests (check mode): exit $?"; grep -E "passed|failed|FAILED|ERROR" "$d/launch.log" | cut -c1-200 | tail -6
+    # shellcheck disable=SC2046
+    timeout "${SMOKE_S:-380}" "$PY" -m pytest -p no:cacheprovider -q -n 4 -rfE --tb=line $(smoke_tests) \
+        > "$d/smoke.log" 2>&1
+    note "smoke, reliability, Gluon, multi-device: exit $?"
+    grep -E "passed|failed|FAILED|ERROR|Error" "$d/smoke.log" | cut -c1-300 | tail -12
+    timeout 50 "$PY" -m attention_oracle calibrate --impl controls --area dsa,index --device "$DEVICE" \
+        --control DocumentLeak,GradientsForInvalidSlots,CausalOffByOne,LengthsCountValidSlots,UnstableCompaction \
+        --control-examples 20 --budget-s 40 --no-png --out "$d/cal-controls" > "$d/controls.log" 2>&1
+    note "controls on $DEVICE: exit $?"
+    sed -n '/^Negative controls/,/^Cut/p' "$d/cal-controls/calibration.txt" 2>/dev/null | head -30
+}
+
+task_conformance() {
+    local d=$1 impls=() i
+    for i in ${IMPLS:-fast}; do impls+=(--impl "$i"); done
+    OUT=$d BUDGET=${BUDGET:-500} WORKERS=${WORKERS:-12} bash .ci/gpu conformance "${impls[@]}"
+    note "gpu-profile conformance (${IMPLS:-fast}); report $d/conformance.json"
+}
+
+task_sdpa() {
+    local d=$1
+    timeout "${SDPA_S:-300}" "$PY" -m benchmarks.sdpa --lengths 1024,4096,16384 --dims 64,128 --precompile 14 \
+        --budget-s "${SDPA_BUDGET:-240}" --out "$d/sdpa.json" > "$d/sdpa.log" 2>&1
+    note "benchmarks.sdpa: exit $?"; tail -40 "$d/sdpa.log" | cut -c1-200
+    timeout 60 "$PY" -m benchmarks.compare --impl fast --impl torch --lengths 1024,4096 --reps 5 \
+        --areas sdpa --out "$d/compare.json" > "$d/compare.log" 2>&1
+    note "benchmarks.compare fast torch: exit $?"; tail -20 "$d/compare.log"
+    if [ "${GLUON:-0}" = 1 ]; then
+        timeout 150 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,1 128,128,2,8 --shapes 0,1,2 \
+            --json "$d/gluon.json" > "$d/gluon.log" 2>&1
+        note "benchmarks.sdpa_gluon: exit $?"; grep -v "^{" "$d/gluon.log" | tail -16
+    fi
+}
+
+task_dsa() {
+    local d=$1
+    if [ -n "${TUNE:-}" ]; then
+        timeout "${TUNE_S:-300}" "$PY" -m benchmarks.dsa_tune --jobs 14 --only "$TUNE" --out "$d/dsa_tune.json" \
+            > "$d/dsa_tune.log" 2>&1
+        note "benchmarks.dsa_tune $TUNE: exit $?"; sed -n '/^doc_16384 (T/,$p' "$d/dsa_tune.log" | cut -c1-150
+    fi
+    timeout "${DSA_S:-200}" "$PY" -m benchmarks.dsa --quick --budget-s "${DSA_BUDGET:-170}" \
+        --skip hole_sweep,backward_memory,torch_gather_baseline --out "$d/dsa.json" > "$d/dsa.log" 2>&1
+    note "benchmarks.dsa --quick: exit $?"; tail -45 "$d/dsa.log"
+    if [ "${FP32:-0}" = 1 ]; then
+        timeout 240 "$PY" -m benchmarks.dsa --quick --only fp32 --out "$d/dsa_fp32.json" > "$d/dsa_fp32.log" 2>&1
+        note "benchmarks.dsa --only fp32: exit $?"; grep -E "^fp32 (sweep|doc)" "$d/dsa_fp32.log" | cut -c1-160
+    fi
+}
+
+task_overhead() {
+    local d=$1
+    timeout 90 "$PY" -m benchmarks.overhead --areas sdpa,dsa --pairs 15 --out "$d/pairs.json" > "$d/pairs.log" 2>&1
+    note "overhead, fast and torch in turn: exit $?"; grep -v ":issue" "$d/pairs.log" | tail -30
+    timeout 60 "$PY" -m benchmarks.overhead --areas sdpa,dsa --launch-modes direct,triton \
+        --out "$d/launch_modes.json" > "$d/launch_modes.log" 2>&1
+    note "overhead, direct vs Triton launches: exit $?"; grep -v ":issue" "$d/launch_modes.log" | tail -25
+    timeout 60 "$PY" -m benchmarks.host_threads > "$d/host_threads.log" 2>&1
+    note "host threads: exit $?"; tail -20 "$d/host_threads.log"
+}
+
+# calibration: step NAME BUDGET SIGNAL CMD... runs CMD with a hard limit of BUDGET + GRACE
+cal_step() {
+    local d=$1 name=$2 budget=$3 sig=$4 start rc
+    shift 4
+    start=$(date +%s)
+    timeout -s "$sig" -k 15 $((budget + ${GRACE:-30})) "$@" > "$d/$name.log" 2>&1
+    rc=$?
+    echo "== $name: exit $rc after $(($(date +%s) - start)) s (budget $budget s; log $d/$name.log)"
+}
+
+# the calibration tables of DIR: correct implementations whole, controls only where not ok
+cal_tables() {
+    local txt=$1/calibration.txt rows ok
+    if [ ! -s "$txt" ]; then echo "   (no table written: see the log)"; return; fi
+    head -1 "$txt"
+    awk '/^Correct implementations/{p=1} /^Negative controls/{p=0} p' "$txt"
+    awk '/^Known failure classes/{p=1} /^Negative controls/{p=0} p' "$txt" | head -12
+    awk '/^Negative controls/{p=1} /^Cut|^Not run/{p=0} p' "$txt" > "$1/.controls"
+    rows=$(tail -n +4 "$1/.controls" | grep -c .)
+    if [ "$rows" -gt 0 ]; then
+        ok=$(tail -n +4 "$1/.controls" | grep -c ' ok$')
+        head -3 "$1/.controls"
+        echo "  ($ok of $rows rows ok; the others:)"
+        tail -n +4 "$1/.controls" | grep -v ' ok$' | grep . | head -60
+    fi
+    grep -A4 "^Cut" "$txt" | head -5
+}
+
+task_calibration() {
+    local d=$1 steps=" ${STEPS:-1 2 3 4 5} " sizes=${SIZES:-large}
+    local b_controls=${B_CONTROLS:-120} b_torch=${B_TORCH:-60} b_rule=${B_RULE:-80}
+    local b_narrow=${B_NARROW:-60} b_fast=${B_FAST:-40}
+    case $steps in *" 1 "*)
+        cal_step "$d" calibrate-controls "$b_controls" TERM \
+            "$PY" -m attention_oracle calibrate --impl controls --device "$DEVICE" --sizes "$sizes" \
+            --control-examples "${CONTROL_EXAMPLES:-40}" --budget-s "$b_controls" --out "$d/cal-controls"
+        cal_tables "$d/cal-controls";;
+    esac
+    case $steps in *" 2 "*)
+        cal_step "$d" calibrate-torch "$b_torch" TERM \
+            "$PY" -m attention_oracle calibrate --impl oracle,torch,torch-math,torch-flash,torch-efficient,torch-cudnn \
+            --device "$DEVICE" --sizes "$sizes" --examples "${EXAMPLES:-10}" --budget-s "$b_torch" --out "$d/cal-torch"
+        cal_tables "$d/cal-torch";;
+    esac
+    case $steps in *" 3 "*)
+        cal_step "$d" rule-calibration "$b_rule" TERM \
+            "$PY" -m benchmarks.rule_calibration --device "$DEVICE" --dtypes float32 --no-floor --f8 \
+            --impl torch,torch-efficient,torch-cudnn,torch-flex --examples 6 --examples-for torch-flex=2 \
+            --budget-s "$b_rule" --json "$d/rule_calibration.json"
+        grep -E "^(sdpa|dsa) |^rule_calibration:" "$d/rule-calibration.log" | cut -c1-200;;
+    esac
+    case $steps in *" 4 "*)
+        # pytest writes its report when interrupted (SIGINT), as .ci/gpu relies on
+        cal_step "$d" narrow-flash "$b_narrow" INT \
+            "$PY" -m attention_oracle check --impl "$NARROW" -p no:cacheprovider \
+            --hypothesis-profile "${NARROW_PROFILE:-gpu}" --oracle-report "$d/narrow.json" -q -rfE
+        grep -E "^FAILED|^ERROR|passed|failed|^not verified|report written" "$d/narrow-flash.log" | cut -c1-300 | tail -20
+        "$PY" - "$d/narrow.json" <<'EOF'
+import json, sys
+try:
+    rows = json.load(open(sys.argv[1]))["rows"]
+except (OSError, ValueError, KeyError) as exc:
+    sys.exit(f"narrow: no report ({exc})")
+drawn = refused = 0
+print(f"narrow: {'check':32} {'drawn':>6} {'refused':>8} {'judged':>7}  pass fail unsup skip")
+for r in rows:
+    if r["examples"] == 0 and not (r["passed"] or r["failed"]):
+        continue
+    drawn, refused = drawn + r["examples"], refused + r["refused"]
+    print(f"narrow: {r['check']:32} {r['examples']:6} {r['refused']:8} {r['examples'] - r['refused']:7}"
+          f"  {r['passed']:4} {r['failed']:4} {r['unsupported']:5} {r['skipped']:4}")
+share = f"{refused / drawn:.0%}" if drawn else "-"
+print(f"narrow: in all {drawn} examples drawn, {refused} refused ({share}), {drawn - refused} judged")
+EOF
+        ;;
+    esac
+    case $steps in *" 5 "*)
+        cal_step "$d" calibrate-fast "$b_fast" TERM \
+            "$PY" -m attention_oracle calibrate --impl fast --device "$DEVICE" --sizes small \
+            --examples "${FAST_EXAMPLES:-4}" --budget-s "$b_fast" --out "$d/cal-fast"
+        cal_tables "$d/cal-fast";;
+    esac
+}
+
+task_profile() {
+    local d=$1
+    ncu --version | tail -1
+    timeout 330 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        --section LaunchStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+        "$PY" -m benchmarks.profile_kernels > "$d/ncu.txt" 2>&1
+    note "ncu: exit $?"
+    grep -E "^== workload|^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Dynamic Shared|Block Size|Grid Size" \
+        "$d/ncu.txt" | cut -c1-160 | head -150
+}
+
+usage() {
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,dsa,overhead,calibration,check,conformance,profile,all} ..." >&2
+    exit 2
+}
+
+[ $# -ge 1 ] || usage
+tasks=()
+for t in "$@"; do
+    case $t in
+        all) tasks+=(check conformance overhead sdpa dsa calibration);;
+        sdpa|dsa|overhead|calibration|check|conformance|profile) tasks+=("$t");;
+        *) usage;;
+    esac
+done
+
+status=0
+for t in "${tasks[@]}"; do
+    d=$OUT/$t
+    mkdir -p "$d"
+    {
+        note "$t"
+        machine
+        "task_$t" "$d"
+    } 2>&1 | tee "$d/summary.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+done
+note "done; results under $OUT/{$(IFS=,; echo "${tasks[*]}")}/"
+exit $status
