@@ -1,14 +1,11 @@
-"""Host-side helpers for the launchers: integer arithmetic, the device check and the device
-a launch runs on.
+"""Host-side helpers for the launchers: integer arithmetic, the device check and the process-wide
+options (the device a launch runs on is :mod:`fast.launch`'s: the tensors travel there, not here).
 
 Plain Python on purpose: ``triton.cdiv`` and ``triton.next_power_of_2`` are constexpr
 functions whose call wrapper costs a few microseconds per call on the host, and a launch
 computes several of them.
 """
-import functools
 import os
-
-import torch
 
 
 def cdiv(a, b):
@@ -36,35 +33,6 @@ def check_device(device):
     need = "the CPU (TRITON_INTERPRET=1 is set)" if _INTERPRETING else (
         "a CUDA device (Triton runs on CUDA; set TRITON_INTERPRET=1 for the CPU)")
     raise NotImplementedError(f"tensors on {device}: fast's kernels need {need}")
-
-
-def other_device(tensor):
-    """The index of ``tensor``'s CUDA device when it is not the current one, else None (also
-    for a CPU tensor or another argument). Triton launches on the current device and its
-    current stream, while torch's own ops follow their tensors' device: a launch on tensors of
-    another GPU must make that device current first (``with torch.cuda.device(index)``), or the
-    kernel runs on the wrong GPU with pointers it cannot address."""
-    if not _several_gpus() or not isinstance(tensor, torch.Tensor):
-        return None
-    index = tensor.get_device()
-    return None if index < 0 or index == torch.cuda.current_device() else index
-
-
-def on_device_of(tensor, launch, *args, **kwargs):
-    """``launch(*args, **kwargs)`` with ``tensor``'s CUDA device current (:func:`other_device`);
-    a plain call when it already is."""
-    index = other_device(tensor)
-    if index is None:
-        return launch(*args, **kwargs)
-    with torch.cuda.device(index):
-        return launch(*args, **kwargs)
-
-
-@functools.cache
-def _several_gpus():
-    """Whether this process sees more than one CUDA device (fixed once CUDA is initialised);
-    with one, every CUDA tensor is on the current device."""
-    return torch.cuda.is_available() and torch.cuda.device_count() > 1
 
 
 class Choice:

@@ -29,10 +29,13 @@ Triton's path with a warning. Modes (``set_launch_mode`` / ``$ATTENTION_ORACLE_F
 ``direct`` (default), ``triton`` (always ``kernel[grid](...)``), ``check`` (every direct launch
 is checked so, and a mismatch raises).
 """
+import functools
 import inspect
 import warnings
 
-from .host import Choice, on_device_of, other_device
+import torch
+
+from .host import Choice
 
 LAUNCH_MODES = ("direct", "triton", "check")
 _MODE = Choice("ATTENTION_ORACLE_FAST_LAUNCH", LAUNCH_MODES, "direct")
@@ -281,6 +284,35 @@ class BoundLaunch:
         entry = self.launcher(self.grid, args, self.kwargs)
         if entry is not None and other_device(args[0]) is None:
             self.bound = (entry, args[n:], tensor_keys(args[:n]))
+
+
+def other_device(tensor):
+    """The index of ``tensor``'s CUDA device when it is not the current one, else None (also
+    for a CPU tensor or another argument). Triton launches on the current device and its
+    current stream, while torch's own ops follow their tensors' device: a launch on tensors of
+    another GPU must make that device current first (``with torch.cuda.device(index)``), or the
+    kernel runs on the wrong GPU with pointers it cannot address."""
+    if not _several_gpus() or not isinstance(tensor, torch.Tensor):
+        return None
+    index = tensor.get_device()
+    return None if index < 0 or index == torch.cuda.current_device() else index
+
+
+def on_device_of(tensor, launch, *args, **kwargs):
+    """``launch(*args, **kwargs)`` with ``tensor``'s CUDA device current (:func:`other_device`);
+    a plain call when it already is."""
+    index = other_device(tensor)
+    if index is None:
+        return launch(*args, **kwargs)
+    with torch.cuda.device(index):
+        return launch(*args, **kwargs)
+
+
+@functools.cache
+def _several_gpus():
+    """Whether this process sees more than one CUDA device (fixed once CUDA is initialised);
+    with one, every CUDA tensor is on the current device."""
+    return torch.cuda.is_available() and torch.cuda.device_count() > 1
 
 
 def _installed(hook):

@@ -62,8 +62,8 @@ MAX_HEAD_DIM = 256
 # ----------------------------------------------------------------------------- validation
 # (attention_oracle/validation.py checks the contract's inputs; these are fast's own limits)
 
-def _check_head_dims(query, value):
-    for name, d in (("query/key head dim", query.shape[-1]), ("value head dim", value.shape[-1])):
+def _check_head_dims(e, ev):
+    for name, d in (("query/key head dim", e), ("value head dim", ev)):
         if d == 0 or d > MAX_HEAD_DIM:
             raise NotImplementedError(f"{name} {d} is outside 1..{MAX_HEAD_DIM}")
 
@@ -275,8 +275,11 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
         lse_k.fill_(float("-inf"))
         return out.zero_(), lse_k
     if _FWD_BACKEND.value == "gluon" and mask is None:
-        gluon_plan = sdpa_fwd_gluon.plan(q, k, v, is_causal, scale)
-        if gluon_plan is not None and sdpa_fwd_gluon.aligned(q, k, v):
+        gluon_plan = sdpa_fwd_gluon.plan((q.shape, k.shape, v.shape),
+                                         (q.stride(), k.stride(), v.stride()), q.dtype, q.device,
+                                         is_causal, scale)
+        if gluon_plan is not None and sdpa_fwd_gluon.aligned(q.data_ptr(), k.data_ptr(),
+                                                             v.data_ptr()):
             sdpa_fwd_gluon.launch(q, k, v, out, lse_k, gluon_plan)
             return out, lse_k
     natural = _natural(q.dtype, width)
@@ -481,7 +484,9 @@ class _CallPlan:
             q5.shape, k5.shape, v5.shape, dtype, None, is_causal, natural, _precision(dtype, width),
             _fold(scale, dtype, False))
         self.fwd = (key, grid, sizes, meta)
-        self.gluon = sdpa_fwd_gluon.plan(q5, k5, v5, is_causal, scale)
+        self.gluon = sdpa_fwd_gluon.plan((q5.shape, k5.shape, v5.shape),
+                                         (q5.stride(), k5.stride(), v5.stride()), dtype,
+                                         q5.device, is_causal, scale)
         self.fwd_tail = (*operands, *self.out5, lse_stride, *ints, scale * factor, *tunes)
         (_, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
          pre_grid) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
@@ -503,7 +508,7 @@ class _CallPlan:
         out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         lse_k = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
         if (self.gluon is not None and _FWD_BACKEND.value == "gluon"
-                and sdpa_fwd_gluon.aligned(query, key, value)):
+                and (query.data_ptr() | key.data_ptr() | value.data_ptr()) & 15 == 0):
             sdpa_fwd_gluon.launch(query, key, value, out, lse_k, self.gluon)
             return out, lse_k
         key_, grid, sizes, meta = self.fwd
@@ -582,21 +587,40 @@ def _signature(query, key, value, dropout_p, is_causal, scale, enable_gqa):
             dropout_p, is_causal, scale, enable_gqa, tuple(KERNEL_OPTIONS.values()), _FP32.value)
 
 
+def _validated(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """The validation prelude of every call, run once per call that is not served from a
+    cached plan: the contract's input checks (``attention_oracle/validation.py``), then fast's
+    own limits (device, head dims). Returns ``(batch, hq, hkv, hv, scale)``."""
+    checked = check_sdpa_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                enable_gqa, dtypes=FLOAT_DTYPES)
+    check_device(query.device)
+    _check_head_dims(query.shape[-1], value.shape[-1])
+    return checked
+
+
+class _Unplanned(tuple):
+    """The validated ``(batch, hq, hkv, hv, scale)`` of an unmasked call signature that the
+    general path serves (no :class:`_CallPlan` covers it): cached like a plan, so such a call
+    is validated once on first sight and never again."""
+
+    __slots__ = ()
+
+
 def _call_plan(query, key, value, dropout_p, is_causal, scale, enable_gqa):
-    """The cached :class:`_CallPlan` of an unmasked eager call, made (and the inputs validated)
-    on first sight; None where the general path must run (GQA key and value head counts that
-    differ, an empty dim, batch dims that cannot be merged without a copy)."""
+    """The cached entry of an unmasked eager call, made (and the inputs validated, once) on
+    first sight: its :class:`_CallPlan`; or an :class:`_Unplanned` (the validated geometry)
+    where the general path must run (GQA key and value head counts that differ, an empty dim,
+    batch dims that cannot be merged without a copy); or None for arguments the cache does not
+    key on (the general path validates those). A refusal is never cached."""
     sig = _signature(query, key, value, dropout_p, is_causal, scale, enable_gqa)
     if sig is None:
         return None
-    plan = _CALL_PLANS.get(sig, False)
-    if plan is not False:
+    plan = _CALL_PLANS.get(sig)
+    if plan is not None:
         return plan
-    batch, hq, hkv, hv, scale = check_sdpa_inputs(query, key, value, None, dropout_p, is_causal,
-                                                  scale, enable_gqa, dtypes=FLOAT_DTYPES)
-    check_device(query.device)
-    _check_head_dims(query, value)
-    plan = None
+    checked = _validated(query, key, value, None, dropout_p, is_causal, scale, enable_gqa)
+    batch, hq, hkv, hv, scale = checked
+    plan = _Unplanned(checked)
     L, S = query.shape[-2], key.shape[-2]
     if hkv == hv and L > 0 and S > 0 and len(batch) <= 2 and 0 not in batch and hq > 0:
         out_shape = tuple(batch) + (hq, L, value.shape[-1])
@@ -654,21 +678,24 @@ def _needs_grad(query, key, value):
 
 
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-    """Validates, launches; returns (out, the kernels' row statistics, out's shape). Unmasked
-    eager calls take their cached :class:`_CallPlan`; the rest the general path below."""
+    """Validates (once: :func:`_validated`, or nothing for a signature seen before), launches;
+    returns (out, the kernels' row statistics, out's shape). Unmasked eager calls take their
+    cached :class:`_CallPlan`; the rest the general path below."""
     compiling = torch.compiler.is_compiling()
+    checked = None
     if attn_mask is None and not compiling:
         plan = _call_plan(query, key, value, dropout_p, is_causal, scale, enable_gqa)
-        if plan is not None:
+        if plan.__class__ is _CallPlan:
             if _needs_grad(query, key, value):
                 out, lse_k = _PlannedSdpa.apply(query, key, value, plan)
             else:
                 out, lse_k = plan.forward(query, key, value)
             return out, lse_k, plan.out_shape
-    batch, hq, hkv, hv, scale = check_sdpa_inputs(query, key, value, attn_mask, dropout_p,
-                                                  is_causal, scale, enable_gqa, dtypes=FLOAT_DTYPES)
-    check_device(query.device)
-    _check_head_dims(query, value)
+        checked = plan  # the validated geometry of a signature no plan covers, or None
+    if checked is None:
+        checked = _validated(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                             enable_gqa)
+    batch, hq, hkv, hv, scale = checked
     if hkv != hv:
         key, value, hkv = _common_kv_heads(key, value, hkv, hv)
     L, S, E = query.shape[-2], key.shape[-2], query.shape[-1]

@@ -37,8 +37,8 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from ..host import next_pow2, on_device_of
-from ..launch import BoundLaunch, DirectLauncher
+from ..host import next_pow2
+from ..launch import BoundLaunch, DirectLauncher, on_device_of
 from .accurate_math import exp_accurate, log_accurate
 
 LOG2E = 1.4426950408889634

@@ -25,13 +25,13 @@ natural-log lse. Tiles past S (ragged S) and, when causal, keys after the query 
 are masked to -inf; every row sees key 0, so no row is empty (S > 0 is the launcher's case).
 
 Gluon does not run under Triton's CPU interpreter: CI checks the Triton forward; this one is
-checked on the GPU by ``meta_tests/test_fast_sdpa_gluon.py``.
+checked on the GPU by ``tests/test_fast_sdpa_gluon.py``.
 """
 import functools
 
 import torch
 
-from ..host import on_device_of
+from ..launch import on_device_of
 
 try:  # Gluon is experimental: a Triton without it (or with another API) leaves the path off
     from triton.experimental import gluon
@@ -61,6 +61,7 @@ LN2 = 0.6931471805599453
 # session 8).
 CONFIG = (128, 128, 2, 4, True)
 _GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_ELEMENT_SIZE = {torch.bfloat16: 2, torch.float16: 2}
 
 
 if GLUON_AVAILABLE:
@@ -464,27 +465,29 @@ def _tma_strides(shape, stride, element_size):
                for n, st in zip(shape[:-1], stride[:-1]))
 
 
-def plan(q5, k5, v5, is_causal, scale):
-    """The Gluon forward's launch plan for rank-5 operands (their shapes and strides, the
-    flags), or None where it does not apply: CUDA on sm_90, fp16/bf16, head dims 128, a
-    positive scale, TMA-ready strides, non-empty (masks and dropout never reach it). Data
-    pointers are checked per call (:func:`aligned`)."""
-    if not GLUON_AVAILABLE or not scale > 0 or q5.dtype not in _GL_DTYPES or not q5.is_cuda:
+def plan(shapes, strides, dtype, device, is_causal, scale):
+    """The Gluon forward's launch plan for rank-5 operands q, k, v given by their ``shapes`` and
+    ``strides`` (three tuples each; the tensors themselves stay with the caller), or None where
+    it does not apply: CUDA on sm_90, fp16/bf16, head dims 128, a positive scale, TMA-ready
+    strides, non-empty (masks and dropout never reach it). Data pointers are checked per call:
+    TMA needs 16-byte aligned base addresses (:func:`aligned`)."""
+    if not GLUON_AVAILABLE or not scale > 0 or dtype not in _GL_DTYPES or device.type != "cuda":
         return None
-    if q5.shape[-1] != HEAD_DIM or v5.shape[-1] != HEAD_DIM or 0 in q5.shape or 0 in k5.shape:
+    qs, ks, vs = shapes
+    if qs[-1] != HEAD_DIM or vs[-1] != HEAD_DIM or 0 in qs or 0 in ks:
         return None
-    if not _is_sm90(q5.device):
+    if not _is_sm90(device):
         return None
-    views = (q5, k5, v5)
-    if not all(_tma_strides(t.shape, t.stride(), t.element_size()) for t in views):
+    element_size = _ELEMENT_SIZE[dtype]
+    if not all(_tma_strides(sh, st, element_size) for sh, st in zip(shapes, strides)):
         return None
-    return (tuple(tuple(t.shape) for t in views), tuple(tuple(t.stride()) for t in views),
+    return (tuple(tuple(sh) for sh in shapes), tuple(tuple(st) for st in strides),
             bool(is_causal), float(scale))
 
 
-def aligned(*tensors):
-    """TMA needs 16-byte aligned base addresses."""
-    return all(t.data_ptr() % 16 == 0 for t in tensors)
+def aligned(*data_ptrs):
+    """TMA needs 16-byte aligned base addresses (the callers' ``data_ptr()`` values)."""
+    return all(p & 15 == 0 for p in data_ptrs)
 
 
 def _descriptor(t, shape, stride, rows):
