@@ -44,13 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     if command == "check":
         return check(rest)
     if command == "replay":
-        from .properties.tools import replay
+        from .tools import replay
         return replay.main(rest)
     if command == "dispatch":
-        from .properties.tools import dispatch
+        from .tools import dispatch
         return dispatch.main(rest)
     if command == "calibrate":
-        from .properties.tools import calibrate
+        from .tools import calibrate
         return calibrate.main(rest)
     print(f"attention-oracle: unknown command {command!r}\n{USAGE}", file=sys.stderr)
     return 2

@@ -15,7 +15,7 @@ This is the only module that reads the environment:
 GPU memory. Workers share each device. Every test on a CUDA machine holds a shared lock on the
 device for its duration and hands its cached memory back to the driver when it ends; a test
 marked ``full_size`` (problems that need most of the device) takes the lock exclusively, so it
-runs alone on the device (``attention_oracle.properties.harness.gpu_lock``). With several GPUs
+runs alone on the device (``attention_oracle.run.gpu_lock``). With several GPUs
 there is one lock per device, and the full-size tests are spread over the devices (each runs on
 its own, whichever worker takes it), so they run one per GPU at the same time.
 """
@@ -33,18 +33,8 @@ if not torch.cuda.is_available():
     # Must precede any import of a module defining @triton.jit kernels (FACTS.md).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from attention_oracle.properties.harness import (
-    baseline,
-    fuzzing,  # noqa: E402
-    gpu_lock,
-    known_failures,
-    poison,
-    profiles,
-    report,
-    targets,
-    triage,
-    user_known,
-)
+from attention_oracle.judge import capabilities, profiles, record, targets
+from attention_oracle.run import baseline, fuzzing, gpu_lock, known_failures, poison, report, triage, user_known
 
 profiles.register()
 
@@ -311,7 +301,7 @@ def pytest_itemcollected(item):
 
 def pytest_collection_modifyitems(config, items):
     if _named_impls(config):
-        # --impl NAME judges NAME: the suite's own tests (meta_tests) are not part of that run
+        # --impl NAME judges NAME: the suite's own tests (tests) are not part of that run
         kept = [i for i in items if _is_conformance(i) and "impl" in getattr(i, "fixturenames", ())]
         dropped = [i for i in items if i not in kept]
         if dropped:
@@ -359,10 +349,10 @@ def _oracle_sink(request, _device_share):
     if _POISONED:
         pytest.skip(f"CUDA context of this worker broke during {_POISONED[0]} (a device fault "
                     f"in the implementation under test); see that test's failure")
-    sink, token = report.open_sink()
+    sink, token = record.open_sink()
     request.node._oracle_sink = sink
     yield sink
-    report.close_sink(token)
+    record.close_sink(token)
     if _cuda_broken():
         _POISONED.append(request.node.nodeid)
         if _WORKER:
@@ -462,7 +452,6 @@ def pytest_runtest_logreport(report):
 
 def _not_verified_summary(terminalreporter) -> None:
     """What each judged implementation's capability declaration leaves unverified."""
-    from attention_oracle.properties.harness import capabilities
     judged = sorted({impl for impl, _ in _TABLE.rows})
     away = capabilities.not_verified_report(_target, judged)
     _TABLE.extra["not_verified"] = away

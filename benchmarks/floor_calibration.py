@@ -25,9 +25,9 @@ import math
 
 import torch
 
-from attention_oracle.oracle.sdpa import ALGORITHMS, sdpa_reference
 from attention_oracle.judge import agreement
 from attention_oracle.judge.targets import Refused, load
+from attention_oracle.oracle.sdpa import ALGORITHMS, sdpa_reference
 
 HEAD_DIMS = (16, 64, 96, 128, 256)
 REGIMES = ("gauss", "positive", "scaled")

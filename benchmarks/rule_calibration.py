@@ -14,7 +14,7 @@ forward), ``fast`` with ``--fast`` (Triton's interpreter on CPU, fp32/fp16 only:
 the negative controls of the agreement checks (``controls/sdpa_broken.py``,
 ``controls/dsa_broken.py``).
 
-Cases are drawn and judged by ``attention_oracle/properties/tools/collect.py`` (the loop the
+Cases are drawn and judged by ``attention_oracle/tools/collect.py`` (the loop the
 calibration report uses too): examples round-robin over the groups, so ``--budget-s`` cuts every
 row's last examples evenly and SIGTERM still prints the rows collected. Rows give examples run
 out of those planned; refusals are left out. On CUDA torch-flex gets 3 cases per check
@@ -36,11 +36,11 @@ import time
 
 import torch
 
+from attention_oracle.checks import catalogue
+from attention_oracle.judge.targets import Target, load
 from attention_oracle.oracle.dsa import dsa_reference
 from attention_oracle.oracle.sdpa import sdpa_reference
-from attention_oracle.properties.harness import registry
-from attention_oracle.properties.harness.targets import Target, load
-from attention_oracle.properties.tools.collect import CaseBook, Group, collect, run_example
+from attention_oracle.tools.collect import CaseBook, Group, collect, run_example
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CHECKS = ("forward_agreement", "gradient_agreement")
@@ -147,7 +147,7 @@ def tally(examples: list) -> dict:
 
 def worst(area: str, check_name: str, target: Target, cases: list, rule: str) -> dict:
     """:func:`tally` of one check under one rule on ``cases`` (no poisoning)."""
-    check = registry.checks(area)[check_name]
+    check = catalogue.checks(area)[check_name]
     return tally([run_example(check, target, c, f"{area}.{check_name}", False,
                               algorithms=RULES[rule]) for c in cases])
 
@@ -205,7 +205,7 @@ def f8_cases() -> list:
     CUDA): [2, 2, 1, 256] q with one kv head (GQA), S 35, Ev 24, a float mask, scale 1.0 (out
     5.63x, dq 1.83x under the naive rule); E 96, S 5, a broadcast bool mask (out 1.28x). The
     recorded seeds are lost: three seeds per shape (flex compiles once per shape)."""
-    from attention_oracle.properties.sdpa.cases import SdpaCase
+    from attention_oracle.checks.sdpa.cases import SdpaCase
     shapes = [dict(batch=(2,), hq=2, hkv=1, gqa=True, L=1, S=35, E=256, Ev=24, mask="float_full",
                    scale=1.0),
               dict(batch=(1,), hq=2, hkv=2, L=4, S=5, E=96, Ev=96, mask="bool_bcast")]
@@ -281,12 +281,12 @@ def floor_figures(seeds: int = 40, dtypes=tuple(DTYPES)) -> dict:
 
 def corpus_figures(impls=("torch-math", "torch-flash", "torch"), device: str = "cpu") -> list[dict]:
     """The SDPA regression corpus (fixtures/regressions) under both rules, per implementation."""
-    from attention_oracle.properties.harness.case import load_case
-    from attention_oracle.properties.tools.replay import corpus
+    from attention_oracle.checks.catalogue import load_case
+    from attention_oracle.run.corpus import entries as corpus
     rows = []
     for name, entry in corpus():
         area, check_name = entry["check"].split(".", 1)
-        if area != "sdpa" or check_name not in registry.checks("sdpa"):
+        if area != "sdpa" or check_name not in catalogue.checks("sdpa"):
             continue
         case = load_case(entry["case"])
         for impl in impls:

@@ -1,7 +1,7 @@
 """DSA sparse attention checks (docs/CONTRACT.md "3. DSA sparse attention" and "5. The agreement rule") on every selected implementation.
 
-One test per declared check (``properties/dsa/checks.py`` and ``edges.py``,
-``harness/registry.py``): ``test_<check>[impl-variant]``, each on NoPE and RoPE cases
+One test per declared check (``checks/dsa/checks.py`` and ``edges.py``,
+``judge/registry.py``): ``test_<check>[impl-variant]``, each on NoPE and RoPE cases
 (``variant``); the varlen checks on the ``_varlen`` forms. A target lacking the function is
 skipped by ``run_property``. Fixed edge cases (T = 0, K = 1, every slot a hole, every row cut
 to length 0) run as plain examples.
@@ -10,13 +10,13 @@ import dataclasses
 
 import pytest
 
-from attention_oracle.properties.dsa import checks
-from attention_oracle.properties.dsa.cases import VARIANTS, DsaCase
-from attention_oracle.properties.harness import registry
-from attention_oracle.properties.harness.case import dtype_name
-from attention_oracle.properties.harness.runner import run_check
+from attention_oracle.checks.dsa import checks
+from attention_oracle.checks.dsa.cases import VARIANTS, DsaCase
+from attention_oracle.conformance import tests_of
+from attention_oracle.judge.case import dtype_name
+from attention_oracle.run.runner import run_check
 
-globals().update(registry.conformance_tests("dsa"))
+globals().update(tests_of("dsa"))
 
 
 def _edge_cases(dtype: str):
@@ -43,22 +43,3 @@ def test_edge_cases(impl, variant, edge):
         ran += run_check(check, impl, case)
     if ran == 0:
         pytest.skip(f"unsupported: {impl.name} refused the {edge} case")
-
-
-def test_cases_round_trip():
-    """Drawn DSA cases rebuild exactly from their JSON (replay and the regression corpus)."""
-    import json
-
-    import torch
-    from hypothesis import given, settings
-
-    from attention_oracle.properties.dsa.cases import dsa_cases
-    from attention_oracle.properties.harness.case import load_case
-
-    @settings(max_examples=30, database=None)
-    @given(case=dsa_cases((torch.float32, torch.float16), rope=True, varlen=True, poison=True)
-           | dsa_cases((torch.float32,), rope=False, empty_rows=True, duplicates=True))
-    def round_trip(case):
-        again = load_case(json.loads(case.to_json()))
-        assert again == case and again.to_json() == case.to_json()
-    round_trip()

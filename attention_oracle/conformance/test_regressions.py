@@ -4,12 +4,11 @@ failure a fuzz campaign saved in its corpus directory (``--oracle-corpus DIR``, 
 ``.hypothesis/corpus``; entries written after this run started wait for the next run)."""
 import pytest
 
-from attention_oracle.properties.harness import fuzzing, registry
-from attention_oracle.properties.harness.case import load_case
-from attention_oracle.properties.harness.runner import run_check
-from attention_oracle.properties.tools.replay import corpus
+from attention_oracle.checks import catalogue
+from attention_oracle.run import corpus, fuzzing
+from attention_oracle.run.runner import run_check
 
-ENTRIES = corpus(fuzzing.corpus_dir(), before=fuzzing.corpus_cutoff())
+ENTRIES = corpus.entries(fuzzing.corpus_dir(), before=fuzzing.corpus_cutoff())
 
 
 def _known_failure(entry: dict, impl_name: str, device: str) -> str:
@@ -23,15 +22,9 @@ def test_regression(request, impl, name, entry):
     reason = _known_failure(entry, impl.name, impl.device.type)
     if reason:
         request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
-    check = registry.check(entry["check"])
-    case = load_case(entry["case"])
+    check = catalogue.check(entry["check"])
+    case = catalogue.load_case(entry["case"])
     if not impl.offers(case.function):
         pytest.skip(f"{impl.name} does not offer {case.function}")
     if not run_check(check, impl, case):
         pytest.skip(f"unsupported: {impl.name} refused regression {name}")
-
-
-def test_corpus_round_trips():
-    for name, entry in ENTRIES:
-        case = load_case(entry["case"])
-        assert load_case(__import__("json").loads(case.to_json())) == case, name

@@ -12,9 +12,8 @@ import torch
 
 import attention_oracle.oracle.dsa as dsa
 from attention_oracle.controls.index_broken import DocumentLeak as _LeakyIndex
-from attention_oracle.oracle.dsa import dsa_reference
+from attention_oracle.oracle.dsa import dsa_reference, without_duplicates
 from attention_oracle.oracle.index import offset_gather_kv_indices
-from attention_oracle.properties.dsa.checks import without_duplicates
 
 CONTROLS = {
     # control -> the DSA check that must catch it (RoPE cases unless noted in the test)
@@ -229,16 +228,17 @@ class DqOffByFloors(_BrokenBackward):
     and the rule's bound collapses; the floor must still catch 10 floors and admit half of one.
     """
 
-    def __init__(self, floors: float = 10.0):
-        self.floors = floors
+    def __init__(self, floors: float, floor_of):
+        """``floor_of(dtype, magnitude, acc_magnitude)``: the rule's floor (``judge.agreement.floor_of``),
+        passed in so that the control imports nothing but the oracle."""
+        self.floors, self.floor_of = floors, floor_of
 
     def __repr__(self):
         return f"DqOffByFloors({self.floors})"
 
     def backward(self, ql, qr, kv, kr, idx, topk, scale, dout):
-        from attention_oracle.properties.harness.agreement import floor_of
         g = dsa_reference(ql, qr, kv, kr, idx, dout, topk_length=topk, softmax_scale=scale)
-        floor = floor_of(ql.dtype, g["magnitude"]["dq_latent"], g["magnitude_acc"]["dq_latent"])
+        floor = self.floor_of(ql.dtype, g["magnitude"]["dq_latent"], g["magnitude_acc"]["dq_latent"])
         g["dq_latent"] = g["dq_latent"] + self.floors * floor
         return g
 
@@ -246,7 +246,7 @@ class DqOffByFloors(_BrokenBackward):
 class UnwrittenRows(_Base):
     """Allocates out with ``torch.empty`` and never writes the last query token's rows (a grid
     that misses the tail); lse and every other element are right. Caught because the checks
-    poison new tensors (``properties/harness/poison.py``)."""
+    poison new tensors (``run/poison.py``)."""
 
     def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, scale, return_lse):
         out, lse = super().attend(q_latent, q_rope, kv_latent, k_rope, indices, topk_length, scale, True)

@@ -1,6 +1,6 @@
 """A control with several independent bugs, each in its own output and its own class of inputs:
 the suite must report every one (not only the first that shrinks) and say what each depends on
-(``meta_tests/test_triage.py``).
+(``tests/test_triage.py``).
 
 ``ThreeBugs`` (SDPA; the numbers are the oracle's except for):
 

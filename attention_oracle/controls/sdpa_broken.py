@@ -271,7 +271,7 @@ class RefusesEverything(_Base):
 class UnwrittenRows(_Base):
     """Allocates its output with ``torch.empty`` and never writes the last query row (a grid
     that misses the tail tile); every other element is right. The checks catch it because they
-    poison new tensors (``properties/harness/poison.py``): the row reads NaN. Unpoisoned, it
+    poison new tensors (``run/poison.py``): the row reads NaN. Unpoisoned, it
     holds whatever the allocator left there, often zeros, and may pass."""
 
     def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,

@@ -3,7 +3,7 @@
 It wraps the oracle and refuses, with its own ValueError naming the argument, everything the
 contract does not promise: DSA without an explicit ``softmax_scale``, and indices
 (``indices``, ``gather_kv_indices``) of any dtype but int32. It declares no capabilities.
-Every conformance check must pass it (``meta_tests/test_strict_contract.py``): a check that
+Every conformance check must pass it (``tests/test_strict_contract.py``): a check that
 fails it goes beyond the contract.
 
     pytest --impl attention_oracle.controls.strict_contract:StrictContract

@@ -1,5 +1,5 @@
 """Implementations that keep to the agreement rule but are worse than an earlier version: what
-``--baseline`` exists to catch (``meta_tests/test_baseline.py``).
+``--baseline`` exists to catch (``tests/test_baseline.py``).
 
 ``InputDtypeMath`` is SDPA computed in the input dtype instead of float64: the naive algorithm
 (scores, softmax, P.V, each rounded to the dtype). The rule accepts it by construction (its error

@@ -29,7 +29,7 @@ fp32 inputs take one of three paths (``set_fp32_mode`` / ``$ATTENTION_ORACLE_FAS
   Delta summed in fp64).
 
 The key gradients are summed in fp64 atomics in every fp32 mode. The CPU interpreter computes
-tf32x3 dots in plain fp32 (meta_tests/tf32x3_emulation.py emulates the GPU's split).
+tf32x3 dots in plain fp32 (tests/fast/tf32x3_emulation.py emulates the GPU's split).
 The varlen forms run :func:`fast.index.offset_gather_kv_indices` (one launch, no host sync)
 and then the global kernel with the returned lengths.
 """

@@ -34,7 +34,7 @@ backward + magnitudes with the default 2 GiB budget, peak extra memory 11.6 GiB 
 float64 results, 2.0 GiB transient including 1.15 GiB of magnitude accumulators); the public
 bf16 autograd forward + backward takes 3.4 s with a 4.5 GiB peak. The per-chunk estimate is
 conservative: the measured chunk transient is about half of ``chunk_bytes``. The gold figure
-is reproduced by ``meta_tests/test_oracle_dsa.py::test_packed_glm_a_full_size_fits_budget``.
+is reproduced by ``tests/test_oracle_dsa.py::test_packed_glm_a_full_size_fits_budget``.
 """
 
 from __future__ import annotations
@@ -635,3 +635,18 @@ def dsa_sparse_attention_varlen(q_latent, q_rope, kv_latent, k_rope, gather_kv_i
                            _key_row_count("kv_latent", kv_latent), "kv_latent")
     return _dsa_rope(q_latent, q_rope, kv_latent, k_rope, rows, softmax_scale=softmax_scale,
                      return_lse=return_lse)
+
+
+def without_duplicates(indices: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices with every repeated valid index (after its first slot) made a hole; the rows touched."""
+    once = indices.clone()
+    touched = torch.zeros(indices.shape[0], dtype=torch.bool)
+    for t in range(indices.shape[0]):
+        seen = set()
+        for s in torch.nonzero(valid[t]).flatten().tolist():
+            j = int(indices[t, s])
+            if j in seen:
+                once[t, s] = -1
+                touched[t] = True
+            seen.add(j)
+    return once, touched

@@ -104,7 +104,7 @@ def add_block_dot(acc, alpha, a, b, PRECISION: tl.constexpr):
     sequential FMA chain over every slot of the row (1536 duplicate slots of one key: relative
     error 1.5e-5; NOTES.md, fast DSA, "holey rows K = 2048"). The interpreter does not fold.
     math.fma is not an addf, so the pattern does not match; the product acc * alpha + block is
-    rounded once. meta_tests/test_fast_dsa_smoke.py::test_fp32_block_dots_not_folded checks the
+    rounded once. tests/fast/test_fast_dsa_smoke.py::test_fp32_block_dots_not_folded checks the
     sm_90 TTIR."""
     return tl.fma(acc, alpha, tl.dot(a, b, input_precision=PRECISION))
 

@@ -1,0 +1,71 @@
+"""DSA checks beyond the contract (declared in the ``dsa`` area, ``harness/registry.py``).
+
+default_scale: ``softmax_scale=None`` gives the contract's 1/sqrt(Dl + Dr) (NoPE 1/sqrt(D));
+    run only for implementations that declare ``default_scale`` (oracle and fast do; other
+    libraries document other defaults, FlashInfer's NoPE default is 1/16).
+int64_indices: int64 ``indices`` (the contract's are int32): the right result, or a clear
+    TypeError/ValueError/NotImplementedError naming ``indices``
+    (``judge/beyond.py``); declared ``index_dtypes`` with int64: the right result.
+varlen_int64_indices: the same for the varlen form's ``gather_kv_indices``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from attention_oracle.checks.dsa import checks as base
+from attention_oracle.checks.dsa.cases import DsaCase, build
+from attention_oracle.judge.beyond import Declined, attempt
+from attention_oracle.judge.capabilities import resolve
+from attention_oracle.judge.judge import Judge
+from attention_oracle.judge.registry import declare
+
+
+def _forward_and_gradients(judge: Judge, inp, out, gold, lp) -> None:
+    judge.agrees_with("out", out, gold, lp, gradient=False)
+    got = base.grads(out, inp, inp.dout.contiguous())
+    for name, g in got.items():
+        judge.agrees_with(name, g, gold, lp, gradient=True)
+
+
+@declare("dsa", requires=("default_scale",), beyond=True)
+def default_scale(judge: Judge, case: DsaCase) -> None:
+    """softmax_scale=None is the contract's 1/sqrt(D), where the implementation declares it."""
+    explicit = dataclasses.replace(case, scale=1.0 / math.sqrt(case.qk_dim))
+    implicit = dataclasses.replace(case, scale=None)
+    inp = build(implicit, judge.target.device)   # values equal explicit's (same effective scale)
+    out = base.call(judge.target, inp)
+    gold, lp = base.references(build(explicit, judge.target.device), inp.dout.contiguous())
+    _forward_and_gradients(judge.for_case(explicit), inp, out, gold, lp)
+
+
+def _int64_check(judge: Judge, case: DsaCase, argument: str) -> None:
+    target = judge.target
+    inp = build(case, target.device)
+    declared = torch.int64 in resolve(target, case.function).index_dtypes
+    wide = inp.indices.to(torch.int64)
+    try:
+        out = attempt(lambda: base.call(target, inp, indices=wide), argument=argument,
+                      what=f"int64 {argument}", declared=declared, judge=judge)
+    except Declined:
+        return
+    gold, lp = base.references(inp, inp.dout.contiguous())
+    _forward_and_gradients(judge, inp, out, gold, lp)
+
+
+@declare("dsa", beyond=True)
+def int64_indices(judge: Judge, case: DsaCase) -> None:
+    """int64 indices (beyond the contract): right, or a clear error naming ``indices``."""
+    if case.varlen:
+        raise ValueError("int64_indices runs on global-index cases")
+    _int64_check(judge, case, "indices")
+
+
+@declare("dsa", cases=dict(varlen=True), beyond=True)
+def varlen_int64_indices(judge: Judge, case: DsaCase) -> None:
+    """int64 gather_kv_indices (beyond the contract): right, or a clear error naming it."""
+    if not case.varlen:
+        raise ValueError("varlen_int64_indices runs on varlen cases")
+    _int64_check(judge, case, "gather_kv_indices")

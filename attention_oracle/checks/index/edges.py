@@ -1,0 +1,40 @@
+"""Index-preparation checks beyond the contract (declared in the ``index`` area, ``harness/registry.py``).
+
+int64_indices: ``offset_gather_kv_indices`` on int64 ``gather_kv_indices`` (the contract's
+    are int32): the oracle's int32 rows and lengths exactly, or a clear TypeError/ValueError/
+    NotImplementedError naming ``gather_kv_indices`` (``judge/beyond.py``);
+    an implementation declaring int64 in ``index_dtypes`` must give the right rows.
+"""
+from __future__ import annotations
+
+import torch
+
+from attention_oracle.checks.index import checks as base
+from attention_oracle.checks.index.cases import IndexCase, build_index
+from attention_oracle.judge.beyond import Declined, attempt
+from attention_oracle.judge.capabilities import resolve
+from attention_oracle.judge.judge import Judge
+from attention_oracle.judge.registry import declare
+from attention_oracle.oracle.index import offset_gather_kv_indices as oracle_offset
+
+ARGUMENT = "gather_kv_indices"
+
+
+@declare("index", cases=dict(out_modes=("none", "fresh")), beyond=True)
+def int64_indices(judge: Judge, case: IndexCase) -> None:
+    """int64 gather_kv_indices (beyond the contract): the oracle's rows, or a clear error naming it."""
+    target = judge.target
+    inp = build_index(case, target.device)
+    wide = inp.gather_kv_indices.to(torch.int64)
+    declared = torch.int64 in resolve(target, case.function).index_dtypes
+    expected = oracle_offset(inp.gather_kv_indices, inp.cu_seqlens_q, inp.cu_seqlens_k,
+                             causal=case.causal, return_topk_length=True, compact=case.compact,
+                             topk_length=inp.topk_length)
+    try:
+        result = attempt(lambda: base._call(target, inp, case, indices=wide, return_topk_length=True),
+                         argument=ARGUMENT, what=f"int64 {ARGUMENT}", declared=declared, judge=judge)
+    except Declined:
+        return
+    rows, lengths = base._split(judge, result, True)
+    judge.exact("rows", rows, expected[0], what="global rows from int64 indices")
+    judge.exact("lengths", lengths, expected[1], what="lengths from int64 indices")

@@ -1,0 +1,94 @@
+"""The judge of one check on one case of one target: every verdict a check reaches goes through it.
+
+A :class:`Judge` carries what every failure message names (the check, the implementation, the
+case, its dtype and the command that replays it), so that a check states only what it compares:
+``judge.agrees("dq", dq, gold, lp, magnitude=m, gradient=True)``. Its methods are the agreement
+module's :func:`~attention_oracle.judge.agreement.assert_agrees`,
+``assert_exact``, ``assert_true`` and ``noted``: the same rule, the same OracleMismatch, the
+same message format (``[check] implementation=impl output=name: ...\\n  reproduce: ...``).
+
+A registered check (``registry.declare``) builds one judge per call, ``check(target, case)``;
+a check that runs on a derived case (``misaligned_inputs`` re-lays the drawn one out) judges
+it with ``judge.for_case(derived)``, so that the replay command names the case that failed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+
+from attention_oracle.judge import agreement
+
+
+@dataclasses.dataclass(frozen=True)
+class Judge:
+    """``check``: the reported name ``area.check``; ``target``: the implementation under test
+    (a :class:`~attention_oracle.judge.targets.Target`); ``case``: the Case judged."""
+
+    check: str
+    target: object
+    case: object
+
+    @property
+    def impl(self) -> str:
+        return self.target.name
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.case.torch_dtype
+
+    @property
+    def repro(self) -> str:
+        """The command that replays this case of this check on this implementation."""
+        return self.case.repro(self.check, self.impl)
+
+    def for_case(self, case) -> Judge:
+        """The judge of a case derived from this one (same check and target)."""
+        return dataclasses.replace(self, case=case)
+
+    def agrees(self, name: str, x: torch.Tensor, gold: torch.Tensor, lp, *, magnitude: float,
+               gradient: bool, acc_magnitude: float = 0.0) -> agreement.Verdict:
+        """The agreement rule on output ``name``: ``x`` against the float64 ``gold`` with the lp
+        runs ``lp`` (one tensor or {algorithm: tensor}) in the case's dtype; the Verdict.
+        ``magnitude`` / ``acc_magnitude``: the floor's terms (the oracle's ``magnitude`` and
+        ``magnitude_acc`` of the output)."""
+        return agreement.assert_agrees(x, gold, lp, check=self.check, impl=self.impl, name=name,
+                                       dtype=self.dtype, gradient=gradient, magnitude=magnitude,
+                                       repro=self.repro, acc_magnitude=acc_magnitude)
+
+    def agrees_with(self, name: str, x: torch.Tensor, gold: Mapping, lp: Mapping, *,
+                    gradient: bool, select=None) -> agreement.Verdict:
+        """:meth:`agrees` against the oracle's result dicts: ``gold`` = {output: tensor,
+        "magnitude": {output: float}, "magnitude_acc": {gradient: float}}, ``lp`` = {algorithm: {output: tensor}}; ``select``
+        indexes x, gold and lp alike (a boolean row mask, say)."""
+        g, runs = gold[name], {a: r[name] for a, r in lp.items()}
+        if select is not None:
+            x, g, runs = x[select], g[select], {a: t[select] for a, t in runs.items()}
+        return self.agrees(name, x, g, runs, magnitude=gold["magnitude"][name], gradient=gradient,
+                           acc_magnitude=gold.get("magnitude_acc", {}).get(name, 0.0))
+
+    def exact(self, name: str, x: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:
+        """Exact equality (NaN equals NaN) of output ``name``; ``what`` says what is compared."""
+        agreement.assert_exact(x, expected, check=self.check, impl=self.impl, name=name,
+                               repro=self.repro, what=what)
+
+    def true(self, name: str, cond: bool, message: str) -> None:
+        """A plain property of output ``name``; ``message`` says what went wrong."""
+        agreement.assert_true(cond, check=self.check, impl=self.impl, name=name, message=message,
+                              repro=self.repro)
+
+    def close(self, name: str, x: torch.Tensor, y: torch.Tensor, allowed: float, what: str) -> None:
+        """``max|x - y| <= allowed``: two results of the implementation that must agree."""
+        gap = max_gap(x, y)
+        self.true(name, gap <= allowed, f"{what}: differ by {gap:.3e} > allowed {allowed:.3e}")
+
+    @staticmethod
+    def noted(note: str):
+        """A context that adds ``note`` to an OracleMismatch raised inside it."""
+        return agreement.noted(note)
+
+
+def max_gap(x: torch.Tensor, y: torch.Tensor) -> float:
+    """max|x - y| in float64 (0 for empty tensors)."""
+    return float((x.detach().double() - y.detach().double()).abs().max()) if x.numel() else 0.0

@@ -1,0 +1,106 @@
+"""What one test saw, recorded while it runs: the worst error ratio, the examples an
+implementation judged and refused, known failures and the failing examples reported.
+
+The agreement rule, the targets and the runner record here (a context variable, one
+:class:`Sink` per test); the run floor's report (``run/report.py``) aggregates the sinks on
+the controller. The records travel with pytest's ``user_properties`` (so they survive
+pytest-xdist).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+
+_sink: contextvars.ContextVar = contextvars.ContextVar("oracle_sink", default=None)
+
+
+class Sink:
+    """What one test saw: the worst ratio, examples run and refused, functions called."""
+
+    def __init__(self, keep_ratios: bool = False):
+        self.worst = 0.0
+        self.ratios: list | None = [] if keep_ratios else None  # (check, output, ratio); calibration
+        self.examples = 0
+        self.refused = 0
+        self.functions: set[str] = set()
+        self.refusal = ""
+        self.known = 0
+        self.known_first = ""
+        self.failures: list[dict] = []  # {"check", "case"} of each failing example reported
+        self.known_entries: dict[str, int] = {}  # --known-failures entry label -> examples it took
+
+    def as_dict(self) -> dict:
+        return {"worst": self.worst, "examples": self.examples, "refused": self.refused,
+                "functions": sorted(self.functions), "refusal": self.refusal, "failures": list(self.failures),
+                "known": self.known, "known_first": self.known_first,
+                "known_entries": dict(self.known_entries)}
+
+
+def open_sink(keep_ratios: bool = False) -> tuple[Sink, contextvars.Token]:
+    """A sink for one test (``keep_ratios``: also every ratio, as the calibration report needs)."""
+    sink = Sink(keep_ratios)
+    return sink, _sink.set(sink)
+
+
+def close_sink(token) -> None:
+    _sink.reset(token)
+
+
+@contextlib.contextmanager
+def silenced():
+    """Run checks without recording (negative controls: their failures are the point)."""
+    token = _sink.set(None)
+    try:
+        yield
+    finally:
+        _sink.reset(token)
+
+
+def current() -> Sink | None:
+    return _sink.get()
+
+
+def record_ratio(check: str, impl: str, ratio: float, output: str = "") -> None:
+    sink = _sink.get()
+    if sink is not None and not math.isnan(ratio):
+        sink.worst = max(sink.worst, ratio)
+        if sink.ratios is not None:
+            sink.ratios.append((check, output, ratio))
+
+
+def record_known(reason: str, failure: str, worst_before: float) -> None:
+    """An example failed in a known failure class: count it, keep the first failure's text, and
+    leave the worst ratio as it was (that column is for examples judged by the rule)."""
+    sink = _sink.get()
+    if sink is None:
+        return
+    sink.worst = worst_before
+    sink.known += 1
+    sink.known_first = sink.known_first or f"{failure}\n  known: {reason}"
+
+
+def record_known_entry(label: str) -> None:
+    """A user's known-failures entry took a failing example (for the stale-entry report)."""
+    sink = _sink.get()
+    if sink is not None:
+        sink.known_entries[label] = sink.known_entries.get(label, 0) + 1
+
+
+def record_failure(check: str, case_json: str) -> None:
+    """A failing example the test reports (Hypothesis' shrunk one): the fuzz profile saves it."""
+    sink = _sink.get()
+    if sink is not None:
+        sink.failures.append({"check": check, "case": case_json})
+
+
+def record_call(function: str, refused: bool, reason: str = "") -> None:
+    sink = _sink.get()
+    if sink is None:
+        return
+    sink.functions.add(function)
+    sink.examples += 1
+    if refused:
+        sink.refused += 1
+        sink.refusal = sink.refusal or reason

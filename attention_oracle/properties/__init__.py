@@ -1,1 +1,0 @@
-"""Hypothesis strategies, layouts, the agreement rule and the checks."""

@@ -1,1 +1,0 @@
-"""DSA sparse attention: cases (what Hypothesis draws) and checks."""

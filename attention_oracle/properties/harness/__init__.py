@@ -1,1 +1,0 @@
-"""The harness every check runs through: cases, layouts, targets, the agreement rule, the runner, profiles, the report."""

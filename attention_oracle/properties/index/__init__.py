@@ -1,1 +1,0 @@
-"""Varlen index preparation (offset_gather_kv_indices): cases and checks."""

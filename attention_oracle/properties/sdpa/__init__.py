@@ -1,1 +1,0 @@
-"""SDPA: cases (what Hypothesis draws) and checks."""

@@ -1,0 +1,141 @@
+"""Run one check over Hypothesis-drawn cases against one target.
+
+A check is ``check(target, case)`` (a declared one, ``registry.Check``, judges through its
+``Judge``): it raises OracleMismatch on a failure, and the target's
+:class:`~attention_oracle.judge.targets.Refused` when the implementation refuses the case (counted as
+unsupported: the example is skipped, not failed). If every example was refused, the test is
+skipped as "unsupported"; the report turns a function refused everywhere into a failure.
+:func:`run_declared` is what a generated conformance test runs: the declaration's capability
+and function requirements, then the search over its cases.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, note, settings
+
+from attention_oracle.judge import record
+from attention_oracle.judge.agreement import OracleMismatch
+from attention_oracle.judge.targets import Refused, Target
+from attention_oracle.run import fuzzing, gpu_lock, known_failures, poison
+from attention_oracle.run.triage import MAX_ROUNDS, distinct, search
+
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))  # the directory that holds attention_oracle/
+ISOLATED_EXAMPLES = 5  # each isolated example pays a process start, CUDA initialisation and compiles
+
+
+def run_check(check, target: Target, case) -> bool:
+    """Run one case; False if the implementation refused it. A failure Hypothesis reports
+    (its final, shrunk example) is noted for the fuzz profile's corpus (``fuzzing``)."""
+    try:
+        return _run_check(check, target, case)
+    except Exception as exc:
+        fuzzing.note_failure(check_name(check, case), case.to_json(), exc)
+        raise
+
+
+def _run_check(check, target: Target, case) -> bool:
+    """Run one case; False if the implementation refused it.
+
+    A mismatch on a case of a known failure class (``known_failures.KNOWN_CASES``) is counted
+    as known in the report instead of raised."""
+    sink = record.current()
+    worst_before = sink.worst if sink else 0.0
+    try:
+        if getattr(check, "ISOLATE_ON_CUDA", False) and target.device.type == "cuda":
+            return run_isolated(check, target, case)
+        with poison.poisoned():  # an output element the implementation never writes is NaN
+            check(target, case)
+    except Refused:
+        return False
+    except OracleMismatch as exc:
+        why = known_failures.case_reason(target.name, check_name(check, case), target.device, case)
+        if not why:  # one exception class per (check, output): each bug is reported apart
+            mismatch = distinct(exc, check, target, case, check_name(check, case))
+            if mismatch is None:  # reported by an earlier round of this search
+                return True
+            raise mismatch from None
+        record.record_known(why, str(exc), worst_before)
+    return True
+
+
+def check_name(check, case) -> str:
+    """The name a check reports under: ``area.check`` (``sdpa.strided_dout``); a declared check
+    knows it, a plain function is named by the case's area."""
+    return getattr(check, "full_name", None) or f"{case.AREA}.{check.__name__}"
+
+
+def run_isolated(check, target: Target, case) -> bool:
+    """Run one case in a fresh process (``python -m attention_oracle.tools.replay``), so that a kernel
+    that faults on the device cannot poison this process' CUDA context.
+
+    The call is recorded under the function the case calls, as an in-process call would be:
+    a backend that refuses every misaligned input (torch-flash on CUDA) has still verified its
+    function on other inputs. Recorded under the check's name, such refusals read as
+    "torch-flash.sdpa.misaligned_inputs ... verified nothing" and turned passing GPU runs red (NOTES.md)."""
+    name = check_name(check, case)
+    flags = [] if poison.is_enabled() else ["--no-poison"]
+    proc = subprocess.run([sys.executable, "-m", "attention_oracle.tools.replay", "--impl", target.name,
+                           *flags, *gpu_lock.replay_device_args(), "--check", name, case.to_json()],
+                          capture_output=True, text=True, timeout=600,
+                          cwd=_PACKAGE_PARENT)
+    text = (proc.stdout + proc.stderr).strip()
+    if proc.returncode == 0:
+        if text.startswith("unsupported"):
+            record.record_call(case.function, refused=True, reason=text[:200])
+            return False
+        record.record_call(case.function, refused=False)
+        return True
+    record.record_ratio(name, target.name, float("inf"))
+    raise OracleMismatch(f"[{name}] implementation={target.name}: isolated run failed "
+                         f"(exit {proc.returncode}):\n{text[-3000:]}\n  reproduce: "
+                         f"{case.repro(name, target.name)}")
+
+
+def run_property(check, target: Target, cases, *, function: str,
+                 settings_: settings | None = None) -> None:
+    """Hypothesis search of ``check`` on ``target`` over the ``cases`` strategy."""
+    if target.unavailable:
+        pytest.skip(f"{target.name} unavailable: {target.unavailable}")
+    if not target.offers(function):
+        pytest.skip(f"{target.name} does not offer {function}")
+    if function in target.broken:  # a signature that breaks the contract: no search, one clear failure
+        pytest.fail(f"{target.name}.{target.broken[function]}", pytrace=False)
+    ran = {"ok": 0, "refused": 0}
+
+    def one(case):
+        note(f"case: {case.to_json()}")
+        note(f"replay: {case.repro(check_name(check, case), target.name)}")
+        ran["ok" if run_check(check, target, case) else "refused"] += 1
+
+    if (settings_ or settings()).database is not None:  # ci and gpu keep none: seeds unchanged
+        fuzzing.key_test(one, fuzzing.key_of(check, function, target.name, target.device.type))
+    test = given(case=cases)(one)
+    if settings_ is None and getattr(check, "ISOLATE_ON_CUDA", False) and target.device.type == "cuda":
+        settings_ = settings(max_examples=min(settings().max_examples, ISOLATED_EXAMPLES))
+    if settings_ is not None:
+        test = settings_(test)
+    test = fuzzing.reruns_keep_entries(test)  # a second search keeps the first one's failures
+    isolated = getattr(check, "ISOLATE_ON_CUDA", False) and target.device.type == "cuda"
+    search(test, rounds=1 if isolated else MAX_ROUNDS)  # every distinct failure, each triaged
+    if ran["ok"] == 0 and ran["refused"] > 0:
+        sink = record.current()
+        why = sink.refusal if sink else ""
+        pytest.skip(f"unsupported: {target.name} refused all {ran['refused']} examples ({why})")
+
+
+def run_declared(check, target: Target, variant: str = "") -> None:
+    """One conformance test: a declared check (``registry.Check``) on ``target`` over its cases
+    (``variant``: one of ``check.variants``). Skipped, with the reason, where the target's
+    declared capabilities exclude the check or it lacks a function the check needs."""
+    why = check.unsupported(target, variant)
+    if why:
+        pytest.skip(f"not verified: {why} (capabilities declared by {target.name})")
+    for function in check.needs:
+        if not target.offers(function):
+            pytest.skip(f"{target.name} does not offer {function}")
+    run_property(check, target, check.strategy(target, variant), function=check.function(variant))

@@ -1,0 +1,113 @@
+"""Negative controls: deliberately broken implementations that the checks must catch.
+
+Each SDPA control runs the check meant to catch it under the active profile's settings
+(no shrinking, first failure wins) and must raise OracleMismatch. The agreement rule's
+absolute floor gets its own controls: it must still catch an error of ten floors where
+the rule's bound collapsed to zero.
+"""
+import dataclasses
+
+import pytest
+import torch
+
+from attention_oracle.checks.catalogue import load_case
+from attention_oracle.checks.sdpa import checks as sdpa_checks
+from attention_oracle.checks.sdpa.cases import strategy_for
+from attention_oracle.controls import sdpa_broken
+from attention_oracle.judge import record
+from attention_oracle.judge.agreement import FLOOR_ULPS, OracleMismatch, assert_agrees, eps
+from attention_oracle.judge.targets import load
+from attention_oracle.run.runner import run_check
+from tests.helpers import caught_message
+
+DTYPES = (torch.float32, torch.float16)
+
+
+def _past_the_tile_edge(case):
+    """The case with more than TILE_EDGE keys and no causal cut, so a dropped key TILE_EDGE is
+    visible to every row: KeyDroppedAtTileEdge's bug shows only there, and the search would
+    otherwise depend on drawing such a case (about 1 in 5) among its 40."""
+    edge = sdpa_broken.TILE_EDGE
+    return dataclasses.replace(case, S=case.S if case.S > edge else edge + case.S, causal=False)
+
+
+# controls whose bug needs a region of the cases a check draws (the check itself is unchanged)
+FOCUS = {"KeyDroppedAtTileEdge": _past_the_tile_edge}
+
+
+@pytest.mark.parametrize("control", sorted(sdpa_broken.CONTROLS))
+def test_sdpa_control_is_caught(control):
+    check_name = sdpa_broken.CONTROLS[control]
+    target = load(f"attention_oracle.controls.sdpa_broken:{control}")
+    assert not target.unavailable, target.unavailable
+    check = sdpa_checks.CHECKS[check_name]
+
+    cases = strategy_for(check_name, target.capabilities.narrowed(dtypes=DTYPES))
+    if control in FOCUS:
+        cases = cases.map(FOCUS[control])
+    message = caught_message(check, target, cases)
+    assert f"sdpa.{check_name}" in message
+    assert control in message
+
+
+def _zero_gold(n=16):
+    z = torch.zeros(n, dtype=torch.float64)
+    return z, z.clone()
+
+
+@pytest.mark.parametrize("dtype", DTYPES + (torch.bfloat16,))
+def test_floor_catches_ten_floors_where_rule_collapsed(dtype):
+    gold, lp = _zero_gold()
+    magnitude = 3.0
+    floor = FLOOR_ULPS * eps(dtype) * magnitude
+    impl = gold.clone()
+    impl[5] = 10 * floor
+    with record.silenced(), pytest.raises(OracleMismatch) as caught:
+        assert_agrees(impl.to(dtype), gold, lp, check="rule.floor", impl="control", name="dq",
+                      dtype=dtype, gradient=True, magnitude=magnitude, repro="unit")
+    assert "(5,)" in str(caught.value) and "ratio" in str(caught.value)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + (torch.bfloat16,))
+def test_floor_admits_rounding_noise_where_rule_collapsed(dtype):
+    gold, lp = _zero_gold()
+    magnitude = 3.0
+    impl = gold.clone()
+    impl[5] = 0.5 * FLOOR_ULPS * eps(dtype) * magnitude
+    with record.silenced():
+        verdict = assert_agrees(impl.to(dtype), gold, lp, check="rule.floor", impl="control",
+                                name="dq", dtype=dtype, gradient=True, magnitude=magnitude, repro="unit")
+    assert verdict.bound == 0.0 and 0.4 < verdict.ratio <= 0.6
+
+
+def test_single_key_cancellation_uses_floor():
+    """S = 1: dq is exactly 0 in gold and in lp; a 1e-3 relative error in dq must still fail."""
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 5, 8)
+    k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)
+    dout = torch.randn(1, 2, 5, 8)
+    from attention_oracle.oracle.sdpa import sdpa_reference
+    gold = sdpa_reference(q, k, v, dout, magnitudes=True)
+    lp = sdpa_reference(q, k, v, dout, compute_dtype=torch.float32)
+    assert float(gold["dq"].abs().max()) < 1e-15 and float(lp["dq"].abs().max()) == 0.0
+    bad = torch.full_like(q, 1e-3 * gold["magnitude"]["dq"])
+    with record.silenced(), pytest.raises(OracleMismatch):
+        assert_agrees(bad, gold["dq"], lp["dq"], check="rule.floor", impl="control", name="dq",
+                      dtype=torch.float32, gradient=True, magnitude=gold["magnitude"]["dq"], repro="unit")
+
+
+def test_plan_reuse_failure_names_the_call_order():
+    """F9's model: the failure of the contiguous-dout backward says it ran after a strided one
+    (the message a user of PyTorch's cuDNN backend sees; NOTES.md, F9)."""
+    target = load("attention_oracle.controls.sdpa_broken:DoutPlanCachedByShape")
+    case = load_case({"E": 8, "Ev": 8, "L": 2, "S": 2, "area": "sdpa", "batch": [1], "causal": False,
+                      "dtype": "float32", "empty_rows": 0, "gqa": False, "hkv": 2, "hq": 2,
+                      "layout_dout": "transposed", "layout_k": "contiguous",
+                      "layout_q": "contiguous", "layout_v": "contiguous", "mask": "none",
+                      "scale": None, "seed": 0, "value_scale": 0.3})
+    with record.silenced(), pytest.raises(OracleMismatch) as caught:
+        run_check(sdpa_checks.CHECKS["strided_dout"], target, case)
+    assert "note: this contiguous-dout backward ran after one with transposed dout" in str(caught.value)
+    # the same case on a fresh instance with a contiguous dout only: nothing cached, no failure
+    run_check(sdpa_checks.CHECKS["gradient_agreement"],
+              load("attention_oracle.controls.sdpa_broken:DoutPlanCachedByShape"), case)

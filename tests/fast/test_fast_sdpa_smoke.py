@@ -1,0 +1,596 @@
+"""Quick correctness checks of the Triton SDPA (fast/sdpa.py) against a float64 reference.
+
+On CPU the kernels run under Triton's interpreter (fp32/fp16, small shapes); with a CUDA device
+they run natively and bf16 is added. gold is this file's own float64 naive math; every check
+goes through the suite's agreement rule (``agreement.assert_agrees``, docs/agreement-rule.md):
+    max|impl - gold| <= max(k * max_a max|lp_a - gold| + 2 * max|gold.to(dtype) - gold|, floor)
+(k = 2 outputs, 3 gradients); the lp runs are this file's naive math in the input dtype
+(autograd) and the oracle's standard algorithms (naive, flash, prescaled), and the floor is
+4 eps(dtype) times the oracle's magnitude of the terms behind an element;
+``test_floor_still_catches_real_error`` is its negative control here.
+"""
+import contextlib
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from attention_oracle.fast.sdpa import scaled_dot_product_attention, scaled_dot_product_attention_with_lse  # noqa: E402
+from attention_oracle.judge import record
+from attention_oracle.judge.agreement import FLOOR_ULPS, assert_agrees  # noqa: E402
+from attention_oracle.oracle.sdpa import ALGORITHMS, sdpa_reference  # noqa: E402
+from tests.fast.tf32x3_emulation import emulated_tf32x3  # noqa: E402
+
+ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+DEVICE = "cuda" if ON_GPU else "cpu"
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
+
+
+# ----------------------------------------------------------------------------- reference
+
+def naive_attention(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """QK^T -> masked softmax -> PV in the inputs' dtype; rows with no key give 0."""
+    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(E) if scale is None else scale
+    if enable_gqa:
+        rep = q.shape[-3] // k.shape[-3]
+        k = k.repeat_interleave(rep, dim=-3)
+        v = v.repeat_interleave(rep, dim=-3)
+    s = (q @ k.transpose(-2, -1)) * scale
+    if is_causal:
+        keep = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.to(s.dtype)
+    if S == 0:
+        return s.new_zeros(s.shape[:-1] + (v.shape[-1],)) + 0 * v.sum() + 0 * q.sum()
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m).detach()
+    e = torch.exp(s - m)
+    den = e.sum(-1, keepdim=True)
+    p = e / torch.where(den == 0, torch.ones_like(den), den)
+    return p @ v
+
+
+def reference_lse(q, k, mask=None, is_causal=False, scale=None, enable_gqa=False):
+    q, k = q.double(), k.double()
+    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(E) if scale is None else scale
+    if enable_gqa:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+    s = (q @ k.transpose(-2, -1)) * scale
+    if is_causal:
+        s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.double()
+    return torch.logsumexp(s, -1).float()
+
+
+def agreement(name, impl, gold, lp, k, magnitude, dtype=None):
+    """The suite's agreement rule (module docstring): ``lp`` one tensor or {algorithm: tensor},
+    ``magnitude`` the floor's sum of absolute terms; ``dtype`` the inputs' (default impl's)."""
+    assert_agrees(impl, gold, lp, check="smoke.fast_sdpa", impl="fast", name=name,
+                  dtype=dtype or impl.dtype, gradient=k == 3, magnitude=magnitude,
+                  repro="pytest tests/test_fast_sdpa_smoke.py")
+
+
+def oracle_terms(q, k, v, mask, is_causal, scale, enable_gqa, dout):
+    """The oracle's lp runs (its standard algorithms in the inputs' dtype) and its float64 gold
+    with magnitudes, on the inputs broadcast to one batch shape; gradients summed back onto
+    broadcast leaves."""
+    keep = 3 if enable_gqa else 2  # without GQA the head dim broadcasts too
+    batch = torch.broadcast_shapes(q.shape[:-keep], k.shape[:-keep], v.shape[:-keep])
+    xs = [t.detach().expand(batch + t.shape[-keep:]) for t in (q, k, v)]
+    do = None if dout is None else dout.expand(batch + dout.shape[-keep:])
+    kw = dict(attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    gold = sdpa_reference(*xs, do, magnitudes=True, **kw)
+    runs = {a: sdpa_reference(*xs, do, compute_dtype=q.dtype, algorithm=a, **kw) for a in ALGORITHMS}
+    copies = {"dq": q, "dk": k, "dv": v}
+    for name, leaf in copies.items():
+        if name in gold:
+            n = gold[name].numel() // max(leaf.numel(), 1)
+            gold["magnitude"][name] *= n
+            for r in [gold, *runs.values()]:
+                r[name] = r[name].sum_to_size(leaf.shape)
+    return gold, runs
+
+
+def check_case(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False, dout=None,
+               backward=True):
+    """Run impl, lp and gold on the same inputs and check outputs, gradients and lse."""
+    leaves = [t.detach().requires_grad_(backward) for t in (q, k, v)]
+    out, lse = scaled_dot_product_attention_with_lse(*leaves, attn_mask=mask, is_causal=is_causal,
+                                                     scale=scale, enable_gqa=enable_gqa)
+    gold_in = [t.detach().double().requires_grad_(backward) for t in (q, k, v)]
+    gmask = mask.double() if mask is not None and mask.dtype != torch.bool else mask
+    gold = naive_attention(*gold_in, gmask, is_causal, scale, enable_gqa)
+    lp_in = [t.detach().clone().requires_grad_(backward) for t in (q, k, v)]
+    lp_mask = mask.to(q.dtype) if mask is not None and mask.dtype != torch.bool else mask
+    lp = naive_attention(*lp_in, lp_mask, is_causal, scale, enable_gqa)
+    assert out.shape == gold.shape and out.dtype == q.dtype
+    if backward and dout is None:
+        dout = torch.randn(out.shape, dtype=q.dtype, device=q.device)
+    terms = oracle_terms(q, k, v, mask, is_causal, scale, enable_gqa, dout if backward else None)
+    runs = terms[1]
+
+    def lp_of(name, own=None):
+        return {**({"naive-autograd": own} if own is not None else {}),
+                **{a: r[name].reshape(gold.shape if name == "out" else r[name].shape)
+                   for a, r in runs.items()}}
+
+    def magnitude(name):
+        return terms[0]["magnitude"][name]
+
+    agreement("out", out, gold, lp_of("out", lp), 2, magnitude("out"))
+    ref_lse = reference_lse(q, k, mask, is_causal, scale, enable_gqa)
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), empty), "lse: -inf rows differ"
+    if (~empty).any():
+        gold_lse = terms[0]["lse"].reshape(lse.shape)
+        agreement("lse", lse, gold_lse, {a: t.reshape(lse.shape) for a, t in lp_of("lse").items()}, 2,
+                  magnitude("lse"), dtype=q.dtype)
+    if not backward:
+        return out
+    before = dout.clone()
+    grads = torch.autograd.grad(out, leaves, dout)
+    assert torch.equal(dout, before), "dout was modified"
+    ggrads = torch.autograd.grad(gold, gold_in, dout.double())
+    lgrads = torch.autograd.grad(lp, lp_in, dout)
+    for name, g, gg, lg in zip(("dq", "dk", "dv"), grads, ggrads, lgrads):
+        assert g.shape == gg.shape and g.dtype == q.dtype
+        agreement(name, g, gg, lp_of(name, lg), 3, magnitude(name))
+    return out, grads
+
+
+def scale_of(q, k, scale):
+    s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else abs(scale)
+    return s * q.abs().max().item() * k.abs().max().item()
+
+
+def randn(*shape, dtype, gen):
+    return torch.randn(*shape, generator=gen, dtype=torch.float32).to(DEVICE, dtype)
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(1234)
+
+
+# ----------------------------------------------------------------------------- cases
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("L,S", [(64, 64), (37, 53), (70, 20)])
+def test_rank4_basic(dtype, is_causal, L, S, gen):
+    q = randn(2, 2, L, 40, dtype=dtype, gen=gen)
+    k = randn(2, 2, S, 40, dtype=dtype, gen=gen)
+    v = randn(2, 2, S, 24, dtype=dtype, gen=gen)
+    check_case(q, k, v, is_causal=is_causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_rank3_and_rank5(dtype, gen):
+    q, k, v = (randn(3, 33, 16, dtype=dtype, gen=gen) for _ in range(3))
+    check_case(q, k, v, is_causal=True)
+    q5 = randn(2, 1, 2, 20, 16, dtype=dtype, gen=gen)
+    k5 = randn(2, 3, 2, 24, 16, dtype=dtype, gen=gen)  # q broadcasts over dim 1
+    v5 = randn(1, 3, 2, 24, 32, dtype=dtype, gen=gen)  # v broadcasts over dim 0
+    check_case(q5, k5, v5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("E,Ev", [(72, 72), (200, 40), (8, 130)])
+def test_head_dims(dtype, E, Ev, gen):
+    q = randn(1, 2, 24, E, dtype=dtype, gen=gen)
+    k = randn(1, 2, 40, E, dtype=dtype, gen=gen)
+    v = randn(1, 2, 40, Ev, dtype=dtype, gen=gen)
+    check_case(q, k, v, is_causal=True, scale=0.3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_gqa(dtype, is_causal, gen):
+    q = randn(2, 6, 40, 32, dtype=dtype, gen=gen)
+    k = randn(2, 2, 48, 32, dtype=dtype, gen=gen)
+    v = randn(2, 2, 48, 32, dtype=dtype, gen=gen)
+    check_case(q, k, v, is_causal=is_causal, enable_gqa=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_bool_masks_with_empty_rows(dtype, gen):
+    L, S = 40, 36
+    q, k, v = randn(2, 2, L, 32, dtype=dtype, gen=gen), randn(2, 2, S, 32, dtype=dtype, gen=gen), \
+        randn(2, 2, S, 32, dtype=dtype, gen=gen)
+    g = torch.Generator().manual_seed(7)
+    mask2d = (torch.rand(L, S, generator=g) > 0.5).to(DEVICE)
+    mask2d[3] = False  # fully masked rows: out = 0, zero gradients, lse = -inf
+    mask2d[17] = False
+    out, grads = check_case(q, k, v, mask=mask2d)
+    assert torch.all(out[..., [3, 17], :] == 0)
+    assert torch.all(grads[0][..., [3, 17], :] == 0)
+    full = (torch.rand(2, 2, L, S, generator=g) > 0.3).to(DEVICE)
+    full[1, 0, 5] = False
+    check_case(q, k, v, mask=full)
+    keypad = torch.ones(2, 1, 1, S, dtype=torch.bool, device=DEVICE)
+    keypad[0, ..., 30:] = False
+    check_case(q, k, v, mask=keypad)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_additive_masks(dtype, gen):
+    L, S = 33, 45
+    q, k, v = randn(2, 3, L, 16, dtype=dtype, gen=gen), randn(2, 3, S, 16, dtype=dtype, gen=gen), \
+        randn(2, 3, S, 16, dtype=dtype, gen=gen)
+    g = torch.Generator().manual_seed(8)
+    add = torch.randn(2, 3, L, S, generator=g).to(DEVICE, dtype)
+    add[0, 1, 4] = float("-inf")  # an empty row through an additive mask
+    add[1, 2, :, 7:20] = float("-inf")
+    check_case(q, k, v, mask=add)
+    check_case(q, k, v, mask=torch.randn(L, S, generator=g).to(DEVICE, dtype))
+    check_case(q, k, v, mask=torch.randn(3, 1, S, generator=g).to(DEVICE, dtype), scale=0.5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_strided_inputs_and_douts(dtype, gen):
+    B, H, L, S, E = 2, 3, 36, 40, 32
+    # head-major q (a [B, L, H, E] buffer), k sliced from a wider buffer, v with non-unit last stride
+    q = randn(B, L, H, E, dtype=dtype, gen=gen).transpose(1, 2)
+    k = randn(B, H, S, 2 * E, dtype=dtype, gen=gen)[..., 5:5 + E]
+    v = randn(B, H, E, S, dtype=dtype, gen=gen).transpose(-1, -2)
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    dout_c = randn(B, H, L, E, dtype=dtype, gen=gen)
+    _, g_c = check_case(q, k, v, is_causal=True, dout=dout_c)
+    dout_hm = dout_c.transpose(1, 2).contiguous().transpose(1, 2)  # head-major, same values
+    _, g_hm = check_case(q, k, v, is_causal=True, dout=dout_hm)
+    for a, b in zip(g_c, g_hm):
+        assert torch.equal(a, b), "head-major dout changed the gradients"
+    dout_b = randn(1, 1, 1, E, dtype=dtype, gen=gen).expand(B, H, L, E)  # stride-0 dout
+    check_case(q, k, v, dout=dout_b)
+
+
+def test_edge_lengths(gen):
+    for L, S in [(1, 1), (1, 17), (17, 1), (0, 5), (5, 0)]:
+        q, k, v = randn(1, 2, L, 16, dtype=torch.float32, gen=gen), \
+            randn(1, 2, S, 16, dtype=torch.float32, gen=gen), randn(1, 2, S, 16, dtype=torch.float32, gen=gen)
+        for causal in (False, True):
+            out = check_case(q, k, v, is_causal=causal, backward=False)
+            if S == 0:
+                assert out.shape == (1, 2, L, 16) and torch.all(out == 0)
+
+
+def test_matches_torch_sdpa_float64(gen):
+    """Our float64 reference is PyTorch's SDPA where no row is empty."""
+    q, k, v = (randn(2, 2, 20, 16, dtype=torch.float32, gen=gen).double() for _ in range(3))
+    for causal in (False, True):
+        a = naive_attention(q, k, v, is_causal=causal)
+        b = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        assert (a - b).abs().max().item() < 1e-12
+
+
+def test_floor_still_catches_real_error(gen):
+    """Negative control: an error of 10 floors in a result that cancels to zero fails, half a
+    floor passes."""
+    gold = torch.zeros(4, 4, dtype=torch.float64)
+    lp = gold.clone().float()
+    mag = 3.0
+    bad = torch.zeros(4, 4, dtype=torch.float32)
+    bad[1, 2] = 10 * FLOOR_ULPS * torch.finfo(torch.float32).eps * mag
+    with record.silenced(), pytest.raises(AssertionError):
+        agreement("neg", bad, gold, lp, 3, mag)
+    agreement("pos", bad / 20, gold, lp, 3, mag)
+
+
+def test_torch_compile_traces():
+    q, k, v = (torch.randn(1, 2, 16, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    fn = torch.compile(lambda a, b, c: scaled_dot_product_attention(a, b, c, is_causal=True),
+                       backend="aot_eager", fullgraph=True)
+    out = fn(q, k, v)
+    ref = scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.equal(out, ref)
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_rejections(gen):
+    q = randn(1, 2, 8, 16, dtype=torch.float32, gen=gen)
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    with pytest.raises(TypeError, match="dtype"):
+        scaled_dot_product_attention(q, q.half(), q)
+    with pytest.raises(NotImplementedError, match="dtype"):
+        scaled_dot_product_attention(q.double(), q.double(), q.double())
+    with pytest.raises(ValueError, match="attn_mask"):
+        scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool,
+                                                                   device=DEVICE), is_causal=True)
+    with pytest.raises(ValueError, match="attn_mask"):
+        scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(3, 8, dtype=torch.bool, device=DEVICE))
+    with pytest.raises(TypeError, match="attn_mask"):
+        scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="enable_gqa"):
+        scaled_dot_product_attention(q, randn(1, 3, 8, 16, dtype=torch.float32, gen=gen), q)
+    with pytest.raises(ValueError, match="multiple"):
+        scaled_dot_product_attention(randn(1, 3, 8, 16, dtype=torch.float32, gen=gen), q, q,
+                                     enable_gqa=True)
+    with pytest.raises(NotImplementedError, match="head dim"):
+        big = randn(1, 1, 4, 264, dtype=torch.float32, gen=gen)
+        scaled_dot_product_attention(big, big, big)
+    with pytest.raises(TypeError, match="query"):
+        scaled_dot_product_attention(q.tolist(), q, q)
+    with pytest.raises(ValueError, match="rank"):
+        scaled_dot_product_attention(q[0, 0], q[0, 0], q[0, 0])
+
+
+def test_head_broadcast_and_rank6(gen):
+    q = randn(2, 1, 12, 16, dtype=torch.float32, gen=gen)  # one query head against two kv heads
+    k, v = randn(2, 2, 10, 16, dtype=torch.float32, gen=gen), randn(2, 2, 10, 16, dtype=torch.float32, gen=gen)
+    out, _ = check_case(q, k, v)
+    assert out.shape == (2, 2, 12, 16)
+    q6, k6, v6 = (randn(2, 1, 2, 2, 9, 16, dtype=torch.float32, gen=gen) for _ in range(3))
+    check_case(q6, k6, v6, is_causal=True)
+
+
+def test_refuses_int32_overflowing_head_span():
+    from attention_oracle.fast.sdpa import _check_tile_offsets
+    huge = torch.empty_strided((1, 1, 2, 16), (0, 0, 2**31, 1), device="meta")  # never allocated
+    with pytest.raises(NotImplementedError, match="int32"):
+        _check_tile_offsets([("key", huge)])
+    _check_tile_offsets([("key", torch.empty_strided((1, 1, 2, 16), (0, 0, 2**30, 1), device="meta"))])
+
+
+# ----------------------------------------------------------------------------- fp32 scores (F5)
+
+def rounded_exact_score(q_row, k_row, scale):
+    """fl32(exact q.k * fl32(scale)): what one rounding of the exact score gives."""
+    scale32 = float(torch.tensor(scale, dtype=torch.float32))
+    return ((q_row.double() * k_row.double()).sum(-1) * scale32).float()
+
+
+def assert_bitwise(name, got, expected):
+    differ = got != expected
+    assert not differ.any(), (
+        f"{name}: {int(differ.sum())} element(s) differ from fl32(exact score), first at "
+        f"{differ.nonzero()[0].tolist()}: {got[differ][0].item()!r} vs {expected[differ][0].item()!r}")
+
+
+@pytest.mark.parametrize("E,scale", [(256, None), (72, 2.0), (8, 0.5), (200, 0.125)])
+def test_fp32_single_key_lse_is_the_rounded_exact_score(E, scale, gen):
+    """F5 (NOTES.md): under is_causal, row 0 sees key 0 only, so lse = its score. fp32 forms the
+    score from an fp64-accumulated dot with one rounding, so lse equals fl32(exact score)
+    bitwise. The log2-unit kernel with fp32 dots was 14 ulps off at E = 256 (the F5 case) and
+    fails this test (checked against the pre-fix tree)."""
+    q = randn(2, 3, 4, E, dtype=torch.float32, gen=gen) * 3
+    k = randn(2, 3, 4, E, dtype=torch.float32, gen=gen)
+    v = randn(2, 3, 4, 16, dtype=torch.float32, gen=gen)
+    out, lse = scaled_dot_product_attention_with_lse(q, k, v, is_causal=True, scale=scale)
+    sc = 1.0 / math.sqrt(E) if scale is None else scale
+    assert_bitwise("lse[row 0]", lse[..., 0], rounded_exact_score(q[..., 0, :], k[..., 0, :], sc))
+    assert torch.equal(out[..., 0, :], v[..., 0, :]), "a single-key row's output is its value row"
+
+
+def test_bitwise_score_check_catches_one_ulp():
+    """Negative control for the test above: one ulp off the rounded exact score fails."""
+    exact = torch.tensor([1.5, -2.1768, 30.25, -0.001])
+    with pytest.raises(AssertionError, match="differ"):
+        assert_bitwise("control", torch.nextafter(exact, torch.full_like(exact, math.inf)), exact)
+    assert_bitwise("control", exact.clone(), exact)
+
+
+# ----------------------------------------------------------------------------- finfo.min rows (F11)
+
+MIN_ROW_CASES = [(d, "accurate") for d in DTYPES] + [(torch.float32, m) for m in ("plain", "tf32x3")]
+
+
+def finfo_min_inputs(dtype, gen, empty_row=True):
+    """GQA inputs with an additive mask holding ``finfo(dtype).min`` on every key of some rows
+    (Hugging Face padding), on some keys of another, and (``empty_row``) -inf on a whole row."""
+    L, S, E = 12, 31, 32
+    q = randn(2, 4, L, E, dtype=dtype, gen=gen)
+    k = randn(2, 2, S, E, dtype=dtype, gen=gen)
+    v = randn(2, 2, S, E, dtype=dtype, gen=gen)
+    low = torch.finfo(dtype).min
+    mask = torch.zeros(2, 1, L, S)
+    mask[:, :, 3] = low
+    mask[1, :, 0] = low
+    mask[0, :, 5, 7:] = low
+    if empty_row:
+        mask[1, :, 9] = float("-inf")
+    return q, k, v, mask.to(DEVICE, dtype)
+
+
+@pytest.mark.parametrize("dtype,fp32_mode", MIN_ROW_CASES,
+                         ids=lambda x: str(x).split(".")[-1])
+def test_finfo_min_rows(dtype, fp32_mode, gen):
+    """F11 (NOTES.md): a row whose every key carries finfo(dtype).min has scores that all round
+    to min (even in fp64), so m = min and m + log(l) rounds to m: a backward recomputing
+    P = exp(s - lse) gets 1 per key instead of 1 / l. The kernels keep m and log l apart; out,
+    lse and every gradient agree with the oracle (16-bit and every fp32 mode: the log2-unit
+    kernels would also overflow log2(e) * min to -inf and call the row empty)."""
+    import attention_oracle.fast.sdpa as fast_sdpa
+    previous = fast_sdpa.set_fp32_mode(fp32_mode)
+    try:
+        q, k, v, mask = finfo_min_inputs(dtype, gen)
+        out, grads = check_case(q, k, v, mask=mask, enable_gqa=True)
+    finally:
+        fast_sdpa.set_fp32_mode(previous)
+    assert torch.all(out[1, :, 9] == 0) and torch.all(grads[0][1, :, 9] == 0)
+
+
+def dq_with_p_from_rounded_lse(q, k, v, mask, dout, scale):
+    """Negative control for the test above: float64 dq with P = exp(s - fl32(lse)), the broken
+    flash backward (enable_gqa inputs, no empty row)."""
+    rep = q.shape[1] // k.shape[1]
+    q, k, v, dout = (t.double() for t in (q, k, v, dout))
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = q @ k.transpose(-2, -1) * scale + mask.double()
+    p = torch.exp(s - torch.logsumexp(s, -1, keepdim=True).float().double())
+    delta = (dout * (torch.softmax(s, -1) @ v)).sum(-1, keepdim=True)
+    return scale * (p * (dout @ v.transpose(-2, -1) - delta)) @ k
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float16],
+                         ids=lambda d: str(d).split(".")[-1])
+def test_finfo_min_rows_catch_p_from_rounded_lse(dtype, gen):
+    """The agreement check of test_finfo_min_rows fails dq whose P was recomputed from the
+    rounded lse on those inputs (not for fp16: its min, -65504, is small enough that a float32
+    lse keeps log l)."""
+    q, k, v, mask = finfo_min_inputs(dtype, gen, empty_row=False)
+    dout = randn(2, 4, q.shape[2], v.shape[3], dtype=dtype, gen=gen)
+    gold, runs = oracle_terms(q, k, v, mask, False, None, True, dout)
+    bad = dq_with_p_from_rounded_lse(q, k, v, mask, dout, 1.0 / math.sqrt(q.shape[-1]))
+    with record.silenced(), pytest.raises(AssertionError):
+        agreement("dq", bad.to(dtype), gold["dq"], {a: r["dq"] for a, r in runs.items()}, 3,
+                  gold["magnitude"]["dq"])
+
+
+# ----------------------------------------------------------------------------- call plans
+
+def _general_path(q, k, v, is_causal, enable_gqa=False):
+    """fast's general eager path (the one masked calls take), bypassing the call plans."""
+    import attention_oracle.fast.sdpa as fsdpa
+    batch, hq, hkv, _, scale = fsdpa.check_sdpa_inputs(q, k, v, None, 0.0, is_causal, None,
+                                                       enable_gqa)
+    out_shape = tuple(batch) + (hq, q.shape[-2], v.shape[-1])
+    out, _ = fsdpa._EagerSdpa.apply(q, k, v, None, is_causal, scale,
+                                    (tuple(batch), hq, hkv, out_shape))
+    return out
+
+
+@pytest.mark.parametrize("layout", ["rank3", "rank4_strided", "rank5", "batch_broadcast",
+                                    "head_broadcast", "gqa"])
+def test_call_plan_matches_general_path(layout, gen):
+    """A planned call (first sight and repeated) gives bitwise the general path's output and
+    gradients: the plan's saved strides, shapes and launch arguments are the general path's."""
+    f32 = dict(dtype=torch.float32, gen=gen)
+    gqa = layout == "gqa"
+    if layout == "rank3":
+        q, k, v = (randn(3, 20, 16, **f32) for _ in range(3))
+    elif layout == "rank4_strided":
+        q = randn(2, 20, 3, 16, **f32).transpose(1, 2)
+        k, v = randn(2, 3, 18, 32, **f32)[..., 3:19], randn(2, 3, 16, 18, **f32).transpose(-1, -2)
+    elif layout == "rank5":
+        q, k, v = (randn(2, 2, 3, 20, 16, **f32) for _ in range(3))
+    elif layout == "batch_broadcast":
+        q, k, v = randn(2, 3, 20, 16, **f32), randn(1, 3, 18, 16, **f32), randn(3, 18, 16, **f32)
+    elif layout == "head_broadcast":
+        q, k, v = randn(2, 3, 20, 16, **f32), randn(2, 1, 18, 16, **f32), randn(2, 1, 18, 16, **f32)
+    else:
+        q, k, v = randn(2, 4, 20, 16, **f32), randn(2, 2, 18, 16, **f32), randn(2, 2, 18, 16, **f32)
+    results = []
+    for run in ("plan", "plan", "general"):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = (scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=gqa)
+               if run == "plan" else _general_path(*leaves, True, gqa))
+        dout = torch.ones_like(out) if not results else results[0][0].new_ones(out.shape)
+        results.append((out, *torch.autograd.grad(out, leaves, dout)))
+    for name, a, b, c in zip(("out", "dq", "dk", "dv"), *results):
+        assert a.shape == c.shape, f"{layout} {name}: shape {tuple(a.shape)} vs {tuple(c.shape)}"
+        assert torch.equal(a, b), f"{layout} {name}: the repeated (cached) call differs"
+        assert torch.equal(a, c), f"{layout} {name}: the planned call differs from the general path"
+
+
+def test_call_plans_key_on_options_and_never_cache_a_refusal(gen):
+    """Kernel options and the fp32 mode are part of a plan's key; an input validation refuses
+    is refused again on every call (nothing is cached for it)."""
+    import attention_oracle.fast.sdpa as fsdpa
+    q, k, v = (randn(1, 2, 12, 16, dtype=torch.float32, gen=gen) for _ in range(3))
+    scaled_dot_product_attention(q, k, v)
+    before = len(fsdpa._CALL_PLANS)
+    previous = fsdpa.set_kernel_options(fold=not fsdpa.KERNEL_OPTIONS["fold"])
+    try:
+        scaled_dot_product_attention(q, k, v)
+        assert len(fsdpa._CALL_PLANS) == before + 1, "a kernel option did not change the key"
+    finally:
+        fsdpa.set_kernel_options(**previous)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="scale"):
+            scaled_dot_product_attention(q, k, v, scale=float("nan"))
+        with pytest.raises(NotImplementedError, match="dropout_p"):
+            scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+
+
+# ----------------------------------------------------------------------------- fp32 modes
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["plan", "masked"])
+@pytest.mark.parametrize("modes", [("accurate", "tf32x3"), ("tf32x3", "accurate")],
+                         ids=lambda m: "-then-".join(m))
+def test_fp32_mode_change_between_forward_and_backward(modes, masked, gen):
+    """The backward runs the path whose statistics the forward saved (natural units keep four
+    rows, the log2-unit modes three), not the fp32 mode set since: read as the other layout, the
+    rows give wrong gradients or a read past the saved tensor. Gradients match a backward run
+    under the forward's own mode (bitwise in the interpreter, which computes tf32x3 dots in
+    fp32; within 1e-5 of the largest gradient on the GPU, where "tf32x3" and IEEE dots differ)."""
+    import attention_oracle.fast.sdpa as fast_sdpa
+    q, k, v, dout = (randn(1, 2, 40, 32, dtype=torch.float32, gen=gen) for _ in range(4))
+    mask = None
+    if masked:
+        mask = torch.zeros(40, 40, device=DEVICE)
+        mask[:, 7] = float("-inf")
+
+    def gradients(forward_mode, backward_mode):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        fast_sdpa.set_fp32_mode(forward_mode)
+        out = scaled_dot_product_attention(*leaves, attn_mask=mask)
+        fast_sdpa.set_fp32_mode(backward_mode)
+        return torch.autograd.grad(out, leaves, dout)
+
+    previous = fast_sdpa.set_fp32_mode(modes[0])
+    try:
+        mixed = gradients(*modes)
+        own = gradients(modes[0], modes[0])
+    finally:
+        fast_sdpa.set_fp32_mode(previous)
+    for name, g, ref in zip(("dq", "dk", "dv"), mixed, own):
+        tol = 0.0 if DEVICE == "cpu" else 1e-5 * ref.abs().max().item()
+        err = (g - ref).abs().max().item()
+        assert err <= tol, f"{name}: {err:.3g} from the forward mode's own backward (bound {tol:.3g})"
+
+
+INTERPRETED = DEVICE == "cpu"
+
+
+def _tf32x3_cases(gen):
+    """(q, k, v, mask, is_causal, enable_gqa): a causal GQA case with ragged sizes, an additive
+    mask with -inf and finfo.min rows, and a head dim that is not a power of two."""
+    yield (randn(2, 4, 37, 32, dtype=torch.float32, gen=gen),
+           randn(2, 2, 37, 32, dtype=torch.float32, gen=gen),
+           randn(2, 2, 37, 32, dtype=torch.float32, gen=gen), None, True, True)
+    q, k, v, mask = finfo_min_inputs(torch.float32, gen)
+    yield q, k, v, mask, False, True
+    yield (randn(1, 3, 20, 40, dtype=torch.float32, gen=gen),
+           randn(1, 3, 33, 40, dtype=torch.float32, gen=gen),
+           randn(1, 3, 33, 24, dtype=torch.float32, gen=gen), None, False, False)
+
+
+def test_fp32_tf32x3_agrees(gen):
+    """fp32 "tf32x3" mode (the flash kernels with 3xTF32 dots) against the oracle under the
+    agreement rule, forward and gradients. In the interpreter the dots are computed as the GPU
+    computes them (``tests/fast/tf32x3_emulation.py``), so CI checks the arithmetic too; on a GPU
+    the tensor cores run it."""
+    import attention_oracle.fast.sdpa as fast_sdpa
+    previous = fast_sdpa.set_fp32_mode("tf32x3")
+    try:
+        with emulated_tf32x3() if INTERPRETED else contextlib.nullcontext():
+            for q, k, v, mask, causal, gqa in _tf32x3_cases(gen):
+                check_case(q, k, v, mask=mask, is_causal=causal, enable_gqa=gqa)
+    finally:
+        fast_sdpa.set_fp32_mode(previous)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="plants the bug in the interpreter's dots")
+def test_fp32_tf32x3_dropped_term_is_caught(gen):
+    """Negative control of test_fp32_tf32x3_agrees: the same kernels with one of 3xTF32's cross
+    terms dropped (big_a.small_b) must fail the agreement rule."""
+    import attention_oracle.fast.sdpa as fast_sdpa
+    previous = fast_sdpa.set_fp32_mode("tf32x3")
+    try:
+        with emulated_tf32x3(drop_cross_term=True):
+            q, k, v, mask, causal, gqa = next(_tf32x3_cases(gen))
+            with pytest.raises(AssertionError, match="ratio"):
+                check_case(q, k, v, mask=mask, is_causal=causal, enable_gqa=gqa)
+    finally:
+        fast_sdpa.set_fp32_mode(previous)

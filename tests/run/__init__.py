@@ -1,0 +1,1 @@
+"""The suite's own tests of its run floor."""
