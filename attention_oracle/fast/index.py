@@ -29,6 +29,15 @@ _ASSERT_MSG = ("fast offset_gather_kv_indices: bad varlen metadata (cu_seqlens_q
 
 
 _PDL = {"on": False}
+# the kernel's warps (None: 4 up to 1024 slots per block, else 8); benchmarks sweep it
+_WARPS = {"num_warps": None}
+
+
+def set_num_warps(num_warps=None):
+    """The offset kernel's ``num_warps`` for later calls (None: the default rule); returns the
+    previous value."""
+    previous, _WARPS["num_warps"] = _WARPS["num_warps"], num_warps
+    return previous
 
 
 def set_pdl(on):
@@ -132,7 +141,7 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
         SEARCH_STEPS=max(n_docs - 1, 0).bit_length(), BLOCK_K=block_k,
         SINGLE_BLOCK=K <= block_k, CHECK_BLOCK=CHECK_BLOCK, PDL=use_pdl,
         # launched plainly: it has no gdc_wait, so it must not overlap the grid before it
-        num_warps=4 if block_k <= 1024 else 8,
+        num_warps=_WARPS["num_warps"] or (4 if block_k <= 1024 else 8),
     )
     if n_rows == 0 and T > 0:  # no slot or no document: every slot is a hole
         result.fill_(-1)

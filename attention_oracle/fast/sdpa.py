@@ -177,7 +177,9 @@ def set_fp32_mode(mode):
     big.small + small.big, each product within ~2^-20 relative, as PyTorch's fp32 EFFICIENT
     kernel computes (CUTLASS OpMultiplyAddFastF32); the interpreter computes these dots in fp32).
     Default: $ATTENTION_ORACLE_FAST_FP32 or "accurate". Returns the previous mode."""
-    return _FP32.set(mode)
+    previous = _FP32.set(mode)
+    _options_key()
+    return previous
 
 
 # "tf32x3" keeps q (or k and v) in shared memory twice (the big and small halves): wider heads
@@ -223,6 +225,16 @@ def _mask_dtype(mask):
 
 
 KERNEL_OPTIONS = {"fold": True}
+# (kernel options, fp32 mode) of later calls, part of each call plan's key; kept by the setters
+# (building it per call cost ~0.5 us of host time)
+_OPTIONS_KEY = [None]
+
+
+def _options_key():
+    _OPTIONS_KEY[0] = (tuple(KERNEL_OPTIONS.values()), _FP32.value)
+
+
+_options_key()
 
 
 def set_kernel_options(*, fold=None):
@@ -234,6 +246,7 @@ def set_kernel_options(*, fold=None):
     previous = dict(KERNEL_OPTIONS)
     if fold is not None:
         KERNEL_OPTIONS["fold"] = bool(fold)
+    _options_key()
     return previous
 
 
@@ -572,19 +585,20 @@ _MAX_CALL_PLANS = 1024
 
 def _signature(query, key, value, dropout_p, is_causal, scale, enable_gqa):
     """Everything an unmasked call's validation and plan depend on (None for arguments of types
-    the plan does not key on: such calls take the validating path every time)."""
+    the plan does not key on: such calls take the validating path every time). Only strided
+    tensors have strides: a sparse, nested or mkldnn tensor raises in ``stride()`` and gets
+    None (validation names the argument), so the key needs no layout checks of its own."""
     if not (scale is None or type(scale) in (float, int)) or type(dropout_p) not in (float, int):
         return None
-    if not (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)
-            and isinstance(value, torch.Tensor)):
+    Tensor = torch.Tensor
+    if not (isinstance(query, Tensor) and isinstance(key, Tensor) and isinstance(value, Tensor)):
         return None
-    strided = torch.strided
-    if (query.layout is not strided or key.layout is not strided or value.layout is not strided
-            or query.is_nested or key.is_nested or value.is_nested):
-        return None  # validation names the argument
-    return (query.shape, key.shape, value.shape, query.stride(), key.stride(), value.stride(),
-            query.dtype, key.dtype, value.dtype, query.device, key.device, value.device,
-            dropout_p, is_causal, scale, enable_gqa, tuple(KERNEL_OPTIONS.values()), _FP32.value)
+    try:
+        return (query.shape, key.shape, value.shape, query.stride(), key.stride(), value.stride(),
+                query.dtype, key.dtype, value.dtype, query.device, key.device, value.device,
+                dropout_p, is_causal, scale, enable_gqa, _OPTIONS_KEY[0])
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
 
 
 def _validated(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
