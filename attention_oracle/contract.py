@@ -157,7 +157,7 @@ def signature_problem(name: str, fn) -> str:
     if not why:
         return ""
     return (f"{name}: {why}\n  contract: {name}{signature(name)}\n  offered:  {name}{have}\n"
-            f"  (docs/CONTRACT.md, '1. Surface and signatures')")
+            f"  (docs/CONTRACT.md, '1. Surface and signatures'; `attention-oracle contract` prints it)")
 
 
 def offered(namespace) -> tuple[str, ...]:

@@ -361,7 +361,7 @@ def _oracle_sink(request, _device_share):
 
 def _end_broken_worker(nodeid: str) -> None:
     """A CUDA fault is sticky: every later call of this process raises it again (one illegal
-    address once turned a worker's next 109 tests into errors: NOTES.md). Under
+    address once turned a worker's next 109 tests into errors: docs/DESIGN.md "8. GPU placement, locks and device faults"). Under
     xdist the worker ends here, after this test's failure has been reported; pytest-xdist
     names the test it was in ("worker crashed") and starts a fresh worker for the rest.
     Without xdist the later tests are skipped with the reason instead."""

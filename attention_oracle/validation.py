@@ -9,8 +9,8 @@ Each check raises, with a message that starts with the argument's name:
   dtype outside its ``dtypes``, an index dtype outside its ``index_dtypes``, dropout, a gradient
   with respect to ``attn_mask``).
 
-SDPA broadcasting is PyTorch's (measured on torch 2.14.1's math backend, NOTES.md "Shared input
-validation"): the batch dims of query, key and value broadcast against each other (ranks may
+SDPA broadcasting is PyTorch's (measured on torch 2.14.1's math backend, docs/DESIGN.md "4. Contract,
+signatures and input validation"): the batch dims of query, key and value broadcast against each other (ranks may
 differ); without ``enable_gqa`` the head dims (dim -3) broadcast too, and out has the broadcast
 head count; with ``enable_gqa`` Hq must be a multiple of Hk and of Hv (which may differ).
 

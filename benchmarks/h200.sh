@@ -42,14 +42,8 @@ OUT=${OUT:-out}
 PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
 export PYTHONUNBUFFERED=1
-# the suite's own tests: tests/ (meta_tests/ in older trees)
-TESTS=$( [ -d tests ] && echo tests || echo meta_tests )
-# the narrow real kernel, wherever the package keeps its adapters
-if [ -f attention_oracle/judge/adapters/torch_flash_narrow.py ]; then
-    NARROW=${NARROW:-attention_oracle.judge.adapters.torch_flash_narrow:NarrowFlash}
-else
-    NARROW=${NARROW:-attention_oracle.properties.adapters.torch_flash_narrow:NarrowFlash}
-fi
+TESTS=tests/fast  # the fast kernels' own tests
+NARROW=${NARROW:-attention_oracle.judge.adapters.torch_flash_narrow:NarrowFlash}  # the narrow real kernel
 t0=$(date +%s)
 
 note() { echo "== $1 ($(($(date +%s) - t0)) s)"; }

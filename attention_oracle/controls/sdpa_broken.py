@@ -136,7 +136,7 @@ class StridedDoutMisread(_Base):
 
 
 class DoutPlanCachedByShape(_Base):
-    """Models F9 (PyTorch's cuDNN backward, NOTES.md): the backward keeps the dout strides of
+    """Models F9 (PyTorch's cuDNN backward, docs/FINDINGS.md): the backward keeps the dout strides of
     the first call per shape and reads every later dout of that shape with them."""
 
     def __init__(self):

@@ -74,10 +74,10 @@ class OracleMismatch(AssertionError):
 
 
 # strided_dout checks run the contiguous-dout backward second, after the strided one on the same
-# inputs: an implementation caching a plan without dout's strides fails there (NOTES.md, F9)
+# inputs: an implementation caching a plan without dout's strides fails there (docs/FINDINGS.md F9)
 AFTER_STRIDED = ("this contiguous-dout backward ran after one with {layout} dout on the same "
                  "inputs in this process; if the gradient is right in a fresh process, the "
-                 "implementation reuses a plan built for the other dout layout (NOTES.md, F9)")
+                 "implementation reuses a plan built for the other dout layout (docs/FINDINGS.md F9)")
 
 
 @contextlib.contextmanager

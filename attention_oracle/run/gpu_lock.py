@@ -9,7 +9,7 @@ The lock. Ordinary tests take their device's lock shared; a test that needs most
 (the full-size DSA fixtures: tens of GiB) takes it exclusively, so no other worker holds memory
 on that device beyond its CUDA context while it runs (each test returns its cached blocks to the
 driver when it ends: ``release_cached_memory``). Without this, a 14-worker run on one H200 ran
-out of memory: the full-size worker held ~82 GiB and the thirteen others 2-6 GiB each (NOTES.md). There is one lock per device, so on a host with several GPUs the full-size tests
+out of memory: the full-size worker held ~82 GiB and the thirteen others 2-6 GiB each (docs/DESIGN.md "8. GPU placement, locks and device faults"). There is one lock per device, so on a host with several GPUs the full-size tests
 run one per GPU at the same time (:func:`full_size_device` spreads them; the plugin runs each on
 its device, whichever worker takes it), not one per host.
 

@@ -264,7 +264,7 @@ def render(summary: dict, skipped: list, meta: dict) -> str:
         rows.append((r["impl"], r["dtype"], str(r["examples"]), _fmt(r["worst"]), r["at"], verdict))
     lines += _table(rows)
     if summary["known"]:
-        lines += ["", "Known failure classes (apart from the above; NOTES.md, Findings)"]
+        lines += ["", "Known failure classes (apart from the above; docs/FINDINGS.md)"]
         rows = [("implementation", "check", "dtype", "examples", "worst", "reason")]
         rows += [(k["impl"], k["check"], k["dtype"], str(k["examples"]), _fmt(k["worst"]),
                   k["reason"][:70]) for k in summary["known"]]
@@ -355,7 +355,9 @@ def _name_count(text: str) -> tuple[str, int]:
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="attention-oracle calibrate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="attention-oracle calibrate", description=(
+        "Calibration report: how far correct kernels stay below the agreement rule's bound, and how "
+        "far above it each negative control lands (JSON, and a PNG of the ratios)."))
     p.add_argument("--examples", type=int, default=12, help="cases per (implementation, check, dtype)")
     p.add_argument("--control-examples", type=int, default=CONTROL_EXAMPLES,
                    help="cases per (control, check, dtype); the meta tests search up to 40")

@@ -2,9 +2,9 @@
 
 Runs the check once on the named implementation (built-in or ``package.module[:attr]``) and
 prints the verdict; exit status 1 on a mismatch. Also replays a regression-corpus file
-(``--file fixtures/regressions/X.json``), and ``--save NAME`` adds the case to that corpus
-(``fixtures/regressions/NAME.json``, plain JSON: never pickle), which ``attention_oracle/conformance/test_regressions.py``
-replays on every selected implementation from then on.
+(``--file DIR/X.json``), and ``--save NAME`` adds the case to your corpus (``--corpus DIR``,
+default ``.hypothesis/corpus``; plain JSON, never pickle), which every later run replays on
+every selected implementation (``conformance/test_regressions.py``).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from attention_oracle.checks.catalogue import check as find_check
 from attention_oracle.checks.catalogue import load_case
 from attention_oracle.judge.agreement import OracleMismatch
 from attention_oracle.judge.targets import Refused, load
-from attention_oracle.run import corpus, poison
+from attention_oracle.run import corpus, fuzzing, poison
 
 
 def replay(impl: str, check: str, case_dict: dict) -> int:
@@ -45,14 +45,17 @@ def replay(impl: str, check: str, case_dict: dict) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="attention-oracle replay", description="Re-run one case a failure printed, on one implementation: the verdict, exit 1 on a mismatch.")
     p.add_argument("--impl", default="oracle")
     p.add_argument("--check", help="AREA.CHECK, e.g. sdpa.forward_agreement")
     p.add_argument("--file", help="a regression-corpus JSON file (holds check and case)")
-    p.add_argument("--save", metavar="NAME", help="add the case to fixtures/regressions/NAME.json")
+    p.add_argument("--save", metavar="NAME",
+                   help=f"add the case to your corpus, DIR/NAME.json (DIR: --corpus, default "
+                        f"{fuzzing.DEFAULT_CORPUS}, which every later run replays)")
     p.add_argument("--note", default="", help="with --save: what the case found")
     p.add_argument("--corpus", metavar="DIR", default=None,
-                   help="with --save: write to DIR instead of the package's fixtures/regressions")
+                   help=f"with --save: the corpus directory (default {fuzzing.DEFAULT_CORPUS}; the "
+                        f"suite's own corpus is attention_oracle/fixtures/regressions)")
     p.add_argument("--cuda-device", type=int, default=None, metavar="N",
                    help="run on CUDA device N (the isolated runner passes its worker's device)")
     p.add_argument("--no-poison", action="store_true",
@@ -66,7 +69,7 @@ def main(argv=None) -> int:
     if a.no_poison:
         poison.set_enabled(False)
     if a.save:
-        print(corpus.save(a.save, a.check, json.loads(a.case), a.note, corpus_dir=a.corpus))
+        print(corpus.save(a.save, a.check, json.loads(a.case), a.note, corpus_dir=a.corpus or fuzzing.DEFAULT_CORPUS))
     if a.file:
         with open(a.file) as f:
             entry = json.load(f)
@@ -82,5 +85,5 @@ if __name__ == "__main__":
     sys.stderr.flush()
     # The verdict is printed; skip interpreter teardown, where a CUDA process once aborted
     # ("terminate called without an active exception", exit -6) after its check had passed
-    # (H200, NOTES.md), which the isolated runner would read as a failure.
+    # (H200; docs/DESIGN.md "8. GPU placement, locks and device faults"), which the isolated runner would read as a failure.
     os._exit(code or 0)

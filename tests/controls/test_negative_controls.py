@@ -98,7 +98,7 @@ def test_single_key_cancellation_uses_floor():
 
 def test_plan_reuse_failure_names_the_call_order():
     """F9's model: the failure of the contiguous-dout backward says it ran after a strided one
-    (the message a user of PyTorch's cuDNN backend sees; NOTES.md, F9)."""
+    (the message a user of PyTorch's cuDNN backend sees; docs/FINDINGS.md F9)."""
     target = load("attention_oracle.controls.sdpa_broken:DoutPlanCachedByShape")
     case = load_case({"E": 8, "Ev": 8, "L": 2, "S": 2, "area": "sdpa", "batch": [1], "causal": False,
                       "dtype": "float32", "empty_rows": 0, "gqa": False, "hkv": 2, "hq": 2,

@@ -593,7 +593,7 @@ def test_no_keys_or_no_slots_rope(S, K):
 @pytest.mark.parametrize("rope", [False, True])
 @pytest.mark.parametrize("scale", [1.0, 0.5])
 def test_fp32_scores_in_natural_units(rope, scale):
-    """fp32 scores are dot * scale, rounded once (NOTES.md, F6): with small-integer inputs and
+    """fp32 scores are dot * scale, rounded once (docs/FINDINGS.md F6): with small-integer inputs and
     an exact scale every score is exact in fp32, so a row with one valid slot must give
     lse == its score and out == the key row, bit for bit. Kept in base 2 (dot * fl(scale*log2e),
     then lse2 * ln2) the lse is off by an ulp or more: that version failed this test."""
@@ -627,8 +627,8 @@ def test_fp32_scores_in_natural_units(rope, scale):
 @pytest.mark.usefixtures("acc64_mode")
 @pytest.mark.parametrize("rope", [False, True])
 def test_fp32_score_dot_rounded_once(rope):
-    """fp32 scores come from an fp64-accumulated dot rounded once (NOTES.md, fast DSA, "fp32
-    summation order"): a score whose fp32 partial sums cancel (2^25 + 1 - 2^25, exact 1) must
+    """fp32 scores come from an fp64-accumulated dot rounded once (docs/FINDINGS.md F6,
+    F17): a score whose fp32 partial sums cancel (2^25 + 1 - 2^25, exact 1) must
     give lse == 1 * scale with one valid slot per row. An fp32 dot rounds 2^25 + 1 to 2^25 and
     returns 0 (main's kernel, rope case: lse 0, every row fails). Backward: with one slot,
     P = 1 and dS = P (dP - Delta) = 0 exactly in exact arithmetic, so dq must be exactly 0."""
@@ -763,7 +763,7 @@ def test_fp32_block_dots_not_folded(tmp_path):
     """fp32 P.V (forward) and dS.K (backward, dq and dq_rope) must be summed per slot block and
     added to the accumulator, not chained through it: Triton's combine pass turns
     ``acc * alpha + tl.dot(p, v)`` into ``tl.dot(p, v, acc * alpha)`` natively, so the fp32
-    accumulator became ONE sequential FMA chain over all slots of a row (NOTES.md:
+    accumulator became ONE sequential FMA chain over all slots of a row (docs/FINDINGS.md F17:
     `index.compacted_attention` K = 2048, 1536 duplicate slots of one key, out error 4.46e-05,
     ratio 22). The interpreter does not fold, so this compiles the kernels for sm_90 (no GPU
     needed) and reads the TTIR: the acc64 kernels, and the tf32x3 ones (``_tc``: their dots are
@@ -832,7 +832,7 @@ def test_split_scores_unchain_score_dots(tmp_path):
     """``split_scores`` must give the score dots warpsPerCTA [4, 2] (each warpgroup its own slot
     columns) with 64 heads and 8 warps. Without it Triton lays a dot whose result reaches
     another dot out as [8, 1]: 128 rows of warps for 64 heads, so both warpgroups compute the
-    whole score tile (NOTES.md, "Issue 12, DSA tuning": forward 208 -> 277 TFLOP/s on the
+    whole score tile (docs/DESIGN.md "11. fast DSA (Triton)": forward 208 -> 277 TFLOP/s on the
     H200). The speed only, never the values, depends on this; a Triton that looked through
     the branch would fail here first. Compiles for sm_90 without a GPU; the control (no
     split) must show [8, 1]."""
@@ -878,7 +878,7 @@ def test_default_forward_wgmma_pipelined(tmp_path):
     wgmma pipelined. With a slot loop that may run zero times, the ptxas of Triton 3.8 (CI's)
     serialises every wgmma of the kernel (warning C7515: an accumulator defined by moves on the
     loop's bypass path while the P.V dot is in flight across iterations), one WARPGROUP wait per
-    HGMMA in the loop (NOTES.md, "fast DSA tuning, session 8"). Compiles for sm_90a without a
+    HGMMA in the loop (docs/DESIGN.md "11. fast DSA (Triton)", docs/FINDINGS.md F19). Compiles for sm_90a without a
     GPU, with Triton's ptxas. The control (the default without ``no_zero_trip``) shows the
     serialisation under Triton 3.8; Triton 3.6's ptxas (the H200 machine's) pipelines both,
     so there the control is only reported."""

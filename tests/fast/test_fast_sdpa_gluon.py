@@ -108,7 +108,7 @@ def test_planted_wrong_scale_is_caught(gen, monkeypatch):
 
 
 # the warp-specialized kernel has not run on a GPU yet: a deadlock in its barriers would hang
-# the run, so these cases run only when asked (benchmarks/h200_s8_h1_gluon.sh asks)
+# the run, so these cases run only when asked (`bash benchmarks/h200.sh check` asks)
 @pytest.mark.skipif(os.environ.get("ATTENTION_ORACLE_GLUON_VARIANTS", "0") in ("", "0"),
                     reason="set ATTENTION_ORACLE_GLUON_VARIANTS=1 to check the other Gluon configs")
 @pytest.mark.parametrize("config", [(64, 64, 2, 4, False), (128, 128, 2, 8, False),

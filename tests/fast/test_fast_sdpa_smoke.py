@@ -358,7 +358,7 @@ def assert_bitwise(name, got, expected):
 
 @pytest.mark.parametrize("E,scale", [(256, None), (72, 2.0), (8, 0.5), (200, 0.125)])
 def test_fp32_single_key_lse_is_the_rounded_exact_score(E, scale, gen):
-    """F5 (NOTES.md): under is_causal, row 0 sees key 0 only, so lse = its score. fp32 forms the
+    """F5 (docs/FINDINGS.md): under is_causal, row 0 sees key 0 only, so lse = its score. fp32 forms the
     score from an fp64-accumulated dot with one rounding, so lse equals fl32(exact score)
     bitwise. The log2-unit kernel with fp32 dots was 14 ulps off at E = 256 (the F5 case) and
     fails this test (checked against the pre-fix tree)."""
@@ -404,7 +404,7 @@ def finfo_min_inputs(dtype, gen, empty_row=True):
 @pytest.mark.parametrize("dtype,fp32_mode", MIN_ROW_CASES,
                          ids=lambda x: str(x).split(".")[-1])
 def test_finfo_min_rows(dtype, fp32_mode, gen):
-    """F11 (NOTES.md): a row whose every key carries finfo(dtype).min has scores that all round
+    """F11 (docs/FINDINGS.md): a row whose every key carries finfo(dtype).min has scores that all round
     to min (even in fp64), so m = min and m + log(l) rounds to m: a backward recomputing
     P = exp(s - lse) gets 1 per key instead of 1 / l. The kernels keep m and log l apart; out,
     lse and every gradient agree with the oracle (16-bit and every fp32 mode: the log2-unit

@@ -506,7 +506,7 @@ def test_packed_glm_a_full_size_fits_budget():
     """Gold forward + backward + magnitudes at the real geometry: <= 16 GiB extra device memory.
 
     The time is printed, not asserted (a timed test measures the machine's load; the figure
-    belongs in NOTES.md: 2.35-2.65 s alone on an H200)."""
+    belongs in docs/PERFORMANCE.md: 2.35-2.65 s alone on an H200)."""
     import time
 
     from attention_oracle.oracle.index import key_position

@@ -105,7 +105,7 @@ def test_b_after_the_fault():
 
 
 def test_a_device_fault_does_not_poison_the_next_tests(tmp_path):
-    """One illegal address in a worker once turned its next 109 tests into errors (NOTES.md). The
+    """One illegal address in a worker once turned its next 109 tests into errors (docs/DESIGN.md "8. GPU placement, locks and device faults"). The
     worker now ends after the faulting test, and xdist runs the rest in a fresh one. Negative
     control: without the exit (``-n 0``, one process) the second test cannot pass and is skipped
     with the reason."""

@@ -1,6 +1,6 @@
 """PyTorch's FLASH_ATTENTION backend alone, declared as the narrow kernel it is.
 
-A real narrow kernel under test (issue 11): ``sdpa_kernel(SDPBackend.FLASH_ATTENTION)`` and
+A real narrow kernel under test: ``sdpa_kernel(SDPBackend.FLASH_ATTENTION)`` and
 nothing else, with a capability declaration (README, "Capability declaration";
 ``judge/capabilities.py``) saying what PyTorch's flash path takes, so that the
 strategies spend the example budget on calls it runs::
