@@ -21,6 +21,7 @@ its own, whichever worker takes it), so they run one per GPU at the same time.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
@@ -28,13 +29,24 @@ import time
 
 import pytest
 import torch
+from hypothesis import settings
 
 if not torch.cuda.is_available():
     # Must precede any import of a module defining @triton.jit kernels (FACTS.md).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from attention_oracle.judge import capabilities, profiles, record, targets
-from attention_oracle.run import baseline, fuzzing, gpu_lock, known_failures, poison, report, triage, user_known
+from attention_oracle.run import (
+    baseline,
+    exampledb,
+    fuzzing,
+    gpu_lock,
+    known_failures,
+    poison,
+    report,
+    triage,
+    user_known,
+)
 
 profiles.register()
 
@@ -53,12 +65,14 @@ def pytest_addoption(parser):
     group.addoption("--oracle-failures", metavar="FILE", default=None,
                     help="append every failure (full text) and skip reason to FILE as it "
                          "happens: survives an interrupted run")
-    group.addoption("--oracle-fuzz-db", metavar="DIR", default=None,
+    group.addoption("--oracle-fuzz-db", metavar="DIR|URL", default=None,
                     help="fuzz profile: the example database, shared by every process and host of "
-                         f"a campaign (default {fuzzing.DEFAULT_DB}; also ORACLE_FUZZ_DB)")
-    group.addoption("--oracle-fuzz-read", metavar="DIR", action="append", default=[],
+                         "a campaign: a directory or a Redis server, redis://HOST:PORT/N (needs "
+                         f"attention-oracle[redis]) (default {fuzzing.DEFAULT_DB}; also ORACLE_FUZZ_DB)")
+    group.addoption("--oracle-fuzz-read", metavar="DIR|URL", action="append", default=[],
                     help="fuzz profile: also replay this database, never writing to it (a team's "
-                         "copy); repeatable; also ORACLE_FUZZ_READ (path-separated)")
+                         "copy); repeatable; also ORACLE_FUZZ_READ (path-separated; whitespace-"
+                         "separated where it holds a URL)")
     group.addoption("--oracle-fuzz-examples", metavar="N", type=int, default=None,
                     help="fuzz profile: examples per test (default 2000)")
     group.addoption("--oracle-fuzz-replay-only", action="store_true", default=False,
@@ -80,6 +94,9 @@ def pytest_addoption(parser):
     group.addoption("--no-poison", action="store_true", default=False,
                     help="do not fill tensors from torch.empty & co. with NaN / sentinels while "
                          "a check runs (debugging only; also ORACLE_NO_POISON=1)")
+    group.addoption("--oracle-progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="a line per finished check: examples judged out of the budget (default: on "
+                         "under the gpu and fuzz profiles)")
 
 
 def _default_profile() -> str:
@@ -105,8 +122,8 @@ def pytest_configure(config):
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     chosen = config.getoption("hypothesis_profile", None) or _default_profile()
-    _configure_fuzzing(config)
-    profiles.activate(chosen, on_gpu=torch.cuda.is_available(), fuzz_database=fuzzing.database(),
+    fuzz_database = _configure_fuzzing(config, chosen)
+    profiles.activate(chosen, on_gpu=torch.cuda.is_available(), fuzz_database=fuzz_database,
                       fuzz_examples=fuzzing.settings()["examples"],
                       replay_only=fuzzing.settings()["replay_only"])
     poison.set_enabled(not (config.getoption("no_poison") or os.environ.get("ORACLE_NO_POISON") == "1"))
@@ -131,11 +148,12 @@ def _device_count() -> int:
 _CUTOFF = "ATTENTION_ORACLE_CORPUS_CUTOFF"  # the controller's start, inherited by its workers
 
 
-def _configure_fuzzing(config) -> None:
+def _configure_fuzzing(config, chosen: str):
+    """Configure ``fuzzing`` from options and environment; the fuzz profile's database (opened
+    now: a bad URL or an unreachable Redis server is a usage error), None for other profiles."""
     if not _WORKER:  # a nested run is a controller of its own: it sets its own start
         os.environ[_CUTOFF] = repr(time.time())
-    read = config.getoption("oracle_fuzz_read") or \
-        [p for p in os.environ.get("ORACLE_FUZZ_READ", "").split(os.pathsep) if p]
+    read = config.getoption("oracle_fuzz_read") or exampledb.split_read_list(os.environ.get("ORACLE_FUZZ_READ", ""))
     try:
         fuzzing.configure(db=config.getoption("oracle_fuzz_db") or os.environ.get("ORACLE_FUZZ_DB"),
                           read=tuple(read),
@@ -143,6 +161,7 @@ def _configure_fuzzing(config) -> None:
                           examples=config.getoption("oracle_fuzz_examples"),
                           replay_only=config.getoption("oracle_fuzz_replay_only"),
                           cutoff=float(os.environ[_CUTOFF]) if os.environ.get(_CUTOFF) else None)
+        return fuzzing.database() if chosen == "fuzz" else None
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
 
@@ -155,8 +174,8 @@ def _fuzz_header() -> list[str]:
     if profiles.name() == "fuzz":
         s = fuzzing.settings()
         mode = "replay only" if s["replay_only"] else f"{s['examples'] or 'default'} examples per test"
-        lines.append(f"attention-oracle fuzzing: database {s['db']}"
-                     + (f" (+ read-only {', '.join(s['read'])})" if s["read"] else "")
+        lines.append(f"attention-oracle fuzzing: database {exampledb.redacted(s['db'])}"
+                     + (f" (+ read-only {', '.join(map(exampledb.redacted, s['read']))})" if s["read"] else "")
                      + f"; found failures saved to {s['corpus']}; {mode}")
     return lines
 
@@ -213,7 +232,7 @@ def _known_failures_summary(terminalreporter) -> None:
 def _refuse_unloadable(config) -> None:
     """A module named on the command line that cannot be imported is a usage error, not a run
     of skips that reads as green (built-ins missing on this machine are skipped instead)."""
-    names = targets.parse_names(config.getoption("impl"), os.environ.get("ORACLE_IMPL"))
+    names = _names(config)
     for name in names:
         if name in targets.BUILTINS:
             continue
@@ -228,7 +247,7 @@ def pytest_sessionstart(session):
 
 
 def pytest_report_header(config):
-    names = targets.parse_names(config.getoption("impl"), os.environ.get("ORACLE_IMPL"))
+    names = _names(config)
     device = targets.default_device()
     return _fuzz_header() + [f"attention-oracle: implementations {names}; device {device}; "
             f"hypothesis profile {profiles.name()} ({profiles.size()} sizes); "
@@ -247,7 +266,7 @@ def _target(name: str) -> targets.Target:
 
 def pytest_generate_tests(metafunc):
     if "impl" in metafunc.fixturenames:
-        names = targets.parse_names(metafunc.config.getoption("impl"), os.environ.get("ORACLE_IMPL"))
+        names = _names(metafunc.config)
         metafunc.parametrize("impl", names, indirect=True)
 
 
@@ -276,6 +295,16 @@ def _check_from_names(item) -> str:
 
 def _named_impls(config) -> bool:
     return bool(config.getoption("impl") or os.environ.get("ORACLE_IMPL"))
+
+
+_NAMES = pytest.StashKey[list]()
+
+
+def _names(config) -> list[str]:
+    """The implementations under test, parsed once per run (``--impl`` / ``ORACLE_IMPL``)."""
+    if _NAMES not in config.stash:
+        config.stash[_NAMES] = targets.parse_names(config.getoption("impl"), os.environ.get("ORACLE_IMPL"))
+    return config.stash[_NAMES]
 
 
 def _is_conformance(item) -> bool:
@@ -448,6 +477,25 @@ def pytest_runtest_logreport(report):
             outcome = "failed"
         if ident["impl"] != "-":  # the suite's own tests are not rows of the verdict
             _TABLE.add(ident["impl"], ident["check"], outcome, info)
+            _progress(report, ident, outcome, info)
+
+
+def _progress(report, ident: dict, outcome: str, info: dict | None) -> None:
+    """Long runs: one line per finished conformance test, examples judged out of the budget."""
+    config = _CONFIG[0] if _CONFIG else None
+    if _WORKER or config is None:
+        return
+    wanted = config.getoption("oracle_progress")
+    if wanted is None:
+        wanted = profiles.name() in ("gpu", "fuzz")
+    writer = config.pluginmanager.get_plugin("terminalreporter")
+    if not wanted or writer is None:
+        return
+    info = info or {}
+    judged = info.get("examples", 0) - info.get("refused", 0)
+    writer.write_line(f"attention-oracle: {ident['impl']} {ident['check']} {outcome}: {judged} calls judged, "
+                      f"{info.get('refused', 0)} refused; {settings().max_examples} examples per search "
+                      f"({report.nodeid.rsplit('::', 1)[-1]})")
 
 
 def _not_verified_summary(terminalreporter) -> None:
