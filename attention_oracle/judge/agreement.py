@@ -70,7 +70,16 @@ LP_DEFAULT = "naive"   # the name of an lp given as one tensor
 
 
 class OracleMismatch(AssertionError):
-    """A check found an implementation outside the agreement rule (or an exact convention)."""
+    """A check found an implementation outside the agreement rule (or an exact convention).
+
+    ``detail`` (None for a plain property): what the failure was on, as data, beside the
+    message: {"check", "impl", "output", "at" (the worst coordinate, a tuple), "allowed" (the
+    bound the error broke, 0 for exact comparisons), "error" (|impl - gold| over the output's
+    last two dims at the worst coordinate's leading indices, a CPU float64 tensor; 1 where a
+    value is non-finite or differs from an exact expectation), "slice" (those leading
+    indices)}. The triage's error maps and bug grouping read it."""
+
+    detail: dict | None = None
 
 
 # strided_dout checks run the contiguous-dout backward second, after the strided one on the same
@@ -82,11 +91,26 @@ AFTER_STRIDED = ("this contiguous-dout backward ran after one with {layout} dout
 
 @contextlib.contextmanager
 def noted(note: str):
-    """Adds one line of context to an OracleMismatch raised inside the block."""
+    """Adds one line of context to an OracleMismatch raised inside the block (its ``detail`` kept)."""
     try:
         yield
     except OracleMismatch as exc:
-        raise OracleMismatch(f"{exc}\n  note: {note}") from None
+        raise with_detail(OracleMismatch(f"{exc}\n  note: {note}"), exc.detail) from None
+
+
+def with_detail(exc: OracleMismatch, detail: dict | None) -> OracleMismatch:
+    """``exc`` carrying ``detail`` (see :class:`OracleMismatch`)."""
+    exc.detail = detail
+    return exc
+
+
+def error_slice(error: torch.Tensor, at: tuple) -> tuple[torch.Tensor, tuple]:
+    """(the 2-D slice of ``error`` over its last two dims at ``at``'s leading indices, as a CPU
+    float64 tensor; those indices). A 1-D ``error`` is one row; a 0-D one a 1 x 1 map."""
+    if error.dim() >= 2:
+        lead = tuple(at[:-2])
+        return error[lead].detach().to("cpu", torch.float64), lead
+    return error.detach().reshape(1, -1).to("cpu", torch.float64), ()
 
 
 @dataclass
@@ -184,9 +208,15 @@ def _header(check: str, impl: str, name: str) -> str:
     return f"[{check}] implementation={impl} output={name}"
 
 
-def _fail(check, impl, name, body, repro, ratio=float("inf")):
+def _fail(check, impl, name, body, repro, ratio=float("inf"), error=None, at=(), allowed=0.0):
+    """Raise the failure; ``error`` (|impl - gold|, or 1 where an element is wrong), ``at`` (the
+    worst coordinate) and ``allowed`` go into its ``detail``."""
     record.record_ratio(check, impl, ratio, output=name)
-    raise OracleMismatch(f"{_header(check, impl, name)}: {body}\n  reproduce: {repro}")
+    detail = {"check": check, "impl": impl, "output": name, "at": tuple(at), "allowed": float(allowed),
+              "error": None, "slice": ()}
+    if error is not None and error.numel():
+        detail["error"], detail["slice"] = error_slice(error, tuple(at))
+    raise with_detail(OracleMismatch(f"{_header(check, impl, name)}: {body}\n  reproduce: {repro}"), detail)
 
 
 def lp_runs(x_lp) -> dict:
@@ -247,12 +277,12 @@ def assert_agrees(x_impl: torch.Tensor, x_gold: torch.Tensor, x_lp, *, check: st
         if bool(bad.any()):
             at = _index_of_max(bad.to(torch.int8))
             _fail(check, impl, name, f"non-finite gold value {gold[at].item()} not reproduced: "
-                  f"impl={impl64[at].item()} at {at}", repro)
+                  f"impl={impl64[at].item()} at {at}", repro, error=bad.to(torch.float64), at=at)
     nonfinite_impl = finite & ~torch.isfinite(impl64)
     if bool(nonfinite_impl.any()):
         at = _index_of_max(nonfinite_impl.to(torch.int8))
         _fail(check, impl, name, f"NaN/Inf where the gold is finite: impl={impl64[at].item()}, "
-              f"gold={gold[at].item()} at {at}", repro)
+              f"gold={gold[at].item()} at {at}", repro, error=nonfinite_impl.to(torch.float64), at=at)
     zero = torch.zeros((), dtype=torch.float64, device=gold.device)
     diff = torch.where(finite, (impl64 - gold).abs(), zero)
     verdict = rule(_max_or_zero(diff), measure_lp(lp, gold, finite), round_error(gold, finite, dtype),
@@ -265,7 +295,7 @@ def assert_agrees(x_impl: torch.Tensor, x_gold: torch.Tensor, x_lp, *, check: st
         body = (f"max|impl-gold| = {_fmt(verdict.err)} > allowed {_fmt(verdict.allowed)} "
                 f"(ratio {verdict.ratio:.2f})\n  {verdict.terms(dtype)}\n"
                 f"  worst at {at}: impl={impl64[at].item():.6g} gold={gold[at].item():.6g} {at_lp}")
-        _fail(check, impl, name, body, repro, verdict.ratio)
+        _fail(check, impl, name, body, repro, verdict.ratio, error=diff, at=at, allowed=verdict.allowed)
     return verdict
 
 
@@ -288,7 +318,8 @@ def assert_exact(x_impl: torch.Tensor, x_expected: torch.Tensor, *, check: str, 
         at = _index_of_max(differ.to(torch.int8))
         count = int(differ.sum())
         _fail(check, impl, name, f"{what + ': ' if what else ''}{count} element(s) differ from the "
-              f"exact expectation; first at {at}: impl={a[at].item()} expected={b[at].item()}", repro)
+              f"exact expectation; first at {at}: impl={a[at].item()} expected={b[at].item()}", repro,
+              error=differ.to(torch.float64), at=at)
 
 
 def assert_true(cond: bool, *, check: str, impl: str, name: str, message: str, repro: str) -> None:
