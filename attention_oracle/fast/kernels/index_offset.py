@@ -72,9 +72,11 @@ def _find_document(cu_q_ptr, t, n_docs, SEARCH_STEPS: tl.constexpr):
 @triton.jit
 def _valid_global_rows(idx_ptr, row_offset, stride_k, offs, K, limit, seqlen_k, pos, key_start,
                        CAUSAL: tl.constexpr):
-    """Loads one block of a row; returns (valid flags, global rows)."""
+    """Loads one block of a row; returns (valid flags, global rows). int32 indices stay int32
+    (``seqlen_k``, ``pos``, ``key_start`` come as int32 then: valid metadata bounds them by the
+    int32 key rows, and bad metadata fails the call); int64 indices compare in int64."""
     in_row = offs < K
-    local = tl.load(idx_ptr + row_offset + offs * stride_k, mask=in_row, other=-1).to(tl.int64)
+    local = tl.load(idx_ptr + row_offset + offs * stride_k, mask=in_row, other=-1)
     valid = in_row & (offs < limit) & (local >= 0) & (local < seqlen_k)
     if CAUSAL:
         valid = valid & (local <= pos)
@@ -116,6 +118,10 @@ def _offset_row(idx_ptr, cu_q_ptr, cu_k_ptr, topk_len_ptr, out_ptr, len_out_ptr,
     k_end = tl.load(cu_k_ptr + doc + 1).to(tl.int64)
     seqlen_k = k_end - k_start
     pos = (seqlen_k - (q_end - q_start)) + (t - q_start)
+    if idx_ptr.dtype.element_ty != tl.int64:  # the row's vector arithmetic in int32
+        seqlen_k = seqlen_k.to(tl.int32)
+        pos = pos.to(tl.int32)
+        k_start = k_start.to(tl.int32)
 
     limit = K + t * 0
     if HAS_TOPK_LEN:
