@@ -451,7 +451,7 @@ def backward_memory(p):
 FP32_OLD = C(16, 16, 32, 64, 4, 1)  # before acc64: fp64 score dots, fp32 FMA P.V, dq and dkv
 # offline sm_90a spills (python -m attention_oracle.fast.kernels.dsa_probe fwd32|bwd32 ...):
 # forward at most 92 B, backward at most 756 B; the last of each list is without acc64 (fp32
-# FMA products after the fp64 scores). Measured in session 6 (NOTES.md); the sweep now times
+# FMA products after the fp64 scores). Measured on the H200 (docs/PERFORMANCE.md "SDPA, fp32"); the sweep now times
 # the acc64 defaults only.
 FP32_FWD_CANDIDATES = [C(64, 16, 64, 256, 8, 2, acc64=True), C(32, 16, 64, 512, 8, 2, acc64=True),
                        C(32, 16, 64, 512, 8, 2)]

@@ -36,7 +36,7 @@ from . import dsa as B
 from .timing import queued_ms, synced_ms
 
 C = fdsa.KernelConfig  # block_h, block_k, block_d, block_dv, num_warps, num_stages, dkv_transposed
-FORWARD = {  # the forward candidates (their figures: NOTES.md, "Issue 12, DSA tuning")
+FORWARD = {  # the forward candidates (their figures: docs/DESIGN.md "11. fast DSA (Triton)")
     "default": None,
     "s7_default": C(64, 64, 512, 512, 8, 2, split_scores=1),
     "one64_s2": C(64, 64, 512, 512, 8, 2),
@@ -47,7 +47,7 @@ FORWARD = {  # the forward candidates (their figures: NOTES.md, "Issue 12, DSA t
     "split32_s3": C(64, 32, 512, 512, 8, 3, split_scores=1),
     "split64_w16": C(64, 64, 512, 512, 16, 2, split_scores=1),
     "split128_s1": C(64, 128, 512, 512, 8, 1, split_scores=1),
-    # session 8 (NOTES.md, "fast DSA tuning, session 8"): no zero-trip loop (wgmma pipelined
+    # (docs/DESIGN.md "11. fast DSA (Triton)", docs/FINDINGS.md F19): no zero-trip loop (wgmma pipelined
     # instead of serialised), 32-bit index math
     "nzt64_s2": C(64, 64, 512, 512, 8, 2, split_scores=1, no_zero_trip=True),
     "nzt64_s2_i32": C(64, 64, 512, 512, 8, 2, split_scores=1, no_zero_trip=True, int32_rows=True),
@@ -67,7 +67,7 @@ BACKWARD = {
     "halves_k16_s3": C(64, 16, 64, 256, 8, 3, True, split_scores=True, halves=True),
     "halves_k32_s1": C(64, 32, 64, 256, 8, 1, True, split_scores=True, halves=True),
     "halves_k64_s1": C(64, 64, 64, 256, 8, 1, True, split_scores=True, halves=True),
-    # session 8: 32-bit index math, adjacent programs of one token, rope gradients in chunk 0 only
+    # 32-bit index math, adjacent programs of one token, rope gradients in chunk 0 only
     "k64_i32": C(64, 64, 64, 256, 8, 1, True, split_scores=True, halves=True, int32_rows=True),
     "k64_tm": C(64, 64, 64, 256, 8, 1, True, split_scores=True, halves=True, token_major=True),
     "k64_ro": C(64, 64, 64, 256, 8, 1, True, split_scores=True, halves=True, rope_owner=True),

@@ -1,5 +1,5 @@
 """Re-runs bench_fp32's order of calls (torch's fp32 default timed first, then fast's first call)
-and compares fast's first output with torch's and with float64: the check behind NOTES.md's
+and compares fast's first output with torch's and with float64: the check behind docs/FINDINGS.md's
 open observation on call 5 (max_diff 0.0).
 
     python -m benchmarks.fp32_first_call_check

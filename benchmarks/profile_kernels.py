@@ -1,5 +1,5 @@
 """One profiled launch per workload, for Nsight Compute: what limits fast's kernels against
-their peers (issue 12: "any target missed is stated with what limits it, measured").
+their peers: a target missed is stated with what limits it, measured.
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
         --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \\

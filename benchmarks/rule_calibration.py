@@ -201,7 +201,7 @@ def plan(examples: int, include_fast: bool, dtypes=tuple(DTYPES), device: str = 
 
 
 def f8_cases() -> list:
-    """SDPA cases shaped like F8's failing examples (NOTES.md, Findings, F8: torch-flex fp32 on
+    """SDPA cases shaped like F8's failing examples (docs/FINDINGS.md F8: torch-flex fp32 on
     CUDA): [2, 2, 1, 256] q with one kv head (GQA), S 35, Ev 24, a float mask, scale 1.0 (out
     5.63x, dq 1.83x under the naive rule); E 96, S 5, a broadcast bool mask (out 1.28x). The
     recorded seeds are lost: three seeds per shape (flex compiles once per shape)."""

@@ -93,7 +93,7 @@ class KernelConfig:
     int32_rows: bool = False
     # forward: the slot loop runs at least once (an empty row runs one all-invalid block), so
     # the compiled loop has no zero-trip path; with one, ptxas serialises every wgmma of the
-    # split 2-stage forward (warning C7515; NOTES.md, "fast DSA tuning, session 8")
+    # split 2-stage forward (warning C7515; docs/DESIGN.md "11. fast DSA (Triton)", docs/FINDINGS.md F19)
     no_zero_trip: bool = False
     # backward: a 1-D grid with the programs of one token (latent chunks, head blocks)
     # adjacent, so the second gather of the same key rows finds them in L2
@@ -119,7 +119,7 @@ def _two_chunks(cfg, dl):
 
 
 # fp32 on the GPU (both kinds), fastest first (H200, Triton 3.6, H 64, 512 + 64 / 512, top-k
-# 2048, doc_4096, synced TFLOP/s; NOTES.md "fast DSA fp32 on the H200"): forward 14.2 / 14.0,
+# 2048, doc_4096, synced TFLOP/s; docs/PERFORMANCE.md "DSA, fp32"): forward 14.2 / 14.0,
 # backward 7.5 / 6.0; the last entry is the config fp32 ran before (2.5 / 2.3), for a GPU that
 # refuses the others
 FP32_CONFIGS = {
@@ -133,7 +133,7 @@ FP32_CONFIGS = {
 
 
 # fp32 in the "tf32x3" modes on the GPU, fastest first (H200, Triton 3.6, H 64, 512 + 64 / 512,
-# top-k 2048, doc_4096, synced TFLOP/s; NOTES.md "fast DSA fp32 through 3xTF32"): forward 32
+# top-k 2048, doc_4096, synced TFLOP/s; docs/PERFORMANCE.md "DSA, fp32"): forward 32
 # heads, the whole 512 value width (scores once per head) 9.65; backward 32 heads, 256-wide
 # latent chunks, 2 stages 7.57 (128-wide chunks: 4.54). Chunked tiles only (the one-tile fp32
 # forward spilled 2.5-14 KB offline); 64-head tf32x3 forward tiles (wgmma) gave garbage on
@@ -181,17 +181,17 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False, tc32=False):
     if fp32:
         return FP32_CONFIGS["backward" if backward else "forward"]
     if backward:
-        # measured on H200 (NOTES.md, "Issue 12, DSA tuning"): for 64-head blocks and a latent
+        # measured on H200 (docs/DESIGN.md "11. fast DSA (Triton)"): for 64-head blocks and a latent
         # of two 256-wide chunks (the production 512), both halves gathered in the slot loop
         # with unchained score dots (halves, split_scores) beat the inner chunk loop: BLOCK_K
         # 64 124.2, BLOCK_K 32 108.9, chunk loop 91.0 TFLOP/s synced on doc_16384 (only the
-        # 64-head block was run natively). Before that (NOTES.md, fast DSA): the 64-head latent split in two
+        # 64-head block was run natively). Before that (docs/DESIGN.md "11. fast DSA (Triton)"): the 64-head latent split in two
         # 256-wide chunks with transposed dkv was fastest; 32-head one-tile close. The 64-head
         # one-tile config with transposed dkv gave wrong dkv and an illegal address
         # (Triton 3.6, heavy spills): it is not offered. (For Dl <= 256 the first config is one
         # tile all the same, BLOCK_DC being capped at the latent; in 16-bit it stays under
         # 500 B of spills there and passed the suite natively.)
-        # Then (NOTES.md, "fast DSA tuning, session 8") the BLOCK_K 64 halves config with 32-bit
+        # Then (docs/DESIGN.md "11. fast DSA (Triton)", docs/FINDINGS.md F19) the BLOCK_K 64 halves config with 32-bit
         # index math, a token's two programs adjacent and the rope gradients in chunk 0 only:
         # 139.4 vs 124.2 (doc_16384), 119.7 vs 108.5 (packed_glm_a) TFLOP/s synced.
         halves = ((KernelConfig(64, 64, 64, 256, 8, 1, True, split_scores=True, halves=True,
@@ -204,9 +204,9 @@ def candidate_configs(h, dl, *, backward, device_type, fp32=False, tc32=False):
                          KernelConfig(min(block_h, 32), 16, 64, 128, 4, 1),
                          KernelConfig(16, 16, 32, 64, 4, 1))
     # one tile: unchained score dots first (each warpgroup its own slot columns; H200,
-    # doc_16384: 276.8 vs 208.3 TFLOP/s synced, NOTES.md "Issue 12, DSA tuning"), with 32-bit
-    # index math and a slot loop free of a zero-trip path (NOTES.md, "fast DSA tuning,
-    # session 8": 339.3 vs 274.2 doc_16384, 298.8 vs 249.2 packed_glm_a TFLOP/s synced)
+    # doc_16384: 276.8 vs 208.3 TFLOP/s synced, docs/PERFORMANCE.md "Tile switches"), with 32-bit
+    # index math and a slot loop free of a zero-trip path (docs/DESIGN.md "11. fast
+    # DSA (Triton)": 339.3 vs 274.2 doc_16384, 298.8 vs 249.2 packed_glm_a TFLOP/s synced)
     first = (KernelConfig(block_h, 64, latent, latent, 8, 2, split_scores=1, int32_rows=True,
                           no_zero_trip=True),
              KernelConfig(block_h, 64, latent, latent, 8, 2, split_scores=1),

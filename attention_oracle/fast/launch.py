@@ -1,7 +1,7 @@
 """Direct launches of compiled Triton kernels, without ``JITFunction.run``'s per-call work.
 
 ``kernel[grid](*args, **kwargs)`` costs ~25-30 us of host time per launch on the H200 machine
-(NOTES.md, Issue 12: Triton's binder and ``native_specialize_impl`` over ~45 arguments, the
+(docs/DESIGN.md "10. fast SDPA (Triton)", Launches: Triton's binder and ``native_specialize_impl`` over ~45 arguments, the
 cache key, option parsing). :class:`DirectLauncher` makes the first launch of each
 specialization that way and keeps the ``CompiledKernel`` Triton returned; later launches with
 the same specialization key call the kernel's C launcher directly (``CompiledKernel.run``,

@@ -19,7 +19,7 @@ input dtype. Inputs of any strides are read in place; so is the backward's ``dou
 
 Precision: fp32 inputs (``set_fp32_mode``, default "accurate") take scores in natural units
 from fp64-accumulated dots (``fl(q.k * scale)``, one rounding as the naive math), an accurate
-exp/log and IEEE division (NOTES.md, Findings, F5); "plain" and "tf32x3" run the 16-bit
+exp/log and IEEE division (docs/FINDINGS.md F5); "plain" and "tf32x3" run the 16-bit
 kernels' algorithm in fp32, with IEEE dots or 3xTF32 tensor-core dots. fp16/bf16 use fp32
 accumulation, scores in log2 units with the fast exp2, and P and dS rounded to the input dtype
 for their dots.

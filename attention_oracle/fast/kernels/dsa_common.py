@@ -6,7 +6,7 @@ it lies before the row's slot count (``topk_length`` clamped to [0, K]) and its 
 
 Score units: with fp32 inputs the kernels keep scores in natural units (dot * scale, rounded
 once as the naive fp32 math does), take the raw row max, an accurate exponential and
-lse = m + log(l) (NOTES.md, F6). With 16-bit inputs they keep base-2 units
+lse = m + log(l) (docs/FINDINGS.md F6). With 16-bit inputs they keep base-2 units
 (dot * fl(scale * log2e)) and tl.exp2: that extra rounding and ex2.approx's error are far below
 the 16-bit rounding the rule allows. The switch is a compile-time test on the q pointer's
 element type inside each kernel (``q_ptr.dtype.element_ty == tl.float32``).
@@ -67,7 +67,7 @@ def load_heads(base_ptr, row_offset, offs_h, stride_h, h_lim, offs_d, stride_d, 
     return tl.load(ptrs, mask=(offs_h[:, None] < h_lim) & (offs_d[None, :] < d_lim), other=0.0)
 
 
-# fp32 path: the reduction order of the dots (NOTES.md, fast DSA, "fp32 summation order").
+# fp32 path: the reduction order of the dots (docs/FINDINGS.md F6, F17).
 # Natively an fp32 tl.dot (input_precision="ieee") sums each element as ONE sequential FMA chain
 # over the reduction dimension, and tl.dot(a, b, acc) extends that chain through acc across
 # blocks (576 terms for a score, thousands of slots for out / dq). The fp32 kernels therefore
@@ -102,7 +102,7 @@ def add_block_dot(acc, alpha, a, b, PRECISION: tl.constexpr):
     Written as ``acc * alpha + tl.dot(a, b)`` Triton's combine pass (addf(dot(a, b, 0), d) ->
     dot(a, b, d)) folds the sum into the dot natively, so an fp32 accumulator becomes ONE
     sequential FMA chain over every slot of the row (1536 duplicate slots of one key: relative
-    error 1.5e-5; NOTES.md, fast DSA, "holey rows K = 2048"). The interpreter does not fold.
+    error 1.5e-5; docs/FINDINGS.md F17). The interpreter does not fold.
     math.fma is not an addf, so the pattern does not match; the product acc * alpha + block is
     rounded once. tests/fast/test_fast_dsa_smoke.py::test_fp32_block_dots_not_folded checks the
     sm_90 TTIR."""
@@ -118,7 +118,7 @@ def chain_break(x, keep):
     [num_warps, 1]). With 64 heads and 8 warps that is 128 rows of warps for 64 rows, so both
     warpgroups compute the whole score tile. An scf.if ends the forward slice (its yield has no
     results), so a score dot whose result goes through this branch gets warpsPerCTA [4, 2]:
-    each warpgroup computes half of the slot columns (NOTES.md, "Issue 12, DSA tuning").
+    each warpgroup computes half of the slot columns (docs/DESIGN.md "11. fast DSA (Triton)").
     The other branch computes (x * 0) inside the region, so canonicalisation cannot turn
     the branch into a select of two outside values."""
     if keep:

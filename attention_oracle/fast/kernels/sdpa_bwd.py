@@ -6,7 +6,7 @@ dV = P^T dO, dK = scale * dS^T Q, dQ = scale * dS K. A row with no key has m = +
 its P, dS and every contribution are exactly 0.
 
 P is recomputed in the forward's units as ``exp((s - m) - log l)`` (``recompute_p``; m and
-log l apart, never their rounded sum: NOTES.md, F11; see :mod:`fast.kernels.sdpa_common`):
+log l apart, never their rounded sum: docs/FINDINGS.md F11; see :mod:`fast.kernels.sdpa_common`):
 fp32 in fp64 with log l = hi + lo; 16-bit with the fast exp2.
 
 ``dO`` is read through its own strides (head-major, sliced or stride-0 views work in place).

@@ -22,10 +22,10 @@ backward's P is exactly 0), ``log l`` (natural for fp32, log2 otherwise; 0 for a
 key), the public natural-log lse (-inf for a row with no key) and, for fp32, the rounding
 error of ``log l`` (R = 4; else R = 3). m and log l are kept apart because on a row whose every
 key carries a ``finfo.min`` bias, ``m + log l`` rounds to m (even in fp64) and a P recomputed
-as ``exp(s - lse)`` would be 1 per key instead of 1 / l (NOTES.md, F11); the backward forms
+as ``exp(s - lse)`` would be 1 per key instead of 1 / l (docs/FINDINGS.md F11); the backward forms
 ``P = exp((s - m) - log l)``.
 
-Why (NOTES.md, Findings, F5): in fp32 the rule allows about two of the naive math's roundings.
+Why (docs/FINDINGS.md F5): in fp32 the rule allows about two of the naive math's roundings.
 The log2 path multiplies by ``fl(scale*log2e)`` (a rounding the naive math does not make when
 the scale is exact), returns ``lse2 * ln2`` (another one), and on the GPU ``ex2.approx.f32``
 (~2 ulp) and the ``x * log2e`` product inside ``tl.exp`` (a relative error of |x| ulps in
@@ -87,7 +87,7 @@ def smem_bytes_tf32x3(block_rows_pipelined, block_rows_resident, resident_cols, 
                       block_ev, stages):
     """Shared memory of an fp32 tile loop with tf32x3 dots: the streamed tiles per stage plus
     the resident operands twice (their big and small halves). Matches offline sm_90 compiles
-    within 0.2% (``python -m attention_oracle.fast.kernels.sdpa_probe``, NOTES.md session 7),
+    within 0.2% (``python -m attention_oracle.fast.kernels.sdpa_probe``, docs/DESIGN.md "10. fast SDPA (Triton)"),
     and the device's 393984 B for dK/dV at D 128, 64 x 128 x 2 stages."""
     streamed = block_rows_pipelined * (block_e + block_ev) * 4 * stages
     return streamed + 2 * block_rows_resident * resident_cols * 4
@@ -200,7 +200,7 @@ def dot_nt_f64(a_base, offs_a, s_ar, s_ac, n_a, b_base, offs_b, s_br, s_bc, n_b,
     interpreter) sums each element as one sequential fp32 chain over K, whose error grows like
     sqrt(K) ulps of the partial sums: the same size as the naive fp32 math's own matmul error,
     so the rule (2x that error) failed by chance on rows with few keys (E = 256, one key:
-    lse ratio 1.58, NOTES.md F5; a 2-key row with scale 2: out ratio 2.1). Products of fp32
+    lse ratio 1.58, docs/FINDINGS.md F5; a 2-key row with scale 2: out ratio 2.1). Products of fp32
     values are exact in fp64 and K <= 256 terms sum with ~2^-45 relative error, so the caller's
     single rounding to fp32 leaves a score within about half an fp32 ulp of the exact one.
     CHUNK bounds the fp64 operand tiles (shared memory). Used on the fp32 path only."""
@@ -222,7 +222,7 @@ def block_dot(a, b, F64: tl.constexpr, PREC: tl.constexpr):
     """``a @ b`` of one block of the fp32 backward (P^T.dO, dS^T.Q, dS.K), for the caller to add
     to its fp32 accumulator: as one fp64 dot rounded once to fp32 when F64 (products of fp32
     values are exact in fp64; the H200 runs fp64 dots on tensor cores, about 1.7x (4x causal)
-    faster end to end than fp32 FMA dots: NOTES.md, session 6), else an fp32 dot of precision
+    faster end to end than fp32 FMA dots: docs/DESIGN.md "10. fast SDPA (Triton)"), else an fp32 dot of precision
     PREC. The kernels pass F64 = False with a boolean mask: Triton 3.6 failed to compile an
     fp64 dot of a boolean-masked P in the forward ("fp64 don't support largeK MMA"), and the
     forward's P.V keeps its fp32 dot for that reason (as fp64 it was no faster)."""
@@ -277,7 +277,7 @@ def validated_only(named_args) -> bool:
     """Shapes the tuned (large-tile, 3-stage) configs were not validated on natively: a head
     dim that is not a power of two >= 16 (masked channel loads) or a sequence of at most 128
     (decided on the autotune key's length buckets, so every shape sharing a key agrees). Natively (H200, Triton 3.6) autotuning once hit illegal memory
-    accesses while autotuning 16-bit E = 40 cases (NOTES.md, fast SDPA); such
+    accesses while autotuning 16-bit E = 40 cases (docs/DESIGN.md "10. fast SDPA (Triton)"); such
     shapes run the single config validated natively for every shape (the smoke suite)."""
     return (named_args["E"] != named_args["BLOCK_E"] or named_args["EV"] != named_args["BLOCK_EV"]
             or named_args["TUNE_L"] <= 128 or named_args["TUNE_S"] <= 128)

@@ -57,8 +57,8 @@ LN2 = 0.6931471805599453
 # (BLOCK_M, BLOCK_N, STAGES, num_warps, WS): WS=False is sdpa_fwd_gluon_kernel (num_warps 8:
 # two warpgroups of 64 query rows in lockstep); WS=True is sdpa_fwd_gluon_ws_kernel (num_warps
 # 4 for the first consumer; a second consumer and a producer warp as workers). H200, bf16
-# L 4096 D 128: 631 / 586 TFLOP/s queued / synced against 520 / 462 for WS=False (NOTES.md,
-# session 8).
+# L 4096 D 128: 631 / 586 TFLOP/s queued / synced against 520 / 462 for WS=False (docs/PERFORMANCE.md,
+# "Gluon forward (opt-in), D 128").
 CONFIG = (128, 128, 2, 4, True)
 _GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _ELEMENT_SIZE = {torch.bfloat16: 2, torch.float16: 2}

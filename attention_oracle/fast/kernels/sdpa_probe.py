@@ -9,7 +9,7 @@ Arguments: the kernel (``fwd``, ``dkdv``, ``dq``), the path (``ieee`` or ``tf32x
 ``BLOCK_M,BLOCK_N,num_warps,num_stages``. Unmasked, not causal. Prints the shared memory each config needs (the H200
 allows 232448 bytes) and, from the ptxas bundled with Triton, registers and spill bytes.
 Shared-memory figures come from the local Triton, which may lay operands out differently from
-the device's (NOTES.md, DSA fp32), so a config near the limit still needs the device.
+the device's (docs/DESIGN.md "11. fast DSA (Triton)"), so a config near the limit still needs the device.
 """
 import sys
 
