@@ -28,6 +28,8 @@ COMMANDS = {
     "dispatch": ("[--json FILE]", "which PyTorch SDPA backend each call takes, rank 3 against rank 4"),
     "calibrate": ("[--examples N] [--out DIR]",
                   "how far correct kernels and negative controls sit from the agreement rule's bound"),
+    "corpus": ("pull DIR [--from redis://HOST:PORT/N]",
+               "write the failures a fuzz campaign shared on its Redis server into DIR as corpus files"),
 }
 
 PROFILES = {
@@ -140,5 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     if command == "calibrate":
         from .tools import calibrate
         return calibrate.main(rest)
+    if command == "corpus":  # --from defaults to the campaign's database
+        from .run import corpus
+        return corpus.main(rest, default_source=os.environ.get("ORACLE_FUZZ_DB"))
     print(f"attention-oracle: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
     return 2

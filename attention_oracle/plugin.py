@@ -406,17 +406,31 @@ def pytest_runtest_makereport(item, call):
     if call.when == "call" and sink is not None:
         item.user_properties.append(("oracle_sink", sink.as_dict()))
     outcome = yield
+    unshared: list[str] = []
     if call.when == "call" and sink is not None and sink.failures and profiles.name() == "fuzz":
-        _save_found(item, sink, outcome.get_result())
+        unshared = _save_found(item, sink, outcome.get_result())
+    if call.when == "call":
+        _note_not_saved(outcome.get_result(), exampledb.drain_skipped(), unshared)
 
 
-def _save_found(item, sink, rep) -> None:
+_NOT_SAVED: list = []  # (test id, what a lost shared database did not save), for the report
+
+
+def _note_not_saved(rep, skipped, unshared) -> None:
+    """Carry what a lost database skipped during this test to the controller (in the report's
+    user_properties, which xdist sends along), for the end-of-run list."""
+    if skipped or unshared:
+        rep.user_properties.append(("oracle_not_saved", {"db": exampledb.summary(skipped), "corpus": unshared}))
+
+
+def _save_found(item, sink, rep) -> list[str]:
     """Fuzz profile: the failing examples Hypothesis reported (shrunk) join the corpus, once each
-    (a case already there, found by another process or host, is not written again)."""
+    (a case already there, found by another process or host, is not written again), and, with
+    a Redis database, the server's shared corpus. Returns the entries the server did not take."""
     if not rep.failed:
-        return
+        return []
     impl = _identity(item)["impl"]
-    lines = []
+    lines, unshared = [], []
     for found in sink.failures:
         try:
             path, new = fuzzing.save_found(found["check"], found["case"], impl, str(targets.default_device()))
@@ -424,7 +438,16 @@ def _save_found(item, sink, rep) -> None:
             lines.append(f"could not save {found['check']} to {fuzzing.corpus_dir()}: {exc!r}")
             continue
         lines.append(f"{'saved to' if new else 'already in'} the corpus: {path}")
+        try:
+            shared = fuzzing.share_found(found["check"], found["case"], impl, str(targets.default_device()))
+        except Exception as exc:  # a lost server: the local corpus has the entry
+            unshared.append(f"{os.path.basename(path)[:-5]}: {type(exc).__name__}: {exc}")
+            lines.append(f"not saved to the shared corpus {exampledb.redacted(fuzzing.shared_db())}: {unshared[-1]}")
+            continue
+        if shared is not None:
+            lines.append(f"{'saved to' if shared[1] else 'already in'} the shared corpus: {shared[0]}")
     rep.sections.append(("attention-oracle corpus", "\n".join(lines)))
+    return unshared
 
 
 def _outcome(rep) -> str:
@@ -463,6 +486,8 @@ def pytest_runtest_logreport(report):
     if not _WORKER and _CONFIG:
         _stream_failure(_CONFIG[0], report)
     props = dict(report.user_properties)
+    if "oracle_not_saved" in props:
+        _NOT_SAVED.append((report.nodeid, props["oracle_not_saved"]))
     ident = props.get("oracle_id")
     if ident is None:
         return
@@ -518,6 +543,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     _not_verified_summary(terminalreporter)
     _known_failures_summary(terminalreporter)
     _baseline_summary(terminalreporter)
+    for line in exampledb.render_not_saved(_NOT_SAVED):
+        terminalreporter.write_line(line)
+    if _NOT_SAVED:
+        _TABLE.extra["not_saved"] = [{"test": nodeid, **info} for nodeid, info in _NOT_SAVED]
     path = config.getoption("oracle_report")
     if path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

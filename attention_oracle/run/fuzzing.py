@@ -2,7 +2,9 @@
 failures found saved to a regression corpus, once each.
 
 - The database (``fuzz`` profile): a directory (``DirectoryBasedExampleDatabase``; a network
-  directory for several hosts), optionally read-only copies beside it (a team's database).
+  directory for several hosts) or a Redis server (``redis://HOST:PORT/N``: Hypothesis'
+  ``RedisExampleDatabase``, for hosts that share no file system; ``run.exampledb``), optionally
+  read-only copies beside it (a team's database), each a directory or a Redis URL.
   Hypothesis replays every saved failure of a test before searching (its ``reuse`` phase), so a
   failure one process saved is the first example every later process runs.
 - Database keys. Every check runs through the one inner function of ``runner.run_property``,
@@ -15,7 +17,9 @@ failures found saved to a regression corpus, once each.
   ``fuzz`` profile (the shrunk example: the one Hypothesis runs last, ``is_final``) lands in
   ``<corpus>/<area>_<check>_<hash>.json``, the hash taken over (check, case JSON): a case found
   by several processes, or on several implementations, is written once (``os.link`` refuses to
-  replace a file, atomically, on local and network file systems alike).
+  replace a file, atomically, on local and network file systems alike). With a Redis database
+  the entry is also stored on the server (:func:`share_found`, ``SET NX``: the first writer of
+  a name wins), from where ``attention-oracle corpus pull DIR`` exports the campaign's corpus.
 
 The plugin reads options and environment and calls :func:`configure`; nothing here reads the
 environment.
@@ -28,16 +32,12 @@ import json
 import os
 
 from hypothesis.control import current_build_context
-from hypothesis.database import (
-    DirectoryBasedExampleDatabase,
-    ExampleDatabase,
-    MultiplexedDatabase,
-    ReadOnlyDatabase,
-)
+from hypothesis.database import ExampleDatabase, MultiplexedDatabase, ReadOnlyDatabase
 from hypothesis.errors import HypothesisException
 
 from attention_oracle.judge import profiles, record
 from attention_oracle.run import corpus as corpus_store
+from attention_oracle.run import exampledb
 
 DEFAULT_DB = os.path.join(".hypothesis", "fuzz")
 DEFAULT_CORPUS = os.path.join(".hypothesis", "corpus")
@@ -57,6 +57,9 @@ def configure(db: str | None = None, read: tuple[str, ...] = (), corpus: str | N
     this run (or another host of the campaign) adds entries."""
     if examples is not None and examples < 1:
         raise ValueError(f"--oracle-fuzz-examples must be >= 1, got {examples}")
+    for option, where in [("--oracle-fuzz-db", db or DEFAULT_DB)] + [("--oracle-fuzz-read", r) for r in read]:
+        if exampledb.is_url(where):
+            exampledb.check_url(where, option)
     _config.update(db=db or DEFAULT_DB, read=tuple(read), corpus=corpus or DEFAULT_CORPUS,
                    examples=examples, replay_only=replay_only, cutoff=cutoff)
 
@@ -74,12 +77,20 @@ def corpus_cutoff() -> float | None:
 
 
 def database(path: str | None = None, read: tuple[str, ...] | None = None) -> ExampleDatabase:
-    """The fuzz database: ``path`` read and written, each of ``read`` only read."""
-    own: ExampleDatabase = DirectoryBasedExampleDatabase(path or _config["db"])
+    """The fuzz database: ``path`` read and written, each of ``read`` only read; each a directory
+    or a Redis URL (whose server must answer now: ``exampledb.DatabaseError`` otherwise)."""
+    own = exampledb.open_database(path or _config["db"], "--oracle-fuzz-db")
     extra = _config["read"] if read is None else read
     if extra:
-        own = MultiplexedDatabase(own, *(ReadOnlyDatabase(DirectoryBasedExampleDatabase(p)) for p in extra))
+        own = MultiplexedDatabase(own, *(ReadOnlyDatabase(exampledb.open_database(p, "--oracle-fuzz-read"))
+                                         for p in extra))
     return RerunSafeDatabase(own)
+
+
+def shared_db() -> str | None:
+    """The URL of the fuzz database when it is a Redis server (where found failures are shared
+    as well), else None."""
+    return _config["db"] if exampledb.is_url(_config["db"]) else None
 
 
 _RERUN: contextvars.ContextVar = contextvars.ContextVar("oracle_fuzz_rerun", default=False)
@@ -175,12 +186,29 @@ def entry_name(check: str, case: dict) -> str:
     return f"{check.replace('.', '_')}_{digest}"
 
 
+def _note(impl: str, device: str) -> str:
+    return f"found by fuzzing {impl} on {device}"
+
+
 def save_found(check: str, case_json: str, impl: str, device: str, corpus: str | None = None) -> tuple[str, bool]:
     """Add a fuzz-found failure to the corpus unless it is there: (path, newly written)."""
     case = json.loads(case_json)
     name = entry_name(check, case)
-    note = f"found by fuzzing {impl} on {device}"
-    path = corpus_store.save(name, check, case, note, corpus_dir=corpus or corpus_dir(), exclusive=True)
+    path = corpus_store.save(name, check, case, _note(impl, device), corpus_dir=corpus or corpus_dir(), exclusive=True)
     if path is None:
         return os.path.join(corpus or corpus_dir(), f"{name}.json"), False
     return path, True
+
+
+def share_found(check: str, case_json: str, impl: str, device: str) -> tuple[str, bool] | None:
+    """With a Redis fuzz database, store a fuzz-found failure on the server unless an entry of
+    that name is there (``SET NX``): (``URL NAME``, newly written); None without one. The text
+    is the corpus file's (:func:`save_found`). A lost server raises (redis or socket errors)."""
+    url = shared_db()
+    if url is None:
+        return None
+    case = json.loads(case_json)
+    name = entry_name(check, case)
+    text = corpus_store.entry_text(check, case, _note(impl, device))
+    new = exampledb.share_entry(exampledb.connect(url), name, text)
+    return f"{exampledb.redacted(url)} {name}", new
