@@ -45,7 +45,6 @@ from attention_oracle.run import (
     poison,
     report,
     triage,
-    user_known,
 )
 
 profiles.register()
@@ -182,11 +181,12 @@ def _fuzz_header() -> list[str]:
 
 def _install_user_known(config) -> None:
     path = config.getoption("known_failures", None)
+    known_failures.builtin()  # the suite's own entries, read by the same loader
     if not path:
         return
     try:
-        user_known.install(user_known.load(path))
-    except user_known.KnownFailuresError as exc:
+        known_failures.install(known_failures.load(path))
+    except known_failures.KnownFailuresError as exc:
         raise pytest.UsageError(str(exc)) from None
 
 
@@ -219,14 +219,14 @@ def _baseline_summary(terminalreporter) -> None:
 
 
 def _known_failures_summary(terminalreporter) -> None:
-    entries = user_known.entries()
-    if not entries:
+    entries = known_failures.entries()
+    if not known_failures.user_entries() and not _TABLE.known_entries:
         return
     ran = {k for k, r in _TABLE.rows.items() if r["passed"] + r["failed"] > 0}
     device = targets.default_device().type
-    for line in user_known.render(entries, _TABLE.known_entries, ran, device):
+    for line in known_failures.render(entries, _TABLE.known_entries, ran, device):
         terminalreporter.write_line(line)
-    _TABLE.extra["known_failures"] = user_known.summary(entries, _TABLE.known_entries, ran, device)
+    _TABLE.extra["known_failures"] = known_failures.summary(entries, _TABLE.known_entries, ran, device)
 
 
 def _refuse_unloadable(config) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import torch
 
-from attention_oracle.judge import agreement
+from attention_oracle.judge import agreement, known
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,35 +53,61 @@ class Judge:
         runs ``lp`` (one tensor or {algorithm: tensor}) in the case's dtype; the Verdict.
         ``magnitude`` / ``acc_magnitude``: the floor's terms (the oracle's ``magnitude`` and
         ``magnitude_acc`` of the output)."""
-        return agreement.assert_agrees(x, gold, lp, check=self.check, impl=self.impl, name=name,
-                                       dtype=self.dtype, gradient=gradient, magnitude=magnitude,
-                                       repro=self.repro, acc_magnitude=acc_magnitude)
+        return known.judged(self, name, lambda: agreement.assert_agrees(
+            x, gold, lp, check=self.check, impl=self.impl, name=name, dtype=self.dtype,
+            gradient=gradient, magnitude=magnitude, repro=self.repro, acc_magnitude=acc_magnitude))
 
     def agrees_with(self, name: str, x: torch.Tensor, gold: Mapping, lp: Mapping, *,
                     gradient: bool, select=None) -> agreement.Verdict:
         """:meth:`agrees` against the oracle's result dicts: ``gold`` = {output: tensor,
         "magnitude": {output: float}, "magnitude_acc": {gradient: float}}, ``lp`` = {algorithm: {output: tensor}}; ``select``
         indexes x, gold and lp alike (a boolean row mask, say)."""
-        g, runs = gold[name], {a: r[name] for a, r in lp.items()}
-        if select is not None:
-            x, g, runs = x[select], g[select], {a: t[select] for a, t in runs.items()}
-        return self.agrees(name, x, g, runs, magnitude=gold["magnitude"][name], gradient=gradient,
-                           acc_magnitude=gold.get("magnitude_acc", {}).get(name, 0.0))
+        def attempt(x=x, gold=gold, lp=lp, select=select):
+            g, runs = gold[name], {a: r[name] for a, r in lp.items()}
+            if select is not None:
+                x, g, runs = x[select], g[select], {a: t[select] for a, t in runs.items()}
+            return agreement.assert_agrees(
+                x, g, runs, check=self.check, impl=self.impl, name=name, dtype=self.dtype,
+                gradient=gradient, magnitude=gold["magnitude"][name], repro=self.repro,
+                acc_magnitude=gold.get("magnitude_acc", {}).get(name, 0.0))
+
+        def outside(excuse):  # the same judgment on the elements a known signature leaves
+            if excuse.query_rows():
+                keep = ~excuse.elements(x)
+                if select is not None:
+                    if tuple(select.shape) != tuple(keep.shape):
+                        raise agreement.OracleMismatch(f"{name}: a selection and a signature at once")
+                    keep = keep & select.to(keep.device)
+                return attempt(select=keep)
+            grads, gold2, lp2 = excuse.rerun()  # key-side: the rows' dout set to zero
+            return attempt(x=grads[name], gold=gold2, lp=lp2)
+
+        return known.judged(self, name, attempt, outside if select is None or
+                            select.dtype == torch.bool else None)
 
     def exact(self, name: str, x: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:
         """Exact equality (NaN equals NaN) of output ``name``; ``what`` says what is compared."""
-        agreement.assert_exact(x, expected, check=self.check, impl=self.impl, name=name,
-                               repro=self.repro, what=what)
+        def attempt(keep=None):
+            a, b = (x, expected) if keep is None else (x[keep], expected.to(x.device)[keep])
+            agreement.assert_exact(a, b, check=self.check, impl=self.impl, name=name,
+                                   repro=self.repro, what=what)
+
+        known.judged(self, name, attempt, lambda excuse: attempt(~excuse.elements(x)))
 
     def true(self, name: str, cond: bool, message: str) -> None:
         """A plain property of output ``name``; ``message`` says what went wrong."""
-        agreement.assert_true(cond, check=self.check, impl=self.impl, name=name, message=message,
-                              repro=self.repro)
+        known.judged(self, name, lambda: agreement.assert_true(
+            cond, check=self.check, impl=self.impl, name=name, message=message, repro=self.repro))
 
     def close(self, name: str, x: torch.Tensor, y: torch.Tensor, allowed: float, what: str) -> None:
         """``max|x - y| <= allowed``: two results of the implementation that must agree."""
-        gap = max_gap(x, y)
-        self.true(name, gap <= allowed, f"{what}: differ by {gap:.3e} > allowed {allowed:.3e}")
+        def attempt(keep=None):
+            gap = max_gap(x, y) if keep is None else max_gap(x[keep], y[keep])
+            agreement.assert_true(gap <= allowed, check=self.check, impl=self.impl, name=name,
+                                  message=f"{what}: differ by {gap:.3e} > allowed {allowed:.3e}",
+                                  repro=self.repro)
+
+        known.judged(self, name, attempt, lambda excuse: attempt(~excuse.elements(x)))
 
     @staticmethod
     def noted(note: str):

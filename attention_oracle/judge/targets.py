@@ -19,7 +19,7 @@ import torch
 from attention_oracle import contract, oracle
 from attention_oracle.judge import record
 from attention_oracle.judge.adapters.torch_flex import TorchFlex
-from attention_oracle.judge.adapters.torch_sdpa import BACKENDS, TorchSDPA, backend_available
+from attention_oracle.judge.adapters.torch_sdpa import BACKENDS, TorchSDPA, backend_available, limits
 from attention_oracle.judge.capabilities import Capabilities, declared
 
 ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -105,14 +105,14 @@ def load(name: str, device: torch.device | None = None) -> Target:
             index_dtypes=(torch.int32, torch.int64), deterministic=True,
             size="interpreted" if _interpreted() else "native"))
     if name == "torch":
-        return Target(name, TorchSDPA(None), device, capabilities=_torch_capabilities(device))
+        return Target(name, TorchSDPA(None), device, capabilities=_torch_capabilities(None, device))
     if name.startswith("torch-") and name != "torch-flex":
         backend = name[len("torch-"):]
         if backend not in BACKENDS:
             return Target(name, None, device, unavailable=f"unknown torch backend {backend!r}")
         ok, why = backend_available(backend, device)
         return Target(name, TorchSDPA(backend), device, unavailable="" if ok else why,
-                      capabilities=_torch_capabilities(device))
+                      capabilities=_torch_capabilities(backend, device))
     if name == "torch-flex":
         try:
             from torch.nn.attention import flex_attention  # noqa: F401
@@ -122,10 +122,14 @@ def load(name: str, device: torch.device | None = None) -> Target:
     return _load_namespace(name, device)
 
 
-def _torch_capabilities(device: torch.device) -> Capabilities:
-    """PyTorch's backends: bitwise deterministic on the CPU; on CUDA the fused backwards
-    (FlashAttention-2, EFFICIENT, cuDNN) accumulate with atomics, so determinism is not claimed."""
-    return Capabilities(deterministic=device.type == "cpu")
+def _torch_capabilities(backend: str | None, device: torch.device) -> Capabilities:
+    """PyTorch's SDPA through ``backend`` (None: the default dispatch): the limits of the backend
+    it forces on this device (``adapters.torch_sdpa.LIMITS``: dtypes, head dims, masks, causal,
+    ranks, GQA, layouts), so that the draws land inside them; bitwise deterministic on the CPU;
+    on CUDA the fused backwards (FlashAttention-2, EFFICIENT, cuDNN) accumulate with atomics,
+    so determinism is not claimed."""
+    return Capabilities.from_declaration(limits(backend, device.type),
+                                         Capabilities(deterministic=device.type == "cpu"))
 
 
 def _load_namespace(name: str, device: torch.device) -> Target:

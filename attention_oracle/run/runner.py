@@ -3,8 +3,11 @@
 A check is ``check(target, case)`` (a declared one, ``registry.Check``, judges through its
 ``Judge``): it raises OracleMismatch on a failure, and the target's
 :class:`~attention_oracle.judge.targets.Refused` when the implementation refuses the case (counted as
-unsupported: the example is skipped, not failed). If every example was refused, the test is
-skipped as "unsupported"; the report turns a function refused everywhere into a failure.
+unsupported: the example is skipped, not failed). If every example was refused, the test fails
+("verified nothing"): what an implementation does not take is declared (capabilities), and a
+check its declaration excludes is skipped before any example is drawn. A failure inside a known
+failure's signature (``run/known_failures.py``, ``judge/known.py``) is counted as known and the
+search goes on.
 :func:`run_declared` is what a generated conformance test runs: the declaration's capability
 and function requirements, then the search over its cases.
 """
@@ -17,7 +20,7 @@ import sys
 import pytest
 from hypothesis import given, note, settings
 
-from attention_oracle.judge import record
+from attention_oracle.judge import known, record
 from attention_oracle.judge.agreement import OracleMismatch
 from attention_oracle.judge.targets import Refused, Target
 from attention_oracle.run import fuzzing, gpu_lock, known_failures, poison
@@ -41,26 +44,61 @@ def run_check(check, target: Target, case) -> bool:
 def _run_check(check, target: Target, case) -> bool:
     """Run one case; False if the implementation refused it.
 
-    A mismatch on a case of a known failure class (``known_failures.KNOWN_CASES``) is counted
-    as known in the report instead of raised."""
+    The known-failure entries matching the case are active while the check runs: the Judge
+    excuses only the failing elements inside their signatures, and an example whose failures
+    all lay inside is counted as known in the report instead of raised."""
     sink = record.current()
     worst_before = sink.worst if sink else 0.0
     try:
         if getattr(check, "ISOLATE_ON_CUDA", False) and target.device.type == "cuda":
             return run_isolated(check, target, case)
-        with poison.poisoned():  # an output element the implementation never writes is NaN
-            check(target, case)
+        entries = known_failures.matching(target.name, check_name(check, case), target.device, case)
+        with poison.poisoned(), known.activate([e.active() for e in entries]) as call:
+            check(target, case)  # a failure inside a known signature is excused in ``call``
+        if call.excused:
+            _excuse(check, target, case, call, worst_before)
     except Refused:
         return False
-    except OracleMismatch as exc:
-        why = known_failures.case_reason(target.name, check_name(check, case), target.device, case)
-        if not why:  # one exception class per (check, output): each bug is reported apart
-            mismatch = distinct(exc, check, target, case, check_name(check, case))
-            if mismatch is None:  # reported by an earlier round of this search
-                return True
-            raise mismatch from None
-        record.record_known(why, str(exc), worst_before)
+    except OracleMismatch as exc:  # one exception class per (check, output): each bug apart
+        mismatch = distinct(exc, check, target, case, check_name(check, case))
+        if mismatch is None:  # reported by an earlier round of this search
+            return True
+        raise mismatch from None
     return True
+
+
+def _excuse(check, target: Target, case, call, worst_before: float) -> None:
+    """Count an example whose every failure lay inside known signatures as known, once its
+    entries' mechanisms are confirmed (``Signature.confirm``: a check that must pass on the same
+    case in a fresh process); an unconfirmed one is raised."""
+    first, name, text = call.excused[0]
+    for active, _, failure in call.excused:
+        confirm = active.signature.confirm
+        why = confirm and _unconfirmed(confirm, target, case)
+        if why:
+            raise OracleMismatch(f"{failure}\n  inside the signature of {active.finding} "
+                                 f"({active.label}), but its mechanism is not confirmed: {why}")
+    sink = record.current()
+    known_failures.record_match(a.label for a, _, _ in call.excused)
+    record.record_known(f"{first.reason} ({first.label}; {name} inside its signature: "
+                        f"{first.signature.describe()})", text, sink.worst if sink else worst_before)
+
+
+_CONFIRMED: dict = {}  # (impl, check, case json) -> '' or why not: one fresh process each
+
+
+def _unconfirmed(confirm: str, target: Target, case) -> str:
+    """'' if ``confirm`` (``area.check``) passes on ``case`` in a fresh process, else why not."""
+    key = (target.name, confirm, case.to_json())
+    if key not in _CONFIRMED:
+        proc = subprocess.run([sys.executable, "-m", "attention_oracle.tools.replay", "--impl",
+                               target.name, *gpu_lock.replay_device_args(), "--check", confirm,
+                               case.to_json()], capture_output=True, text=True, timeout=600,
+                              cwd=_PACKAGE_PARENT)
+        text = (proc.stdout + proc.stderr).strip()
+        ok = proc.returncode == 0 and text.startswith("passed")
+        _CONFIRMED[key] = "" if ok else f"{confirm} in a fresh process: {text[-1500:]}"
+    return _CONFIRMED[key]
 
 
 def check_name(check, case) -> str:
@@ -122,10 +160,12 @@ def run_property(check, target: Target, cases, *, function: str,
     test = fuzzing.reruns_keep_entries(test)  # a second search keeps the first one's failures
     isolated = getattr(check, "ISOLATE_ON_CUDA", False) and target.device.type == "cuda"
     search(test, rounds=1 if isolated else MAX_ROUNDS)  # every distinct failure, each triaged
-    if ran["ok"] == 0 and ran["refused"] > 0:
+    if ran["ok"] == 0 and ran["refused"] > 0:  # undeclared refusals: nothing was verified
         sink = record.current()
         why = sink.refusal if sink else ""
-        pytest.skip(f"unsupported: {target.name} refused all {ran['refused']} examples ({why})")
+        pytest.fail(f"verified nothing: refused all {ran['refused']} examples (first reason: "
+                    f"{why}); {target.name} declares no capabilities that exclude them",
+                    pytrace=False)
 
 
 def run_declared(check, target: Target, variant: str = "") -> None:

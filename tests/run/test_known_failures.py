@@ -1,10 +1,13 @@
-"""Known failure classes (properties/known_failures.KNOWN_CASES) are counted, never widened.
+"""Known failures (run/known_failures.py): counted, never widened; the suite's entries are data.
 
-A mismatch inside a listed class is counted in the report's "known" column; the same broken
-implementation still fails on a case outside the class, and another implementation with the
-same failure inside the class still fails: the exemption names one implementation and one
-class of inputs, nothing more.
+A mismatch inside an entry is counted in the report's "known" column; the same broken
+implementation still fails on a case outside the entry, and another implementation with the
+same failure inside it still fails: an entry names one implementation and one class of inputs.
+The suite's own entries (known_failures.toml) go through the same loader as a user's file and
+each cites its docs/FINDINGS.md ID.
 """
+import re
+
 import pytest
 
 from attention_oracle.checks.sdpa import checks as sdpa_checks
@@ -21,19 +24,18 @@ NOT_CAUSAL = SdpaCase(batch=(1,), hq=2, hkv=2, L=5, S=7, E=8, Ev=8, causal=False
 
 
 @pytest.fixture
-def causal_is_known(monkeypatch):
-    target = load(CONTROL)
-    entry = known_failures.KnownCase((target.name,), ("sdpa.forward_agreement",),
-                                     (target.device.type,), lambda case: case.causal,
-                                     "control: causal cases of WrongScale are a known failure")
-    monkeypatch.setattr(known_failures, "KNOWN_CASES", (entry,))
-    return target
+def causal_is_known(tmp_path, monkeypatch):
+    path = tmp_path / "known.toml"
+    path.write_text(f'[[known]]\nimplementation = "{CONTROL}"\ncheck = "sdpa.forward_agreement"\n'
+                    f'where = {{causal = true}}\nreason = "control: causal cases of WrongScale"\n')
+    monkeypatch.setattr(known_failures, "_USER", known_failures.load(str(path)))
+    return load(CONTROL)
 
 
-def _run(target, case):
+def _run(target, case, check="forward_agreement"):
     sink, token = record.open_sink()
     try:
-        run_check(sdpa_checks.CHECKS["forward_agreement"], target, case)
+        run_check(sdpa_checks.CHECKS[check], target, case)
     finally:
         record.close_sink(token)
     return sink
@@ -43,7 +45,8 @@ def test_known_class_is_counted_not_raised(causal_is_known):
     sink = _run(causal_is_known, CAUSAL)
     assert sink.known == 1
     assert "WrongScale" in sink.known_first and "known: control" in sink.known_first
-    assert sink.worst == 0.0  # the known example does not set the worst ratio
+    assert sink.known_entries == {"known.toml#1": 1}
+    assert sink.worst == 0.0  # the excused output does not set the worst ratio
 
 
 def test_outside_the_class_still_fails(causal_is_known):
@@ -57,7 +60,29 @@ def test_other_implementation_in_the_class_still_fails(causal_is_known):
         _run(other, CAUSAL)
 
 
-def test_listed_classes_name_real_findings():
-    for entry in known_failures.KNOWN_CASES:
-        assert "NOTES.md, Findings, F" in entry.reason, entry
-        assert entry.impls and entry.checks and entry.devices
+def test_the_suites_entries_are_data_citing_findings():
+    entries = known_failures.builtin()
+    assert entries and all(e.builtin for e in entries)
+    for e in entries:
+        assert re.fullmatch(r"F\d+", e.finding), e
+        assert e.reason.endswith(f"docs/FINDINGS.md {e.finding}"), e
+        assert e.implementations and e.checks and e.device in ("cpu", "cuda")
+    findings = {e.finding: e for e in entries}
+    assert findings["F2"].signature.rows == "fully_masked"
+    assert findings["F10"].signature.rows == findings["F11"].signature.rows == "finfo_min"
+    assert findings["F9"].signature.confirm == "sdpa.gradient_agreement"
+
+
+def test_whole_test_entries_are_xfails_only_where_listed():
+    assert "F1" in known_failures.reason("torch-flash", "sdpa.misaligned_inputs", "cuda")
+    assert known_failures.reason("torch-flash", "sdpa.misaligned_inputs", "cpu") == ""
+    assert known_failures.reason("torch-flash", "sdpa.forward_agreement", "cuda") == ""
+
+
+def test_the_suites_entries_match_their_class_only():
+    finfo = SdpaCase(batch=(1,), L=4, S=6, mask="finfo_min_bcast", empty_rows=1)
+    labels = [e.finding for e in known_failures.matching("torch-flash", "sdpa.gradient_agreement",
+                                                         "cpu", finfo)]
+    assert labels == ["F11"]
+    assert known_failures.matching("torch-flash", "sdpa.gradient_agreement", "cpu", SdpaCase()) == []
+    assert known_failures.matching("torch-math", "sdpa.gradient_agreement", "cpu", finfo) == []

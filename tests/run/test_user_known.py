@@ -12,7 +12,7 @@ import pytest
 
 from attention_oracle.checks.sdpa.cases import SdpaCase
 from attention_oracle.judge import record
-from attention_oracle.run import user_known
+from attention_oracle.run import known_failures as user_known
 from tests.helpers import run_suite
 
 CONTROL = "attention_oracle.controls.sdpa_broken:CausalOffByOne"
@@ -83,16 +83,26 @@ def test_malformed_files_name_the_entry(tmp_path, text, message):
 
 def test_a_match_is_recorded_for_the_stale_report(monkeypatch):
     entry = user_known.Entry(0, ("m*",), ("sdpa.*",), "because", {"causal": True}, source="k.toml")
-    monkeypatch.setattr(user_known, "_ENTRIES", [entry])
+    monkeypatch.setattr(user_known, "_USER", [entry])
+    assert user_known.case_reason("mine", "sdpa.forward_agreement", "cpu", SdpaCase(causal=True)) \
+        == "because (k.toml#1)"
+    assert user_known.case_reason("mine", "sdpa.forward_agreement", "cpu", SdpaCase()) == ""
+    assert user_known.case_reason("other", "sdpa.forward_agreement", "cpu", SdpaCase(causal=True)) == ""
     sink, token = record.open_sink()
     try:
-        assert user_known.case_reason("mine", "sdpa.forward_agreement", "cpu", SdpaCase(causal=True)) \
-            == "because (k.toml#1)"
-        assert user_known.case_reason("mine", "sdpa.forward_agreement", "cpu", SdpaCase()) == ""
-        assert user_known.case_reason("other", "sdpa.forward_agreement", "cpu", SdpaCase(causal=True)) == ""
+        user_known.record_match(["k.toml#1", "k.toml#1"])
     finally:
         record.close_sink(token)
     assert sink.known_entries == {"k.toml#1": 1}
+
+
+def test_an_entry_naming_no_check_is_an_error(tmp_path):
+    with pytest.raises(user_known.KnownFailuresError, match="names no existing check"):
+        user_known.load(_write(tmp_path, '[[known]]\nimplementation = "m"\ncheck = "sdpa.forward"\n'
+                                          'reason = "r"\n'))
+    with pytest.raises(user_known.KnownFailuresError, match="names no existing check"):
+        user_known.load(_write(tmp_path, '[[known]]\nimplementation = "m"\ncheck = "sdpb.*"\n'
+                                          'reason = "r"\n'))
 
 
 # ----------------------------------------------------------------------------- real runs

@@ -1,0 +1,101 @@
+"""Known failures confined to their signature (judge/known.py), a mechanism confirmed before an
+example is excused, and a check that judged nothing failing its test.
+
+Each entry is loaded from a file through run/known_failures.py's one loader, against real
+controls (attention_oracle/controls/):
+
+- ``NanOnEmptyRows`` is wrong only on fully masked rows: a signature of those rows excuses it;
+- ``WrongScale`` is wrong everywhere: the same signature leaves its other rows failing,
+  "outside the known signature";
+- ``DoutPlanCachedByShape`` (F9's model) fails strided_dout in one process and passes
+  gradient_agreement in a fresh one: confirmed; ``WrongScale`` fails there too: not confirmed;
+- ``RefusesAllButOne`` refuses every drawn example: the test fails, "verified nothing".
+"""
+import pytest
+
+from attention_oracle.checks.sdpa import checks as sdpa_checks
+from attention_oracle.checks.sdpa.cases import SdpaCase
+from attention_oracle.judge import record
+from attention_oracle.judge.agreement import OracleMismatch
+from attention_oracle.judge.targets import load
+from attention_oracle.run import known_failures
+from attention_oracle.run.runner import run_check
+from tests.helpers import run_suite
+
+BROKEN = "attention_oracle.controls.sdpa_broken"
+EMPTY_ROWS = SdpaCase(batch=(1,), hq=2, hkv=2, L=6, S=7, E=8, Ev=8, mask="bool_full",
+                      empty_rows=2, seed=5)
+STRIDED = SdpaCase(batch=(1,), hq=2, hkv=2, L=5, S=7, E=8, Ev=8, layout_dout="transposed", seed=3)
+
+
+def _entries(tmp_path, monkeypatch, impl, check, signature, where='"mask != \'none\'"'):
+    path = tmp_path / "known.toml"
+    path.write_text(f'[[known]]\nimplementation = "{impl}"\ncheck = "{check}"\nwhere = {where}\n'
+                    f'signature = {signature}\nreason = "control"\n')
+    monkeypatch.setattr(known_failures, "_USER", known_failures.load(str(path)))
+
+
+def _run(impl, check, case):
+    sink, token = record.open_sink()
+    try:
+        run_check(sdpa_checks.CHECKS[check], load(impl), case)
+    finally:
+        record.close_sink(token)
+    return sink
+
+
+ROWS = '{outputs = ["out", "dq", "dk", "dv"], rows = "fully_masked"}'
+
+
+def test_a_failure_inside_the_rows_is_known(tmp_path, monkeypatch):
+    _entries(tmp_path, monkeypatch, f"{BROKEN}:NanOnEmptyRows", "sdpa.forward_agreement", ROWS)
+    sink = _run(f"{BROKEN}:NanOnEmptyRows", "forward_agreement", EMPTY_ROWS)
+    assert sink.known == 1 and "inside its signature" in sink.known_first
+    assert 0 < sink.worst < 1  # the rows outside were judged by the rule
+
+
+def test_a_failure_outside_the_rows_fails(tmp_path, monkeypatch):
+    _entries(tmp_path, monkeypatch, f"{BROKEN}:WrongScale", "sdpa.forward_agreement", ROWS)
+    with pytest.raises(OracleMismatch, match="outside the known signature of known.toml#1") as info:
+        _run(f"{BROKEN}:WrongScale", "forward_agreement", EMPTY_ROWS)
+    assert "the elements it excuses were left out and the rest still fails" in str(info.value)
+
+
+def test_a_failure_in_an_output_the_signature_does_not_name_fails(tmp_path, monkeypatch):
+    _entries(tmp_path, monkeypatch, f"{BROKEN}:DoutPlanCachedByShape", "sdpa.strided_dout",
+             '{outputs = ["dq"]}', where='{layout_dout = "transposed"}')
+    with pytest.raises(OracleMismatch, match="outside the known signature") as info:
+        _run(f"{BROKEN}:DoutPlanCachedByShape", "strided_dout", STRIDED)
+    assert "not dk" in str(info.value)
+
+
+def test_a_mechanism_is_confirmed_in_a_fresh_process(tmp_path, monkeypatch):
+    signature = '{outputs = ["dq", "dk", "dv"], confirm = "sdpa.gradient_agreement"}'
+    _entries(tmp_path, monkeypatch, f"{BROKEN}:DoutPlanCachedByShape", "sdpa.strided_dout",
+             signature, where='{layout_dout = "transposed"}')
+    sink = _run(f"{BROKEN}:DoutPlanCachedByShape", "strided_dout", STRIDED)
+    assert sink.known == 1
+
+
+def test_an_unconfirmed_mechanism_fails(tmp_path, monkeypatch):
+    _entries(tmp_path, monkeypatch, f"{BROKEN}:WrongScale", "sdpa.strided_dout",
+             '{confirm = "sdpa.gradient_agreement"}', where='{layout_dout = "transposed"}')
+    with pytest.raises(OracleMismatch, match="its mechanism is not confirmed"):
+        _run(f"{BROKEN}:WrongScale", "strided_dout", STRIDED)
+
+
+def test_a_signature_must_name_a_row_selector_of_the_area(tmp_path):
+    path = tmp_path / "known.toml"
+    path.write_text('[[known]]\nimplementation = "m"\ncheck = "sdpa.forward_agreement"\n'
+                    'signature = {rows = "masked"}\nreason = "r"\n')
+    with pytest.raises(known_failures.KnownFailuresError, match="no row selector"):
+        known_failures.load(str(path))
+
+
+def test_a_check_that_judged_nothing_fails_the_run(tmp_path):
+    report = tmp_path / "r.json"
+    proc = run_suite("attention_oracle/conformance/test_sdpa.py::test_forward_agreement",
+                     "--impl", "attention_oracle.controls.refusing:RefusesAllButOne",
+                     "--oracle-report", str(report))
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "verified nothing: refused all" in proc.stdout and "first reason: " in proc.stdout
