@@ -99,3 +99,15 @@ def test_a_check_that_judged_nothing_fails_the_run(tmp_path):
                      "--oracle-report", str(report))
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "verified nothing: refused all" in proc.stdout and "first reason: " in proc.stdout
+
+
+@pytest.mark.parametrize("kernel, failed", [("NarrowFp32", False), ("UndeclaredNarrowFp32", True)])
+def test_the_corpus_respects_capabilities(tmp_path, kernel, failed):
+    """A replay outside the declaration (fp32 only, no masks, no causal, head dims <= 64) is
+    skipped as not verified; the same kernel undeclared fails those replays."""
+    proc = run_suite("attention_oracle/conformance/test_regressions.py", "--oracle-corpus",
+                     str(tmp_path), "--impl", f"attention_oracle.controls.refusing:{kernel}")
+    assert proc.returncode == (1 if failed else 0), proc.stdout[-3000:]
+    assert ("failed" in proc.stdout.splitlines()[-1]) is failed
+    if not failed:
+        assert "not verified: regression" in proc.stdout + proc.stderr or "skipped" in proc.stdout
