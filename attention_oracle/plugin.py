@@ -38,6 +38,8 @@ if not torch.cuda.is_available():
 from attention_oracle.judge import capabilities, profiles, record, targets
 from attention_oracle.run import (
     baseline,
+    bugs,
+    errormap,
     exampledb,
     fuzzing,
     gpu_lock,
@@ -90,6 +92,10 @@ def pytest_addoption(parser):
                          "no failure are reported stale")
     group.addoption("--no-triage", action="store_true", default=False,
                     help="do not vary a failing example's fields to say what the failure depends on")
+    group.addoption("--oracle-artifacts", metavar="DIR", default=None,
+                    help="where the error maps (PNG of |impl - gold| per distinct failure) are "
+                         "written (default: the --oracle-report file's directory, else "
+                         f"{errormap.DEFAULT_DIRECTORY})")
     group.addoption("--no-poison", action="store_true", default=False,
                     help="do not fill tensors from torch.empty & co. with NaN / sentinels while "
                          "a check runs (debugging only; also ORACLE_NO_POISON=1)")
@@ -128,6 +134,7 @@ def pytest_configure(config):
     poison.set_enabled(not (config.getoption("no_poison") or os.environ.get("ORACLE_NO_POISON") == "1"))
     _install_user_known(config)
     triage.set_enabled(not config.getoption("no_triage"))
+    _configure_artifacts(config)
     _load_baseline(config)
     if _WORKER:
         torch.set_num_threads(1)
@@ -188,6 +195,23 @@ def _install_user_known(config) -> None:
         known_failures.install(known_failures.load(path))
     except known_failures.KnownFailuresError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+_ARTIFACTS = "ATTENTION_ORACLE_ARTIFACTS"  # the controller's absolute choice, inherited by workers
+
+
+def _configure_artifacts(config) -> None:
+    """The error maps' directory: --oracle-artifacts, else beside --oracle-report, else the
+    default; resolved once by the controller, so that every worker writes to the same place."""
+    if not _WORKER or not os.environ.get(_ARTIFACTS):
+        report_path = config.getoption("oracle_report")
+        chosen = config.getoption("oracle_artifacts") or (
+            os.path.dirname(os.path.abspath(report_path)) if report_path else errormap.DEFAULT_DIRECTORY)
+        os.environ[_ARTIFACTS] = os.path.abspath(chosen)
+    errormap.set_directory(os.environ[_ARTIFACTS])
+
+
+_FAILED: list = []  # the failed call reports, in order (their sinks carry the bug signatures)
 
 
 _BASELINE: dict = {}  # "rows": the baseline's rows, "comparison": this run against them
@@ -496,6 +520,8 @@ def pytest_runtest_logreport(report):
         _OUTCOMES[key] = (ident, _outcome(report), None)
     elif report.when == "call":
         _OUTCOMES[key] = (ident, _outcome(report), props.get("oracle_sink"))
+        if report.failed and ident["impl"] != "-":  # bugs of implementations, not the suite's own
+            _FAILED.append(report)
     elif report.when == "teardown" and key in _OUTCOMES:
         ident, outcome, info = _OUTCOMES.pop(key)
         if report.failed:
@@ -535,10 +561,23 @@ def _not_verified_summary(terminalreporter) -> None:
             terminalreporter.write_line(line)
 
 
+def _bug_summary(terminalreporter) -> None:
+    """One line per distinct bug (``run/bugs.py``), first in the report."""
+    sigs = [dict(s, nodeid=rep.nodeid) for rep in _FAILED
+            for s in (dict(rep.user_properties).get("oracle_sink") or {}).get("bugs", ())]
+    lines = bugs.summary(sigs)
+    for line in lines:
+        terminalreporter.write_line(line)
+    if lines:
+        terminalreporter.write_line("")
+        _TABLE.extra["bugs"] = lines
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if _WORKER:
         return
     terminalreporter.section("attention-oracle report")
+    _bug_summary(terminalreporter)
     terminalreporter.write_line(_TABLE.render())
     _not_verified_summary(terminalreporter)
     _known_failures_summary(terminalreporter)
@@ -556,6 +595,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if not _WORKER:  # before the failures are printed: a bug already shown in full is referenced
+        bugs.shorten(_FAILED)
     if not _WORKER and _TABLE.verified_nothing() and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     comparison = None if _WORKER else _compare_with_baseline()

@@ -30,12 +30,13 @@ class Sink:
         self.known_first = ""
         self.failures: list[dict] = []  # {"check", "case"} of each failing example reported
         self.known_entries: dict[str, int] = {}  # --known-failures entry label -> examples it took
+        self.bugs: list[dict] = []  # the signature of each triaged failure (run/bugs.py)
 
     def as_dict(self) -> dict:
         return {"worst": self.worst, "examples": self.examples, "refused": self.refused,
                 "functions": sorted(self.functions), "refusal": self.refusal, "failures": list(self.failures),
                 "known": self.known, "known_first": self.known_first,
-                "known_entries": dict(self.known_entries)}
+                "known_entries": dict(self.known_entries), "bugs": list(self.bugs)}
 
 
 def open_sink(keep_ratios: bool = False) -> tuple[Sink, contextvars.Token]:
@@ -93,6 +94,13 @@ def record_failure(check: str, case_json: str) -> None:
     sink = _sink.get()
     if sink is not None:
         sink.failures.append({"check": check, "case": case_json})
+
+
+def record_bug(signature: dict) -> None:
+    """A triaged failure's signature (plain data: ``run/bugs.py``), for the run's bug summary."""
+    sink = _sink.get()
+    if sink is not None:
+        sink.bugs.append(signature)
 
 
 def record_call(function: str, refused: bool, reason: str = "") -> None:

@@ -53,3 +53,26 @@ def seeds(case, target):
 
 def scale(case, target):
     return [(0.5, {"scale": 0.5})] if case.scale is None else [(None, {"scale": None})]
+
+
+# ----------------------------------------------------------------------------- fresh probes
+# Values a rule is re-verified on: not among the variants above, so that a rule read off those
+# (``S > 64``, ``E == 1``) is tested on a case it did not come from (``run/triage.py``).
+
+LENGTH_PROBES = (3, 5, 48, 63, 65, 66, 96, 127, 129)
+HEAD_DIM_PROBES = (2, 3, 24, 32, 40, 72)
+
+
+def probe_lengths(name, limit=130):
+    def make(case, target):
+        v = getattr(case, name)
+        options = [x for x in LENGTH_PROBES + (v + 2, 2 * v + 1) if 1 <= x <= max(limit, v + 2)]
+        return [(x, {name: x}) for x in dict.fromkeys(options) if x != v]
+    return make
+
+
+def probe_dims(name, options=HEAD_DIM_PROBES):
+    def make(case, target):
+        v = getattr(case, name)
+        return [(x, {name: x}) for x in options if x != v]
+    return make

@@ -8,8 +8,8 @@ from attention_oracle.judge.case import dtype_name
 
 VARIATIONS = (
     ("dtype", "dtype", v.dtypes), ("causal", "causal", v.flip("causal")),
-    ("T", "T", v.lengths("T")), ("S", "S", v.lengths("S")), ("K", "K", v.lengths("K")),
-    ("H", "H", v.values("H", (1, 2, 4, 16))), ("Dl", "Dl", v.dims("Dl")),
+    ("T", "T", v.lengths("T"), v.probe_lengths("T")), ("S", "S", v.lengths("S"), v.probe_lengths("S")), ("K", "K", v.lengths("K"), v.probe_lengths("K")),
+    ("H", "H", v.values("H", (1, 2, 4, 16))), ("Dl", "Dl", v.dims("Dl"), v.probe_dims("Dl")),
     ("Dr", "Dr", v.values("Dr", (8, 16, 64))), ("holes", "holes", v.to("holes", "none")),
     ("invalid", "invalid", v.to("invalid", "minus_one")),
     ("empty_rows", "empty_rows", v.to("empty_rows", 0)),

@@ -8,7 +8,7 @@ from attention_oracle.judge.case import dtype_name
 
 VARIATIONS = (
     ("causal", "causal", v.flip("causal")), ("compact", "compact", v.flip("compact")),
-    ("topk", "topk", v.to("topk", "none")), ("K", "K", v.lengths("K")),
+    ("topk", "topk", v.to("topk", "none")), ("K", "K", v.lengths("K"), v.probe_lengths("K")),
     ("return_topk_length", "return_topk_length", v.flip("return_topk_length")),
     ("out", "out", v.to("out", "none")), ("holes", "holes", v.to("holes", "none")),
     ("invalid", "invalid", v.to("invalid", "minus_one")),

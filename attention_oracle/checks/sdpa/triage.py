@@ -41,14 +41,15 @@ def _rank(case, target):
     return out
 
 
-# (label, field the rule is phrased in, variant maker) per area; fields a case lacks are skipped
+# (label, field the rule is phrased in, variant maker[, fresh-probe maker]); fields a case
+# lacks are skipped; the probes re-verify a rule on values the variants did not try
 
 
 VARIATIONS = (
     ("causal", "causal", _causal), ("mask", "mask", _masks),
     ("gqa", "gqa", _gqa), ("dtype", "dtype", v.dtypes), ("rank", "rank", _rank),
-    ("L", "L", v.lengths("L")), ("S", "S", v.lengths("S")), ("E", "E", v.dims("E")),
-    ("Ev", "Ev", v.dims("Ev")), ("scale", "scale", v.scale),
+    ("L", "L", v.lengths("L"), v.probe_lengths("L")), ("S", "S", v.lengths("S"), v.probe_lengths("S")), ("E", "E", v.dims("E"), v.probe_dims("E")),
+    ("Ev", "Ev", v.dims("Ev"), v.probe_dims("Ev")), ("scale", "scale", v.scale),
     ("empty_rows", "empty_rows", v.to("empty_rows", 0)),
     ("layout_q", "layout_q", v.to("layout_q", "contiguous")),
     ("layout_k", "layout_k", v.to("layout_k", "contiguous")),
