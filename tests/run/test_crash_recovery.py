@@ -1,0 +1,36 @@
+"""A worker that dies inside the implementation (SIGSEGV) fails the test it was running, naming
+the signal and the example with its replay command; the rest of the run finishes with a report
+(``run/crashes.py``, the plugin's ``pytest_handlecrashitem``)."""
+from __future__ import annotations
+
+import json
+import signal
+
+from attention_oracle.run import crashes
+from tests.helpers import run_suite
+
+CRASHING = "attention_oracle.controls.crashing"
+
+
+def test_a_segfault_fails_its_test_and_the_run_finishes(tmp_path):
+    report = tmp_path / "reports" / "r.json"  # outside the clone: the rootdir must not move there
+    proc = run_suite("-n", "2", "--impl", CRASHING, "--oracle-report", str(report),
+                     "attention_oracle/conformance/test_sdpa.py",
+                     "-k", "mismatched_value_rows or rank3_equals_rank4")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "crashed with SIGSEGV (signal 11) during test_mismatched_value_rows" in out, out[-3000:]
+    assert "replay: python -m attention_oracle replay --impl " + CRASHING in out
+    assert "unrecognized arguments" not in out and "maximum crashed workers" not in out
+    assert out.count("node down") == 1, "the crashed test ran again on the replacement worker"
+    rows = {r["check"]: r for r in json.loads(report.read_text())["rows"]
+            if r["implementation"] == CRASHING}
+    assert rows["sdpa.mismatched_value_rows"]["failed"] == 1
+    assert rows["sdpa.rank3_equals_rank4"]["passed"] == 1
+
+
+def test_exit_status_names_the_signal():
+    assert crashes.exit_status(-signal.SIGSEGV) == "SIGSEGV (signal 11)"
+    assert crashes.exit_status(-signal.SIGABRT) == "SIGABRT (signal 6)"
+    assert crashes.exit_status(70) == "exit 70"
+    assert crashes.exit_status(None) == "exit status unknown"

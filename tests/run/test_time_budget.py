@@ -1,0 +1,71 @@
+"""Bounded time (``run/budget.py``): a check's search ends in a verdict when its time budget is
+spent, and an implementation that compiles per shape gets few new shapes per check."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from hypothesis.errors import UnsatisfiedAssumption
+
+from attention_oracle.checks.sdpa.cases import SdpaCase
+from attention_oracle.run import budget
+from tests.helpers import run_suite
+
+SLOW_JIT = "attention_oracle.controls.slow_jit"
+
+
+def test_a_spent_budget_ends_the_check_with_a_verdict(tmp_path):
+    """slow_jit pays 2 s per new (L, S): with a 5 s budget the check ends after a few examples,
+    passing, and says so."""
+    report = tmp_path / "r.json"
+    start = time.monotonic()
+    proc = run_suite("--impl", SLOW_JIT, "--oracle-check-budget", "5", "--oracle-report", str(report),
+                     "attention_oracle/conformance/test_sdpa.py", "-k", "test_forward_agreement")
+    took = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "budget reached after" in out, out[-3000:]
+    notes = json.loads(report.read_text())["budget_reached"]
+    assert notes and notes[0]["outcome"] == "passed"
+    assert took < 60, f"took {took:.0f} s (interpreter start included)"
+
+
+class _Case:
+    def __init__(self, L, S):
+        self.L, self.S, self.E = L, S, 8
+
+
+def test_a_compiling_implementation_gets_few_new_shapes():
+    shapes = budget.shapes("a-test-only-kernel")
+    shapes.record(budget.shape_of(_Case(1, 1)), 2.0)   # first call of (1, 1): a compile
+    assert not shapes.compiling
+    shapes.record(budget.shape_of(_Case(1, 1)), 0.01)  # again: cheap (a warm-up, or a compile)
+    assert not shapes.compiling
+    shapes.record(budget.shape_of(_Case(1, 2)), 2.0)
+    shapes.record(budget.shape_of(_Case(1, 2)), 0.01)  # a second shape: it compiles per shape
+    assert shapes.compiling
+    limits = budget.CheckBudget("a-test-only-kernel", seconds=None)
+    for n in range(budget.NEW_SHAPES_PER_CHECK):
+        limits.before(_Case(2 + n, 3))
+        limits.after(True, failed=False)
+    with pytest.raises(UnsatisfiedAssumption):  # a new shape beyond the budget: not run
+        limits.before(_Case(100, 100))
+    limits.before(_Case(1, 1))  # a compiled shape still runs
+
+
+def test_the_time_budget_stops_only_a_round_without_failures():
+    limits = budget.CheckBudget("another-test-only-kernel", seconds=0.0)
+    time.sleep(0.01)
+    limits.failing = True  # a failure of this round is still shrinking: not stopped
+    limits.before(_Case(1, 2))
+    limits.after(True, failed=True)
+    limits.new_round()
+    with pytest.raises(budget.BudgetReached):
+        limits.before(_Case(1, 2))
+    assert "budget reached after 0 judged examples" in limits.note()
+
+
+def test_shape_of_reads_size_fields_and_dtype():
+    fields = dict(budget.shape_of(SdpaCase(L=5)))
+    assert fields["L"] == 5 and fields["dtype"] == "float32" and "seed" not in fields
