@@ -11,6 +11,7 @@ from hypothesis import given
 
 from attention_oracle.judge import profiles, record
 from attention_oracle.judge.agreement import OracleMismatch
+from attention_oracle.run import grid
 from attention_oracle.run.runner import run_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,9 +27,17 @@ def run_suite(*args) -> subprocess.CompletedProcess:
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
-def caught_message(check, target, cases) -> str:
-    """Search ``cases`` with the controls' settings (no shrinking, first failure wins); the
-    OracleMismatch the check must raise, as text. Fails the test if nothing is caught."""
+def caught_message(check, target, cases, variant: str = "") -> str:
+    """The check's covering grid (``run/grid.py``, ``variant``), then a search of ``cases`` with
+    the controls' settings (no shrinking, first failure wins), as a conformance test runs them;
+    the OracleMismatch the check must raise, as text. Fails the test if nothing is caught."""
+    with record.silenced():
+        for _, case in grid.cases(check, target, variant):
+            try:
+                run_check(check, target, case)
+            except OracleMismatch as exc:
+                return str(exc)
+
     @profiles.control_settings()
     @given(case=cases)
     def search(case):

@@ -12,14 +12,17 @@ from collections.abc import Mapping
 from attention_oracle.checks.dsa import cases as dsa_cases
 from attention_oracle.checks.dsa import checks as dsa_checks  # noqa: F401 (declares the checks)
 from attention_oracle.checks.dsa import edges as dsa_edges  # noqa: F401
+from attention_oracle.checks.dsa import grid as dsa_grid  # noqa: F401 (sets the covering grid)
 from attention_oracle.checks.dsa import triage as dsa_triage  # noqa: F401 (sets the variations)
 from attention_oracle.checks.index import cases as index_cases
 from attention_oracle.checks.index import checks as index_checks  # noqa: F401
 from attention_oracle.checks.index import edges as index_edges  # noqa: F401
+from attention_oracle.checks.index import grid as index_grid  # noqa: F401
 from attention_oracle.checks.index import triage as index_triage  # noqa: F401
 from attention_oracle.checks.sdpa import cases as sdpa_cases
 from attention_oracle.checks.sdpa import checks as sdpa_checks  # noqa: F401
 from attention_oracle.checks.sdpa import edges as sdpa_edges  # noqa: F401
+from attention_oracle.checks.sdpa import grid as sdpa_grid  # noqa: F401
 from attention_oracle.checks.sdpa import triage as sdpa_triage  # noqa: F401
 from attention_oracle.judge import registry
 

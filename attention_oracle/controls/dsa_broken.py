@@ -11,6 +11,7 @@ import math
 import torch
 
 import attention_oracle.oracle.dsa as dsa
+from attention_oracle.controls.index_broken import CausalUnseenRowsSeeKeyZero as _UnseenRowsIndex
 from attention_oracle.controls.index_broken import DocumentLeak as _LeakyIndex
 from attention_oracle.oracle.dsa import dsa_reference, without_duplicates
 from attention_oracle.oracle.index import offset_gather_kv_indices
@@ -319,4 +320,49 @@ MORE_CONTROLS += [
     ("Int64ReadAsInt32", "varlen_int64_indices"),
     ("Int64UnclearError", "int64_indices"),
     ("WrongDefaultScale", "default_scale"),
+]
+
+
+# ----------------------------------------------------------------------------- bugs at an intersection of conditions
+# Each needs two or three conditions at once (a slot count, a topk_length, a hole pattern, a
+# document pattern): random draws rarely meet them together; the covering grid does.
+
+TILE_SLOTS = 64
+
+
+class TopkLengthTileReadsOneMore(_Base):
+    """A topk_length that is a multiple of 64 reads one slot more (slot topk_length, where
+    the row has one)."""
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest):
+        if topk_length is not None:
+            tile = (topk_length > 0) & (topk_length % TILE_SLOTS == 0)
+            topk_length = torch.where(tile, topk_length + 1, topk_length).clamp(max=indices.shape[1])
+        return super().attend(q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest)
+
+
+class CausalUnseenRowsSeeKeyZero(_Base):
+    """Varlen index preparation, causal, in a document with more queries than keys: the queries
+    that should see no key see key 0 of their document."""
+
+    def offset_gather_kv_indices(self, *args, **kwargs):
+        return _UnseenRowsIndex().offset_gather_kv_indices(*args, **kwargs)
+
+
+class NanAfterEmptyFirstChunk(_Base):
+    """A row whose first 64 slots are all holes, with valid slots after them, comes out NaN (a
+    running max started from an empty first chunk: -inf - -inf)."""
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, scale, return_lse):
+        out, lse = super().attend(q_latent, q_rope, kv_latent, k_rope, indices, topk_length, scale, True)
+        valid = _valid(indices, topk_length, kv_latent.shape[0])
+        bad = ~valid[:, :TILE_SLOTS].any(dim=1) & valid[:, TILE_SLOTS:].any(dim=1)
+        out = torch.where(bad[:, None, None], torch.full_like(out, float("nan")), out)
+        return (out, lse) if return_lse else out
+
+
+MORE_CONTROLS += [
+    ("TopkLengthTileReadsOneMore", "forward_agreement"),
+    ("CausalUnseenRowsSeeKeyZero", "varlen_agreement"),
+    ("NanAfterEmptyFirstChunk", "forward_agreement"),
 ]

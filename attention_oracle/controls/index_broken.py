@@ -124,3 +124,20 @@ MORE_CONTROLS += [
     ("Int64ReadAsInt32", "int64_indices"),
     ("Int64ErrorNamesNothing", "int64_indices"),
 ]
+
+
+# ----------------------------------------------------------------------------- bugs at an intersection of conditions
+
+
+class CausalUnseenRowsSeeKeyZero(_Prepare):
+    """Causal, in a document with more queries than keys: a query before the document's first
+    key (pos < 0, it sees no key) keeps local index 0 (key 0 of its document)."""
+
+    def valid(self, local, seqlen_k, pos, causal):
+        valid = super().valid(local, seqlen_k, pos, causal)
+        if causal:
+            valid |= (pos[:, None] < 0) & (local == 0) & (seqlen_k[:, None] > 0)
+        return valid
+
+
+MORE_CONTROLS += [("CausalUnseenRowsSeeKeyZero", "offset_equals_oracle")]

@@ -361,3 +361,54 @@ CONTROLS.update({
     "NanGradientOnUnderflowingRows": "gradient_agreement",
     "KeyDroppedAtTileEdge": "forward_agreement",
 })
+
+
+# ----------------------------------------------------------------------------- bugs at an intersection of conditions
+# Each needs two or three conditions at once (a length class, a mask kind, a value regime):
+# random draws rarely meet them together; the covering grid (``run/grid.py``) does.
+
+TAIL_TILE = 64
+
+
+class LastKeyDroppedAtTailTile(_Base):
+    """When S % 64 == 63, without a mask and not causal, the last key never takes part (a tail
+    tile one key short)."""
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        L, S = query.shape[-2], key.shape[-2]
+        if S % TAIL_TILE == TAIL_TILE - 1 and attn_mask is None and not is_causal:
+            attn_mask = torch.ones(L, S, dtype=torch.bool, device=query.device)
+            attn_mask[:, S - 1] = False
+        return oracle.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                   is_causal, scale, enable_gqa)
+
+
+class _HalfTileUnstableBackward(_OracleForward):
+    """Oracle forward; when L % 128 == 64 the backward's dq is NaN on rows whose lse is below
+    float32's exp range (P recomputed as exp(s) / exp(lse) in one half-filled query tile)."""
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        ref = sdpa_reference(q, k, v, dout, attn_mask=ctx.mask, **ctx.kwargs)
+        dq = ref["dq"]
+        if q.shape[-2] % (2 * TAIL_TILE) == TAIL_TILE:
+            under = (ref["lse"] < FP32_EXP_UNDERFLOW) & torch.isfinite(ref["lse"])
+            dq = dq.masked_fill(under[..., None], float("nan"))
+        return dq.to(q.dtype), ref["dk"].to(k.dtype), ref["dv"].to(v.dtype), None, None
+
+
+class NanDqOnUnderflowAtHalfTile(_Base):
+    """Right forward; dq NaN only when L % 128 == 64, on rows whose lse is below -87.3."""
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        kw = dict(is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        return _HalfTileUnstableBackward.apply(query, key, value, attn_mask, kw)
+
+
+CONTROLS.update({
+    "LastKeyDroppedAtTailTile": "forward_agreement",
+    "NanDqOnUnderflowAtHalfTile": "gradient_agreement",
+})

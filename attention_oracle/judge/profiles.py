@@ -23,6 +23,12 @@ _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter
 PROFILES = ("ci", "dev", "gpu", "fuzz")
 _EXAMPLES = {"ci": 12, "dev": 6, "gpu": 40, "fuzz": 2000}
 _active = {"name": "dev", "size": "small"}
+# the covering grid run before each search (``run/grid.py``): its strength per profile, and the
+# length classes (L, S, DSA K, document lengths) per problem size
+GRID_STRENGTH = {"ci": 2, "dev": 2, "gpu": 3, "fuzz": 3}
+GRID_LENGTHS = {"interpreted": (1, 15, 16, 17, 31, 32, 33),
+                "native": (1, 63, 64, 65, 127, 128, 129, 191, 192, 255, 256, 257)}
+GRID_LENGTHS["large"] = GRID_LENGTHS["native"] + (1023, 1024, 1025, 4095, 4096, 4097)
 
 
 def register(fuzz_database: ExampleDatabase | None = None, fuzz_examples: int | None = None,
@@ -57,6 +63,19 @@ def name() -> str:
 
 def size() -> str:
     return _active["size"]
+
+
+def grid_strength() -> int:
+    """The covering grid's strength under the active profile (every t-tuple of values)."""
+    return GRID_STRENGTH[_active["name"]]
+
+
+def grid_lengths(interpreted: bool) -> tuple:
+    """The length classes of the grid: small tile edges for interpreted kernels, the native
+    tile edges on CPU profiles, and also 1023-1025 and 4095-4097 on a GPU (``gpu``, ``fuzz``)."""
+    if interpreted:
+        return GRID_LENGTHS["interpreted"]
+    return GRID_LENGTHS["large" if _active["size"] == "large" else "native"]
 
 
 def control_settings(max_examples: int = 40) -> settings:

@@ -30,13 +30,17 @@ class Sink:
         self.known_first = ""
         self.failures: list[dict] = []  # {"check", "case"} of each failing example reported
         self.known_entries: dict[str, int] = {}  # --known-failures entry label -> examples it took
+        # examples run (``record_example``): grid cases (distinct names), search examples, and of
+        # all of them those the implementation refused and those judged
+        self.grid_names: set[str] = set()
+        self.counts = {"grid": 0, "search": 0, "refused_examples": 0, "judged_examples": 0}
         self.bugs: list[dict] = []  # the signature of each triaged failure (run/bugs.py)
 
     def as_dict(self) -> dict:
         return {"worst": self.worst, "examples": self.examples, "refused": self.refused,
                 "functions": sorted(self.functions), "refusal": self.refusal, "failures": list(self.failures),
                 "known": self.known, "known_first": self.known_first,
-                "known_entries": dict(self.known_entries), "bugs": list(self.bugs)}
+                "known_entries": dict(self.known_entries), "bugs": list(self.bugs), **self.counts}
 
 
 def open_sink(keep_ratios: bool = False) -> tuple[Sink, contextvars.Token]:
@@ -101,6 +105,20 @@ def record_bug(signature: dict) -> None:
     sink = _sink.get()
     if sink is not None:
         sink.bugs.append(signature)
+
+
+def record_example(grid_name: str | None, refused: bool) -> None:
+    """One example ran: a grid case (``grid_name``, counted once however many search rounds
+    rerun it) or a search example (None); refused, or judged (passed, failed or known)."""
+    sink = _sink.get()
+    if sink is None:
+        return
+    if grid_name is not None:
+        if grid_name in sink.grid_names:
+            return
+        sink.grid_names.add(grid_name)
+    sink.counts["grid" if grid_name is not None else "search"] += 1
+    sink.counts["refused_examples" if refused else "judged_examples"] += 1
 
 
 def record_call(function: str, refused: bool, reason: str = "") -> None:

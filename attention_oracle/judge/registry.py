@@ -129,13 +129,27 @@ class Area:
     ``strategy``, ``function_for``, ``unsupported_for``, ``REQUIREMENTS``) and Case class (the
     cases module registers them when it is imported), and its triage variations (its ``triage``
     module sets them: ``variations``, [(label, rule field, maker(case, target) -> [(value,
-    changes)])], and ``within(caps, case)``, whether a varied case stays inside a declaration)."""
+    changes)])], and ``within(caps, case)``, whether a varied case stays inside a declaration),
+    and its covering grid (its ``grid`` module sets ``grid``: see :class:`Grid`)."""
 
     name: str
     cases: types.ModuleType
     case_class: type
     variations: tuple = ()
     within: Callable | None = None
+    grid: Callable | None = None  # (check, target_or_caps, params) -> Grid (its grid module sets it)
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """A check's covering grid, as its area's grid module describes it: ``factors`` ({dimension:
+    values}, in order), ``constraints`` ([(dimensions, predicate(row) -> bool)]: a row of the
+    array must satisfy each predicate once it holds those dimensions) and ``build(row)`` (the
+    Case of a full row)."""
+
+    factors: Mapping
+    constraints: tuple
+    build: Callable
 
 
 _AREAS: dict[str, Area] = {}

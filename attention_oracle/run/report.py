@@ -1,6 +1,7 @@
 """The end-of-run table (implementation x check), from the sinks of ``judge/record.py``:
 passed / failed / skipped / unsupported / known failures (xfail: whole tests; known: examples
-in a known failure class) and the worst error ratio.
+in a known failure class), the examples run (grid cases, search examples, and of them those
+refused and those judged) and the worst error ratio.
 """
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import math
 from collections import defaultdict
 
 OUTCOMES = ("passed", "failed", "skipped", "unsupported", "xfail")
+# examples per row (``record.record_example``): grid cases, search examples, refused, judged
+EXAMPLE_COUNTS = ("grid", "search", "refused_examples", "judged_examples")
 
 
 class Table:
@@ -17,7 +20,8 @@ class Table:
     def __init__(self):
         self.rows: dict = defaultdict(lambda: {**{o: 0 for o in OUTCOMES}, "worst_ratio": 0.0,
                                                "examples": 0, "refused": 0, "known": 0,
-                                               "known_first": ""})
+                                               "known_first": "",
+                                               **{k: 0 for k in EXAMPLE_COUNTS}})
         # (impl, function) -> [tests that verified something, tests fully refused]
         self.functions: dict = defaultdict(lambda: [0, 0])
         self.known_entries: dict[str, int] = defaultdict(int)  # user entry label -> examples
@@ -31,6 +35,8 @@ class Table:
             row["examples"] += info.get("examples", 0)
             row["refused"] += info.get("refused", 0)
             row["known"] += info.get("known", 0)
+            for k in EXAMPLE_COUNTS:
+                row[k] += info.get(k, 0)
             row["known_first"] = row["known_first"] or info.get("known_first", "")
             for label, n in info.get("known_entries", {}).items():
                 self.known_entries[label] += n
@@ -49,12 +55,13 @@ class Table:
         if not self.rows:
             return "(no oracle checks ran)"
         head = ("implementation", "check", "pass", "fail", "skip", "unsup", "xfail", "known",
-                "worst ratio")
+                "grid", "search", "refused", "judged", "worst ratio")
         lines = [head]
         for (impl, check), r in sorted(self.rows.items()):
             worst = r["worst_ratio"]
             lines.append((impl, check, str(r["passed"]), str(r["failed"]), str(r["skipped"]),
                           str(r["unsupported"]), str(r["xfail"]), str(r["known"]),
+                          *(str(r[k]) for k in EXAMPLE_COUNTS),
                           "inf" if math.isinf(worst) else f"{worst:.3f}"))
         widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
         out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in lines]

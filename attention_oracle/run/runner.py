@@ -18,12 +18,13 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, note, settings
+from hypothesis import example, given, note, settings
 
 from attention_oracle.judge import known, record
 from attention_oracle.judge.agreement import OracleMismatch
 from attention_oracle.judge.targets import Refused, Target
 from attention_oracle.run import fuzzing, gpu_lock, known_failures, poison
+from attention_oracle.run import grid as covering
 from attention_oracle.run.triage import MAX_ROUNDS, distinct, search
 
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -135,31 +136,56 @@ def run_isolated(check, target: Target, case) -> bool:
 
 
 def run_property(check, target: Target, cases, *, function: str,
-                 settings_: settings | None = None) -> None:
-    """Hypothesis search of ``check`` on ``target`` over the ``cases`` strategy."""
+                 settings_: settings | None = None, grid=()) -> None:
+    """Hypothesis search of ``check`` on ``target`` over the ``cases`` strategy; ``grid``
+    ([(name, Case)]: the check's covering grid, ``run/grid.py``) runs first, as explicit
+    examples. After a grid case fails, the rest of the grid waits for the next round of the
+    search (``triage.search``: each round triages one new failure) and the search proper runs
+    once the grid passes."""
     if target.unavailable:
         pytest.skip(f"{target.name} unavailable: {target.unavailable}")
     if not target.offers(function):
         pytest.skip(f"{target.name} does not offer {function}")
     if function in target.broken:  # a signature that breaks the contract: no search, one clear failure
         pytest.fail(f"{target.name}.{target.broken[function]}", pytrace=False)
-    ran = {"ok": 0, "refused": 0}
+    ran = {"ok": 0, "refused": 0, "grid_failed": False}
+    names = {id(case): name for name, case in grid}
 
     def one(case):
+        name = names.get(id(case))
+        if name is not None and ran["grid_failed"]:
+            return  # one grid failure per round, each triaged
+        if name is not None:
+            note(f"grid case: {name}")
         note(f"case: {case.to_json()}")
         note(f"replay: {case.repro(check_name(check, case), target.name)}")
-        ran["ok" if run_check(check, target, case) else "refused"] += 1
+        judged = True
+        try:
+            judged = run_check(check, target, case)
+        except BaseException:
+            ran["grid_failed"] = ran["grid_failed"] or name is not None
+            raise
+        finally:
+            record.record_example(name, refused=not judged)
+        ran["ok" if judged else "refused"] += 1
 
     if (settings_ or settings()).database is not None:  # ci and gpu keep none: seeds unchanged
         fuzzing.key_test(one, fuzzing.key_of(check, function, target.name, target.device.type))
     test = given(case=cases)(one)
+    for _, case in reversed(grid):  # Hypothesis runs the explicit examples last added first
+        test = example(case=case)(test)
     if settings_ is None and getattr(check, "ISOLATE_ON_CUDA", False) and target.device.type == "cuda":
         settings_ = settings(max_examples=min(settings().max_examples, ISOLATED_EXAMPLES))
     if settings_ is not None:
         test = settings_(test)
     test = fuzzing.reruns_keep_entries(test)  # a second search keeps the first one's failures
     isolated = getattr(check, "ISOLATE_ON_CUDA", False) and target.device.type == "cuda"
-    search(test, rounds=1 if isolated else MAX_ROUNDS)  # every distinct failure, each triaged
+
+    def one_round():
+        ran["grid_failed"] = False
+        test()
+
+    search(one_round, rounds=1 if isolated else MAX_ROUNDS)  # every distinct failure, each triaged
     if ran["ok"] == 0 and ran["refused"] > 0:  # undeclared refusals: nothing was verified
         sink = record.current()
         why = sink.refusal if sink else ""
@@ -178,4 +204,5 @@ def run_declared(check, target: Target, variant: str = "") -> None:
     for function in check.needs:
         if not target.offers(function):
             pytest.skip(f"{target.name} does not offer {function}")
-    run_property(check, target, check.strategy(target, variant), function=check.function(variant))
+    run_property(check, target, check.strategy(target, variant), function=check.function(variant),
+                 grid=covering.cases(check, target, variant))

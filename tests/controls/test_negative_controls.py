@@ -1,11 +1,11 @@
 """Negative controls: deliberately broken implementations that the checks must catch.
 
-Each SDPA control runs the check meant to catch it under the active profile's settings
-(no shrinking, first failure wins) and must raise OracleMismatch. The agreement rule's
+Each SDPA control runs the check meant to catch it, its covering grid and then its search
+under the active profile's settings (no shrinking, first failure wins), and must raise
+OracleMismatch. The agreement rule's
 absolute floor gets its own controls: it must still catch an error of ten floors where
 the rule's bound collapsed to zero.
 """
-import dataclasses
 
 import pytest
 import torch
@@ -23,18 +23,6 @@ from tests.helpers import caught_message
 DTYPES = (torch.float32, torch.float16)
 
 
-def _past_the_tile_edge(case):
-    """The case with more than TILE_EDGE keys and no causal cut, so a dropped key TILE_EDGE is
-    visible to every row: KeyDroppedAtTileEdge's bug shows only there, and the search would
-    otherwise depend on drawing such a case (about 1 in 5) among its 40."""
-    edge = sdpa_broken.TILE_EDGE
-    return dataclasses.replace(case, S=case.S if case.S > edge else edge + case.S, causal=False)
-
-
-# controls whose bug needs a region of the cases a check draws (the check itself is unchanged)
-FOCUS = {"KeyDroppedAtTileEdge": _past_the_tile_edge}
-
-
 @pytest.mark.parametrize("control", sorted(sdpa_broken.CONTROLS))
 def test_sdpa_control_is_caught(control):
     check_name = sdpa_broken.CONTROLS[control]
@@ -43,8 +31,6 @@ def test_sdpa_control_is_caught(control):
     check = sdpa_checks.CHECKS[check_name]
 
     cases = strategy_for(check_name, target.capabilities.narrowed(dtypes=DTYPES))
-    if control in FOCUS:
-        cases = cases.map(FOCUS[control])
     message = caught_message(check, target, cases)
     assert f"sdpa.{check_name}" in message
     assert control in message

@@ -196,9 +196,43 @@ def _slot_in_topk(T: int, K: int, topk: torch.Tensor | None) -> torch.Tensor:
     return torch.arange(K)[None, :] < topk.to(torch.int64)[:, None]
 
 
+# hole patterns of the covering grid (``checks/dsa/grid.py``), beside ``index.cases.HOLE_PATTERNS``
+GRID_HOLES = ("lead64", "trail64", "chunk64", "alternate", "past_s")
+RUN = 64  # a tile of slots
+
+
+def grid_hole_mask(T: int, K: int, S: int, pattern: str) -> torch.Tensor:
+    """Bool ``[T, K]`` for the grid's patterns: the first / last ``min(64, K - 1)`` slots
+    (``lead64`` / ``trail64``: a valid slot stays), slots 64..127 (``chunk64``: a whole empty
+    64-slot chunk), every odd slot (``alternate``), every slot before column S (``past_s``:
+    valid slots only past column S)."""
+    cols = torch.arange(K)
+    run = min(RUN, max(K - 1, 0))
+    hole = {"lead64": cols < run, "trail64": cols >= K - run,
+            "chunk64": (cols >= RUN) & (cols < 2 * RUN), "alternate": cols % 2 == 1,
+            "past_s": cols < S}
+    if pattern not in hole:
+        raise ValueError(f"unknown hole pattern {pattern!r}; expected one of {GRID_HOLES}")
+    return hole[pattern][None, :].expand(T, K).clone()
+
+
+def _hole_mask(T: int, K: int, S: int, pattern: str, density: float, g: torch.Generator) -> torch.Tensor:
+    if pattern in GRID_HOLES:
+        return grid_hole_mask(T, K, S, pattern)
+    return hole_mask(T, K, pattern, density, g)
+
+
+def _topk_lengths(T: int, K: int, mode: str, g: torch.Generator):
+    """``index.cases.topk_lengths``, and ``minus1``: every row cut to K - 1 slots (the grid's:
+    K = 65 gives a length of 64)."""
+    if mode == "minus1":
+        return torch.full((T,), max(K - 1, 0), dtype=torch.int32)
+    return topk_lengths(T, K, mode, g)
+
+
 def _global_indices(case: DsaCase, g: torch.Generator, topk) -> torch.Tensor:
     idx = torch.randint(0, case.S, (case.T, case.K), generator=g, dtype=torch.int64)
-    mask = hole_mask(case.T, case.K, case.holes, case.density, g)
+    mask = _hole_mask(case.T, case.K, case.S, case.holes, case.density, g)
     idx = torch.where(mask, invalid_values((case.T, case.K), case.invalid, case.S, g), idx)
     _empty_out_rows(idx, case.empty_rows, case.S, g)
     _punch_gap(idx, case.gap)
@@ -216,7 +250,11 @@ def _local_indices(case: DsaCase, g: torch.Generator, topk) -> torch.Tensor:
     if case.selection == "topk":
         idx = topk_like_rows(case.docs, case.K, g)
         if case.holes != "none":
-            idx[hole_mask(case.T, case.K, case.holes, case.density, g)] = -1
+            idx[_hole_mask(case.T, case.K, case.S, case.holes, case.density, g)] = -1
+    elif case.holes in GRID_HOLES:
+        idx = holey_local_indices(case.docs, case.K, causal=case.causal, holes="none",
+                                  density=0.0, invalid=case.invalid, g=g)
+        idx[grid_hole_mask(case.T, case.K, case.S, case.holes)] = -1
     else:
         idx = holey_local_indices(case.docs, case.K, causal=case.causal, holes=case.holes,
                                   density=case.density, invalid=case.invalid, g=g)
@@ -283,7 +321,7 @@ def build(case: DsaCase, device: torch.device, *, values_on_device: bool = False
     """
     g = _gen(case.seed)
     dt, T, S, H = case.torch_dtype, case.T, case.S, case.H
-    topk = topk_lengths(T, case.K, case.topk, g)
+    topk = _topk_lengths(T, case.K, case.topk, g)
     idx = _local_indices(case, g, topk) if case.varlen else _global_indices(case, g, topk)
     if values_on_device:
         gv = torch.Generator(device=device).manual_seed(case.seed)
