@@ -11,7 +11,10 @@ Two failures are one bug (:func:`same_bug`) when they come from the same impleme
 
 - they share a confirmed structural dependency, the same rule on the same field ("S > 64",
   "L % 16 != 0", "only without causal", "only with bool masks"); a failure with none confirmed
-  groups only with another with none. A rule that only lists values ("only with
+  (its regime made the rule fail on other cases: saturated scores, where a dropped key shows
+  only if it was a row's maximum) joins one whose confirmed rule its own case's variants show
+  (``seen``); two with none confirmed group when their own cases show a common rule, or
+  neither shows any. A rule that only lists values ("only with
   value_scale=0.3", "only with mask in {...}") says where the error is large enough to be seen
   in that regime, which differs between outputs and checks of one bug (a dropped key moves
   ``out`` beyond the bound in fp16 and ``dv`` only in fp32, say): it neither joins nor splits;
@@ -34,6 +37,7 @@ def signature(impl: str, check: str, output: str, found, detail, png: str, repla
             "confirmed": dict(found.confirmed) if found else {},
             "independent": list(found.independent) if found else [],
             "observed": list(found.observed) if found else [],
+            "seen": dict(found.seen) if found else {},
             "pattern": errormap.pattern(detail) if detail else "",
             "map": png, "replay": replay, "nodeid": ""}
 
@@ -48,9 +52,19 @@ def _strong(sig: dict) -> set:
     return {(label, rule) for label, rule in sig["confirmed"].items() if structural(rule)}
 
 
+def _seen(sig: dict) -> set:
+    return {(label, rule) for label, rule in sig.get("seen", {}).items() if structural(rule)}
+
+
 def _agree(a: dict, b: dict) -> bool:
     sa, sb = _strong(a), _strong(b)
-    return bool(sa & sb) or (not sa and not sb)
+    if sa & sb:
+        return True
+    if not sa and not sb:
+        return not (_seen(a) or _seen(b)) or bool(_seen(a) & _seen(b))
+    # one confirmed nothing (its regime hides the rule on other cases): its own case shows a
+    # rule the other confirmed
+    return bool((_seen(a) & sb) if not sa else (_seen(b) & sa))
 
 
 def same_bug(a: dict, b: dict) -> bool:
@@ -86,14 +100,15 @@ def _plain(rule: str) -> str:
 
 
 def _where(members: list[dict]) -> str:
-    """The structural rules every member with any confirmed shares, in words (else the first
-    member's confirmed rules)."""
+    """The structural rules shared by every member that confirmed any, in words (else the
+    first member's confirmed rules, whatever they are)."""
     strong = [_strong(s) for s in members if _strong(s)]
     shared = set.intersection(*strong) if strong else set()
-    ordered = [(label, rule) for label, rule in members[0]["confirmed"].items()
+    lead = next((s for s in members if _strong(s)), members[0])
+    ordered = [(label, rule) for label, rule in lead["confirmed"].items()
                if (label, rule) in shared or not shared]
     rules = [_plain(rule) for _, rule in ordered]
-    return " and ".join(rules) if rules else "every variant tried (no dependency confirmed)"
+    return " and ".join(rules)
 
 
 def line(n: int, members: list[dict]) -> str:
@@ -104,7 +119,9 @@ def line(n: int, members: list[dict]) -> str:
     checks = ", ".join(dict.fromkeys(s["check"] for s in members))
     png = next((s["map"] for s in members if s["map"]), "") or "none (no tensor to map)"
     tests = len({s["nodeid"] for s in members})
-    return (f"BUG {n}: {first['impl']} {outputs} fail where {_where(members)}; seen in checks "
+    where = _where(members)
+    where = f"where {where}" if where else "(no dependency confirmed)"
+    return (f"BUG {n}: {first['impl']} {outputs} fail {where}; seen in checks "
             f"{checks} ({len(members)} failure{'s' if len(members) != 1 else ''} in {tests} "
             f"test{'s' if tests != 1 else ''}); first replay: {first['replay']}; error map: {png}")
 
@@ -149,7 +166,7 @@ def _short(mine: list[dict], numbers: list[int], first_report: dict) -> str:
         sigs = [s for s, m in zip(mine, numbers) if m == n]
         outputs = ", ".join(dict.fromkeys(s["output"] for s in sigs))
         png = next((s["map"] for s in sigs if s["map"]), "")
-        lines += [f"BUG {n} again ({sigs[0]['check']}: {outputs}; where {_where(sigs)}; shown in full "
+        lines += [f"BUG {n} again ({sigs[0]['check']}: {outputs}; {('where ' + _where(sigs)) if _where(sigs) else 'no dependency confirmed'}; shown in full "
                   f"in {first_report[n]})", f"  reproduce: {sigs[0]['replay']}"]
         lines += [f"  error map: {png}"] if png else []
     return "\n".join(lines)

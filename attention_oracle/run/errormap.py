@@ -90,7 +90,8 @@ def _figure(detail: dict, title: str) -> Figure:
     error = detail["error"].numpy()
     bad = failing(detail["error"], detail.get("allowed", 0.0)).numpy()
     rows, cols = error.shape
-    fig = Figure(figsize=(min(14.0, 4.0 + 0.06 * cols * 2), min(10.0, 2.5 + 0.05 * rows)))
+    fig = Figure(figsize=(min(14.0, max(8.0, 3.0 + 0.12 * cols)), min(10.0, max(4.0, 2.5 + 0.05 * rows))),
+                 layout="constrained")
     FigureCanvasAgg(fig)
     left, right = fig.subplots(1, 2)
     finite_max = float(error.max()) if error.size else 0.0
@@ -117,7 +118,8 @@ def write(detail: dict, title: str = "") -> str:
     if not detail or detail.get("error") is None or detail["error"].dim() != 2:
         return ""
     path = os.path.join(directory(), file_name(detail["impl"], detail["check"], detail["output"]))
-    head = f"{detail['impl']} {detail['check']} {detail['output']} at {tuple(detail.get('slice', ()))}"
+    impl = re.split(r"[:.]", detail["impl"])[-1]
+    head = f"{impl} {detail['check']} {detail['output']} at {tuple(detail.get('slice', ()))}"
     try:
         os.makedirs(directory(), exist_ok=True)
         _figure(detail, f"{head}\n{title}" if title else head).savefig(path, dpi=80)

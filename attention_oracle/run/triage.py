@@ -406,6 +406,7 @@ class Triage:
     observed: list
     text: str
     runs: int = 0
+    seen: dict = dataclasses.field(default_factory=dict)  # {label: the rule this case alone gives}
 
     def headline(self) -> str:
         """The confirmed dependencies in one line ('' if none)."""
@@ -489,10 +490,14 @@ def _confirm(check, target, case, entry, rows, independent, budget, output):
 
 
 def _revise(check, target, case, field, probe, fails, passes, rule, holds, budget, output):
-    """The rule re-verified on fresh values (integer fields), derived again when one disagrees."""
+    """The rule re-verified on fresh values (integer fields), derived again when one disagrees;
+    a rule that comes to list values (``S in {...}``) is not confirmed."""
+    refuted = []
     for _ in range(MAX_REVISIONS + 1):
         if len(fails) < 2 or len(passes) < 2:
             return rule, f"{len(fails)} failing and {len(passes)} passing observations (2 of each needed)"
+        if " in {" in rule and refuted:
+            break
         if probe is None or not isinstance(_value(case, field), int) or isinstance(_value(case, field), bool):
             return rule, None
         tried = {_value(c, field) for c in fails + passes}
@@ -502,9 +507,10 @@ def _revise(check, target, case, field, probe, fails, passes, rule, holds, budge
             (fails if o == "fails" else passes).append(c)
         if not wrong:
             return rule, None
+        refuted += [f"'{rule.removeprefix('only when ')}' refuted by fresh {field}={_value(c, field)!r} ({o})"
+                    for c, o in wrong[:1]]
         rule, holds = _rule(field, case, fails, passes)
-    c, o = wrong[0]
-    return rule, f"fresh {field}={_value(c, field)!r} {o} against every rule tried"
+    return rule, "; ".join(refuted)
 
 
 def analyse(check, target, case, name: str = "", output: str | None = None) -> Triage:
@@ -527,12 +533,19 @@ def analyse(check, target, case, name: str = "", output: str | None = None) -> T
     observed = [lab for lab in labels if kinds[lab] & {"fails", "passes"}]
     text = _text(rows, labels, kinds, confirmed, unconfirmed, independent,
                  budget, time.monotonic() - start, cut or budget.cut, case)
-    return Triage(confirmed, unconfirmed, independent, observed, text, budget.runs)
+    seen = {lab: _first_rule(entries[lab][1], case, [r for r in rows if r[0] == lab]) for lab in dependent}
+    return Triage(confirmed, unconfirmed, independent, observed, text, budget.runs, seen)
+
+
+def _first_rule(field, case, mine) -> str:
+    """The rule the case's own variants of one field give (before any confirmation)."""
+    return _rule(field, case, [case] + [r[3] for r in mine if r[4] == "fails"],
+                 [r[3] for r in mine if r[4] == "passes"])[0]
 
 
 def _text(rows, labels, kinds, confirmed, unconfirmed, independent, budget, seconds, cut, case) -> str:
     head = (f"  depends on (triage: {budget.runs} runs, one field changed at a time, each rule "
-            f"confirmed on a second failing case and on fresh values, {seconds:.1f} s"
+            f"checked on other failing cases and on fresh values, {seconds:.1f} s"
             f"{'; stopped at the budget' if cut else ''}):")
     lines = [head]
     for label, rule in confirmed.items():
