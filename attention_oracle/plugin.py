@@ -83,9 +83,12 @@ def pytest_addoption(parser):
                          f"where every run replays them (default {fuzzing.DEFAULT_CORPUS}; also "
                          "ORACLE_CORPUS)")
     group.addoption("--baseline", metavar="OLD.json", default=None,
-                    help="compare with an earlier --oracle-report (same or another implementation): "
-                         "worst ratio per check before/after; a newly failing check or a ratio "
-                         "grown >= 2x is a regression and fails the run")
+                    help="compare with an earlier --oracle-report (same or another implementation) "
+                         "on the same examples: its judged cases of each check are replayed first, "
+                         "then the search runs; a newly failing check, or a worst ratio over the "
+                         "cases both runs judged grown beyond the noise (1e-6 relative, or twice "
+                         "the spread of cases judged twice in a run), is a regression and fails "
+                         "the run; a harder new case is reported, not failed")
     group.addoption("--known-failures", metavar="FILE", default=None,
                     help="your own known failures (TOML or JSON: implementation, check, optional "
                          "'where' on case fields, reason): counted as known; entries that match "
@@ -218,13 +221,17 @@ _BASELINE: dict = {}  # "rows": the baseline's rows, "comparison": this run agai
 
 
 def _load_baseline(config) -> None:
+    """Every process replays the baseline's cases first (``baseline.install``); the controller
+    also compares its rows with this run's."""
     path = config.getoption("baseline", None)
-    if path and not _WORKER:
+    if path:
         try:
-            _BASELINE["rows"] = baseline.load(path)
+            rows = baseline.load(path)
         except baseline.BaselineError as exc:
             raise pytest.UsageError(str(exc)) from None
-        _BASELINE["path"] = path
+        baseline.install(rows)
+        if not _WORKER:
+            _BASELINE["rows"], _BASELINE["path"] = rows, path
 
 
 def _compare_with_baseline():

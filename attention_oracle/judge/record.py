@@ -30,6 +30,11 @@ class Sink:
         self.known_first = ""
         self.failures: list[dict] = []  # {"check", "case"} of each failing example reported
         self.known_entries: dict[str, int] = {}  # --known-failures entry label -> examples it took
+        # cases judged (``begin_case``/``end_case``): [check, case JSON, worst ratio or None if known],
+        # the first JUDGED_CAP; the check's variant ('' or e.g. "rope"); ``--baseline`` replays them
+        self.judged: list[list] = []
+        self.variant = ""
+        self.case_worst = 0.0
         # examples run (``record_example``): grid cases (distinct names), search examples, and of
         # all of them those the implementation refused and those judged
         self.grid_names: set[str] = set()
@@ -40,7 +45,8 @@ class Sink:
         return {"worst": self.worst, "examples": self.examples, "refused": self.refused,
                 "functions": sorted(self.functions), "refusal": self.refusal, "failures": list(self.failures),
                 "known": self.known, "known_first": self.known_first,
-                "known_entries": dict(self.known_entries), "bugs": list(self.bugs), **self.counts}
+                "known_entries": dict(self.known_entries), "bugs": list(self.bugs),
+                "judged": list(self.judged), "variant": self.variant, **self.counts}
 
 
 def open_sink(keep_ratios: bool = False) -> tuple[Sink, contextvars.Token]:
@@ -71,8 +77,34 @@ def record_ratio(check: str, impl: str, ratio: float, output: str = "") -> None:
     sink = _sink.get()
     if sink is not None and not math.isnan(ratio):
         sink.worst = max(sink.worst, ratio)
+        sink.case_worst = max(sink.case_worst, ratio)
         if sink.ratios is not None:
             sink.ratios.append((check, output, ratio))
+
+
+JUDGED_CAP = 256  # cases kept per test (and per report row and variant): what a baseline replays
+
+
+def record_variant(variant: str) -> None:
+    """The variant (``rope``, ``nope``; '' for a check with one) the current test runs."""
+    sink = _sink.get()
+    if sink is not None:
+        sink.variant = variant
+
+
+def begin_case() -> None:
+    """A case starts: its own worst ratio starts at 0."""
+    sink = _sink.get()
+    if sink is not None:
+        sink.case_worst = 0.0
+
+
+def end_case(check: str, case_json: str, known: bool = False) -> None:
+    """A case was judged (not refused): keep its JSON and its worst ratio (None for an example
+    in a known failure class), among the first ``JUDGED_CAP``."""
+    sink = _sink.get()
+    if sink is not None and len(sink.judged) < JUDGED_CAP:
+        sink.judged.append([check, case_json, None if known else sink.case_worst])
 
 
 def record_known(reason: str, failure: str, worst_before: float) -> None:

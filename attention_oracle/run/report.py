@@ -1,7 +1,9 @@
 """The end-of-run table (implementation x check), from the sinks of ``judge/record.py``:
 passed / failed / skipped / unsupported / known failures (xfail: whole tests; known: examples
 in a known failure class), the examples run (grid cases, search examples, and of them those
-refused and those judged) and the worst error ratio.
+refused and those judged) and the worst error ratio; in the JSON, each row's judged cases
+(``cases``: check, case JSON, its worst ratio and the check's variant, the first ``CASES_CAP`` per
+variant), which ``--baseline`` replays (``run/baseline.py``).
 """
 from __future__ import annotations
 
@@ -14,13 +16,25 @@ OUTCOMES = ("passed", "failed", "skipped", "unsupported", "xfail")
 EXAMPLE_COUNTS = ("grid", "search", "refused_examples", "judged_examples")
 
 
+CASES_CAP = 256  # judged cases kept per row and variant (the first): what --baseline replays
+
+
+def _add_cases(cases: list, variant: str, judged) -> None:
+    """Append a test's judged ``[check, case JSON, worst ratio or None]`` to its row's ``cases``
+    ({"variant", "check", "case", "ratio"}; ratio "inf" for a failure, None for a known one)."""
+    room = CASES_CAP - sum(1 for c in cases if c["variant"] == variant)
+    for check, case_json, ratio in list(judged)[:max(room, 0)]:
+        ratio = "inf" if ratio is not None and math.isinf(ratio) else ratio
+        cases.append({"variant": variant, "check": check, "case": case_json, "ratio": ratio})
+
+
 class Table:
     """Aggregates test reports into rows keyed by (implementation, check)."""
 
     def __init__(self):
         self.rows: dict = defaultdict(lambda: {**{o: 0 for o in OUTCOMES}, "worst_ratio": 0.0,
                                                "examples": 0, "refused": 0, "known": 0,
-                                               "known_first": "",
+                                               "known_first": "", "cases": [],
                                                **{k: 0 for k in EXAMPLE_COUNTS}})
         # (impl, function) -> [tests that verified something, tests fully refused]
         self.functions: dict = defaultdict(lambda: [0, 0])
@@ -38,6 +52,7 @@ class Table:
             for k in EXAMPLE_COUNTS:
                 row[k] += info.get(k, 0)
             row["known_first"] = row["known_first"] or info.get("known_first", "")
+            _add_cases(row["cases"], info.get("variant", ""), info.get("judged", ()))
             for label, n in info.get("known_entries", {}).items():
                 self.known_entries[label] += n
             for fn in info.get("functions", []):

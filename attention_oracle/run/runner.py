@@ -23,7 +23,7 @@ from hypothesis import example, given, note, settings
 from attention_oracle.judge import known, record
 from attention_oracle.judge.agreement import OracleMismatch
 from attention_oracle.judge.targets import Refused, Target
-from attention_oracle.run import fuzzing, gpu_lock, known_failures, poison
+from attention_oracle.run import baseline, fuzzing, gpu_lock, known_failures, poison
 from attention_oracle.run import grid as covering
 from attention_oracle.run.triage import MAX_ROUNDS, distinct, search
 
@@ -34,12 +34,23 @@ ISOLATED_EXAMPLES = 5  # each isolated example pays a process start, CUDA initia
 
 def run_check(check, target: Target, case) -> bool:
     """Run one case; False if the implementation refused it. A failure Hypothesis reports
-    (its final, shrunk example) is noted for the fuzz profile's corpus (``fuzzing``)."""
+    (its final, shrunk example) is noted for the fuzz profile's corpus (``fuzzing``). A case
+    judged (not refused) is recorded with its worst ratio (inf for an error other than a
+    mismatch), for ``--baseline`` (``record.end_case``)."""
+    sink = record.current()
+    known = sink.known if sink else 0
+    record.begin_case()
     try:
-        return _run_check(check, target, case)
+        judged = _run_check(check, target, case)
     except Exception as exc:
+        if sink is not None and not isinstance(exc, OracleMismatch):
+            sink.case_worst = float("inf")
+        record.end_case(check_name(check, case), case.to_json())
         fuzzing.note_failure(check_name(check, case), case.to_json(), exc)
         raise
+    if judged:
+        record.end_case(check_name(check, case), case.to_json(), known=sink is not None and sink.known > known)
+    return judged
 
 
 def _run_check(check, target: Target, case) -> bool:
@@ -136,10 +147,11 @@ def run_isolated(check, target: Target, case) -> bool:
 
 
 def run_property(check, target: Target, cases, *, function: str,
-                 settings_: settings | None = None, grid=()) -> None:
+                 settings_: settings | None = None, replay=(), grid=()) -> None:
     """Hypothesis search of ``check`` on ``target`` over the ``cases`` strategy; ``grid``
-    ([(name, Case)]: the check's covering grid, ``run/grid.py``) runs first, as explicit
-    examples. After a grid case fails, the rest of the grid waits for the next round of the
+    ([(name, Case)]: the check's covering grid, ``run/grid.py``) and ``replay`` (Cases: a
+    ``--baseline``'s, ``baseline.replay_cases``) run first, as explicit examples (the grid
+    first). After a grid case fails, the rest of the grid waits for the next round of the
     search (``triage.search``: each round triages one new failure) and the search proper runs
     once the grid passes."""
     if target.unavailable:
@@ -172,7 +184,9 @@ def run_property(check, target: Target, cases, *, function: str,
     if (settings_ or settings()).database is not None:  # ci and gpu keep none: seeds unchanged
         fuzzing.key_test(one, fuzzing.key_of(check, function, target.name, target.device.type))
     test = given(case=cases)(one)
-    for _, case in reversed(grid):  # Hypothesis runs the explicit examples last added first
+    for case in reversed(replay):  # Hypothesis runs the explicit examples last added first
+        test = example(case=case)(test)
+    for _, case in reversed(grid):
         test = example(case=case)(test)
     if settings_ is None and getattr(check, "ISOLATE_ON_CUDA", False) and target.device.type == "cuda":
         settings_ = settings(max_examples=min(settings().max_examples, ISOLATED_EXAMPLES))
@@ -204,5 +218,9 @@ def run_declared(check, target: Target, variant: str = "") -> None:
     for function in check.needs:
         if not target.offers(function):
             pytest.skip(f"{target.name} does not offer {function}")
+    record.record_variant(variant)
+    grid = covering.cases(check, target, variant)
     run_property(check, target, check.strategy(target, variant), function=check.function(variant),
-                 grid=covering.cases(check, target, variant))
+                 replay=baseline.replay_cases(target, check.full_name, variant,
+                                              judged=[c.to_json() for _, c in grid]),
+                 grid=grid)
