@@ -84,8 +84,8 @@ def pytest_addoption(parser):
                          "ORACLE_CORPUS)")
     group.addoption("--baseline", metavar="OLD.json", default=None,
                     help="compare with an earlier --oracle-report (same or another implementation) "
-                         "on the same examples: its judged cases of each check are replayed first, "
-                         "then the search runs; a newly failing check, or a worst ratio over the "
+                         "on the same examples: its judged cases of each check are replayed after the "
+                         "covering grid, before the search; a newly failing check, or a worst ratio over the "
                          "cases both runs judged grown beyond the noise (1e-6 relative, or twice "
                          "the spread of cases judged twice in a run), is a regression and fails "
                          "the run; a harder new case is reported, not failed")

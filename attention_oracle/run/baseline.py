@@ -28,12 +28,15 @@ Per matched check the comparison shows the worst ratio over the cases both runs 
   tolerance = max(``REL_TOL``, ``NOISE_MARGIN`` x the largest relative spread of one case's
   ratios within either run).
 
-A deterministic implementation gives one case the same ratio every time (the oracle, ``fast``
-and the torch backends on the CPU: spread 0 over runs of ``ci``, ``dev`` and ``fuzz``); reports
-keep ratios as exact float repr, so any growth past ``REL_TOL`` (1e-6, far above the last-bit
-changes a float64 reference reordered by another thread count could cause in an fp16/fp32 ratio,
-far below a lost bit of precision) is a change of the kernel. A nondeterministic one (atomics
-in a GPU backward) shows its spread on the repeated cases, and the tolerance grows with it.
+A deterministic implementation gives one case the same ratio every time (measured for the
+oracle on the CPU: spread 0 on the repeated cases of ``ci``, ``dev`` and ``fuzz`` runs, and 0
+between a run in one process and one under ``-n 2``, one torch thread per worker); reports keep
+ratios as exact float repr, so any growth past ``REL_TOL`` (1e-6: above the last-bit changes a
+float64 reference summed in another order could make in an fp16/fp32 ratio, below any lost bit
+of precision) is a change of the kernel. A nondeterministic one (atomics in a GPU backward)
+shows its spread on the repeated cases, and the tolerance grows with it; ``NOISE_MARGIN`` (2)
+allows for a spread larger than the few repeated cases showed (not yet measured on such a
+backend).
 
 A larger worst over *new* cases (this run's search found a harder example than the baseline's)
 is information, not a regression: it is listed as "new case harder". A check whose baseline
