@@ -24,6 +24,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 try:  # the optional extra attention-oracle[redis]; the tests that need it skip without it
     import redis
@@ -31,8 +32,10 @@ except ImportError:
     redis = None
 
 from attention_oracle import cli, oracle
+from attention_oracle.checks import catalogue
 from attention_oracle.controls.sdpa_broken import WrongScale
-from attention_oracle.run import corpus, exampledb, fuzzing
+from attention_oracle.judge import profiles, targets
+from attention_oracle.run import corpus, exampledb, fuzzing, grid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUG = "ATTENTION_ORACLE_TEST_BUG"
@@ -42,11 +45,21 @@ REPLAY = ("--oracle-fuzz-replay-only", "--oracle-fuzz-examples", "2")
 
 
 class Switched:
-    """SDPA with WrongScale's bug while ``BUG`` is set in the environment, the oracle's without."""
+    """SDPA with WrongScale's bug on head dims that are not a multiple of 16 while ``BUG`` is set
+    in the environment, the oracle's without. The covering grid that runs before each search
+    (``run/grid.py``: explicit examples, which Hypothesis never saves to its database) draws head
+    dims 16 and 64 for this declaration, so the bug is found by the search, whose failures the
+    database keeps (checked in :func:`_the_bug_escapes_the_grid`). Declared small (float32, the
+    interpreter's sizes, rank 3, no mask or a boolean one, no GQA, contiguous inputs) to keep the grid at
+    about two dozen cases and the processes short."""
+
+    CAPABILITIES = {"dtypes": (torch.float32,), "size": "interpreted", "max_head_dim": 64, "ranks": (3,),
+                    "gqa": False, "layouts": ("contiguous",), "masks": ("none", "bool")}
 
     def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
                                      is_causal=False, scale=None, enable_gqa=False):
-        impl = WrongScale() if os.environ.get(BUG) else oracle
+        buggy = os.environ.get(BUG) and query.shape[-1] % 16 != 0
+        impl = WrongScale() if buggy else oracle
         return impl.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                  enable_gqa)
 
@@ -166,10 +179,18 @@ def _shared(client) -> dict[str, str]:
 
 def test_a_campaign_over_redis(server, tmp_path):
     """One test, so that under xdist one worker runs the processes (A's search is the cost)."""
+    _the_bug_escapes_the_grid()
     found = _process_a_finds_the_bug(server, tmp_path / "a")
     _later_processes_replay_it_first(server, found, tmp_path / "b")
     _the_shared_corpus_pulls_into_json_files(server, found, tmp_path / "pulled")
     _after_the_fix_the_entry_leaves_the_database(server, found, tmp_path / "c")
+
+
+def _the_bug_escapes_the_grid():
+    """A failure of a grid case is not a database entry (an explicit example), and every process
+    runs the grid: the replay shown here must be the search's, so no grid case may hit the bug."""
+    cases = grid.cases(catalogue.check(CHECK), targets.load(IMPL), strength=profiles.GRID_STRENGTH["fuzz"])
+    assert cases and all(c.E % 16 == 0 for _, c in cases), sorted({c.E for _, c in cases})
 
 
 def _process_a_finds_the_bug(server, tmp):
@@ -190,24 +211,24 @@ def _process_a_finds_the_bug(server, tmp):
 
 
 def _later_processes_replay_it_first(server, found, tmp):
-    """B replays the database only, on the same URL; B2 at the same time keeps a database of its
-    own (DB 2) and reads A's as a team's copy (ORACLE_FUZZ_READ holding a URL). Both can only fail
-    on what the server holds: A's case."""
+    """Three processes at once, each replaying the database only (searching nothing): B on A's
+    URL; B2 keeps a database of its own (DB 2) and reads A's as a team's copy (ORACLE_FUZZ_READ
+    holding a URL); the negative control has only an empty database (DB 1). B and B2 can only
+    fail on what the server holds, A's case; the control passes."""
+    runs = [(_command(server.url(0), tmp / "b", *REPLAY), _env(True)),
+            (_command(server.url(2), tmp / "b2", *REPLAY), _env(True, ORACLE_FUZZ_READ=server.url(0))),
+            (_command(server.url(1), tmp / "alone", *REPLAY), _env(True))]
     procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for cmd, env in [(_command(server.url(0), tmp / "b", *REPLAY), _env(True)),
-                              (_command(server.url(2), tmp / "b2", *REPLAY), _env(True, ORACLE_FUZZ_READ=server.url(0)))]]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert [p.returncode for p in procs] == [1, 1], [o[-2000:] for o in outs]
-    assert all("replay only" in o for o in outs)
-    assert [_cases(o) for o in outs] == [found.cases] * 2
+             for cmd, env in runs]
+    b, b2, alone = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [1, 1, 0], [o[-2000:] for o in (b, b2, alone)]
+    assert "replay only" in b and "replay only" in b2
+    assert _cases(b) == found.cases and _cases(b2) == found.cases
     for p in found.paths:
-        assert f"already in the shared corpus: {server.url(0)} {p.stem}" in outs[0]
-        assert f"saved to the shared corpus: {server.url(2)} {p.stem}" in outs[1]
+        assert f"already in the shared corpus: {server.url(0)} {p.stem}" in b
+        assert f"saved to the shared corpus: {server.url(2)} {p.stem}" in b2
     assert _primary(server.client(0)) == found.failures  # still failing: kept; the team's copy untouched
-    # Negative control: the same replay on an empty database (DB 1) has nothing to fail on.
-    alone = _fuzz(server.url(1), tmp / "alone", *REPLAY)
-    assert alone.returncode == 0, alone.stdout[-3000:]
-    assert _cases(alone.stdout) == [] and not (tmp / "alone").exists()
+    assert _cases(alone) == [] and not (tmp / "alone").exists()
 
 
 def _the_shared_corpus_pulls_into_json_files(server, found, where):
