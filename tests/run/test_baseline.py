@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from attention_oracle.run import baseline
+from attention_oracle.run import baseline, report
 from tests.helpers import run_suite
 
 CHECK = "attention_oracle/conformance/test_sdpa.py::test_forward_agreement"
@@ -182,3 +182,14 @@ def test_a_baseline_with_malformed_cases_is_refused(tmp_path):
     bad.write_text(json.dumps({"rows": [{"implementation": "a", "check": "x", "cases": [{"x": 1}]}]}))
     with pytest.raises(baseline.BaselineError, match="'cases' is not a list"):
         baseline.load(str(bad))
+
+
+def test_the_report_keeps_repeats_past_its_cap():
+    """A grid larger than the cap (fuzz: strength 3) fills it; a case judged again is still kept,
+    so the noise is measured."""
+    table = report.Table()
+    judged = [["x", f"c{i}", 0.1] for i in range(report.CASES_CAP + 10)] + [["x", "c0", 0.1]]
+    table.add("a", "x", "passed", {"judged": judged, "variant": ""})
+    cases = table.rows[("a", "x")]["cases"]
+    assert len(cases) == report.CASES_CAP + 1 and cases[-1]["case"] == "c0"
+    assert baseline.spread(baseline._ratios(table.rows[("a", "x")])) == (0.0, 1)
