@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import pytest
@@ -39,6 +42,7 @@ from attention_oracle.judge import capabilities, profiles, record, targets
 from attention_oracle.run import (
     baseline,
     bugs,
+    crashes,
     errormap,
     exampledb,
     fuzzing,
@@ -63,6 +67,10 @@ def pytest_addoption(parser):
                          ") or package.module[:attr]; repeatable; default: every built-in")
     group.addoption("--oracle-report", metavar="FILE.json", default=None,
                     help="write the implementation x check table as JSON")
+    group.addoption("--oracle-check-budget", metavar="SECONDS", type=float, default=None,
+                    help="wall time of one check's search: once spent, the search stops before its "
+                         "next example and the verdict is what was judged (noted 'budget reached'); "
+                         "0: none (default: ci 60, dev 60, gpu 120, fuzz none)")
     group.addoption("--oracle-failures", metavar="FILE", default=None,
                     help="append every failure (full text) and skip reason to FILE as it "
                          "happens: survives an interrupted run")
@@ -139,12 +147,90 @@ def pytest_configure(config):
     triage.set_enabled(not config.getoption("no_triage"))
     _configure_artifacts(config)
     _load_baseline(config)
+    _prepare_crash_recovery(config)
+    try:
+        profiles.set_check_budget(config.getoption("oracle_check_budget"))
+    except ValueError as exc:
+        raise pytest.UsageError(f"--oracle-check-budget: {exc}") from None
     if _WORKER:
         torch.set_num_threads(1)
     device = gpu_lock.device_for_worker(_WORKER, _device_count())
     if device is not None:  # before any CUDA call: the worker's context and tensors live there
         torch.cuda.set_device(device)
         _PLACED[0] = device
+
+
+def _prepare_crash_recovery(config) -> None:
+    """xdist: a directory where each worker marks the test and example it runs (``run/crashes``),
+    and worker arguments that find the controller's rootdir, configuration file and this plugin
+    whatever else exists on disk by the time a crashed worker is replaced (a value such as
+    ``--oracle-report DIR/r.json`` is otherwise read as a path once the file exists, and the
+    replacement starts in rootdir DIR without the plugin: "unrecognized arguments: --impl")."""
+    if _WORKER:
+        crashes.start_worker(_WORKER)
+        return
+    if not getattr(config.option, "tx", None):
+        return
+    _CRASH_DIR.append(tempfile.mkdtemp(prefix="attention-oracle-workers-"))
+    os.environ[crashes.ENV] = _CRASH_DIR[-1]
+    args = list(config.invocation_params.args)
+    pinned = []
+    if not any(a == "--rootdir" or a.startswith("--rootdir=") for a in args):
+        pinned.append(f"--rootdir={config.rootpath}")
+    if config.inipath is not None and not any(a.startswith(("-c", "--config-file")) for a in args):
+        pinned += ["-c", str(config.inipath)]
+    if not any(a == "-p" and b == __name__ for a, b in zip(args, args[1:])):
+        pinned += ["-p", __name__]
+    config.invocation_params = dataclasses.replace(config.invocation_params, args=tuple(pinned + args))
+
+
+_CRASH_DIR: list[str] = []  # the marker directory this controller made (a nested run inherits its parent's)
+
+
+def pytest_unconfigure(config):
+    for path in _CRASH_DIR:  # only the directory this process made: never a parent run's
+        shutil.rmtree(path, ignore_errors=True)
+        if os.environ.get(crashes.ENV) == path:
+            del os.environ[crashes.ENV]
+    _CRASH_DIR.clear()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test whose worker crashed is not run again by the worker it is queued to next (its
+    failure is the crash's, ``pytest_handlecrashitem``); any other is marked as running."""
+    if crashes.crashed_elsewhere(item.nodeid):
+        return True
+    crashes.item_started(item.nodeid, _identity(item))
+    return None
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    crashes.item_finished()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+    """pytest-xdist: the worker running ``crashitem`` died. Its failure names the signal, the
+    example running and its replay command, and counts in the report's row of its check."""
+    worker = report.node.gateway.id
+    marker = crashes.marker_of(worker)
+    report.longrepr = crashes.describe(worker, crashitem, _returncode(report.node))
+    if marker.get("impl"):
+        failures = [{"check": marker["check"], "case": marker["case"]}] if marker.get("case") else []
+        report.user_properties.append(("oracle_id", {"impl": marker["impl"], "check": marker["check"]}))
+        report.user_properties.append(("oracle_sink", {"worst": float("inf"), "failures": failures}))
+
+
+def _returncode(node) -> int | None:
+    """The exit status of a dead xdist worker's process (negative: the signal that killed it)."""
+    popen = getattr(getattr(node.gateway, "_io", None), "popen", None)
+    if popen is None:
+        return None
+    try:
+        return popen.wait(timeout=10)
+    except Exception:  # noqa: BLE001 (unknown is reported as unknown)
+        return None
 
 
 _PLACED = [0]  # this process' device (the lock of a test names it without initialising CUDA)
@@ -428,6 +514,7 @@ def _end_broken_worker(nodeid: str) -> None:
     sys.stderr.write(f"\nattention-oracle: CUDA context broke during {nodeid}; ending worker "
                      f"{_WORKER} so the remaining tests get a fresh one\n")
     sys.stderr.flush()
+    crashes.ending(f"CUDA context broke during {nodeid}; the worker ended itself (exit 70)")
     os._exit(70)
 
 
@@ -529,6 +616,10 @@ def pytest_runtest_logreport(report):
         _OUTCOMES[key] = (ident, _outcome(report), props.get("oracle_sink"))
         if report.failed and ident["impl"] != "-":  # bugs of implementations, not the suite's own
             _FAILED.append(report)
+    elif report.when not in ("setup", "teardown"):  # a worker crash (pytest-xdist's "???")
+        info = _OUTCOMES.pop(key, (ident, "failed", None))[2] or props.get("oracle_sink")
+        if ident["impl"] != "-":
+            _TABLE.add(ident["impl"], ident["check"], "failed", info)
     elif report.when == "teardown" and key in _OUTCOMES:
         ident, outcome, info = _OUTCOMES.pop(key)
         if report.failed:
@@ -536,6 +627,9 @@ def pytest_runtest_logreport(report):
         if ident["impl"] != "-":  # the suite's own tests are not rows of the verdict
             _TABLE.add(ident["impl"], ident["check"], outcome, info)
             _progress(report, ident, outcome, info)
+            if info and info.get("budget"):
+                _TABLE.extra.setdefault("budget_reached", []).append(
+                    {"test": key, "outcome": outcome, "note": info["budget"]})
 
 
 def _progress(report, ident: dict, outcome: str, info: dict | None) -> None:
@@ -589,6 +683,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     _not_verified_summary(terminalreporter)
     _known_failures_summary(terminalreporter)
     _baseline_summary(terminalreporter)
+    for entry in _TABLE.extra.get("budget_reached", ()):
+        terminalreporter.write_line(f"{entry['test']}: {entry['outcome']}; {entry['note']}")
     for line in exampledb.render_not_saved(_NOT_SAVED):
         terminalreporter.write_line(line)
     if _NOT_SAVED:

@@ -1,5 +1,5 @@
-"""What several meta tests share: a real pytest run of the suite in a subprocess, and the search
-of a negative control until a check catches it."""
+"""What several of the suite's own tests share: a real pytest run of the suite in a subprocess, the
+search of a negative control until a check catches it, and a bug only the search meets."""
 from __future__ import annotations
 
 import os
@@ -7,8 +7,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from hypothesis import given
 
+from attention_oracle import oracle
+from attention_oracle.controls.sdpa_broken import WrongScale
 from attention_oracle.judge import profiles, record
 from attention_oracle.judge.agreement import OracleMismatch
 from attention_oracle.run import grid
@@ -20,7 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run_suite(*args) -> subprocess.CompletedProcess:
     """``pytest -q --hypothesis-profile ci ARGS`` from the repository root, in a fresh process
     that inherits neither this run's xdist worker nor its ORACLE_IMPL."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PYTEST_XDIST") and k != "ATTENTION_ORACLE_CRASH_DIR"}
     env.pop("ORACLE_IMPL", None)
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
                            "--hypothesis-profile", "ci", *args],
@@ -46,3 +50,22 @@ def caught_message(check, target, cases, variant: str = "") -> str:
     with record.silenced(), pytest.raises(OracleMismatch) as caught:
         search()
     return str(caught.value)
+
+
+class SearchOnlyBug:
+    """WrongScale's bug on head dims that are not a multiple of 16: the covering grid (head dims
+    16 and 64 under this small declaration) never meets it, so the search finds it, and only the
+    search's failures go to the example database (grid cases are explicit examples). For the
+    tests of the database itself."""
+
+    CAPABILITIES = {"dtypes": (torch.float32,), "size": "interpreted", "max_head_dim": 64, "ranks": (3,),
+                    "gqa": False, "layouts": ("contiguous",), "masks": ("none", "bool")}
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        impl = WrongScale() if query.shape[-1] % 16 != 0 else oracle
+        return impl.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                 enable_gqa)
+
+
+SEARCH_ONLY_BUG = SearchOnlyBug()

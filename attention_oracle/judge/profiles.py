@@ -23,6 +23,11 @@ _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter
 PROFILES = ("ci", "dev", "gpu", "fuzz")
 _EXAMPLES = {"ci": 12, "dev": 6, "gpu": 40, "fuzz": 2000}
 _active = {"name": "dev", "size": "small"}
+# each check's wall-time budget in seconds (None: none); ``--oracle-check-budget`` overrides it.
+# ci has none: its verdict must not depend on the machine's speed (the same commit, the same
+# examples, the same verdict); fuzz campaigns run as long as they are given
+CHECK_BUDGET = {"ci": None, "dev": 60.0, "gpu": 120.0, "fuzz": None}
+_budget: dict = {}
 # the covering grid run before each search (``run/grid.py``): its strength per profile, and the
 # length classes (L, S, DSA K, document lengths) per problem size
 GRID_STRENGTH = {"ci": 2, "dev": 2, "gpu": 3, "fuzz": 3}
@@ -63,6 +68,19 @@ def name() -> str:
 
 def size() -> str:
     return _active["size"]
+
+
+def set_check_budget(seconds: float | None) -> None:
+    """Override the profile's per-check budget (``--oracle-check-budget``; 0: none)."""
+    if seconds is not None and seconds < 0:
+        raise ValueError(f"check budget must be >= 0 seconds, got {seconds}")
+    _budget["override"] = None if seconds == 0 else seconds
+    _budget["set"] = seconds is not None
+
+
+def check_budget() -> float | None:
+    """The wall-time budget of one check's search under the active profile (``run/budget.py``)."""
+    return _budget["override"] if _budget.get("set") else CHECK_BUDGET[_active["name"]]
 
 
 def grid_strength() -> int:

@@ -30,6 +30,8 @@ class Sink:
         self.known_first = ""
         self.failures: list[dict] = []  # {"check", "case"} of each failing example reported
         self.known_entries: dict[str, int] = {}  # --known-failures entry label -> examples it took
+        self.budget = ""  # "budget reached after N judged examples ...": the time budget ended the search
+        self.bugs: list[dict] = []  # the signature of each triaged failure (run/bugs.py)
         # cases judged (``begin_case``/``end_case``): [check, case JSON, worst ratio or None if known],
         # the first JUDGED_CAP; the check's variant ('' or e.g. "rope"); ``--baseline`` replays them
         self.judged: list[list] = []
@@ -39,14 +41,13 @@ class Sink:
         # all of them those the implementation refused and those judged
         self.grid_names: set[str] = set()
         self.counts = {"grid": 0, "search": 0, "refused_examples": 0, "judged_examples": 0}
-        self.bugs: list[dict] = []  # the signature of each triaged failure (run/bugs.py)
 
     def as_dict(self) -> dict:
         return {"worst": self.worst, "examples": self.examples, "refused": self.refused,
                 "functions": sorted(self.functions), "refusal": self.refusal, "failures": list(self.failures),
                 "known": self.known, "known_first": self.known_first,
                 "known_entries": dict(self.known_entries), "bugs": list(self.bugs),
-                "judged": list(self.judged), "variant": self.variant, **self.counts}
+                "judged": list(self.judged), "variant": self.variant, "budget": self.budget, **self.counts}
 
 
 def open_sink(keep_ratios: bool = False) -> tuple[Sink, contextvars.Token]:
@@ -67,6 +68,13 @@ def silenced():
         yield
     finally:
         _sink.reset(token)
+
+
+def note_budget(text: str) -> None:
+    """The test's time budget stopped its search (``run/budget.py``): its verdict is what was judged."""
+    sink = _sink.get()
+    if sink is not None:
+        sink.budget = "; ".join(filter(None, (sink.budget, text)))
 
 
 def current() -> Sink | None:

@@ -62,11 +62,14 @@ class Table:
             _add_cases(row["cases"], info.get("variant", ""), info.get("judged", ()))
             for label, n in info.get("known_entries", {}).items():
                 self.known_entries[label] += n
+            # a function verified something where a call of it was judged; a test that called it
+            # and had every call refused verified nothing with it (failed, or unsupported)
+            judged = info.get("examples", 0) - info.get("refused", 0)
             for fn in info.get("functions", []):
                 entry = self.functions[(impl, fn)]
-                if outcome in ("passed", "failed", "xfail"):
+                if judged > 0 and outcome in ("passed", "failed", "xfail"):
                     entry[0] += 1
-                elif outcome == "unsupported":
+                elif info.get("refused", 0) > 0 or outcome == "unsupported":
                     entry[1] += 1
 
     def verified_nothing(self) -> list[tuple[str, str]]:

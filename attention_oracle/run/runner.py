@@ -19,11 +19,12 @@ import sys
 
 import pytest
 from hypothesis import example, given, note, settings
+from hypothesis.errors import Unsatisfiable
 
-from attention_oracle.judge import known, record
+from attention_oracle.judge import known, profiles, record
 from attention_oracle.judge.agreement import OracleMismatch
 from attention_oracle.judge.targets import Refused, Target
-from attention_oracle.run import baseline, fuzzing, gpu_lock, known_failures, poison
+from attention_oracle.run import baseline, budget, crashes, fuzzing, gpu_lock, known_failures, poison
 from attention_oracle.run import grid as covering
 from attention_oracle.run.triage import MAX_ROUNDS, distinct, search
 
@@ -37,6 +38,7 @@ def run_check(check, target: Target, case) -> bool:
     (its final, shrunk example) is noted for the fuzz profile's corpus (``fuzzing``). A case
     judged (not refused) is recorded with its worst ratio (inf for an error other than a
     mismatch), for ``--baseline`` (``record.end_case``)."""
+    crashes.case_started(check_name(check, case), case, target.name)  # before a call that may crash
     sink = record.current()
     known = sink.known if sink else 0
     record.begin_case()
@@ -162,6 +164,7 @@ def run_property(check, target: Target, cases, *, function: str,
         pytest.fail(f"{target.name}.{target.broken[function]}", pytrace=False)
     ran = {"ok": 0, "refused": 0, "grid_failed": False}
     names = {id(case): name for name, case in grid}
+    limits = budget.CheckBudget(target.name, profiles.check_budget())
 
     def one(case):
         name = names.get(id(case))
@@ -172,13 +175,16 @@ def run_property(check, target: Target, cases, *, function: str,
         note(f"case: {case.to_json()}")
         note(f"replay: {case.repro(check_name(check, case), target.name)}")
         judged = True
+        limits.before(case)  # BudgetReached: the time is spent; a new shape of a compiling kernel: rejected
         try:
             judged = run_check(check, target, case)
         except BaseException:
             ran["grid_failed"] = ran["grid_failed"] or name is not None
+            limits.after(judged, failed=True)
             raise
         finally:
             record.record_example(name, refused=not judged)
+        limits.after(judged, failed=False)
         ran["ok" if judged else "refused"] += 1
 
     if (settings_ or settings()).database is not None:  # ci and gpu keep none: seeds unchanged
@@ -197,7 +203,15 @@ def run_property(check, target: Target, cases, *, function: str,
 
     def one_round():
         ran["grid_failed"] = False
-        test()
+        limits.new_round()
+        try:
+            test()
+        except budget.BudgetReached:  # ends the rounds: the verdict is what was judged so far
+            record.note_budget(limits.note())
+        except Unsatisfiable:
+            if not limits.rejected:
+                raise
+            record.note_budget(limits.note())  # every search example was a new shape: shape budget
 
     search(one_round, rounds=1 if isolated else MAX_ROUNDS)  # every distinct failure, each triaged
     if ran["ok"] == 0 and ran["refused"] > 0:  # undeclared refusals: nothing was verified
@@ -219,7 +233,8 @@ def run_declared(check, target: Target, variant: str = "") -> None:
         if not target.offers(function):
             pytest.skip(f"{target.name} does not offer {function}")
     record.record_variant(variant)
-    grid = covering.cases(check, target, variant)
+    # a replay-only fuzz run replays the example database and searches nothing: no grid either
+    grid = [] if fuzzing.settings()["replay_only"] else covering.cases(check, target, variant)
     run_property(check, target, check.strategy(target, variant), function=check.function(variant),
                  replay=baseline.replay_cases(target, check.full_name, variant,
                                               judged=[c.to_json() for _, c in grid]),

@@ -129,3 +129,13 @@ def test_determinism_is_checked_only_where_declared():
     assert sdpa_cases.unsupported("determinism", Capabilities(deterministic=True)) == ""
     assert load("oracle").capabilities.deterministic and load("fast").capabilities.deterministic
     assert load("torch-math", torch.device("cpu")).capabilities.deterministic
+
+
+def test_masks_without_none_draw_no_causal_case():
+    """A declaration whose masks leave out "none", causal allowed: every case has a mask (is_causal
+    takes none), and drawing never fails."""
+    @settings(max_examples=30, database=None)
+    @given(case=sdpa_cases.sdpa_cases(Capabilities(masks=("bool", "float"))))
+    def draw(case):
+        assert case.mask != "none" and not case.causal
+    draw()

@@ -8,7 +8,7 @@ import time
 
 from attention_oracle.run import gpu_lock
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOLDER = """
 import sys, time
 from attention_oracle.run import gpu_lock

@@ -18,7 +18,7 @@ import torch
 
 from attention_oracle.run import gpu_lock
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _env() -> dict:

@@ -21,7 +21,7 @@ def test_refusing_everything_fails_the_run(tmp_path):
     assert "verified nothing" in proc.stdout
     assert rep["verified_nothing"] == ["attention_oracle.controls.sdpa_broken:RefusesEverything.scaled_dot_product_attention"]
     (row,) = rep["rows"]
-    assert row["unsupported"] == 1 and row["passed"] == 0
+    assert row["failed"] == 1 and row["passed"] == 0  # a test that judged nothing fails
 
 
 def test_broken_implementation_is_reported_failed_with_message(tmp_path):

@@ -302,7 +302,8 @@ def sdpa_cases(draw, dtypes_or_caps, *, rank=None, empty_rows=None, layouts=True
     if empty_rows:
         causal = False
     elif caps.causal == "allowed":
-        causal = draw(st.booleans())
+        # is_causal takes no mask: a declaration without "none" among its masks has no causal case
+        causal = draw(st.booleans()) if _mask_choices(caps, True, empty_rows) else False
     else:
         causal = caps.causal == "only"
     if causal and caps.causal_square:
