@@ -99,15 +99,24 @@ class Judge:
         known.judged(self, name, lambda: agreement.assert_true(
             cond, check=self.check, impl=self.impl, name=name, message=message, repro=self.repro))
 
-    def close(self, name: str, x: torch.Tensor, y: torch.Tensor, allowed: float, what: str) -> None:
-        """``max|x - y| <= allowed``: two results of the implementation that must agree."""
-        def attempt(keep=None):
-            gap = max_gap(x, y) if keep is None else max_gap(x[keep], y[keep])
+    def close(self, name: str, x: torch.Tensor, y: torch.Tensor, allowed: float, what: str,
+              without=None) -> None:
+        """``max|x - y| <= allowed``: two results of the implementation that must agree.
+        ``without(rows) -> (x, y)``: the same two results with those query rows' dout set to
+        zero, for a key-side gradient under a known signature of rows (their contribution
+        removed, as the Judge's rerun does for agreement)."""
+        def attempt(a=x, b=y, keep=None):
+            gap = max_gap(a, b) if keep is None else max_gap(a[keep], b[keep])
             agreement.assert_true(gap <= allowed, check=self.check, impl=self.impl, name=name,
                                   message=f"{what}: differ by {gap:.3e} > allowed {allowed:.3e}",
                                   repro=self.repro)
 
-        known.judged(self, name, attempt, lambda excuse: attempt(~excuse.elements(x)))
+        def outside(excuse):
+            if excuse.query_rows() or without is None:
+                return attempt(keep=~excuse.elements(x))
+            return attempt(*without(excuse.rows()))
+
+        known.judged(self, name, attempt, outside)
 
     @staticmethod
     def noted(note: str):

@@ -111,3 +111,16 @@ def test_the_corpus_respects_capabilities(tmp_path, kernel, failed):
     assert ("failed" in proc.stdout.splitlines()[-1]) is failed
     if not failed:
         assert "not verified: regression" in proc.stdout + proc.stderr or "skipped" in proc.stdout
+
+
+FINFO_MIN = SdpaCase(batch=(), hq=2, hkv=2, L=6, S=7, E=8, Ev=8, mask="finfo_min_full", empty_rows=2, seed=4)
+
+
+def test_rank3_against_rank4_under_a_rows_signature_still_judges_the_other_rows(tmp_path, monkeypatch):
+    """rank3_equals_rank4 compares two results of the implementation; a signature of finfo.min rows
+    (F11's) excuses only those rows, and for dk / dv only their contribution (both ranks rerun
+    with those rows' dout zero): a rank-3 bug everywhere still fails."""
+    _entries(tmp_path, monkeypatch, f"{BROKEN}:Rank3ScaleHalved", "sdpa.rank3_equals_rank4",
+             '{outputs = ["out", "dq", "dk", "dv"], rows = "finfo_min"}', where='{mask = "finfo_min*"}')
+    with pytest.raises(OracleMismatch, match="outside the known signature"):
+        _run(f"{BROKEN}:Rank3ScaleHalved", "rank3_equals_rank4", FINFO_MIN)
