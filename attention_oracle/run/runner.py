@@ -128,7 +128,7 @@ def run_isolated(check, target: Target, case) -> bool:
     The call is recorded under the function the case calls, as an in-process call would be:
     a backend that refuses every misaligned input (torch-flash on CUDA) has still verified its
     function on other inputs. Recorded under the check's name, such refusals read as
-    "torch-flash.sdpa.misaligned_inputs ... verified nothing" and turned passing GPU runs red (docs/DESIGN.md "6. Running: poisoning, triage, known failures, baseline")."""
+    "torch-flash.sdpa.misaligned_inputs ... verified nothing" and turned passing GPU runs red (docs/DESIGN.md "6. Running: poisoning, the grid, triage, known failures, time, crashes, baseline")."""
     name = check_name(check, case)
     flags = [] if poison.is_enabled() else ["--no-poison"]
     proc = subprocess.run([sys.executable, "-m", "attention_oracle.tools.replay", "--impl", target.name,

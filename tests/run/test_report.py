@@ -40,7 +40,7 @@ def test_broken_implementation_is_reported_failed_with_message(tmp_path):
 def test_isolated_runs_are_recorded_under_the_function_they_call():
     """Isolated examples (misaligned inputs on CUDA) count towards the function the case calls,
     as in-process calls do; recorded under the check's name, a backend that rightly refuses
-    every misaligned input (torch-flash) was reported as verifying nothing (docs/DESIGN.md "6. Running: poisoning, triage, known failures, baseline").
+    every misaligned input (torch-flash) was reported as verifying nothing (docs/DESIGN.md "6. Running: poisoning, the grid, triage, known failures, time, crashes, baseline").
     Negative control: the refusal is still recorded, so a function refused everywhere still
     fails the run (test_refusing_everything_fails_the_run)."""
     from attention_oracle.checks.catalogue import load_case
