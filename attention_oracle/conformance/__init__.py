@@ -1,7 +1,7 @@
 """The conformance suite: the tests that judge an implementation, one module per area.
 
-:func:`tests_of` turns an area's declared checks into ``test_<check>(impl[, variant])`` tests; a
-conformance module puts them in its namespace (``globals().update(tests_of("sdpa"))``)."""
+:func:`declared_tests` turns an area's declared checks into ``test_<check>(impl[, variant])`` tests; a
+conformance module puts them in its namespace (``globals().update(declared_tests("sdpa"))``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -13,7 +13,7 @@ from attention_oracle.judge.registry import BEYOND_MARKER, Check
 from attention_oracle.run.runner import run_declared
 
 
-def tests_of(area: str) -> dict[str, Callable]:
+def declared_tests(area: str) -> dict[str, Callable]:
     """``{test_<check>: test}`` for every check of ``area``. Each takes the ``impl`` fixture (and
     ``variant``, parametrized, where the area has several), carries ``oracle_check`` (the name the
     report rows and known-failure files use) and the check's markers."""

@@ -12,11 +12,11 @@ import pytest
 
 from attention_oracle.checks.dsa import checks
 from attention_oracle.checks.dsa.cases import VARIANTS, DsaCase
-from attention_oracle.conformance import tests_of
+from attention_oracle.conformance import declared_tests
 from attention_oracle.judge.case import dtype_name
 from attention_oracle.run.runner import run_check
 
-globals().update(tests_of("dsa"))
+globals().update(declared_tests("dsa"))
 
 
 def _edge_cases(dtype: str):

@@ -4,6 +4,6 @@
 One test per declared check (``checks/index/checks.py`` and ``edges.py``,
 ``judge/registry.py``): ``test_<check>[impl]``.
 """
-from attention_oracle.conformance import tests_of
+from attention_oracle.conformance import declared_tests
 
-globals().update(tests_of("index"))
+globals().update(declared_tests("index"))

@@ -5,6 +5,6 @@ One test per declared check (``checks/sdpa/checks.py``, ``judge/registry.py``):
 (``Target.capabilities``); a check that needs something it declares away is skipped with that
 reason.
 """
-from attention_oracle.conformance import tests_of
+from attention_oracle.conformance import declared_tests
 
-globals().update(tests_of("sdpa"))
+globals().update(declared_tests("sdpa"))

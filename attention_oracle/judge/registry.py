@@ -8,7 +8,7 @@ A check is declared next to its body::
 and the name ``declare`` returns is a :class:`Check`: called as ``check(target, case)`` it builds
 the :class:`~attention_oracle.judge.judge.Judge` of that (check, target, case) and
 runs the body with it. Everything else reads the declaration: the conformance tests are
-generated from it (``attention_oracle.conformance.tests_of``: ``test_<check>(impl[, variant])``),
+generated from it (``attention_oracle.conformance.declared_tests``: ``test_<check>(impl[, variant])``),
 and replay, the regression corpus, the negative controls and the calibration tools look checks
 up by name in the catalogue (``attention_oracle.checks.catalogue``: ``check``, ``strategy``).
 
