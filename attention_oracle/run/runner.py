@@ -21,6 +21,7 @@ import pytest
 from hypothesis import example, given, note, settings
 from hypothesis.errors import Unsatisfiable
 
+import attention_oracle
 from attention_oracle.judge import known, profiles, record
 from attention_oracle.judge.agreement import OracleMismatch
 from attention_oracle.judge.targets import Refused, Target
@@ -28,8 +29,7 @@ from attention_oracle.run import baseline, budget, crashes, fuzzing, gpu_lock, k
 from attention_oracle.run import grid as covering
 from attention_oracle.run.triage import MAX_ROUNDS, distinct, search
 
-_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))))  # the directory that holds attention_oracle/
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(attention_oracle.__file__)))  # holds attention_oracle/
 ISOLATED_EXAMPLES = 5  # each isolated example pays a process start, CUDA initialisation and compiles
 
 

@@ -34,3 +34,15 @@ def test_exit_status_names_the_signal():
     assert crashes.exit_status(-signal.SIGABRT) == "SIGABRT (signal 6)"
     assert crashes.exit_status(70) == "exit 70"
     assert crashes.exit_status(None) == "exit status unknown"
+
+
+def test_an_isolated_run_finds_the_package():
+    """On CUDA some checks run each example in a fresh process (``run_isolated``): that process
+    must import the package it was started from, wherever the run's working directory is."""
+    from attention_oracle.checks.catalogue import check
+    from attention_oracle.checks.sdpa.cases import SdpaCase
+    from attention_oracle.judge.targets import load
+    from attention_oracle.run.runner import run_isolated
+
+    case = SdpaCase(batch=(1,), hq=1, hkv=1, L=3, S=4, E=8, Ev=8, layout_q="misaligned", seed=1)
+    assert run_isolated(check("sdpa.misaligned_inputs"), load("oracle"), case) is True
