@@ -98,6 +98,7 @@ class Capabilities:
     layouts: tuple = LAYOUTS
     index_dtypes: tuple = (torch.int32,)
     default_scale: bool = False
+    gradients: bool = True  # False: forward only (the backward checks are not verified)
     size: str = "native"
     functions: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -190,6 +191,8 @@ class Capabilities:
                 out.append(f"rope dims other than {list(self.rope_dims)}")
             if not self.default_scale:
                 out.append("softmax_scale=None (no default declared)")
+        if not self.gradients:
+            out.append("gradients (forward only declared)")
         if area == "sdpa":
             words = {"none": "unmasked calls", "bool": "boolean masks", "float": "additive masks"}
             out += [words[m] for m in MASK_FAMILIES if m not in self.masks]

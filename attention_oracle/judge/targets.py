@@ -118,7 +118,9 @@ def load(name: str, device: torch.device | None = None) -> Target:
             from torch.nn.attention import flex_attention  # noqa: F401
         except ImportError as exc:
             return Target(name, None, device, unavailable=f"flex_attention missing: {exc}")
-        return Target(name, TorchFlex(), device, capabilities=Capabilities(ranks=(4,)))
+        # flex_attention's backward needs CUDA (compiled): forward only on the CPU
+        return Target(name, TorchFlex(), device, capabilities=Capabilities(
+            ranks=(4,), gradients=device.type == "cuda"))
     return _load_namespace(name, device)
 
 

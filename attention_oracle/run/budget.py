@@ -9,6 +9,9 @@ failure is shrunk and reported as usual. Stopping raises :class:`BudgetReached`,
 runner ends the round on it and the test's verdict is what was judged so far, with the note
 "budget reached after N judged examples" in its Sink (``record.note_budget``).
 
+Without a time budget (the ``ci`` profile) neither budget applies: the verdict depends on the
+draws alone, never on a measurement of this machine.
+
 Shapes. The shape of a case is its size fields and dtype (:data:`SHAPE_FIELDS` it has). Each
 process keeps, per implementation, the shapes already called and the wall time of their first
 and of a later call (:class:`Shapes`). An implementation whose first call of some shape costs
@@ -103,7 +106,9 @@ class CheckBudget:
             raise BudgetReached(f"budget of {self.seconds:g} s reached")
         shape = shape_of(case)
         if not self.shapes.seen(shape):
-            if self.shapes.compiling and self.new_shapes >= NEW_SHAPES_PER_CHECK:
+            # the shape budget rides with the time budget: without one (ci) nothing is measured
+            # into the verdict, which then depends on the draws alone
+            if self.seconds is not None and self.shapes.compiling and self.new_shapes >= NEW_SHAPES_PER_CHECK:
                 self.rejected += 1
                 reject()
             self.new_shapes += 1
@@ -121,7 +126,8 @@ class CheckBudget:
 
     def note(self) -> str:
         """The verdict's note once the budget stopped the search."""
+        limit = "no time limit" if self.seconds is None else f"{self.seconds:g} s"
         return (f"budget reached after {self.judged} judged examples ({self.elapsed():.0f} s of "
-                f"{self.seconds:g} s; {self.new_shapes} new shapes"
+                f"{limit}; {self.new_shapes} new shapes"
                 f"{', implementation compiling per shape' if self.shapes.compiling else ''}"
                 f"{f', {self.rejected} examples of new shapes not run' if self.rejected else ''})")

@@ -246,6 +246,7 @@ REQUIREMENTS = {
                            else "needs masks"),
     "misaligned": lambda caps: "" if "misaligned" in caps.layouts else "misaligned inputs not declared",
     "deterministic": lambda caps: "" if caps.deterministic else "determinism not declared",
+    "gradients": lambda caps: "" if caps.gradients else "gradients not declared (forward only)",
 }
 
 

@@ -66,7 +66,7 @@ def forward_agreement(judge: Judge, case: SdpaCase) -> None:
         judge.agrees_with("lse", lse, gold, lp, gradient=False)
 
 
-@declare("sdpa")
+@declare("sdpa", requires=("gradients",))
 def gradient_agreement(judge: Judge, case: SdpaCase) -> None:
     """dq, dk, dv for a contiguous dout against the float64 oracle under the agreement rule."""
     inp = build(case, judge.target.device)
@@ -77,7 +77,7 @@ def gradient_agreement(judge: Judge, case: SdpaCase) -> None:
         judge.agrees_with(name, g, gold, lp, gradient=True)
 
 
-@declare("sdpa", cases=dict(dout_layouts=("transposed", "sliced", "broadcast")))
+@declare("sdpa", cases=dict(dout_layouts=("transposed", "sliced", "broadcast")), requires=("gradients",))
 def strided_dout(judge: Judge, case: SdpaCase) -> None:
     """Gradients for a strided dout equal those for ``dout.contiguous()``; dout is not modified."""
     target = judge.target
@@ -95,7 +95,7 @@ def strided_dout(judge: Judge, case: SdpaCase) -> None:
                     f"and the contiguous-dout gradient")
 
 
-@declare("sdpa", cases=dict(rank=3), requires=("ranks_3_and_4",))
+@declare("sdpa", cases=dict(rank=3), requires=("ranks_3_and_4", "gradients"))
 def rank3_equals_rank4(judge: Judge, case: SdpaCase) -> None:
     """``[N, L, E]`` inputs give what the same data as ``[1, N, L, E]`` gives; ``case`` is rank 3,
     the rank-4 inputs are unsqueezed views of the very same tensors."""
@@ -179,7 +179,7 @@ def _gradients_without(judge: Judge, case: SdpaCase, rows: torch.Tensor):
 known.area("sdpa").rerun = _gradients_without
 
 
-@declare("sdpa", cases=dict(empty_rows=True), requires=("masks",))
+@declare("sdpa", cases=dict(empty_rows=True), requires=("masks", "gradients"))
 def fully_masked_rows(judge: Judge, case: SdpaCase) -> None:
     """out = 0 exactly, zero gradients, nothing non-finite, lse = -inf on rows no key takes part in."""
     target = judge.target
@@ -199,7 +199,7 @@ def fully_masked_rows(judge: Judge, case: SdpaCase) -> None:
                     what="lse on fully masked rows")
 
 
-@declare("sdpa", requires=("deterministic",))
+@declare("sdpa", requires=("deterministic", "gradients"))
 def determinism(judge: Judge, case: SdpaCase) -> None:
     """The same call twice gives bitwise-equal outputs and gradients (beyond the contract: only
     for implementations that declare ``deterministic``)."""
@@ -213,7 +213,7 @@ def determinism(judge: Judge, case: SdpaCase) -> None:
         judge.exact(name, results[1][name], results[0][name], what="second identical call differs")
 
 
-@declare("sdpa", cases=dict(layouts=False, dout_layouts=("contiguous",)), requires=("misaligned",),
+@declare("sdpa", cases=dict(layouts=False, dout_layouts=("contiguous",)), requires=("misaligned", "gradients"),
          isolate_on_cuda=True)
 def misaligned_inputs(judge: Judge, case: SdpaCase) -> None:
     """q, k, v and dout at odd row strides and offsets: outputs and gradients agree, or refuse."""
