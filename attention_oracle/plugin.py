@@ -70,7 +70,7 @@ def pytest_addoption(parser):
     group.addoption("--oracle-check-budget", metavar="SECONDS", type=float, default=None,
                     help="wall time of one check's search: once spent, the search stops before its "
                          "next example and the verdict is what was judged (noted 'budget reached'); "
-                         "0: none (default: ci 60, dev 60, gpu 120, fuzz none)")
+                         "0: none (default: ci 20, sparing the covering grid; dev 60, gpu 120, fuzz none)")
     group.addoption("--oracle-failures", metavar="FILE", default=None,
                     help="append every failure (full text) and skip reason to FILE as it "
                          "happens: survives an interrupted run")

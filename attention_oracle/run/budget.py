@@ -9,8 +9,9 @@ failure is shrunk and reported as usual. Stopping raises :class:`BudgetReached`,
 runner ends the round on it and the test's verdict is what was judged so far, with the note
 "budget reached after N judged examples" in its Sink (``record.note_budget``).
 
-Without a time budget (the ``ci`` profile) neither budget applies: the verdict depends on the
-draws alone, never on a measurement of this machine.
+Under ``ci`` (``spare_grid``) the covering grid always runs whole and no shape budget applies:
+the grid's verdict depends on the commit alone; the search after it is cut by time. Without a
+time budget (``fuzz``) neither budget applies.
 
 Shapes. The shape of a case is its size fields and dtype (:data:`SHAPE_FIELDS` it has). Each
 process keeps, per implementation, the shapes already called and the wall time of their first
@@ -81,8 +82,9 @@ class CheckBudget:
     """The budgets of one check's search on one implementation (``seconds`` None: no time
     limit)."""
 
-    def __init__(self, impl: str, seconds: float | None):
+    def __init__(self, impl: str, seconds: float | None, spare_grid: bool = False):
         self.seconds = seconds
+        self.spare_grid = spare_grid  # the grid always runs whole; no shape budget (ci)
         self.shapes = shapes(impl)
         self.start = time.monotonic()
         self.new_shapes = 0
@@ -98,9 +100,11 @@ class CheckBudget:
     def elapsed(self) -> float:
         return time.monotonic() - self.start
 
-    def before(self, case) -> None:
-        """Before an example's call: stop the search if the time is spent, skip a new shape
-        beyond the shape budget of a compiling implementation."""
+    def before(self, case, grid: bool = False) -> None:
+        """Before an example's call (``grid``: a covering-grid case): stop the search if the time
+        is spent, skip a new shape beyond the shape budget of a compiling implementation."""
+        if grid and self.spare_grid:
+            return
         if self.seconds is not None and not self.failing and self.elapsed() > self.seconds:
             self.reached = True
             raise BudgetReached(f"budget of {self.seconds:g} s reached")
@@ -108,7 +112,8 @@ class CheckBudget:
         if not self.shapes.seen(shape):
             # the shape budget rides with the time budget: without one (ci) nothing is measured
             # into the verdict, which then depends on the draws alone
-            if self.seconds is not None and self.shapes.compiling and self.new_shapes >= NEW_SHAPES_PER_CHECK:
+            if (self.seconds is not None and not self.spare_grid and self.shapes.compiling
+                    and self.new_shapes >= NEW_SHAPES_PER_CHECK):
                 self.rejected += 1
                 reject()
             self.new_shapes += 1

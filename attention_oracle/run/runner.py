@@ -164,7 +164,7 @@ def run_property(check, target: Target, cases, *, function: str,
         pytest.fail(f"{target.name}.{target.broken[function]}", pytrace=False)
     ran = {"ok": 0, "refused": 0, "grid_failed": False}
     names = {id(case): name for name, case in grid}
-    limits = budget.CheckBudget(target.name, profiles.check_budget())
+    limits = budget.CheckBudget(target.name, profiles.check_budget(), spare_grid=profiles.grid_spared())
 
     def one(case):
         name = names.get(id(case))
@@ -175,7 +175,7 @@ def run_property(check, target: Target, cases, *, function: str,
         note(f"case: {case.to_json()}")
         note(f"replay: {case.repro(check_name(check, case), target.name)}")
         judged = True
-        limits.before(case)  # BudgetReached: the time is spent; a new shape of a compiling kernel: rejected
+        limits.before(case, grid=name is not None)  # BudgetReached: the time is spent; a new shape of a compiling kernel: rejected
         try:
             judged = run_check(check, target, case)
         except BaseException:
