@@ -46,3 +46,25 @@ def test_an_isolated_run_finds_the_package():
 
     case = SdpaCase(batch=(1,), hq=1, hkv=1, L=3, S=4, E=8, Ev=8, layout_q="misaligned", seed=1)
     assert run_isolated(check("sdpa.misaligned_inputs"), load("oracle"), case) is True
+
+
+def test_the_installed_command_finishes_after_a_crash_among_several_checks(tmp_path):
+    """``attention-oracle check`` with a crash before the last tests: the replacement worker must
+    not leave the run waiting (pytest-xdist's loadgroup did, after every test had reported:
+    docs/FINDINGS.md F22). It ends with the crash failed, the rest judged and the report written."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PYTEST_XDIST") and k != crashes.ENV}
+    env["CI"] = "true"
+    report = tmp_path / "out" / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "attention_oracle", "check", "--impl",
+                           "attention_oracle.controls.crashing", "-n", "2", "-k",
+                           "value_rows or rank3 or scale", "--oracle-report", str(report)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "crashed with SIGSEGV (signal 11)" in proc.stdout, proc.stdout[-3000:]
+    assert "1 failed" in proc.stdout and "passed" in proc.stdout, proc.stdout[-1500:]
+    assert report.exists()
