@@ -69,3 +69,12 @@ class SearchOnlyBug:
 
 
 SEARCH_ONLY_BUG = SearchOnlyBug()
+
+
+@pytest.fixture
+def ci_profile():
+    """The ``ci`` profile (its grid strength and sizes) for the test, the active one restored after."""
+    before = profiles.name()
+    profiles.activate("ci", on_gpu=False)
+    yield
+    profiles.activate(before, on_gpu=False)

@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from attention_oracle.checks import catalogue
-from attention_oracle.judge import profiles, record
+from attention_oracle.judge import record
 from attention_oracle.judge.agreement import OracleMismatch
 from attention_oracle.judge.targets import load
 from attention_oracle.run import grid
 from attention_oracle.run.runner import run_check
+from tests.helpers import ci_profile  # noqa: F401 (fixture)
 
 # (control, check, variant): each needs an intersection of conditions
 CONTROLS = [
@@ -29,12 +30,7 @@ CONTROLS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _ci_profile():
-    before = profiles.name()
-    profiles.activate("ci", on_gpu=False)
-    yield
-    profiles.activate(before, on_gpu=False)
+pytestmark = pytest.mark.usefixtures("ci_profile")  # every test under the ci profile
 
 
 def _first_failure(check, target, variant):

@@ -8,14 +8,9 @@ from attention_oracle.judge import profiles
 from attention_oracle.judge.case import dtype_name
 from attention_oracle.judge.targets import load
 from attention_oracle.run import grid
+from tests.helpers import ci_profile  # noqa: F401 (fixture)
 
-
-@pytest.fixture(autouse=True)
-def _ci_profile():
-    before = profiles.name()
-    profiles.activate("ci", on_gpu=False)
-    yield
-    profiles.activate(before, on_gpu=False)
+pytestmark = pytest.mark.usefixtures("ci_profile")  # every test under the ci profile
 
 
 FACTORS = {"a": (1, 2, 3), "b": ("x", "y", "z"), "c": (True, False), "d": (0, 1, 2, 3)}
