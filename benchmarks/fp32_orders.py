@@ -20,7 +20,7 @@ from attention_oracle.checks.catalogue import load_case
 from attention_oracle.checks.sdpa.cases import build
 from attention_oracle.judge.agreement import rule
 from attention_oracle.judge.targets import load
-from attention_oracle.oracle.sdpa import ALGORITHMS, sdpa_reference
+from attention_oracle.oracle.sdpa import lp_algorithms, sdpa_reference
 
 
 def _max(x) -> float:
@@ -44,7 +44,7 @@ def analyse(impl: str, case_dict: dict, backward: bool) -> dict:
     dout = inp.dout.contiguous() if backward else None
     gold = sdpa_reference(*args, dout, compute_dtype=torch.float64, magnitudes=True, **kw)
     lp = {a: sdpa_reference(*args, dout, compute_dtype=case.torch_dtype, algorithm=a, **kw)
-          for a in ALGORITHMS}
+          for a in lp_algorithms(case.torch_dtype)}
     result = {}
     for name, x in runs[0].items():
         g = gold[name].double()
@@ -52,8 +52,8 @@ def analyse(impl: str, case_dict: dict, backward: bool) -> dict:
         lp_err = {a: _max(r[name].double() - g) for a, r in lp.items()}
         v = rule(_max(x64 - g), lp_err, _max(g.to(case.torch_dtype).double() - g),
                  gold["magnitude"][name], case.torch_dtype, name != "out",
-                 gold.get("magnitude_acc", {}).get(name, 0.0))
-        result[name] = {"err": _max(x64 - g), "allowed": v.allowed, "ratio": v.ratio, "lp_err": lp_err,
+                 gold.get("magnitude_acc", {}).get(name, 0.0), gold["apriori"].get(name, 0.0))
+        result[name] = {"err": _max(x64 - g), "allowed": v.allowed, "ratio": v.ratio, "set_by": v.set_by, "lp_err": lp_err,
                         "impl_minus_lp": {a: _max(x64 - r[name].double()) for a, r in lp.items()},
                         "run_to_run": _max(x64 - runs[1][name].double())}
     return result

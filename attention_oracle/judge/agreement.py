@@ -129,6 +129,7 @@ class Verdict:
     magnitude: float = 0.0
     excluded: tuple = ()
     acc_magnitude: float = 0.0
+    apriori: float = 0.0
 
     @property
     def allowed(self) -> float:
@@ -138,12 +139,19 @@ class Verdict:
     def m_lp(self) -> float:
         return self.lp.get(self.algorithm, 0.0)
 
+    @property
+    def set_by(self) -> str:
+        """What set the bound: "ensemble" (k times the largest lp error) or "a-priori"."""
+        return "a-priori" if self.apriori > self.k * self.m_lp else "ensemble"
+
     def terms(self, dtype) -> str:
         """The rule's right-hand side, spelled out (one line)."""
         each = ", ".join(f"{a} {_fmt(e)}" for a, e in self.lp.items())
         left_out = (f"; left out (non-finite, or above {BREAKDOWN} x magnitude: no rounding): "
                     f"{', '.join(self.excluded)}" if self.excluded else "")
-        return (f"rule: {self.k}*max|lp-gold| ({_fmt(self.m_lp)}, set by {self.algorithm or '-'}; "
+        apriori = f"max({self.k}*max|lp-gold|, a-priori {_fmt(self.apriori)})" if self.apriori else \
+            f"{self.k}*max|lp-gold|"
+        return (f"rule: {apriori} ({_fmt(self.m_lp)}, set by {self.algorithm or '-'}; "
                 f"{each or 'no lp'}{left_out}) + 2*max|round(gold)-gold| ({_fmt(self.round)}) = "
                 f"{_fmt(self.bound)}; floor {FLOOR_ULPS}*eps({dtype})*magnitude({_fmt(self.magnitude)})"
                 f"{self._acc_terms(dtype)} = {_fmt(self.floor)}")
@@ -156,19 +164,22 @@ class Verdict:
 
 
 def rule(err: float, lp_errs: Mapping[str, float], round_err: float, magnitude: float,
-         dtype: torch.dtype, gradient: bool, acc_magnitude: float = 0.0) -> Verdict:
+         dtype: torch.dtype, gradient: bool, acc_magnitude: float = 0.0,
+         apriori: float = 0.0) -> Verdict:
     """The agreement rule on measured maxima: ``err`` = max|impl - gold|, ``lp_errs`` =
     {algorithm: max|lp_a - gold|} (non-finite ones are left out), ``round_err`` =
     max|gold.to(dtype) - gold|, ``magnitude`` the floor's sum of absolute terms,
     ``acc_magnitude`` its accumulation term (the oracle's ``magnitude_acc``; 0 where no
-    dot products cancel)."""
+    dot products cancel), ``apriori`` the oracle's a-priori bound of the exponent argument's
+    rounding in units of the accumulation dtype's unit roundoff (0: none)."""
     k = K_GRADIENT if gradient else K_FORWARD
     limit = BREAKDOWN * float(magnitude) if magnitude > 0 else float("inf")
     finite = {a: float(e) for a, e in lp_errs.items() if e == e and e <= limit}
     excluded = tuple(a for a in lp_errs if a not in finite)
     algorithm = max(finite, key=finite.get) if finite else ""
     m_lp = finite.get(algorithm, 0.0)
-    bound = k * m_lp + 2 * round_err
+    apriori = float(apriori) * unit_roundoff(accumulation_dtype(dtype))
+    bound = max(k * m_lp, apriori) + 2 * round_err
     floor = floor_of(dtype, magnitude, acc_magnitude)
     allowed = max(bound, floor)
     if err != err:  # NaN error: always a failure
@@ -176,7 +187,7 @@ def rule(err: float, lp_errs: Mapping[str, float], round_err: float, magnitude: 
     else:
         ratio = 0.0 if err == 0.0 else (err / allowed if allowed > 0 else float("inf"))
     return Verdict(err, bound, floor, ratio, finite, algorithm, round_err, k, float(magnitude),
-                   excluded, float(acc_magnitude))
+                   excluded, float(acc_magnitude), apriori)
 
 
 def floor_of(dtype: torch.dtype, magnitude: float, acc_magnitude: float = 0.0) -> float:
@@ -188,6 +199,11 @@ def floor_of(dtype: torch.dtype, magnitude: float, acc_magnitude: float = 0.0) -
 
 def eps(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """u = eps / 2, the largest relative error of one rounding to nearest."""
+    return torch.finfo(dtype).eps / 2
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -259,12 +275,13 @@ def round_error(gold: torch.Tensor, finite: torch.Tensor, dtype: torch.dtype) ->
 
 def assert_agrees(x_impl: torch.Tensor, x_gold: torch.Tensor, x_lp, *, check: str, impl: str,
                   name: str, dtype: torch.dtype, gradient: bool, magnitude: float,
-                  repro: str, acc_magnitude: float = 0.0) -> Verdict:
+                  repro: str, acc_magnitude: float = 0.0, apriori: float = 0.0) -> Verdict:
     """Apply the agreement rule to one output; raise OracleMismatch with a full message.
 
     ``x_lp``: one tensor (the naive lp run) or {algorithm: tensor}, the lp runs of the
     standard algorithms (``lp_runs``); the bound takes the largest of their errors.
-    ``magnitude`` / ``acc_magnitude``: the oracle's ``magnitude`` / ``magnitude_acc`` of the output.
+    ``magnitude`` / ``acc_magnitude`` / ``apriori``: the oracle's ``magnitude`` /
+    ``magnitude_acc`` / ``apriori`` of the output.
     """
     lp = lp_runs(x_lp)
     if tuple(x_impl.shape) != tuple(x_gold.shape):
@@ -286,7 +303,7 @@ def assert_agrees(x_impl: torch.Tensor, x_gold: torch.Tensor, x_lp, *, check: st
     zero = torch.zeros((), dtype=torch.float64, device=gold.device)
     diff = torch.where(finite, (impl64 - gold).abs(), zero)
     verdict = rule(_max_or_zero(diff), measure_lp(lp, gold, finite), round_error(gold, finite, dtype),
-                   magnitude, dtype, gradient, acc_magnitude)
+                   magnitude, dtype, gradient, acc_magnitude, apriori)
     record.record_ratio(check, impl, verdict.ratio, output=name)
     _target_ratio(f"{check}:{name}", verdict.ratio)
     if verdict.err > verdict.allowed:

@@ -69,7 +69,8 @@ class Judge:
             return agreement.assert_agrees(
                 x, g, runs, check=self.check, impl=self.impl, name=name, dtype=self.dtype,
                 gradient=gradient, magnitude=gold["magnitude"][name], repro=self.repro,
-                acc_magnitude=gold.get("magnitude_acc", {}).get(name, 0.0))
+                acc_magnitude=gold.get("magnitude_acc", {}).get(name, 0.0),
+                apriori=gold.get("apriori", {}).get(name, 0.0))
 
         def outside(excuse):  # the same judgment on the elements a known signature leaves
             if excuse.query_rows():

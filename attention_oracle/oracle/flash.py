@@ -46,7 +46,7 @@ import math
 
 import torch
 
-ALGORITHMS = ("naive", "flash", "prescaled")   # the standard algorithms the oracles run
+ALGORITHMS = ("naive", "flash", "prescaled")   # the standard algorithms both oracles run
 TILE = 64
 LOG2E = math.log2(math.e)
 
@@ -76,6 +76,35 @@ def log2_scale(scale: float, acc: torch.dtype) -> float:
     return float(torch.tensor(scale * LOG2E, dtype=acc))
 
 
+def tf32_round(x: torch.Tensor) -> torch.Tensor:
+    """float32 -> the nearest TF32 value (10 mantissa bits, ties away from zero: PTX
+    ``cvt.rna.tf32.f32``), kept in float32; non-finite values unchanged."""
+    r = ((x.view(torch.int32) + 0x1000) & -0x2000).view(torch.float32)
+    return torch.where(torch.isfinite(x), r, x)
+
+
+def tf32_truncate(x: torch.Tensor) -> torch.Tensor:
+    """What a TF32 tensor core reads of a float32 register: its top 19 bits (truncation)."""
+    return (x.view(torch.int32) & -0x2000).view(torch.float32)
+
+
+def matmul_tf32x3(a: torch.Tensor, b: torch.Tensor, wide_sum: bool = False) -> torch.Tensor:
+    """a @ b for float32 operands as 3xTF32 tensor cores compute it (CUTLASS's
+    ``OpMultiplyAddFastF32``, PyTorch's fp32 EFFICIENT kernels; Triton's ``tf32x3``): each
+    operand split into big = tf32(x) and small = x - big, read by the tensor core as TF32
+    (truncated), the product taken as
+    small_a big_b + big_a small_b + big_a big_b with small_a small_b dropped: about 2^-21
+    relative per product where fp32 FMA is exact. The products of TF32 values are exact in
+    float32; they are summed in float32 (``wide_sum``: in float64, rounded once: another
+    blocking of the same products)."""
+    a_big, b_big = tf32_round(a), tf32_round(b)
+    a_small, b_small = tf32_truncate(a - a_big), tf32_truncate(b - b_big)
+    if wide_sum:
+        a_big, b_big, a_small, b_small = (t.double() for t in (a_big, b_big, a_small, b_small))
+        return (a_small @ b_big + a_big @ b_small + a_big @ b_big).to(a.dtype)
+    return a_small @ b_big + a_big @ b_small + a_big @ b_big
+
+
 def _zero_where_neginf(t: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isneginf(t), torch.zeros_like(t), t)
 
@@ -99,10 +128,12 @@ def _exp2_shifted(r, shift, scale, lost=None):
     return torch.exp2(fma(r, log2_scale(scale, r.dtype), -(shift * log2_scale(scale, r.dtype))))
 
 
-def forward(r: torch.Tensor, values: torch.Tensor, cd: torch.dtype, scale: float | None):
+def forward(r: torch.Tensor, values: torch.Tensor, cd: torch.dtype, scale: float | None,
+            matmul=torch.matmul):
     """Online softmax over key tiles: (out in ``cd``, lse, :class:`RowStats`). ``r`` in the
     accumulation dtype, -inf where a key takes no part: raw dots with ``scale`` the softmax
-    scale, or scaled scores with ``scale=None``. A row with no key gives out = 0 and lse = -inf."""
+    scale, or scaled scores with ``scale=None``. A row with no key gives out = 0 and lse = -inf.
+    ``matmul`` computes the P.V products (:func:`matmul_tf32x3` for the 3xTF32 member)."""
     acc = r.dtype
     lost = None
     if scale is None:  # rows whose finite scores all overflow in log2 units
@@ -118,7 +149,7 @@ def forward(r: torch.Tensor, values: torch.Tensor, cd: torch.dtype, scale: float
         p = _exp2_shifted(rt, m_ref, scale, lost)                   # 0 where masked
         alpha = _exp2_shifted(m, m_ref, scale, lost)                # 0 before the first key
         l = l * alpha + p.sum(dim=-1, keepdim=True)
-        o = o * alpha + torch.matmul(p.to(cd).to(acc), values[..., j0:j0 + TILE, :].to(acc))
+        o = o * alpha + matmul(p.to(cd).to(acc), values[..., j0:j0 + TILE, :].to(acc))
         m = m_new
     empty = torch.isneginf(m)
     l_safe = torch.where(empty, torch.ones_like(l), l)

@@ -25,7 +25,10 @@ import torch
 
 from ..validation import check_sdpa_inputs
 from . import flash
-from .flash import ALGORITHMS
+
+# the standard algorithms of the lp ensemble: both oracles' three, and for float32 the flash
+# algorithm on 3xTF32 tensor cores (PyTorch's fp32 EFFICIENT kernels on sm_80 and newer)
+ALGORITHMS = flash.ALGORITHMS + ("tf32x3",)
 
 __all__ = [
     "ALGORITHMS",
@@ -94,9 +97,15 @@ def _chunk_rows(b: int, h: int, s: int, chunk_bytes: int) -> int:
     return max(1, chunk_bytes // per_query)
 
 
-def _masked_scores(qc, k, mask_c, is_causal, row0, scale):
+def lp_algorithms(dtype: torch.dtype) -> tuple[str, ...]:
+    """The members of ``ALGORITHMS`` that differ in ``dtype``: "tf32x3" only for float32 (the
+    16-bit inputs, P and dS are exact in TF32, so it is the flash member there)."""
+    return tuple(a for a in ALGORITHMS if a != "tf32x3" or dtype == torch.float32)
+
+
+def _masked_scores(qc, k, mask_c, is_causal, row0, scale, matmul=torch.matmul):
     """Scaled scores [B, H, c, S] with -inf where a key does not take part."""
-    s = torch.matmul(qc, k.transpose(-1, -2)) * scale
+    s = matmul(qc, k.transpose(-1, -2)) * scale
     if mask_c is not None:
         if mask_c.dtype == torch.bool:
             s = s.masked_fill(~mask_c, float("-inf"))
@@ -138,6 +147,60 @@ def _accumulation_weights(p, dout_abs, v_abs, out):
     return p * terms * math.sqrt(v_abs.shape[-1])
 
 
+# The a-priori term (docs/agreement-rule.md, "The a-priori term"): the relative error of each
+# P_ij that the exponent's argument carries in the standard fused algorithms, in units of the
+# accumulation dtype's unit roundoff u, propagated to first order through out, lse and the
+# gradients. A fused kernel rounds the score when it scales it and again when it takes it to
+# log2 units (2|s|), the row max or lse it subtracts likewise (2|m|, 2|lse|), a 3xTF32 score
+# carries up to 4u per unit of sum|q_e k_e| scale (the split's dropped and truncated parts), and
+# exp2 on the GPU is approximate (4u). Rows whose max is so large that u |m| is no longer small
+# are left to the ensemble (the argument overflows there: kernels that get those rows right
+# subtract first).
+APRIORI_SCORE, APRIORI_SHIFT, APRIORI_DOT, APRIORI_EXP2 = 2.0, 2.0, 2.0, 4.0
+APRIORI_MAX_SHIFT = 2.0 ** 20   # |m| beyond this: u |m| >= 2^-4 in float32
+
+
+def _apriori_rho(s, dotabs, shift):
+    """rho_ij / u = 2|s_ij| + 2|shift_i| + 4 dotabs_ij + 4, 0 where s is -inf and on rows whose
+    |shift| passes APRIORI_MAX_SHIFT; ``shift`` [.., rows, 1] (row max or lse)."""
+    finite = torch.isfinite(s)
+    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift)).abs()
+    rho = (APRIORI_SCORE * torch.where(finite, s, torch.zeros_like(s)).abs()
+           + APRIORI_SHIFT * shift + APRIORI_DOT * dotabs + APRIORI_EXP2)
+    keep = finite & (shift <= APRIORI_MAX_SHIFT)
+    return torch.where(keep, rho, torch.zeros_like(rho))
+
+
+def _apriori_spread(w, v, out):
+    """sum_j w_ij |v_j - out_i| per element [.., rows, Ev], bounded by Cauchy-Schwarz:
+    sqrt(sum_j w_ij (v_j - out_i)^2 * sum_j w_ij) with the square expanded into matmuls."""
+    wsum = w.sum(-1, keepdim=True)
+    second = torch.matmul(w, v * v) - 2 * out * torch.matmul(w, v) + out * out * wsum
+    return torch.sqrt(second.clamp_min(0) * wsum)
+
+
+def _apriori_chunk(qc, k, v, s, p, lse_c, oc, sc, doc=None, dp=None, delta=None):
+    """The a-priori bounds of one query chunk, in units of u: {"out", "lse"} [.., rows, .] and
+    with ``doc`` also "dq" and the chunk's "dk", "dv" terms."""
+    dotabs = torch.matmul(qc.abs(), k.abs().transpose(-1, -2)) * abs(sc)
+    m = torch.where(torch.isfinite(s), s, torch.full_like(s, float("-inf"))).amax(-1, keepdim=True)
+    w = p * _apriori_rho(s, dotabs, m)
+    lse = lse_c.unsqueeze(-1)
+    b = {"out": _apriori_spread(w, v, oc)}
+    lse_err = w.sum(-1, keepdim=True) + APRIORI_SHIFT * torch.where(
+        torch.isfinite(lse), lse, torch.zeros_like(lse)).abs()
+    b["lse"] = lse_err.squeeze(-1)
+    if doc is None:
+        return b
+    wb = p * (_apriori_rho(s, dotabs, lse) + lse_err)   # P recomputed from the stored lse
+    delta_err = (doc.abs() * b["out"]).sum(-1, keepdim=True)
+    ds = wb * (dp - delta).abs() + p * delta_err
+    b["dq"] = torch.matmul(ds, k.abs()) * abs(sc)
+    b["dk"] = torch.matmul(ds.transpose(-1, -2), qc.abs()) * abs(sc)
+    b["dv"] = torch.matmul(wb.transpose(-1, -2), doc.abs())
+    return b
+
+
 # ----------------------------------------------------------------------------- algorithms
 #
 # The agreement rule's lp term is the largest error among the standard algorithms run in the
@@ -167,33 +230,44 @@ def _accumulate_rows(acc, a, b):
     return acc
 
 
-def _flash_scores(qc, k, mask_c, is_causal, row0, sc, acc):
+def _flash_scores(qc, k, mask_c, is_causal, row0, sc, acc, matmul=torch.matmul, natural=False):
     """(r, scale) for ``flash.forward``: raw float32 dots and the scale, or, with an additive
-    mask (or a scale <= 0, where a raw row max is not the scaled one), the scaled masked scores
-    and None."""
-    natural = (mask_c is not None and mask_c.dtype != torch.bool) or sc <= 0
-    r = _masked_scores(qc.to(acc), k.to(acc), mask_c, is_causal, row0, sc if natural else 1.0)
+    mask (or a scale <= 0, where a raw row max is not the scaled one, or ``natural``), the
+    scaled masked scores and None."""
+    natural = natural or (mask_c is not None and mask_c.dtype != torch.bool) or sc <= 0
+    r = _masked_scores(qc.to(acc), k.to(acc), mask_c, is_causal, row0, sc if natural else 1.0,
+                       matmul)
     return r, (None if natural else sc)
 
 
-def _flash_chunk(qc, k, v, doc, mask_c, is_causal, row0, sc, cd, acc):
+def _backward_scores(qc, k, mask_c, is_causal, row0, scale, acc, tf32x3):
+    """The scores a flash backward recomputes, in another summation order than the forward's:
+    the dot rounded once from float64 (PyTorch's CPU flash; so P differs from the forward's by
+    the forward dot's rounding and a row with one key has P != 1), or for 3xTF32 the same
+    split products summed in float64."""
+    if tf32x3:
+        mm = lambda a, b: flash.matmul_tf32x3(a, b, wide_sum=True)  # noqa: E731
+        return _masked_scores(qc.to(acc), k.to(acc), mask_c, is_causal, row0, scale, mm)
+    wide = torch.float64 if acc == torch.float32 else acc
+    return _masked_scores(qc.to(wide), k.to(wide), mask_c, is_causal, row0, scale).to(acc)
+
+
+def _flash_chunk(qc, k, v, doc, mask_c, is_causal, row0, sc, cd, acc, tf32x3=False):
     """One query chunk, flash style: out, lse and (with ``doc``) dq and this chunk's dk, dv
-    terms in the accumulation dtype."""
-    r, r_scale = _flash_scores(qc, k, mask_c, is_causal, row0, sc, acc)
-    out, lse, stats = flash.forward(r, v, cd, r_scale)
+    terms in the accumulation dtype; ``tf32x3``: every product on 3xTF32 tensor cores."""
+    mm = flash.matmul_tf32x3 if tf32x3 else torch.matmul
+    # 3xTF32 (PyTorch's EFFICIENT): the scores scaled, then taken to log2 units, each rounded
+    r, r_scale = _flash_scores(qc, k, mask_c, is_causal, row0, sc, acc, mm, natural=tf32x3)
+    out, lse, stats = flash.forward(r, v, cd, r_scale, mm)
     if doc is None:
         return out, lse, None
-    # the backward recomputes the scores with another summation order than the forward's:
-    # modelled by the dot rounded once (from float64), so P differs from the forward's by the
-    # forward dot's rounding (PyTorch's CPU flash; with one key P != 1)
-    wide = torch.float64 if acc == torch.float32 else acc
-    r = _masked_scores(qc.to(wide), k.to(wide), mask_c, is_causal, row0, sc if r_scale is None else 1.0)
-    p = flash.probabilities(r.to(acc), lse, r_scale, stats)
+    r = _backward_scores(qc, k, mask_c, is_causal, row0, sc if r_scale is None else 1.0, acc, tf32x3)
+    p = flash.probabilities(r, lse, r_scale, stats)
     do = doc.to(acc)
-    dp = torch.matmul(do, v.to(acc).transpose(-1, -2))
+    dp = mm(do, v.to(acc).transpose(-1, -2))
     ds, p = flash.softmax_backward(p, dp, do, out, cd)
-    grads = (torch.matmul(ds, k.to(acc)) * sc, torch.matmul(ds.transpose(-1, -2), qc.to(acc)) * sc,
-             torch.matmul(p.transpose(-1, -2), do))
+    grads = (mm(ds, k.to(acc)) * sc, mm(ds.transpose(-1, -2), qc.to(acc)) * sc,
+             mm(p.transpose(-1, -2), do))
     return out, lse, grads
 
 
@@ -236,7 +310,8 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
         root = math.sqrt(abs(sc))  # a negative scale negating q
         q_root, sc = math.copysign(root, sc), 1.0
         q, k = q * q_root, k * root
-    acc = flash.accumulation_dtype(cd) if algorithm == "flash" else cd
+    fused = algorithm in ("flash", "tf32x3")
+    acc = flash.accumulation_dtype(cd) if fused else cd
     b, hq, l_q, _ = q.shape
     hkv, s_k = k.shape[1], k.shape[2]
     group = hq // hkv if hkv else 1  # no kv head: no query head either (validation)
@@ -249,7 +324,7 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
     do = None if dout is None else _as_bhld(dout).to(cd)
 
     out = q.new_zeros((b, hq, l_q, v.shape[-1]))
-    lse = q.new_zeros((b, hq, l_q), dtype=flash.lse_dtype(acc) if algorithm == "flash" else cd)
+    lse = q.new_zeros((b, hq, l_q), dtype=flash.lse_dtype(acc) if fused else cd)
     grads = rows_chained = None
     if do is not None:
         grads = {"dq": torch.zeros_like(q), "dk": None, "dv": None}
@@ -264,6 +339,9 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
     mag_dv = torch.zeros_like(v) if (magnitudes and do is not None) else None
     acc_dk = torch.zeros_like(k) if (magnitudes and do is not None) else None
     k_abs, v_abs = (k.abs(), v.abs()) if magnitudes else (None, None)
+    apriori = {"out": 0.0, "lse": 0.0, "dq": 0.0}
+    apr_dk = torch.zeros_like(k) if (magnitudes and do is not None) else None
+    apr_dv = torch.zeros_like(v) if (magnitudes and do is not None) else None
 
     step = _chunk_rows(b, hq, s_k, chunk_bytes)
     if s_k == 0:  # no key: every row is empty (out = 0, lse = -inf, zero gradients)
@@ -275,10 +353,11 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
         mask_c = None
         if mask is not None:
             mask_c = mask[..., r0:r1, :].reshape(b, hq, r1 - r0, s_k)
-        if algorithm == "flash":
+        if fused:
             doc = None if do is None else do[:, :, r0:r1]
-            out[:, :, r0:r1], lse[:, :, r0:r1], g = _flash_chunk(qc, k, v, doc, mask_c, is_causal,
-                                                                 r0, sc, cd, acc)
+            out[:, :, r0:r1], lse[:, :, r0:r1], g = _flash_chunk(
+                qc, k, v, doc, mask_c, is_causal, r0, sc, cd, acc,
+                tf32x3=algorithm == "tf32x3" and acc == torch.float32)
             if g is not None:
                 grads["dq"][:, :, r0:r1] = g[0]
                 grads["dk"] += g[1]
@@ -293,10 +372,18 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
             mags["out"] = max(mags["out"], _amax(torch.matmul(p, v_abs)))
             mags["lse"] = max(mags["lse"], _amax(lse_terms))
         if do is None:
+            if magnitudes:
+                bounds = _apriori_chunk(qc, k, v, s, p, lse_c, oc, sc)
+                apriori.update({n: max(apriori[n], _amax(bounds[n])) for n in ("out", "lse")})
             continue
         doc = do[:, :, r0:r1]
         dp = torch.matmul(doc, v.transpose(-1, -2))
         delta = (doc * oc).sum(-1, keepdim=True)
+        if magnitudes:
+            bounds = _apriori_chunk(qc, k, v, s, p, lse_c, oc, sc, doc, dp, delta)
+            apriori.update({n: max(apriori[n], _amax(bounds[n])) for n in ("out", "lse", "dq")})
+            apr_dk += bounds["dk"]
+            apr_dv += bounds["dv"]
         ds = p * (dp - delta)
         grads["dq"][:, :, r0:r1] = torch.matmul(ds, k) * sc
         if rows_chained is not None:
@@ -331,6 +418,8 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
                 mag_dk = mag_dk.reshape(b, hkv, group, s_k, -1).sum(2)
                 mag_dv = mag_dv.reshape(b, hkv, group, s_k, -1).sum(2)
                 acc_dk = acc_dk.reshape(b, hkv, group, s_k, -1).sum(2)
+                apr_dk = apr_dk.reshape(b, hkv, group, s_k, -1).sum(2)
+                apr_dv = apr_dv.reshape(b, hkv, group, s_k, -1).sum(2)
         dq = grads["dq"]
         if algorithm == "prescaled":  # the chain rule through q * sqrt(scale), k * sqrt(scale)
             dq, dk = dq * q_root, dk * root
@@ -343,8 +432,10 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
             mags["dv"] = _amax(mag_dv)
             mags_acc["dk"] = _amax(acc_dk)
             result["magnitude_acc"] = mags_acc
+            apriori.update(dk=_amax(apr_dk), dv=_amax(apr_dv))
     if magnitudes:
         result["magnitude"] = mags
+        result["apriori"] = apriori
     return result
 
 

@@ -24,7 +24,7 @@ from attention_oracle.judge import known
 from attention_oracle.judge.agreement import AFTER_STRIDED
 from attention_oracle.judge.judge import Judge
 from attention_oracle.judge.registry import declare, declared
-from attention_oracle.oracle.sdpa import ALGORITHMS, sdpa_reference
+from attention_oracle.oracle.sdpa import ALGORITHMS, lp_algorithms, sdpa_reference
 
 FN = SdpaCase.function
 FN_LSE = "scaled_dot_product_attention_with_lse"
@@ -48,7 +48,7 @@ def _references(inp: SdpaInputs, case: SdpaCase, dout=None):
     args = (inp.q.detach(), inp.k.detach(), inp.v.detach())
     gold = sdpa_reference(*args, dout, compute_dtype=torch.float64, magnitudes=True, **kw)
     lp = {a: sdpa_reference(*args, dout, compute_dtype=case.torch_dtype, algorithm=a, **kw)
-          for a in ALGORITHMS}
+          for a in ALGORITHMS if a in lp_algorithms(case.torch_dtype)}
     return gold, lp
 
 
