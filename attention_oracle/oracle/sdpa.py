@@ -187,8 +187,8 @@ def _apriori_chunk(qc, k, v, s, p, lse_c, oc, sc, doc=None, dp=None, delta=None)
     w = p * _apriori_rho(s, dotabs, m)
     lse = lse_c.unsqueeze(-1)
     b = {"out": _apriori_spread(w, v, oc)}
-    lse_err = w.sum(-1, keepdim=True) + APRIORI_SHIFT * torch.where(
-        torch.isfinite(lse), lse, torch.zeros_like(lse)).abs()
+    kept = torch.isfinite(lse) & (lse.abs() <= APRIORI_MAX_SHIFT)
+    lse_err = w.sum(-1, keepdim=True) + APRIORI_SHIFT * torch.where(kept, lse, torch.zeros_like(lse)).abs()
     b["lse"] = lse_err.squeeze(-1)
     if doc is None:
         return b
