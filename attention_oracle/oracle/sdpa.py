@@ -279,7 +279,8 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
     float64 with ``algorithm="naive"`` gives the gold result; the input dtype gives the
     rounding the dtype forces (the ``lp`` of the agreement rule) for one of the standard
     ``ALGORITHMS`` (see above): "naive" (every operation in ``compute_dtype``), "prescaled"
-    (q, k times sqrt(scale) first) or "flash" (fused-kernel numerics). Returns a dict with
+    (q, k times sqrt(scale) first), "flash" (fused-kernel numerics) or, for float32,
+    "tf32x3" (flash on 3xTF32 products). Returns a dict with
     ``out`` [*batch, Hq, L, Ev], ``lse`` [*batch, Hq, L] and, with dout, ``dq``, ``dk``, ``dv``
     shaped as the inputs. With ``magnitudes=True`` (naive only) also ``magnitude``: for each
     output, the largest sum of absolute terms behind one element (used for the agreement
@@ -288,7 +289,10 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
     lse adds). With dout also ``magnitude_acc`` {dq, dk}: the floor's accumulation term,
     sqrt(Ev) * scale * (P * (|dO| @ |V|^T + rowsum(|dO| * |out|))) @ |K| (and its transpose
     with |Q|): the sums of absolute products behind dP and Delta, the two length-Ev dot
-    products whose difference dS cancels (docs/agreement-rule.md, "The floor").
+    products whose difference dS cancels (docs/agreement-rule.md, "The floor"). With
+    magnitudes=True also ``apriori`` {output: float}: the rule's a-priori term in units of the
+    accumulation dtype's unit roundoff (the largest first-order error the exponent argument's
+    rounding can cause in an element; docs/agreement-rule.md, "The a-priori term").
     """
     batch, hq, hk, hv, sc = check_sdpa_inputs(query, key, value, attn_mask, 0.0, is_causal, scale,
                                               enable_gqa, autograd=False)
