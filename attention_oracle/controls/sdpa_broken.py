@@ -356,7 +356,23 @@ class KeyDroppedAtTileEdge(_Base):
                                                    is_causal, scale, enable_gqa)
 
 
+class NonzeroOnEmptyRows(_Base):
+    """A fully masked row attends to every key instead of giving 0 (cuDNN's F2): its out and
+    gradients are those of an unmasked row."""
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        if attn_mask is not None:
+            m = attn_mask.expand(tuple(query.shape[:-1]) + (key.shape[-2],))
+            takes = m if m.dtype == torch.bool else ~torch.isneginf(m)
+            empty = ~takes.any(-1, keepdim=True)
+            attn_mask = m | empty if m.dtype == torch.bool else m.masked_fill(empty, 0.0)
+        return oracle.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                   is_causal, scale, enable_gqa)
+
+
 CONTROLS.update({
+    "NonzeroOnEmptyRows": "fully_masked_rows",
     "FiniteMinReadAsMasked": "forward_agreement",
     "NanGradientOnUnderflowingRows": "gradient_agreement",
     "KeyDroppedAtTileEdge": "forward_agreement",

@@ -86,9 +86,14 @@ class Judge:
         return known.judged(self, name, attempt, outside if select is None or
                             select.dtype == torch.bool else None)
 
-    def exact(self, name: str, x: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:
-        """Exact equality (NaN equals NaN) of output ``name``; ``what`` says what is compared."""
+    def exact(self, name: str, x: torch.Tensor, expected: torch.Tensor, what: str = "",
+              select: torch.Tensor | None = None) -> None:
+        """Exact equality (NaN equals NaN) of output ``name``; ``what`` says what is compared.
+        ``select``: a boolean mask of x's shape, the elements compared (a known signature's
+        elements are then mapped onto the whole output, as for :meth:`agrees_with`)."""
         def attempt(keep=None):
+            if select is not None:
+                keep = select if keep is None else keep & select.to(keep.device)
             a, b = (x, expected) if keep is None else (x[keep], expected.to(x.device)[keep])
             agreement.assert_exact(a, b, check=self.check, impl=self.impl, name=name,
                                    repro=self.repro, what=what)

@@ -88,21 +88,20 @@ def tf32_truncate(x: torch.Tensor) -> torch.Tensor:
     return (x.view(torch.int32) & -0x2000).view(torch.float32)
 
 
-def matmul_tf32x3(a: torch.Tensor, b: torch.Tensor, wide_sum: bool = False) -> torch.Tensor:
+def matmul_tf32x3(a: torch.Tensor, b: torch.Tensor, other_order: bool = False) -> torch.Tensor:
     """a @ b for float32 operands as 3xTF32 tensor cores compute it in PyTorch's fp32 EFFICIENT
     kernels (CUTLASS's ``OpMultiplyAddFastF32``: ``FastF32`` with the big part rounded toward
     zero and the small part to nearest): each operand split into big = trunc_tf32(x) and
     small = tf32(x - big), the product taken as small_a big_b + big_a small_b + big_a big_b with
     small_a small_b dropped. That errs by up to 2^-19 relative per product (the dropped term
     alone up to 2^-20, of the product's sign), where an fp32 FMA is exact. The products of TF32
-    values are exact in float32; they are summed in float32 (``wide_sum``: in float64, rounded
-    once: another blocking of the same products)."""
+    values are exact in float32; they are summed in float32, the three partial products added
+    small terms first (``other_order``: the big one first: another order of the same sums)."""
     a_big, b_big = tf32_truncate(a), tf32_truncate(b)
     a_small, b_small = tf32_round(a - a_big), tf32_round(b - b_big)
-    if wide_sum:
-        a_big, b_big, a_small, b_small = (t.double() for t in (a_big, b_big, a_small, b_small))
-        return (a_small @ b_big + a_big @ b_small + a_big @ b_big).to(a.dtype)
-    return a_small @ b_big + a_big @ b_small + a_big @ b_big
+    if other_order:
+        return (a_big @ b_big + a_small @ b_big) + a_big @ b_small
+    return (a_small @ b_big + a_big @ b_small) + a_big @ b_big
 
 
 def _zero_where_neginf(t: torch.Tensor) -> torch.Tensor:

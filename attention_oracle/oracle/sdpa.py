@@ -244,9 +244,9 @@ def _backward_scores(qc, k, mask_c, is_causal, row0, scale, acc, tf32x3):
     """The scores a flash backward recomputes, in another summation order than the forward's:
     the dot rounded once from float64 (PyTorch's CPU flash; so P differs from the forward's by
     the forward dot's rounding and a row with one key has P != 1), or for 3xTF32 the same
-    split products summed in float64."""
+    split products added in another order."""
     if tf32x3:
-        mm = lambda a, b: flash.matmul_tf32x3(a, b, wide_sum=True)  # noqa: E731
+        mm = lambda a, b: flash.matmul_tf32x3(a, b, other_order=True)  # noqa: E731
         return _masked_scores(qc.to(acc), k.to(acc), mask_c, is_causal, row0, scale, mm)
     wide = torch.float64 if acc == torch.float32 else acc
     return _masked_scores(qc.to(wide), k.to(wide), mask_c, is_causal, row0, scale).to(acc)
@@ -273,7 +273,7 @@ def _flash_chunk(qc, k, v, doc, mask_c, is_causal, row0, sc, cd, acc, tf32x3=Fal
 
 def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=False, scale=None,
                    enable_gqa=False, compute_dtype=torch.float64, chunk_bytes=DEFAULT_CHUNK_BYTES,
-                   magnitudes=False, algorithm="naive") -> dict:
+                   magnitudes=False, algorithm="naive", apriori=False) -> dict:
     """Forward (and, with ``dout``, backward) of SDPA computed in ``compute_dtype``.
 
     float64 with ``algorithm="naive"`` gives the gold result; the input dtype gives the
@@ -290,7 +290,8 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
     sqrt(Ev) * scale * (P * (|dO| @ |V|^T + rowsum(|dO| * |out|))) @ |K| (and its transpose
     with |Q|): the sums of absolute products behind dP and Delta, the two length-Ev dot
     products whose difference dS cancels (docs/agreement-rule.md, "The floor"). With
-    magnitudes=True also ``apriori`` {output: float}: the rule's a-priori term in units of the
+    magnitudes=True and ``apriori=True`` also ``apriori`` {output: float}: the rule's a-priori
+    term (the checks ask for it on float32 cases) in units of the
     accumulation dtype's unit roundoff (the largest first-order error the exponent argument's
     rounding can cause in an element; docs/agreement-rule.md, "The a-priori term").
     """
@@ -299,7 +300,8 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
     wide = _broadcast_operands(query, key, value, batch, hq, hk, hv)
     if wide is not None:
         kwargs = dict(attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                      compute_dtype=compute_dtype, chunk_bytes=chunk_bytes, algorithm=algorithm)
+                      compute_dtype=compute_dtype, chunk_bytes=chunk_bytes, algorithm=algorithm,
+                      apriori=apriori)
         return _reference_broadcast(wide, (query, key, value), dout, magnitudes, kwargs)
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
@@ -343,9 +345,10 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
     mag_dv = torch.zeros_like(v) if (magnitudes and do is not None) else None
     acc_dk = torch.zeros_like(k) if (magnitudes and do is not None) else None
     k_abs, v_abs = (k.abs(), v.abs()) if magnitudes else (None, None)
+    with_apriori = magnitudes and apriori
     apriori = {"out": 0.0, "lse": 0.0, "dq": 0.0}
-    apr_dk = torch.zeros_like(k) if (magnitudes and do is not None) else None
-    apr_dv = torch.zeros_like(v) if (magnitudes and do is not None) else None
+    apr_dk = torch.zeros_like(k) if (with_apriori and do is not None) else None
+    apr_dv = torch.zeros_like(v) if (with_apriori and do is not None) else None
 
     step = _chunk_rows(b, hq, s_k, chunk_bytes)
     if s_k == 0:  # no key: every row is empty (out = 0, lse = -inf, zero gradients)
@@ -376,14 +379,14 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
             mags["out"] = max(mags["out"], _amax(torch.matmul(p, v_abs)))
             mags["lse"] = max(mags["lse"], _amax(lse_terms))
         if do is None:
-            if magnitudes:
+            if with_apriori:
                 bounds = _apriori_chunk(qc, k, v, s, p, lse_c, oc, sc)
                 apriori.update({n: max(apriori[n], _amax(bounds[n])) for n in ("out", "lse")})
             continue
         doc = do[:, :, r0:r1]
         dp = torch.matmul(doc, v.transpose(-1, -2))
         delta = (doc * oc).sum(-1, keepdim=True)
-        if magnitudes:
+        if with_apriori:
             bounds = _apriori_chunk(qc, k, v, s, p, lse_c, oc, sc, doc, dp, delta)
             apriori.update({n: max(apriori[n], _amax(bounds[n])) for n in ("out", "lse", "dq")})
             apr_dk += bounds["dk"]
@@ -422,6 +425,7 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
                 mag_dk = mag_dk.reshape(b, hkv, group, s_k, -1).sum(2)
                 mag_dv = mag_dv.reshape(b, hkv, group, s_k, -1).sum(2)
                 acc_dk = acc_dk.reshape(b, hkv, group, s_k, -1).sum(2)
+            if apr_dk is not None:
                 apr_dk = apr_dk.reshape(b, hkv, group, s_k, -1).sum(2)
                 apr_dv = apr_dv.reshape(b, hkv, group, s_k, -1).sum(2)
         dq = grads["dq"]
@@ -436,9 +440,11 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
             mags["dv"] = _amax(mag_dv)
             mags_acc["dk"] = _amax(acc_dk)
             result["magnitude_acc"] = mags_acc
-            apriori.update(dk=_amax(apr_dk), dv=_amax(apr_dv))
+            if apr_dk is not None:
+                apriori.update(dk=_amax(apr_dk), dv=_amax(apr_dv))
     if magnitudes:
         result["magnitude"] = mags
+    if with_apriori:
         result["apriori"] = apriori
     return result
 

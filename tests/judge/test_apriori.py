@@ -77,7 +77,7 @@ def _ratios(case, with_apriori, members=None):
     got = efficient_order(q, k, v, dout, scale, mask, seed)
     wide = [t.double() for t in (q, k, v, dout)]
     gold = sdpa_reference(*wide, attn_mask=None if mask is None else mask.double(), scale=scale,
-                          magnitudes=True)
+                          magnitudes=True, apriori=True)
     lp = {a: sdpa_reference(q, k, v, dout, attn_mask=mask, scale=scale, compute_dtype=F32, algorithm=a)
           for a in (members or lp_algorithms(F32))}
     ratios = {}
@@ -119,7 +119,7 @@ def test_h200_plain_case_admitted():
                       "dtype": "float32", "value_scale": 3.0, "seed": 1})
     inp = build(case, "cpu", requires_grad=False)
     args = [t.detach() for t in (inp.q, inp.k, inp.v)]
-    gold = sdpa_reference(*args, magnitudes=True, **inp.kwargs)
+    gold = sdpa_reference(*args, magnitudes=True, apriori=True, **inp.kwargs)
     lp = {a: sdpa_reference(*args, compute_dtype=F32, algorithm=a, **inp.kwargs)["out"].double()
           for a in lp_algorithms(F32)}
     g = gold["out"]
@@ -140,7 +140,7 @@ def test_scores_rounded_to_bfloat16_still_caught(vs):
     the a-priori term's u-sized one."""
     (q, k, v, _), _ = problem(64, 64, 32, vs, 0)
     scale = 1 / math.sqrt(32)
-    gold = sdpa_reference(*(t.double() for t in (q, k, v)), scale=scale, magnitudes=True)
+    gold = sdpa_reference(*(t.double() for t in (q, k, v)), scale=scale, magnitudes=True, apriori=True)
     lp = {a: sdpa_reference(q, k, v, scale=scale, compute_dtype=F32, algorithm=a)["out"]
           for a in lp_algorithms(F32)}
     with pytest.raises(OracleMismatch):
@@ -153,7 +153,7 @@ def test_dropped_key_still_caught():
     """A kernel that leaves out the last key (P of ~1/S per row) is caught with the term."""
     (q, k, v, _), _ = problem(64, 65, 32, 3.0, 1)
     scale = 1 / math.sqrt(32)
-    gold = sdpa_reference(*(t.double() for t in (q, k, v)), scale=scale, magnitudes=True)
+    gold = sdpa_reference(*(t.double() for t in (q, k, v)), scale=scale, magnitudes=True, apriori=True)
     lp = {a: sdpa_reference(q, k, v, scale=scale, compute_dtype=F32, algorithm=a)["out"]
           for a in lp_algorithms(F32)}
     dropped = sdpa_reference(q[..., :, :], k[..., :-1, :], v[..., :-1, :], scale=scale,
@@ -170,9 +170,9 @@ def test_finfo_min_rows_left_to_the_ensemble():
     (q, k, v, dout), _ = problem(8, 8, 16, 1.0, 0)
     mask = torch.zeros(1, 2, 8, 8)
     plain = sdpa_reference(*(t.double() for t in (q, k, v, dout)), attn_mask=mask.double(),
-                           magnitudes=True)["apriori"]
+                           magnitudes=True, apriori=True)["apriori"]
     mask[..., :4, :] = torch.finfo(F32).min
     padded = sdpa_reference(*(t.double() for t in (q, k, v, dout)), attn_mask=mask.double(),
-                            magnitudes=True)["apriori"]
+                            magnitudes=True, apriori=True)["apriori"]
     for name in ("out", "lse", "dq", "dk", "dv"):
         assert math.isfinite(padded[name]) and padded[name] <= 2 * plain[name], (name, padded, plain)

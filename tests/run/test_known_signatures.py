@@ -54,6 +54,23 @@ def test_a_failure_inside_the_rows_is_known(tmp_path, monkeypatch):
     assert 0 < sink.worst < 1  # the rows outside were judged by the rule
 
 
+def test_the_fully_masked_rows_check_maps_the_rows_signature(tmp_path, monkeypatch):
+    """fully_masked_rows compares only the rows no key takes part in: a rows signature excuses
+    them there too (cuDNN's F2 under the default dispatch), and a row selector of other rows
+    does not."""
+    _entries(tmp_path, monkeypatch, f"{BROKEN}:NanOnEmptyRows", "sdpa.fully_masked_rows",
+             '{outputs = ["out", "dq", "dk", "dv"], rows = "fully_masked"}')
+    with pytest.raises(OracleMismatch, match="non-finite"):  # NaN is judged before the rows
+        _run(f"{BROKEN}:NanOnEmptyRows", "fully_masked_rows", EMPTY_ROWS)
+    _entries(tmp_path, monkeypatch, f"{BROKEN}:NonzeroOnEmptyRows", "sdpa.fully_masked_rows", ROWS)
+    sink = _run(f"{BROKEN}:NonzeroOnEmptyRows", "fully_masked_rows", EMPTY_ROWS)
+    assert sink.known == 1
+    _entries(tmp_path, monkeypatch, f"{BROKEN}:NonzeroOnEmptyRows", "sdpa.fully_masked_rows",
+             '{outputs = ["out", "dq", "dk", "dv"], rows = "finfo_min"}')
+    with pytest.raises(OracleMismatch, match="outside the known signature"):
+        _run(f"{BROKEN}:NonzeroOnEmptyRows", "fully_masked_rows", EMPTY_ROWS)
+
+
 def test_a_failure_outside_the_rows_fails(tmp_path, monkeypatch):
     _entries(tmp_path, monkeypatch, f"{BROKEN}:WrongScale", "sdpa.forward_agreement", ROWS)
     with pytest.raises(OracleMismatch, match="outside the known signature of known.toml#1") as info:

@@ -46,7 +46,8 @@ def _references(inp: SdpaInputs, case: SdpaCase, dout=None):
     the case's dtype} for each standard algorithm (the agreement rule's ensemble)."""
     kw = dict(attn_mask=inp.attn_mask, **inp.kwargs)
     args = (inp.q.detach(), inp.k.detach(), inp.v.detach())
-    gold = sdpa_reference(*args, dout, compute_dtype=torch.float64, magnitudes=True, **kw)
+    gold = sdpa_reference(*args, dout, compute_dtype=torch.float64, magnitudes=True,
+                          apriori=case.torch_dtype == torch.float32, **kw)
     lp = {a: sdpa_reference(*args, dout, compute_dtype=case.torch_dtype, algorithm=a, **kw)
           for a in ALGORITHMS if a in lp_algorithms(case.torch_dtype)}
     return gold, lp
@@ -191,12 +192,13 @@ def fully_masked_rows(judge: Judge, case: SdpaCase) -> None:
         bad = ~torch.isfinite(x)
         judge.true(name, not bool(bad.any()),
                    f"{int(bad.sum())} non-finite value(s) with fully masked rows present")
-    judge.exact("out", out[rows], torch.zeros_like(out[rows]), what="out on fully masked rows")
-    judge.exact("dq", grads["dq"][rows], torch.zeros_like(grads["dq"][rows]), what="dq on fully masked rows")
+    for name, x in (("out", out), ("dq", grads["dq"])):
+        judge.exact(name, x, torch.zeros_like(x), what=f"{name} on fully masked rows",
+                    select=rows.to(x.device)[..., None].expand(x.shape))
     if target.offers(FN_LSE):
         _, lse = target.call(FN_LSE, inp.q, inp.k, inp.v, attn_mask=inp.attn_mask, **inp.kwargs)
-        judge.exact("lse", lse[rows], torch.full_like(lse[rows], float("-inf")),
-                    what="lse on fully masked rows")
+        judge.exact("lse", lse, torch.full_like(lse, float("-inf")), what="lse on fully masked rows",
+                    select=rows.to(lse.device))
 
 
 @declare("sdpa", requires=("deterministic", "gradients"))
