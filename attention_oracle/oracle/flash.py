@@ -95,13 +95,15 @@ def matmul_tf32x3(a: torch.Tensor, b: torch.Tensor, other_order: bool = False) -
     small = tf32(x - big), the product taken as small_a big_b + big_a small_b + big_a big_b with
     small_a small_b dropped. That errs by up to 2^-19 relative per product (the dropped term
     alone up to 2^-20, of the product's sign), where an fp32 FMA is exact. The products of TF32
-    values are exact in float32; they are summed in float32, the three partial products added
-    small terms first (``other_order``: the big one first: another order of the same sums)."""
+    values are exact in float32; they are summed in float32 (``other_order``: the partial
+    products grouped another way: another order of the same sums)."""
     a_big, b_big = tf32_truncate(a), tf32_truncate(b)
     a_small, b_small = tf32_round(a - a_big), tf32_round(b - b_big)
+    # big + small is exact in float32 (at most 22 significant bits), so two matmuls hold the
+    # three exact partial products (an FMA's product is exact), grouped two ways
     if other_order:
-        return (a_big @ b_big + a_small @ b_big) + a_big @ b_small
-    return (a_small @ b_big + a_big @ b_small) + a_big @ b_big
+        return (a_big + a_small) @ b_big + a_big @ b_small
+    return a_small @ b_big + a_big @ (b_big + b_small)
 
 
 def _zero_where_neginf(t: torch.Tensor) -> torch.Tensor:
