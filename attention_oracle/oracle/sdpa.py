@@ -179,11 +179,17 @@ def _apriori_spread(w, v, out):
     return torch.sqrt(second.clamp_min(0) * wsum)
 
 
+def _bound_mm(a, b):
+    """a @ b for the non-negative terms of a bound, in float32 (a bound needs no more digits,
+    and no term cancels), back in a's dtype."""
+    return torch.matmul(a.float(), b.float()).to(a.dtype)
+
+
 def _apriori_chunk(qc, k, v, s, p, lse_c, oc, sc, doc=None, dp=None, delta=None):
     """The a-priori bounds of one query chunk, in units of u: {"out", "lse"} [.., rows, .] and
     with ``doc`` also "dq" and the chunk's "dk", "dv" terms."""
-    dotabs = torch.matmul(qc.abs(), k.abs().transpose(-1, -2)) * abs(sc)
-    m = torch.where(torch.isfinite(s), s, torch.full_like(s, float("-inf"))).amax(-1, keepdim=True)
+    dotabs = _bound_mm(qc.abs(), k.abs().transpose(-1, -2)) * abs(sc)
+    m = s.amax(-1, keepdim=True)   # -inf on a row no key takes part in
     w = p * _apriori_rho(s, dotabs, m)
     lse = lse_c.unsqueeze(-1)
     b = {"out": _apriori_spread(w, v, oc)}
@@ -195,9 +201,9 @@ def _apriori_chunk(qc, k, v, s, p, lse_c, oc, sc, doc=None, dp=None, delta=None)
     wb = p * (_apriori_rho(s, dotabs, lse) + lse_err)   # P recomputed from the stored lse
     delta_err = (doc.abs() * b["out"]).sum(-1, keepdim=True)
     ds = wb * (dp - delta).abs() + p * delta_err
-    b["dq"] = torch.matmul(ds, k.abs()) * abs(sc)
-    b["dk"] = torch.matmul(ds.transpose(-1, -2), qc.abs()) * abs(sc)
-    b["dv"] = torch.matmul(wb.transpose(-1, -2), doc.abs())
+    b["dq"] = _bound_mm(ds, k.abs()) * abs(sc)
+    b["dk"] = _bound_mm(ds.transpose(-1, -2), qc.abs()) * abs(sc)
+    b["dv"] = _bound_mm(wb.transpose(-1, -2), doc.abs())
     return b
 
 
