@@ -22,6 +22,8 @@ from attention_oracle.judge.agreement import rule
 from attention_oracle.judge.targets import load
 from attention_oracle.oracle.sdpa import lp_algorithms, sdpa_reference
 
+from .timing import write_json
+
 
 def _max(x) -> float:
     return float(x.abs().max()) if x.numel() else 0.0
@@ -67,11 +69,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     result = analyse(a.impl, json.loads(a.case), a.backward)
-    text = json.dumps(result, indent=2)
-    print(text)
+    print(json.dumps(result, indent=2))
     if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
+        write_json(a.out, result)
     return 0
 
 

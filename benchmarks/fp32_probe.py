@@ -5,11 +5,11 @@ score, read off the kernel itself.
 
 Two keys per query, q = (x, 0, ...), k0 = (1, 0, ...), k1 = 0, v0 = e0, v1 = e1: then out[0] = P0
 = sigmoid(x * scale) and out[1] = P1, computed by the kernel with no rounding in P.V (the
-values are 0 and 1). For x over a range (and each row max: x > 0 puts the max on key 0), it
-prints P's relative error in units of u = 2^-24 against |s|, binned: a kernel that rounds the
-exponent's argument at the score's magnitude shows an error growing with |s|; an approximate
-exp2 a constant of a few u. Also a third key at score m (k2 = (m/x...)) is not needed: the row
-max is max(s, 0).
+values are 0 and 1). The row max is max(s, 0): x > 0 puts it on key 0. For s over [-40, 40],
+at the scales 0.25 and 0.3, it prints P's relative error in units of u = 2^-24 against |s|,
+binned: a kernel that rounds the exponent's argument at the score's magnitude shows an error
+growing with |s|; an approximate exp2 a constant of a few u. ``--impl lp:ALGORITHM`` runs an
+lp member of the rule's ensemble through the same probe.
 """
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ import json
 import torch
 
 from attention_oracle.judge.targets import load
+
+from .timing import write_json
 
 U = 2.0 ** -24
 
@@ -80,11 +82,9 @@ def main(argv=None) -> int:
                 res.append(p_error(impl, scale=scale, device=args.device))
             except Exception as exc:  # a backend refusing the shape: say so and go on
                 res.append({"impl": impl, "scale": scale, "error": repr(exc)[:200]})
-    text = json.dumps(res, indent=1)
-    print(text)
+    print(json.dumps(res, indent=1))
     if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text)
+        write_json(args.out, res)
     return 0
 
 

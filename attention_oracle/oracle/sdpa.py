@@ -97,10 +97,10 @@ def _chunk_rows(b: int, h: int, s: int, chunk_bytes: int) -> int:
     return max(1, chunk_bytes // per_query)
 
 
-def lp_algorithms(dtype: torch.dtype) -> tuple[str, ...]:
-    """The members of ``ALGORITHMS`` that differ in ``dtype``: "tf32x3" only for float32 (the
+def lp_algorithms(dtype: torch.dtype, algorithms=ALGORITHMS) -> tuple[str, ...]:
+    """The members of ``algorithms`` that differ in ``dtype``: "tf32x3" only for float32 (the
     16-bit inputs, P and dS are exact in TF32, so it is the flash member there)."""
-    return tuple(a for a in ALGORITHMS if a != "tf32x3" or dtype == torch.float32)
+    return tuple(a for a in algorithms if a != "tf32x3" or dtype == torch.float32)
 
 
 def _masked_scores(qc, k, mask_c, is_causal, row0, scale, matmul=torch.matmul):
@@ -152,8 +152,8 @@ def _accumulation_weights(p, dout_abs, v_abs, out):
 # accumulation dtype's unit roundoff u, propagated to first order through out, lse and the
 # gradients. A fused kernel rounds the score when it scales it and again when it takes it to
 # log2 units (2|s|), the row max or lse it subtracts likewise (2|m|, 2|lse|), a 3xTF32 score
-# carries up to 4u per unit of sum|q_e k_e| scale (the split's dropped and truncated parts), and
-# exp2 on the GPU is approximate (4u). Rows whose max is so large that u |m| is no longer small
+# carries about 2u per unit of sum|q_e k_e| scale (the split's dropped and rounded parts; 1.6-2.6u
+# measured on the H200 beyond the two roundings), and exp2 on the GPU is approximate (4u). Rows whose max is so large that u |m| is no longer small
 # are left to the ensemble (the argument overflows there: kernels that get those rows right
 # subtract first).
 APRIORI_SCORE, APRIORI_SHIFT, APRIORI_DOT, APRIORI_EXP2 = 2.0, 2.0, 2.0, 4.0
@@ -161,7 +161,7 @@ APRIORI_MAX_SHIFT = 2.0 ** 20   # |m| beyond this: u |m| >= 2^-4 in float32
 
 
 def _apriori_rho(s, dotabs, shift):
-    """rho_ij / u = 2|s_ij| + 2|shift_i| + 4 dotabs_ij + 4, 0 where s is -inf and on rows whose
+    """rho_ij / u = 2|s_ij| + 2|shift_i| + 2 dotabs_ij + 4, 0 where s is -inf and on rows whose
     |shift| passes APRIORI_MAX_SHIFT; ``shift`` [.., rows, 1] (row max or lse)."""
     finite = torch.isfinite(s)
     shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift)).abs()
@@ -185,10 +185,11 @@ def _bound_mm(a, b):
     return torch.matmul(a.float(), b.float()).to(a.dtype)
 
 
-def _apriori_chunk(qc, k, v, s, p, lse_c, oc, sc, doc=None, dp=None, delta=None):
+def _apriori_chunk(qc, k_abs, v, s, p, lse_c, oc, sc, doc=None, dp=None, delta=None):
     """The a-priori bounds of one query chunk, in units of u: {"out", "lse"} [.., rows, .] and
-    with ``doc`` also "dq" and the chunk's "dk", "dv" terms."""
-    dotabs = _bound_mm(qc.abs(), k.abs().transpose(-1, -2)) * abs(sc)
+    with ``doc`` also "dq" and the chunk's "dk", "dv" terms; ``k_abs`` is |k|."""
+    q_abs = qc.abs()
+    dotabs = _bound_mm(q_abs, k_abs.transpose(-1, -2)) * abs(sc)
     m = s.amax(-1, keepdim=True)   # -inf on a row no key takes part in
     w = p * _apriori_rho(s, dotabs, m)
     lse = lse_c.unsqueeze(-1)
@@ -201,8 +202,8 @@ def _apriori_chunk(qc, k, v, s, p, lse_c, oc, sc, doc=None, dp=None, delta=None)
     wb = p * (_apriori_rho(s, dotabs, lse) + lse_err)   # P recomputed from the stored lse
     delta_err = (doc.abs() * b["out"]).sum(-1, keepdim=True)
     ds = wb * (dp - delta).abs() + p * delta_err
-    b["dq"] = _bound_mm(ds, k.abs()) * abs(sc)
-    b["dk"] = _bound_mm(ds.transpose(-1, -2), qc.abs()) * abs(sc)
+    b["dq"] = _bound_mm(ds, k_abs) * abs(sc)
+    b["dk"] = _bound_mm(ds.transpose(-1, -2), q_abs) * abs(sc)
     b["dv"] = _bound_mm(wb.transpose(-1, -2), doc.abs())
     return b
 
@@ -352,7 +353,7 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
     acc_dk = torch.zeros_like(k) if (magnitudes and do is not None) else None
     k_abs, v_abs = (k.abs(), v.abs()) if magnitudes else (None, None)
     with_apriori = magnitudes and apriori
-    apriori = {"out": 0.0, "lse": 0.0, "dq": 0.0}
+    apriori_max = {"out": 0.0, "lse": 0.0, "dq": 0.0}
     apr_dk = torch.zeros_like(k) if (with_apriori and do is not None) else None
     apr_dv = torch.zeros_like(v) if (with_apriori and do is not None) else None
 
@@ -386,15 +387,16 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
             mags["lse"] = max(mags["lse"], _amax(lse_terms))
         if do is None:
             if with_apriori:
-                bounds = _apriori_chunk(qc, k, v, s, p, lse_c, oc, sc)
-                apriori.update({n: max(apriori[n], _amax(bounds[n])) for n in ("out", "lse")})
+                bounds = _apriori_chunk(qc, k_abs, v, s, p, lse_c, oc, sc)
+                apriori_max.update({n: max(apriori_max[n], _amax(bounds[n])) for n in ("out", "lse")})
             continue
         doc = do[:, :, r0:r1]
         dp = torch.matmul(doc, v.transpose(-1, -2))
         delta = (doc * oc).sum(-1, keepdim=True)
         if with_apriori:
-            bounds = _apriori_chunk(qc, k, v, s, p, lse_c, oc, sc, doc, dp, delta)
-            apriori.update({n: max(apriori[n], _amax(bounds[n])) for n in ("out", "lse", "dq")})
+            bounds = _apriori_chunk(qc, k_abs, v, s, p, lse_c, oc, sc, doc, dp, delta)
+            apriori_max.update({n: max(apriori_max[n], _amax(bounds[n]))
+                                for n in ("out", "lse", "dq")})
             apr_dk += bounds["dk"]
             apr_dv += bounds["dv"]
         ds = p * (dp - delta)
@@ -447,11 +449,11 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
             mags_acc["dk"] = _amax(acc_dk)
             result["magnitude_acc"] = mags_acc
             if apr_dk is not None:
-                apriori.update(dk=_amax(apr_dk), dv=_amax(apr_dv))
+                apriori_max.update(dk=_amax(apr_dk), dv=_amax(apr_dv))
     if magnitudes:
         result["magnitude"] = mags
     if with_apriori:
-        result["apriori"] = apriori
+        result["apriori"] = apriori_max
     return result
 
 
