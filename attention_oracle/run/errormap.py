@@ -18,8 +18,6 @@ import os
 import re
 
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 DEFAULT_DIRECTORY = os.path.join(".hypothesis", "artifacts")
 AXES = {"out": ("query", "feature"), "dq": ("query", "feature"), "dk": ("key", "feature"),
@@ -86,7 +84,12 @@ def file_name(impl: str, check: str, output: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", raw)[:200] + ".png"
 
 
-def _figure(detail: dict, title: str) -> Figure:
+def _figure(detail: dict, title: str):
+    # matplotlib is imported here, not with the module: it costs ~0.9 s, and every pytest
+    # process (each xdist worker) loads this module while few ever draw a map
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     error = detail["error"].numpy()
     bad = failing(detail["error"], detail.get("allowed", 0.0)).numpy()
     rows, cols = error.shape
