@@ -2,24 +2,54 @@
 bytes, both timed in the same run under both methods, per kernel variant.
 
     python -m benchmarks.index_prep [--out out/index_prep.json] [--warps 0,4,8,16] [--reps 50]
+                                    [--pipeline 4x3,2x3] [--holes]
 
 Problems: one causal document of T = 4096 and 16384 tokens, top-k 2048, local indices as
 benchmarks.dsa draws them (distinct random keys j <= pos, -1 where fewer exist), compacted
 (``causal=True, compact=True, return_topk_length=True``). For each ``num_warps`` (0: the
-default rule) the fast call and ``dst.copy_(src)`` of the [T, 2048] int32 rows are timed:
-``synced`` (CUDA events and a sync around every call, host launch cost included) and
+default rule) and each ``--pipeline`` setting (programs per multiprocessor x the row loop's
+``num_stages``, fast.index.set_pipeline; the first is the default's) the fast call and
+``dst.copy_(src)`` of the [T, 2048] int32 rows are timed:
+``synced`` (CUDA events and a sync around every call, host launch cost included; the host's
+own microseconds per call in that loop are printed beside) and
 ``queued`` (triton do_bench, L2 flushed), and fast / copy is printed for each method. Host
 microseconds per call of both at a tiny shape (T 4, top-k 64) close the table. Every variant's
-output is checked equal to the default's.
+output is checked equal to the default's. ``--holes`` adds, per T, the same rows with their
+slots shuffled (the -1 spread through each row), which takes the kernel's prefix-sum and
+scatter path instead of the in-order store.
 """
 import argparse
+import time
 
 import torch
 
-from attention_oracle.fast.index import offset_gather_kv_indices, set_num_warps
+from attention_oracle.fast.index import _OFFSET_LAUNCH, offset_gather_kv_indices, set_num_warps, set_pipeline
 
 from .dsa import causal_local_indices
-from .timing import host_us, queued_ms, synced_ms, write_json
+from .timing import host_us, queued_ms, write_json
+
+
+def synced_with_host(fn, reps, warmup=2):
+    """(median ms, median host us): the ms as timing.synced_ms measures them (CUDA events around
+    each call, a sync after each), the us the host's wall time inside fn() before that sync,
+    the part of the synced figure the device waits for."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times, host = [], []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+        host.append((t1 - t0) * 1e6)
+    times.sort()
+    host.sort()
+    return times[len(times) // 2], host[len(host) // 2]
 
 
 def main():
@@ -27,23 +57,38 @@ def main():
     ap.add_argument("--out", default="out/index_prep.json")
     ap.add_argument("--warps", default="0,4,8,16")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--pipeline", default="4x3",
+                    help="programs per SM x num_stages settings, comma-separated")
+    ap.add_argument("--holes", action="store_true", help="also the rows with shuffled slots")
     args = ap.parse_args()
+    pipelines = [tuple(int(v) for v in x.split("x")) for x in args.pipeline.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(5)
     res = {}
     lines = []
-    for T in (4096, 16384):
+    problems = [(T, False) for T in (4096, 16384)]
+    if args.holes:
+        problems += [(T, True) for T in (4096, 16384)]
+    for T, holes in problems:
         cu = [0, T]
         local = causal_local_indices(cu, cu, gen)
+        if holes:  # the same slots in a random order per row
+            order = torch.rand(local.shape, device=local.device, generator=gen).argsort(dim=1)
+            local = local.gather(1, order)
         cu_t = torch.tensor(cu, dtype=torch.int32, device="cuda")
         src, dst = local.clone(), torch.empty_like(local)
 
         def copy():
             return dst.copy_(src)
 
-        copy_synced, copy_queued = synced_ms(copy, args.reps), queued_ms(copy)
+        (copy_synced, copy_host), copy_queued = synced_with_host(copy, args.reps), queued_ms(copy)
         ref = None
-        for w in (int(x) for x in args.warps.split(",")):
+        variants = [(w, pipelines[0]) for w in (int(x) for x in args.warps.split(","))]
+        variants += [(variants[0][0], p) for p in pipelines[1:]]
+        if holes:
+            variants = variants[:1]
+        for w, (per_sm, stages) in variants:
             set_num_warps(w or None)
+            set_pipeline(per_sm, stages)
 
             def fast():
                 return offset_gather_kv_indices(local, cu_t, cu_t, causal=True, compact=True,
@@ -52,25 +97,37 @@ def main():
             if ref is None:
                 ref = out
             same = bool(torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1]))
-            fs, fq = synced_ms(fast, args.reps), queued_ms(fast)
-            r = dict(T=T, num_warps=w, fast_synced_us=fs * 1e3, copy_synced_us=copy_synced * 1e3,
+            (fs, fh), fq = synced_with_host(fast, args.reps), queued_ms(fast)
+            name = f"T{T}{'_holes' if holes else ''}_w{w}_p{per_sm}x{stages}"
+            r = dict(T=T, holes=holes, num_warps=w, per_sm=per_sm, num_stages=stages,
+                     fast_synced_us=fs * 1e3, copy_synced_us=copy_synced * 1e3,
                      fast_over_copy_synced=fs / copy_synced, fast_queued_us=fq * 1e3,
                      copy_queued_us=copy_queued * 1e3, fast_over_copy_queued=fq / copy_queued,
-                     equal_to_default=same)
-            res[f"T{T}_w{w}"] = r
-            lines.append(f"T {T:6d} warps {w or 'default':>7}: synced fast {fs * 1e3:7.1f} us / "
+                     fast_host_us=fh, copy_host_us=copy_host, equal_to_default=same)
+            res[name] = r
+            lines.append(f"T {T:6d}{' holes' if holes else '      '} warps {w or 'default':>7} "
+                         f"pipe {per_sm}x{stages}: synced fast {fs * 1e3:7.1f} us / "
                          f"copy {copy_synced * 1e3:6.1f} = {fs / copy_synced:.2f}x; queued "
-                         f"{fq * 1e3:7.1f} / {copy_queued * 1e3:6.1f} = {fq / copy_queued:.2f}x"
+                         f"{fq * 1e3:7.1f} / {copy_queued * 1e3:6.1f} = {fq / copy_queued:.2f}x; "
+                         f"host {fh:5.1f} / {copy_host:4.1f} us"
                          f"{'' if same else '  OUTPUT DIFFERS'}")
         set_num_warps(None)
+        set_pipeline()
     tiny = torch.randint(0, 64, (4, 64), device="cuda", dtype=torch.int32, generator=gen)
     cu_q = torch.tensor([0, 4], device="cuda", dtype=torch.int32)
     cu_k = torch.tensor([0, 64], device="cuda", dtype=torch.int32)
+    issue = {}
+    before = _OFFSET_LAUNCH.direct_launches
     res["host_us_fast_tiny"] = host_us(lambda: offset_gather_kv_indices(
-        tiny, cu_q, cu_k, compact=True, return_topk_length=True))
-    res["host_us_copy_tiny"] = host_us(lambda: tiny.clone())
-    lines.append(f"host per call, tiny: fast {res['host_us_fast_tiny']:.1f} us, copy "
-                 f"{res['host_us_copy_tiny']:.1f} us")
+        tiny, cu_q, cu_k, compact=True, return_topk_length=True), issue=issue)
+    res["direct_launches_tiny"] = _OFFSET_LAUNCH.direct_launches - before  # of 1 + 5 x 200
+    res["host_issue_us_fast_tiny"] = issue["us"]
+    res["host_us_copy_tiny"] = host_us(lambda: tiny.clone(), issue=issue)
+    res["host_issue_us_copy_tiny"] = issue["us"]
+    lines.append(f"host per call, tiny: fast {res['host_us_fast_tiny']:.1f} us (issue "
+                 f"{res['host_issue_us_fast_tiny']:.1f}), copy {res['host_us_copy_tiny']:.1f} us "
+                 f"(issue {res['host_issue_us_copy_tiny']:.1f}); direct launches "
+                 f"{res['direct_launches_tiny']} of 1001 calls")
     write_json(args.out, res)
     print("\n".join(lines))
 

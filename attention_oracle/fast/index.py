@@ -6,10 +6,15 @@ cut, key-range and causal cuts, optional stable compaction, and per-row lengths.
 synchronises with the host: no ``.item()``, no data-dependent shapes.
 
 Bad metadata (a ``cu_seqlens_q`` not starting at 0 or not ending at T, a decreasing
-``cu_seqlens_q`` / ``cu_seqlens_k``, a ``cu_seqlens_k`` past the key rows) is flagged by the
-kernel itself: on CUDA ``torch._assert_async`` then fails on the device (asynchronously; the
-CUDA context is unusable afterwards, as after any device assert), on CPU (the interpreter) a
-``ValueError`` names the argument. The kernel never reads past its tensors either way.
+``cu_seqlens_q`` / ``cu_seqlens_k``, a ``cu_seqlens_k`` past the key rows) is caught by the
+kernel itself: on CUDA a device-side assertion in the same launch fails it (asynchronously;
+the CUDA context is unusable afterwards, as after any device assert), on CPU (the interpreter)
+the kernel writes flags and a ``ValueError`` names the argument. The kernel never reads past
+its tensors either way.
+
+Host path: per problem shape the grid, the constexprs and the leading int arguments are
+computed once and kept with a :class:`fast.launch.BoundLaunch`; a call then validates its
+arguments, allocates the rows and the lengths, and launches once.
 """
 import torch
 
@@ -17,26 +22,38 @@ from ..validation import check_index_inputs
 from .host import check_device, next_pow2
 from .kernels import pdl
 from .kernels.index_offset import BAD_BITS, CHECK_BLOCK, offset_gather_kernel
-from .launch import DirectLauncher
+from .launch import BoundLaunch, DirectLauncher
 
 _MAX_BLOCK_K = 4096
 _INT32_MAX = 2**31 - 1
 # the compiled kernel's own launcher after Triton's first launch (fast/launch.py); 7 pointers lead
 _OFFSET_LAUNCH = DirectLauncher(offset_gather_kernel, n_tensors=7)
-_ASSERT_MSG = ("fast offset_gather_kv_indices: bad varlen metadata (cu_seqlens_q must start at 0, "
-               "end at T and not decrease; cu_seqlens_k must start at 0, not decrease and end "
-               "within the key rows)")
+# per problem shape (and settings): the launch with its grid and constexprs fixed
+_PLANS = {}
+_MAX_PLANS = 1024
+_SMS = {}
 
 
 _PDL = {"on": False}
-# the kernel's warps (None: 4 up to 1024 slots per block, else 8); benchmarks sweep it
+# the kernel's warps (None: 4 up to 2048 slots per block, else 8); benchmarks sweep it
 _WARPS = {"num_warps": None}
+# rows of one block: programs per multiprocessor (each takes a run of rows) and the row
+# loop's pipeline depth; benchmarks sweep them
+_PIPELINE = {"per_sm": 4, "num_stages": 3}
 
 
 def set_num_warps(num_warps=None):
     """The offset kernel's ``num_warps`` for later calls (None: the default rule); returns the
     previous value."""
     previous, _WARPS["num_warps"] = _WARPS["num_warps"], num_warps
+    return previous
+
+
+def set_pipeline(per_sm=4, num_stages=3):
+    """Programs per multiprocessor and the row loop's ``num_stages`` for rows of one block in
+    later calls; returns the previous (per_sm, num_stages)."""
+    previous = _PIPELINE["per_sm"], _PIPELINE["num_stages"]
+    _PIPELINE["per_sm"], _PIPELINE["num_stages"] = int(per_sm), int(num_stages)
     return previous
 
 
@@ -66,11 +83,9 @@ def describe_bad_metadata(bits, key_rows_name):
 def raise_on_bad_metadata(flags, key_rows_name=None):
     """Fails when the kernel flagged the metadata, without a host sync on CUDA.
 
-    flags: the kernel's [2] int32 (valid, bits). CUDA: a device-side assertion; other devices
-    (the CPU interpreter): ValueError naming each failed argument."""
-    if flags.device.type == "cuda":
-        torch._assert_async(flags[0], _ASSERT_MSG)
-        return
+    flags: the kernel's [2] int32 (valid, bits), written where the kernel runs without its
+    device assertion (the CPU interpreter): ValueError naming each failed argument. On CUDA
+    the kernel asserts itself and writes no flags, so this is not called there."""
     bits = int(flags[1])
     if bits:
         raise ValueError(describe_bad_metadata(bits, key_rows_name))
@@ -124,30 +139,72 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
     result = out
     if _needs_scratch(out, gather_kv_indices, compact, K):
         result = torch.empty((T, K), dtype=torch.int32, device=device)
-    # one buffer: lengths [T], then the kernel's metadata flags [2]
-    buf = torch.empty((T + 2,), dtype=torch.int32, device=device)
-    lengths, flags = buf[:T], buf[T:]
-    n_docs = cu_seqlens_q.numel() - 1
-    n_rows = T if K > 0 and n_docs > 0 else 0
-    block_k = min(next_pow2(max(K, 1)), _MAX_BLOCK_K)
-    limit = _INT32_MAX if key_rows is None else min(int(key_rows), _INT32_MAX)
-    use_pdl = pdl_on(device)
-    _OFFSET_LAUNCH[(max(n_rows, 1),)](
-        gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
-        topk_length if topk_length is not None else lengths, result, lengths, flags,
-        T, n_rows, K, n_docs, limit,
-        gather_kv_indices.stride(0), gather_kv_indices.stride(1), result.stride(0), result.stride(1),
-        CAUSAL=bool(causal), COMPACT=bool(compact), HAS_TOPK_LEN=topk_length is not None,
-        SEARCH_STEPS=max(n_docs - 1, 0).bit_length(), BLOCK_K=block_k,
-        SINGLE_BLOCK=K <= block_k, CHECK_BLOCK=CHECK_BLOCK, PDL=use_pdl,
-        # launched plainly: it has no gdc_wait, so it must not overlap the grid before it
-        num_warps=_WARPS["num_warps"] or (4 if block_k <= 1024 else 8),
-    )
-    if n_rows == 0 and T > 0:  # no slot or no document: every slot is a hole
+    n_docs = cu_seqlens_q.shape[0] - 1
+    on_cuda = device.type == "cuda"
+    use_pdl = _PDL["on"] and on_cuda
+    plan_key = (device, T, K, n_docs, key_rows, bool(causal), bool(compact),
+                topk_length is None, use_pdl, _WARPS["num_warps"], _PIPELINE["per_sm"],
+                _PIPELINE["num_stages"])
+    plan = _PLANS.get(plan_key)
+    if plan is None:
+        plan = _plan(device, T, K, n_docs, key_rows, causal, compact, topk_length is None,
+                     use_pdl)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[plan_key] = plan
+    launch, ints = plan
+    if on_cuda:  # bad metadata fails in the kernel (a device assertion)
+        lengths = flags = torch.empty((T,), dtype=torch.int32, device=device)
+    else:  # one buffer: lengths [T], then the kernel's metadata flags [2]
+        buf = torch.empty((T + 2,), dtype=torch.int32, device=device)
+        lengths, flags = buf[:T], buf[T:]
+    launch((gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
+            lengths if topk_length is None else topk_length, result, lengths, flags, *ints,
+            *gather_kv_indices.stride(), *result.stride()))
+    if T > 0 and ints[1] == 0:  # no slot or no document: all holes
         result.fill_(-1)
         lengths.zero_()
-    raise_on_bad_metadata(flags, key_rows_name)
+    if not on_cuda:
+        raise_on_bad_metadata(flags, key_rows_name)
     if out is not None and result is not out:
         out.copy_(result)
         result = out
     return result, lengths
+
+
+def _multiprocessors(device):
+    """The device's multiprocessor count (1 for the CPU interpreter)."""
+    count = _SMS.get(device)
+    if count is None:
+        count = 1
+        if device.type == "cuda":
+            count = torch.cuda.get_device_properties(device).multi_processor_count
+        _SMS[device] = count
+    return count
+
+
+def _plan(device, T, K, n_docs, key_rows, causal, compact, no_topk_length, use_pdl):
+    """(launch, leading int arguments) of one problem shape: a BoundLaunch with the grid and
+    the constexprs fixed, so that a call builds no keyword arguments and no launcher key."""
+    n_rows = T if K > 0 and n_docs > 0 else 0
+    block_k = min(next_pow2(max(K, 1)), _MAX_BLOCK_K)
+    single = K <= block_k
+    if single and n_rows:  # a run of consecutive rows per program, the grid about the SMs
+        programs = max(1, min(n_rows, _multiprocessors(device) * _PIPELINE["per_sm"]))
+        rows_per_prog = -(-n_rows // programs)
+        programs = -(-n_rows // rows_per_prog)
+    else:
+        rows_per_prog, programs = 1, max(n_rows, 1)
+    limit = _INT32_MAX if key_rows is None else min(int(key_rows), _INT32_MAX)
+    on_cuda = device.type == "cuda"
+    kwargs = dict(
+        CAUSAL=bool(causal), COMPACT=bool(compact), HAS_TOPK_LEN=not no_topk_length,
+        SEARCH_STEPS=max(n_docs - 1, 0).bit_length(), BLOCK_K=block_k, SINGLE_BLOCK=single,
+        CHECK_BLOCK=CHECK_BLOCK, PDL=use_pdl, ASSERT=on_cuda, NUM_STAGES=_PIPELINE["num_stages"],
+        # launched plainly: it has no gdc_wait, so it must not overlap the grid before it
+        num_warps=_WARPS["num_warps"] or (4 if block_k <= 2048 else 8),
+    )
+    if on_cuda:  # the device assertion needs debug; Triton's integer-overflow checks stay off
+        kwargs.update(debug=True, sanitize_overflow=False)
+    return BoundLaunch(_OFFSET_LAUNCH, (programs,), kwargs), (T, n_rows, K, n_docs, limit,
+                                                             rows_per_prog)

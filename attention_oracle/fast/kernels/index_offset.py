@@ -1,15 +1,23 @@
 """Triton kernel behind :func:`fast.index.offset_gather_kv_indices` (docs/CONTRACT.md "4. Varlen index preparation").
 
-One program per query row: it finds the row's document by binary search over
-``cu_seqlens_q``, turns local indices into global rows, applies the ``topk_length`` cut,
-the key-range and causal cuts, and either keeps slot positions or compacts the valid
-rows to the front in their original order (a stable partition). It also writes the
-row's length. Everything happens in this one launch.
+Each program takes a run of consecutive query rows (``rows_per_prog``; the launcher sizes the
+grid to the multiprocessors). Per row it finds the document by binary search over
+``cu_seqlens_q``, turns local indices into global
+rows, applies the ``topk_length`` cut, the key-range and causal cuts, and either keeps slot
+positions or compacts the valid rows to the front in their original order (a stable
+partition). It also writes the row's length. Everything happens in this one launch.
 
-Program 0 also checks the metadata (docs/CONTRACT.md "4. Varlen index preparation") and writes ``flags [2]`` int32:
-``flags[0]`` = 1 if it is valid, ``flags[1]`` the bits of :data:`BAD_BITS` that failed, so the
-launcher can assert on device without a host sync. Reads never leave the tensors whatever the
-metadata: the document search stays in [0, n_docs - 1].
+Rows of at most one block (K <= BLOCK_K) go through a software-pipelined loop, so row loads
+are in flight while earlier rows are cut and stored; a compacted row whose valid slots already lead (top-k
+rows padded with -1 at the end) is stored in place, with no prefix sum and no scatter, which
+is the partition's result for such a row. Longer rows go block by block (:func:`_offset_row`).
+
+Program 0 also checks the metadata (docs/CONTRACT.md "4. Varlen index preparation"). With
+``ASSERT`` (CUDA; compiled with ``debug=True``) a failure is a device-side assertion of this
+launch, with no host sync and no second launch; otherwise it writes ``flags [2]`` int32:
+``flags[0]`` = 1 if it is valid, ``flags[1]`` the bits of :data:`BAD_BITS` that failed, which
+the launcher turns into a ValueError (the CPU interpreter). Reads never leave the tensors
+whatever the metadata: the document stays in [0, n_docs - 1].
 """
 import triton
 import triton.language as tl
@@ -26,6 +34,10 @@ BAD_BITS = {
     32: ("cu_seqlens_k", "must end within the key rows (kv's rows; int32 for the global rows)"),
 }
 CHECK_BLOCK = 1024
+# the device assertion's message (the launcher's CPU path names each failed condition instead)
+ASSERT_MSG = tl.constexpr(
+    "offset_gather_kv_indices: bad varlen metadata (cu_seqlens_q must start at 0, end at T and "
+    "not decrease; cu_seqlens_k must start at 0, not decrease and end within the key rows)")
 
 
 @triton.jit
@@ -86,23 +98,94 @@ def _valid_global_rows(idx_ptr, row_offset, stride_k, offs, K, limit, seqlen_k, 
 @triton.jit
 def offset_gather_kernel(
     idx_ptr, cu_q_ptr, cu_k_ptr, topk_len_ptr, out_ptr, len_out_ptr, flags_ptr,
-    T, n_rows, K, n_docs, key_rows,
+    T, n_rows, K, n_docs, key_rows, rows_per_prog,
     stride_it, stride_ik, stride_ot, stride_ok,
     CAUSAL: tl.constexpr, COMPACT: tl.constexpr, HAS_TOPK_LEN: tl.constexpr,
     SEARCH_STEPS: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_BLOCK: tl.constexpr,
-    CHECK_BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+    CHECK_BLOCK: tl.constexpr, PDL: tl.constexpr = False, ASSERT: tl.constexpr = False,
+    NUM_STAGES: tl.constexpr = 3,
 ):
-    t = tl.program_id(0).to(tl.int64)
+    """Program p: rows [p * rows_per_prog, (p + 1) * rows_per_prog) of the n_rows (row p when
+    rows take several blocks)."""
+    p = tl.program_id(0).to(tl.int64)
     if PDL:  # a dependent launched with PDL may start; it waits for this grid to finish
         gdc_launch_dependents()
-    if t == 0:
+    if p == 0:
         bits = _metadata_bits(cu_q_ptr, cu_k_ptr, n_docs, T, key_rows, CHECK_BLOCK)
-        tl.store(flags_ptr, (bits == 0).to(tl.int32))
-        tl.store(flags_ptr + 1, bits.to(tl.int32))
-    if t < n_rows:
-        _offset_row(idx_ptr, cu_q_ptr, cu_k_ptr, topk_len_ptr, out_ptr, len_out_ptr, t, K, n_docs,
-                    stride_it, stride_ik, stride_ot, stride_ok, CAUSAL, COMPACT, HAS_TOPK_LEN,
-                    SEARCH_STEPS, BLOCK_K, SINGLE_BLOCK)
+        if ASSERT:  # fails the launch on the device (compiled with debug=True)
+            tl.device_assert(bits == 0, ASSERT_MSG)
+        else:
+            tl.store(flags_ptr, (bits == 0).to(tl.int32))
+            tl.store(flags_ptr + 1, bits.to(tl.int32))
+    if SINGLE_BLOCK:
+        first = p * rows_per_prog
+        last = tl.minimum(first + rows_per_prog, n_rows)
+        if first < last:
+            _offset_rows_one_block(idx_ptr, cu_q_ptr, cu_k_ptr, topk_len_ptr, out_ptr,
+                                   len_out_ptr, first, last, K, n_docs,
+                                   stride_it, stride_ik, stride_ot, stride_ok, CAUSAL, COMPACT,
+                                   HAS_TOPK_LEN, SEARCH_STEPS, BLOCK_K, NUM_STAGES)
+    elif p < n_rows:  # longer rows: one row per program (the launcher sets rows_per_prog 1)
+        _offset_row(idx_ptr, cu_q_ptr, cu_k_ptr, topk_len_ptr, out_ptr, len_out_ptr, p, K,
+                    n_docs, stride_it, stride_ik, stride_ot, stride_ok, CAUSAL, COMPACT,
+                    HAS_TOPK_LEN, SEARCH_STEPS, BLOCK_K, SINGLE_BLOCK)
+
+
+@triton.jit
+def _offset_rows_one_block(idx_ptr, cu_q_ptr, cu_k_ptr, topk_len_ptr, out_ptr, len_out_ptr,
+                           first, last, K, n_docs, stride_it, stride_ik, stride_ot, stride_ok,
+                           CAUSAL: tl.constexpr, COMPACT: tl.constexpr,
+                           HAS_TOPK_LEN: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+                           BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Rows first..last - 1 (K <= BLOCK_K), one block each. The loop is software-pipelined
+    (``NUM_STAGES``; on CUDA the row loads become asynchronous copies into shared memory,
+    ``NUM_STAGES - 1`` rows ahead), so loads stay in flight while earlier rows are cut,
+    compacted and stored; the document search is per row, as in :func:`_offset_row` (a
+    data-dependent loop in the body would stop the pipelining)."""
+    offs = tl.arange(0, BLOCK_K)
+    in_row = offs < K
+    for t in tl.range(first, last, num_stages=NUM_STAGES):
+        local = tl.load(idx_ptr + t * stride_it + offs * stride_ik, mask=in_row, other=-1)
+        limit = K + t * 0
+        if HAS_TOPK_LEN:
+            limit = tl.load(topk_len_ptr + t).to(tl.int64)
+        doc = _find_document(cu_q_ptr, t, n_docs, SEARCH_STEPS)
+        q_start = tl.load(cu_q_ptr + doc).to(tl.int64)
+        q_end = tl.load(cu_q_ptr + doc + 1).to(tl.int64)
+        k_start = tl.load(cu_k_ptr + doc).to(tl.int64)
+        k_end = tl.load(cu_k_ptr + doc + 1).to(tl.int64)
+        seqlen_k = k_end - k_start
+        pos = (seqlen_k - (q_end - q_start)) + (t - q_start)
+        key_start = k_start
+        if idx_ptr.dtype.element_ty != tl.int64:  # the row's vector arithmetic in int32
+            seqlen_k = seqlen_k.to(tl.int32)
+            pos = pos.to(tl.int32)
+            key_start = key_start.to(tl.int32)
+        if HAS_TOPK_LEN:
+            limit = tl.minimum(tl.maximum(limit, 0), K)
+        # a token past the last document (T > cu_seqlens_q[-1]) belongs to none
+        limit = tl.where(t < q_end, limit, 0).to(tl.int32)
+        valid = in_row & (offs < limit) & (local >= 0) & (local < seqlen_k)
+        if CAUSAL:
+            valid = valid & (local <= pos)
+        vals = tl.where(valid, local + key_start, -1).to(out_ptr.dtype.element_ty)
+        last_valid = tl.max(tl.where(valid, offs + 1, 0), axis=0)
+        row_out = out_ptr + t * stride_ot
+        if COMPACT:
+            flags = valid.to(tl.int32)
+            n_valid = tl.sum(flags, axis=0)
+            if last_valid == n_valid:  # valid slots already lead: the partition keeps them
+                tl.store(row_out + offs * stride_ok, vals, mask=in_row)
+            else:  # stable partition (as _offset_row); each slot written exactly once
+                rank_valid = tl.cumsum(flags, axis=0) - 1
+                rank_hole = n_valid + offs - (rank_valid + 1)
+                dest = tl.where(valid, rank_valid, rank_hole)
+                tl.store(row_out + dest * stride_ok, vals, mask=in_row)
+            length = n_valid
+        else:
+            tl.store(row_out + offs * stride_ok, vals, mask=in_row)
+            length = last_valid
+        tl.store(len_out_ptr + t, length.to(tl.int32))
 
 
 @triton.jit
