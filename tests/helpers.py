@@ -20,9 +20,19 @@ from attention_oracle.run.runner import run_check
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_suite(*args) -> subprocess.CompletedProcess:
+# The ci profile's search after the covering grid, in the suite's own subprocess runs: they test
+# the run's machinery (reports, crashes, known failures, triage), which the grid's cases exercise;
+# a passing check would otherwise search for the profile's whole 15 s
+SEARCH_SECONDS = 3.0
+
+
+def run_suite(*args, search_seconds: float | None = SEARCH_SECONDS) -> subprocess.CompletedProcess:
     """``pytest -q --hypothesis-profile ci ARGS`` from the repository root, in a fresh process
-    that inherits neither this run's xdist worker nor its ORACLE_IMPL."""
+    that inherits neither this run's xdist worker nor its ORACLE_IMPL. The search of each check
+    stops after ``search_seconds`` without a failure (``--oracle-check-budget``), unless ARGS
+    set a budget or another profile, or ``search_seconds`` is None."""
+    if search_seconds is not None and not {"--oracle-check-budget", "--hypothesis-profile"} & set(args):
+        args = ("--oracle-check-budget", str(search_seconds), *args)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PYTEST_XDIST") and k != "ATTENTION_ORACLE_CRASH_DIR"}
     env.pop("ORACLE_IMPL", None)

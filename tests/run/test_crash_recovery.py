@@ -7,7 +7,7 @@ import json
 import signal
 
 from attention_oracle.run import crashes
-from tests.helpers import run_suite
+from tests.helpers import SEARCH_SECONDS, run_suite
 
 CRASHING = "attention_oracle.controls.crashing"
 
@@ -62,7 +62,8 @@ def test_the_installed_command_finishes_after_a_crash_among_several_checks(tmp_p
     report = tmp_path / "out" / "r.json"
     proc = subprocess.run([sys.executable, "-m", "attention_oracle", "check", "--impl",
                            "attention_oracle.controls.crashing", "-n", "2", "-k",
-                           "value_rows or rank3 or scale", "--oracle-report", str(report)],
+                           "value_rows or rank3 or scale", "--oracle-check-budget", str(SEARCH_SECONDS),
+                           "--oracle-report", str(report)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "crashed with SIGSEGV (signal 11)" in proc.stdout, proc.stdout[-3000:]

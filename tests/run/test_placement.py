@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from attention_oracle.run import gpu_lock
+from tests.helpers import SEARCH_SECONDS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -180,7 +181,8 @@ def test_report_of_two_workers_is_one_table(tmp_path):
     """The report rows travel with pytest's reports from every worker to the controller."""
     report = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-n", "2",
-                           "--hypothesis-profile", "ci", "--oracle-report", str(report),
+                           "--hypothesis-profile", "ci", "--oracle-check-budget", str(SEARCH_SECONDS),
+                           "--oracle-report", str(report),
                            "--impl", "oracle", "--impl", "attention_oracle.controls.sdpa_broken:WrongScale",
                            "attention_oracle/conformance/test_sdpa.py", "-k", "forward_agreement or determinism"],
                           cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
