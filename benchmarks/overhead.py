@@ -7,7 +7,8 @@ Host microseconds per call (benchmarks.timing.host_us: calls queued back to back
 for fast SDPA (forward no_grad, training forward, forward+backward; B 1, H 1, L 16, D 64,
 bf16) beside torch's SDPA, and for fast DSA (forward, varlen forward, index preparation; T 4,
 H 64, 512 + 64 / 512, top-k 64). With ``--profile``, cProfile's top functions (by own time)
-of each fast entry point over 300 calls, to see where the host time goes. ``--launch-modes``
+of each fast entry point over 300 calls, to see where the host time goes (``sdpa_part_*``:
+pieces of fast's calls timed alone, :func:`sdpa_parts`). ``--launch-modes``
 measures fast once per launch mode of ``attention_oracle.fast.launch`` (``direct``: the compiled
 kernels' own launchers; ``triton``: ``kernel[grid](...)``), in this order, in one process; keys
 of every mode but the first carry its name (``sdpa_fast_fwd@triton``). ``--pairs N`` then times fast and torch in turn N times per SDPA
@@ -103,12 +104,38 @@ def sdpa_parts(q, k, v, dout):
     def empties():
         return [torch.empty(q5.shape, dtype=q.dtype, device=q.device) for _ in range(4)]
 
+    def three_empties():  # dq, dk, dv apart
+        return [torch.empty(q5.shape, dtype=q.dtype, device=q.device) for _ in range(3)]
+
+    stacked = (3,) + tuple(q5.shape)
+
+    def empty_unbind():  # dq, dk, dv as one allocation, unbound (the call plan's, equal shapes)
+        return torch.empty(stacked, dtype=q.dtype, device=q.device).unbind(0)
+
+    def apply_python():  # a Python Function's apply (Function.apply's own steps)
+        return _Noop.apply(q, k, v)
+
+    c_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Noop)
+
+    def apply_c():  # the same through the C apply Function.apply ends in
+        return c_apply(q, k, v)
+
     def views_noop_fwdbwd():  # the rank-5 views fast's eager path records, around a no-op node
         o = _Noop.apply(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)).squeeze(0)
         return torch.autograd.grad(o, (q, k, v), dout)
 
     def alloc_noop_fwdbwd():  # a Python backward that allocates what fast's backward does
         return torch.autograd.grad(_Alloc.apply(q, k, v), (q, k, v), dout)
+
+    def fast_fwdbwd_unfused():  # the three-launch backward (two option switches included)
+        previous = fsdpa.set_kernel_options(fuse_bwd=False)
+        try:
+            return torch.autograd.grad(fast_sdpa(q, k, v), (q, k, v), dout)
+        finally:
+            fsdpa.set_kernel_options(**previous)
+
+    def option_switches():  # what the two switches cost alone
+        fsdpa.set_kernel_options(**fsdpa.set_kernel_options(fuse_bwd=False))
 
     def fast_fwdbwd_one_thread():  # the backward on the calling thread, not autograd's worker
         with torch.autograd.set_multithreading_enabled(False):
@@ -130,9 +157,13 @@ def sdpa_parts(q, k, v, dout):
         return fsdpa._launch_bwd(d5, q5, k5, v5, None, out.unsqueeze(0), stats, False, scale)
     return {"sdpa_part_launches_fwdbwd": launches, "sdpa_part_launches_fwd": launches_fwd,
             "sdpa_part_checks": checks, "sdpa_part_autograd_noop_fwdbwd": noop_fwdbwd,
-            "sdpa_part_4_empty": empties, "sdpa_part_views_noop_fwdbwd": views_noop_fwdbwd,
+            "sdpa_part_4_empty": empties, "sdpa_part_3_empty": three_empties,
+            "sdpa_part_empty_unbind3": empty_unbind, "sdpa_part_apply_python": apply_python,
+            "sdpa_part_apply_c": apply_c, "sdpa_part_views_noop_fwdbwd": views_noop_fwdbwd,
             "sdpa_part_alloc_noop_fwdbwd": alloc_noop_fwdbwd,
             "sdpa_part_fast_fwdbwd_one_thread": fast_fwdbwd_one_thread,
+            "sdpa_part_fast_fwdbwd_unfused": fast_fwdbwd_unfused,
+            "sdpa_part_option_switches": option_switches,
             "sdpa_part_fast_fwd_then_launch_bwd": fast_fwd_then_launch_bwd,
             "sdpa_part_plan_fwd": plan_fwd, "sdpa_part_plan_bwd": plan_bwd}
 

@@ -254,7 +254,11 @@ class BoundLaunch:
     tensors have the same keys calls the kernel's own launcher without building the launcher's
     lookup keys: equal values at positions of fixed types are equal specializations. Anything
     else (another launch mode, a launch hook, tensors on another device than the current one,
-    a failing launch) goes through ``launcher``."""
+    a failing launch) goes through ``launcher``.
+
+    :meth:`fixed` serves a call site whose non-tensor arguments are one tuple kept by the
+    caller: the same object means the same values, so it skips the comparison and launches
+    with that tuple and the compiled kernel's trailing arguments joined once."""
     __slots__ = ("launcher", "grid", "grid3", "kwargs", "n", "bound")
 
     def __init__(self, launcher, grid, kwargs):
@@ -262,8 +266,9 @@ class BoundLaunch:
             raise ValueError("BoundLaunch needs a DirectLauncher with n_tensors")
         self.launcher, self.grid, self.grid3, self.kwargs = launcher, grid, _grid3(grid), kwargs
         self.n = launcher.n_tensors
-        # (entry, non-tensor arguments, tensor keys) of the last direct launch: one tuple, so a
-        # thread never sees one launch's entry with another's arguments
+        # (entry, non-tensor arguments, tensor keys, those arguments + the entry's tail) of the
+        # last direct launch: one tuple, so a thread never sees one launch's entry with another's
+        # arguments
         self.bound = None
 
     def __call__(self, args):
@@ -283,7 +288,29 @@ class BoundLaunch:
                     self.bound = None
         entry = self.launcher(self.grid, args, self.kwargs)
         if entry is not None and other_device(args[0]) is None:
-            self.bound = (entry, args[n:], tensor_keys(args[:n]))
+            rest = args[n:]
+            self.bound = (entry, rest, tensor_keys(args[:n]), rest + entry.tail)
+
+    def fixed(self, tensors, rest):
+        """``self(tensors + rest)`` for ``len(tensors) == n_tensors`` where the caller passes the
+        same ``rest`` object while its values stay the same (class docstring)."""
+        bound = self.bound
+        if bound is not None and rest is bound[1] and _MODE.value == "direct":
+            launcher = self.launcher
+            if (launcher.usable and other_device(tensors[0]) is None and not launcher.hooked()
+                    and tensor_keys(tensors) == bound[2]):
+                entry = bound[0]
+                g0, g1, g2 = self.grid3
+                try:
+                    entry.run(g0, g1, g2, launcher.stream(launcher.device_of()), entry.function,
+                              entry.packed, None, None, None, *tensors, *bound[3])
+                    launcher.direct_launches += 1
+                    return
+                except Exception:  # noqa: BLE001 - the launcher's own path decides (and warns)
+                    self.bound = None
+        entry = self.launcher(self.grid, tensors + rest, self.kwargs)
+        if entry is not None and other_device(tensors[0]) is None:
+            self.bound = (entry, rest, tensor_keys(tensors), rest + entry.tail)
 
 
 def other_device(tensor):

@@ -38,7 +38,12 @@ import torch
 from ..validation import FLOAT_DTYPES, check_sdpa_inputs
 from .host import Choice, cdiv, check_device, next_pow2
 from .kernels import sdpa_fwd_gluon
-from .kernels.sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel, sdpa_bwd_preprocess_kernel
+from .kernels.sdpa_bwd import (
+    FUSE_DQ_MAX_S,
+    sdpa_bwd_dkdv_kernel,
+    sdpa_bwd_dq_kernel,
+    sdpa_bwd_preprocess_kernel,
+)
 from .kernels.sdpa_common import (
     LOG2E,
     MASK_ADD,
@@ -212,7 +217,7 @@ def _lse_state_shape(q_shape, dtype, width):
 
 # n_tensors: the kernels' leading tensor arguments (DirectLauncher's raw lookup)
 _FWD = CachedLauncher(sdpa_fwd_kernel, n_tensors=6)
-_DKDV = CachedLauncher(sdpa_bwd_dkdv_kernel, n_tensors=9)
+_DKDV = CachedLauncher(sdpa_bwd_dkdv_kernel, n_tensors=11)
 _DQ = CachedLauncher(sdpa_bwd_dq_kernel, n_tensors=8)
 _PRE = DirectLauncher(sdpa_bwd_preprocess_kernel, n_tensors=3)
 
@@ -224,7 +229,7 @@ def _mask_dtype(mask):
     return torch.uint8 if mask.dtype == torch.bool else mask.dtype
 
 
-KERNEL_OPTIONS = {"fold": True}
+KERNEL_OPTIONS = {"fold": True, "fuse_bwd": True}
 # (kernel options, fp32 mode) of later calls, part of each call plan's key; kept by the setters
 # (building it per call cost ~0.5 us of host time)
 _OPTIONS_KEY = [None]
@@ -237,17 +242,35 @@ def _options_key():
 _options_key()
 
 
-def set_kernel_options(*, fold=None):
+def set_kernel_options(*, fold=None, fuse_bwd=None):
     """Kernel variants for later calls (benchmarks compare them): ``fold`` forms the exponent of
     each score with no mask to apply as one FMA, ``exp2(qk * c - m)``, in the 16-bit kernels
     (the forward also with fp32 "plain"; the backward's P as ``exp2(qk * c - (m + log l))``,
-    as flash attention's backward does with its lse). None leaves an option as it is; returns
-    the previous options."""
+    as flash attention's backward does with its lse). ``fuse_bwd`` runs the backward of a
+    small problem (:func:`_fuse_bwd`) as one launch of the dK/dV kernel that also forms Delta
+    and dQ, in place of three launches (Delta, dK/dV, dQ). None leaves an option as it is;
+    returns the previous options."""
     previous = dict(KERNEL_OPTIONS)
     if fold is not None:
         KERNEL_OPTIONS["fold"] = bool(fold)
+    if fuse_bwd is not None:
+        KERNEL_OPTIONS["fuse_bwd"] = bool(fuse_bwd)
     _options_key()
     return previous
+
+
+# query rows per kv head (L x group) up to which a fused backward is taken: its one program per
+# kv head walks them in turn where the unfused dQ kernel spreads them over programs
+FUSE_BWD_MAX_ROWS = 256
+
+
+def _fuse_bwd(natural, L, S, group):
+    """Whether a backward runs as one launch (:func:`set_kernel_options`): the log2-unit
+    kernels (16-bit, fp32 "plain" / "tf32x3"), every key in one dK/dV key block
+    (``S <= FUSE_DQ_MAX_S``) and at most ``FUSE_BWD_MAX_ROWS`` query rows per kv head, where
+    host time dominates."""
+    return (KERNEL_OPTIONS["fuse_bwd"] and not natural and S <= FUSE_DQ_MAX_S
+            and L * group <= FUSE_BWD_MAX_ROWS)
 
 
 def _fold(scale, dtype, backward):
@@ -309,9 +332,11 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
 
 @functools.lru_cache(maxsize=1024)
 def _bwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, dout_dtype, is_causal, natural,
-              prec, interpreted, fold):
+              prec, interpreted, fold, fuse):
     """The backward's analogue of :func:`_fwd_plan`: (key, constexprs, sizes, dK/dV grid spec,
-    dQ grid spec, int scalars, q.k factor, Delta block, Delta grid)."""
+    dQ grid spec, int scalars, q.k factor, Delta block, Delta grid, the dQ kernel's
+    constexprs). ``fuse``: :func:`_fuse_bwd` (the dK/dV kernel's FUSE_DQ, which the dQ kernel
+    does not take)."""
     Z1, Z2, HQ, L, E = q_shape
     HKV, S, EV = k_shape[2], k_shape[3], v_shape[4]
     kind = MASK_NONE if mask_dtype is None else MASK_BOOL if mask_dtype == torch.uint8 else MASK_ADD
@@ -319,15 +344,16 @@ def _bwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, dout_dtype, is_causa
     pre_block = 64 if interpreted else max(16, min(128, 8192 // block_ev))
     meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=prec, NATURAL=natural,
                 CHUNK_E=chunk_of(block_e), CHUNK_EV=chunk_of(block_ev), BLOCK_E=block_e,
-                BLOCK_EV=block_ev, FOLD=fold)
+                BLOCK_EV=block_ev, FOLD=fold, FUSE_DQ=fuse)
     tune_l, tune_s = tune_bucket(L), tune_bucket(S)
     key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype,
-           dout_dtype, natural, prec, fold)
+           dout_dtype, natural, prec, fold, fuse)
     ints = (Z2, HQ, HQ // HKV, L, S, E, EV)
     factor = 1.0 if natural or kind == MASK_ADD else LOG2E
     return (kind, key, meta, (L, S, E, EV), ("BLOCK_N", S, Z1 * Z2 * HKV),
             ("BLOCK_M", L, Z1 * Z2 * HQ), ints, factor, (tune_l, tune_s), pre_block,
-            (cdiv(L, pre_block), Z1 * Z2 * HQ))
+            (cdiv(L, pre_block), Z1 * Z2 * HQ),
+            {name: x for name, x in meta.items() if name != "FUSE_DQ"})
 
 
 def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
@@ -341,24 +367,31 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     if L == 0 or S == 0 or Z1 * Z2 * HQ == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     _check_tile_offsets((("dout", dout),))
-    delta = torch.empty((Z1 * Z2 * HQ, L), dtype=torch.float32, device=q.device)
     # the forward's statistics say which path made them (the fp32 mode may have changed since)
     natural = lse_k.shape[0] == stats_rows(True)
     prec = "ieee" if natural else _precision(q.dtype, max(E, v.shape[4]))
+    fuse = _fuse_bwd(natural, L, S, HQ // k.shape[2]) and out.is_contiguous()
     (kind, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
-     pre_grid) = _bwd_plan(q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), dout.dtype,
-                           is_causal, natural, prec, interpreting(), _fold(scale, q.dtype, True))
+     pre_grid, meta_q) = _bwd_plan(q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), dout.dtype,
+                           is_causal, natural, prec, interpreting(), _fold(scale, q.dtype, True),
+                           fuse)
     mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
     dout_strides = dout.stride()
-    _PRE(pre_grid, (out, dout, delta, *out.stride(), *dout_strides, Z2, HQ, L, sizes[3]),
-         {"BLOCK_M": pre_block, "BLOCK_EV": meta["BLOCK_EV"]})
     common_strides = (*q.stride(), *k.stride(), *v.stride(), *_strides5(mask), *dout_strides)
     scalars = (lse_k.stride(0), *ints, scale * factor, scale, *tunes)
+    if fuse:  # one launch: Delta and dQ inside the dK/dV kernel (O and dQ contiguous)
+        _DKDV(key + (HQ // k.shape[2],), grid_kv,
+              (q, k, v, mask_arg, dout, lse_k, q, dk, dv, out, dq,
+               *common_strides, *dk.stride(), *dv.stride(), *scalars), sizes, meta)
+        return dq, dk, dv
+    delta = torch.empty((Z1 * Z2 * HQ, L), dtype=torch.float32, device=q.device)
+    _PRE(pre_grid, (out, dout, delta, *out.stride(), *dout_strides, Z2, HQ, L, sizes[3]),
+         {"BLOCK_M": pre_block, "BLOCK_EV": meta["BLOCK_EV"]})
     _DKDV(key + (HQ // k.shape[2],), grid_kv,
-          (q, k, v, mask_arg, dout, lse_k, delta, dk, dv,
+          (q, k, v, mask_arg, dout, lse_k, delta, dk, dv, q, q,
            *common_strides, *dk.stride(), *dv.stride(), *scalars), sizes, meta)
     _DQ(key, grid_q, (q, k, v, mask_arg, dout, lse_k, delta, dq,
-                      *common_strides, *dq.stride(), *scalars), sizes, meta)
+                      *common_strides, *dq.stride(), *scalars), sizes, meta_q)
     return dq, dk, dv
 
 
@@ -426,6 +459,7 @@ class _EagerSdpa(torch.autograd.Function):
         out, lse_k = _launch_fwd(q, k, v, mask5, is_causal, scale)
         ctx.save_for_backward(q, k, v, mask5, out, lse_k)
         ctx.is_causal, ctx.scale = is_causal, scale
+        ctx.set_materialize_grads(False)  # lse's gradient stays None (no zeros made, filled)
         ctx.mark_non_differentiable(lse_k)
         return _from_rank5(out, geometry[3]), lse_k
 
@@ -480,7 +514,7 @@ class _CallPlan:
 
     __slots__ = ("dtype", "device", "out_shape", "out5", "lse_shape", "fwd", "fwd_tail",
                  "bwd", "bwd_common", "bwd_scalars", "grad_shapes", "grad_tails", "pre_tail",
-                 "rows", "gluon", "bound", "pre")
+                 "rows", "gluon", "bound", "pre", "fuse", "stacked", "lse_scratch", "bwd_rest")
 
     def __init__(self, q5, k5, v5, out_shape, shapes, is_causal, scale):
         Z1, Z2, HQ, L, E = q5.shape
@@ -490,6 +524,7 @@ class _CallPlan:
         natural = _natural(dtype, width)
         self.dtype, self.device, self.out_shape = dtype, q5.device, out_shape
         self.lse_shape = _lse_state_shape(q5.shape, dtype, width)
+        self.lse_scratch = _lse_scratch(self.device, self.lse_shape)
         self.out5 = _contiguous_strides((Z1, Z2, HQ, L, EV))
         lse_stride = _contiguous_strides(self.lse_shape)[0]
         operands = (*q5.stride(), *k5.stride(), *v5.stride(), 0, 0, 0, 0, 0)
@@ -501,13 +536,17 @@ class _CallPlan:
                                          (q5.stride(), k5.stride(), v5.stride()), dtype,
                                          q5.device, is_causal, scale)
         self.fwd_tail = (*operands, *self.out5, lse_stride, *ints, scale * factor, *tunes)
+        self.fuse = _fuse_bwd(natural, L, k5.shape[3], HQ // k5.shape[2])
         (_, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
-         pre_grid) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
+         pre_grid, meta_q) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
                                natural, _precision(dtype, width), interpreting(),
-                               _fold(scale, dtype, True))
-        self.bwd = (key, key + (HQ // k5.shape[2],), grid_kv, grid_q, sizes, meta, pre_grid)
+                               _fold(scale, dtype, True), self.fuse)
+        self.bwd = (key, key + (HQ // k5.shape[2],), grid_kv, grid_q, sizes, meta, pre_grid,
+                    meta_q)
         self.bwd_common = operands
         self.bwd_scalars = (lse_stride, *ints, scale * factor, scale, *tunes)
+        # dout's strides last seen, its rank-5 strides, the dK/dV and dQ non-tensor arguments
+        self.bwd_rest = (None, None, None)
         self.pre_tail = (Z2, HQ, L, EV)
         self.pre = BoundLaunch(_PRE, pre_grid, {"BLOCK_M": pre_block, "BLOCK_EV": meta["BLOCK_EV"]})
         self.bound = [None, None, None]  # forward, dK/dV, dQ: BoundLaunch once tuned
@@ -516,46 +555,84 @@ class _CallPlan:
         # the broadcast shape, whose strides are those of its rank-5 view's contiguous layout
         self.grad_shapes = shapes
         self.grad_tails = tuple(_contiguous_strides(t.shape) for t in (q5, k5, v5))
+        # equal gradient shapes (self-attention): one allocation, unbound into the three
+        self.stacked = (3,) + shapes[0][1] if shapes[0][1] == shapes[1][1] == shapes[2][1] else None
 
-    def forward(self, query, key, value):
+    def forward(self, query, key, value, need_lse=True):
+        """(out, row statistics); ``need_lse=False`` (nothing reads the statistics: a no_grad
+        call of :func:`scaled_dot_product_attention`) writes them to a scratch buffer."""
         out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
-        lse_k = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        lse_k = self.lse_scratch
+        if need_lse or lse_k is None:
+            lse_k = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
         if (self.gluon is not None and _FWD_BACKEND.value == "gluon"
                 and (query.data_ptr() | key.data_ptr() | value.data_ptr()) & 15 == 0):
             sdpa_fwd_gluon.launch(query, key, value, out, lse_k, self.gluon)
             return out, lse_k
         key_, grid, sizes, meta = self.fwd
         self._launch(0, _FWD, key_, grid, sizes, meta,
-                     (query, key, value, query, out, lse_k, *self.fwd_tail))
+                     (query, key, value, query, out, lse_k), self.fwd_tail)
         return out, lse_k
 
     def backward(self, dout, query, key, value, out, lse_k):
-        dst = _dout_strides5(dout, self.rows)
-        dkey, dkv_key, grid_kv, grid_q, sizes, meta, pre_grid = self.bwd
-        dq, dk, dv = (torch.empty(x, dtype=self.dtype, device=self.device)
-                      for _, x in self.grad_shapes)
-        delta = torch.empty(pre_grid[1] * self.rows[0], dtype=torch.float32, device=self.device)
-        self.pre((out, dout, delta, *self.out5, *dst, *self.pre_tail))
-        gq, gk, gv = self.grad_tails
-        self._launch(1, _DKDV, dkv_key, grid_kv, sizes, meta,
-                     (query, key, value, query, dout, lse_k, delta, dk, dv, *self.bwd_common,
-                      *dst, *gk, *gv, *self.bwd_scalars))
-        self._launch(2, _DQ, dkey, grid_q, sizes, meta,
-                     (query, key, value, query, dout, lse_k, delta, dq, *self.bwd_common, *dst,
-                      *gq, *self.bwd_scalars))
+        st = dout.stride()
+        seen, dst, rest = self.bwd_rest
+        if st != seen:
+            dst = _dout_strides5(dout, self.rows)
+            gq, gk, gv = self.grad_tails
+            common = (*self.bwd_common, *dst)
+            rest = ((*common, *gk, *gv, *self.bwd_scalars), (*common, *gq, *self.bwd_scalars))
+            self.bwd_rest = (st, dst, rest)
+        dkey, dkv_key, grid_kv, grid_q, sizes, meta, pre_grid, meta_q = self.bwd
+        if self.stacked is not None:
+            dq, dk, dv = torch.empty(self.stacked, dtype=self.dtype, device=self.device).unbind(0)
+        else:
+            dq, dk, dv = (torch.empty(x, dtype=self.dtype, device=self.device)
+                          for _, x in self.grad_shapes)
+        if self.fuse:  # one launch: Delta and dQ inside the dK/dV kernel
+            self._launch(1, _DKDV, dkv_key, grid_kv, sizes, meta,
+                         (query, key, value, query, dout, lse_k, query, dk, dv, out, dq), rest[0])
+        else:
+            delta = torch.empty(pre_grid[1] * self.rows[0], dtype=torch.float32,
+                                device=self.device)
+            self.pre((out, dout, delta, *self.out5, *dst, *self.pre_tail))
+            self._launch(1, _DKDV, dkv_key, grid_kv, sizes, meta,
+                         (query, key, value, query, dout, lse_k, delta, dk, dv, query, query),
+                         rest[0])
+            self._launch(2, _DQ, dkey, grid_q, sizes, meta_q,
+                         (query, key, value, query, dout, lse_k, delta, dq), rest[1])
         return tuple(_summed_to(g, *shapes) for g, shapes in zip((dq, dk, dv), self.grad_shapes))
 
-    def _launch(self, i, launcher, key, grid, sizes, meta, args):
-        """This plan's launch ``i`` through ``launcher`` (a CachedLauncher); once the key is
-        tuned, through a BoundLaunch of it (the launch's grid and constexprs fixed)."""
+    def _launch(self, i, launcher, key, grid, sizes, meta, tensors, rest):
+        """This plan's launch ``i`` through ``launcher`` (a CachedLauncher) of ``tensors`` and
+        the non-tensor arguments ``rest`` (one tuple per value, kept by the plan); once the key
+        is tuned, through a BoundLaunch of it (the launch's grid and constexprs fixed)."""
         bound = self.bound[i]
         if bound is None:
             bound = launcher.bind(key, grid, sizes, meta)
             if bound is None:
-                launcher(key, grid, args, sizes, meta)
+                launcher(key, grid, tensors + rest, sizes, meta)
                 return
             self.bound[i] = bound
-        bound(args)
+        bound.fixed(tensors, rest)
+
+
+# a no_grad forward's row statistics (written, never read) go to one never-freed buffer per
+# device, viewed by each plan: its address stays valid for any CUDA graph that captured it
+_LSE_SCRATCH_ELEMS = 16384
+_LSE_SCRATCH = {}
+
+
+def _lse_scratch(device, shape):
+    """A view of ``device``'s scratch buffer shaped ``shape`` (float32), None when too large."""
+    n = math.prod(shape)
+    if n > _LSE_SCRATCH_ELEMS:
+        return None
+    buf = _LSE_SCRATCH.get(device)
+    if buf is None:
+        buf = _LSE_SCRATCH[device] = torch.empty(_LSE_SCRATCH_ELEMS, dtype=torch.float32,
+                                                 device=device)
+    return buf[:n].view(shape)
 
 
 def _contiguous_strides(shape):
@@ -657,6 +734,7 @@ class _PlannedSdpa(torch.autograd.Function):
         out, lse_k = plan.forward(query, key, value)
         ctx.save_for_backward(query, key, value, out, lse_k)
         ctx.plan = plan
+        ctx.set_materialize_grads(False)  # lse's gradient stays None (no zeros made, filled)
         ctx.mark_non_differentiable(lse_k)
         return out, lse_k
 
@@ -665,6 +743,23 @@ class _PlannedSdpa(torch.autograd.Function):
         if dout is None:
             return None, None, None, None
         return (*ctx.plan.backward(dout, *ctx.saved_tensors), None)
+
+
+# autograd.Function's C apply, which Function.apply reaches after its Python steps (default
+# arguments bound when setup_context is defined, functorch's checks); called straight where
+# those steps change nothing: no functorch transform active and no functorch wrapper passed
+_PLANNED_APPLY = torch._C._FunctionBase.__dict__["apply"].__get__(None, _PlannedSdpa)
+_transforms_active = torch._C._are_functorch_transforms_active
+_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+
+
+def _apply_planned(query, key, value, plan):
+    """``_PlannedSdpa.apply(query, key, value, plan)``, through the C apply when that is the
+    same call (above)."""
+    if (_wrapped is None or _transforms_active() or _wrapped(query) or _wrapped(key)
+            or _wrapped(value)):
+        return _PlannedSdpa.apply(query, key, value, plan)
+    return _PLANNED_APPLY(query, key, value, plan)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -691,19 +786,21 @@ def _needs_grad(query, key, value):
         query.requires_grad or key.requires_grad or value.requires_grad)
 
 
-def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+               need_lse=True):
     """Validates (once: :func:`_validated`, or nothing for a signature seen before), launches;
     returns (out, the kernels' row statistics, out's shape). Unmasked eager calls take their
-    cached :class:`_CallPlan`; the rest the general path below."""
+    cached :class:`_CallPlan`; the rest the general path below. ``need_lse=False``: the caller
+    reads no statistics of a call autograd does not record (they may go to a scratch buffer)."""
     compiling = torch.compiler.is_compiling()
     checked = None
     if attn_mask is None and not compiling:
         plan = _call_plan(query, key, value, dropout_p, is_causal, scale, enable_gqa)
         if plan.__class__ is _CallPlan:
             if _needs_grad(query, key, value):
-                out, lse_k = _PlannedSdpa.apply(query, key, value, plan)
+                out, lse_k = _apply_planned(query, key, value, plan)
             else:
-                out, lse_k = plan.forward(query, key, value)
+                out, lse_k = plan.forward(query, key, value, need_lse)
             return out, lse_k, plan.out_shape
         checked = plan  # the validated geometry of a signature no plan covers, or None
     if checked is None:
@@ -748,5 +845,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     query [..., Hq, L, E], key [..., Hkv, S, E], value [..., Hkv, S, Ev] -> out [..., Hq, L, Ev].
     See the module docstring for masks, GQA, causal alignment and empty-row conventions."""
-    out, _, _ = _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    out, _, _ = _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                           need_lse=False)
     return out

@@ -61,6 +61,12 @@ def _dkdv_configs():
             for bm, bn, w, s in shapes]
 
 
+# the smallest BLOCK_N of any dK/dV config (_DKDV_SAFE, _dkdv_configs and the fp32 shapes of
+# its prune): a key count up to this is one key block for every config, which FUSE_DQ needs
+FUSE_DQ_MAX_S = 64
+assert all(c.kwargs["BLOCK_N"] >= FUSE_DQ_MAX_S for c in _dkdv_configs() + [_DKDV_SAFE])
+
+
 def _dq_configs():
     if not autotune_enabled():
         return [_DQ_SAFE]
@@ -81,14 +87,20 @@ def _make_prune(pipelined, resident, fp32_shapes, safe):
 
 @triton.jit
 def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, stats_row, s_stat,
-                     delta_ptr, offs_n, lo, hi, L, S, E, EV,
+                     delta_ptr, o_base, dq_base, scale, offs_n, lo, hi, L, S, E, EV,
                      s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale,
                      MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_M: tl.constexpr,
                      CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
                      BLOCK_EV: tl.constexpr, CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
-                     PREC: tl.constexpr, NATURAL: tl.constexpr, FOLD: tl.constexpr):
+                     PREC: tl.constexpr, NATURAL: tl.constexpr, FOLD: tl.constexpr,
+                     FUSE_DQ: tl.constexpr):
     """Accumulate dK (unscaled) and dV of one key block over query blocks [lo, hi).
+
+    FUSE_DQ (the key block holds every key, 16-bit or fp32 "plain"/"tf32x3"): each query
+    block's Delta = rowsum(dO * O) is formed here from O (contiguous, at ``o_base``) and its dQ
+    block, complete from this one key block, is stored at ``dq_base`` (contiguous): the whole
+    backward in one launch, no Delta buffer.
 
     fp32 (NATURAL): scores and dP from chunked dots (k, v re-read), P in fp64 from the saved
     m and log l = hi + lo, and each query block's product added to dK/dV as an fp64 dot
@@ -124,7 +136,10 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, s
         if CHECK_N:  # rows past S are never stored, but keep them finite (no inf * 0 = nan)
             pT = tl.where(offs_n[:, None] < S, pT, 0.0)
         do = load_tile(do_base, offs_m, offs_ev, s_dm, s_de, L, EV, CHECK_M, CHECK_EV)
-        if CHECK_M:
+        if FUSE_DQ:  # as sdpa_bwd_preprocess_kernel computes it
+            o = load_tile(o_base, offs_m, offs_ev, EV, 1, L, EV, CHECK_M, CHECK_EV)
+            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        elif CHECK_M:
             delta = tl.load(delta_ptr + offs_m, mask=offs_m < L, other=0.0)
         else:
             delta = tl.load(delta_ptr + offs_m)
@@ -140,16 +155,24 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, s
             dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
             dsT = pT * (dpT - delta[None, :])
             dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
+            if FUSE_DQ:  # as sdpa_bwd_dq_kernel computes it, over its one key block
+                dq = tl.dot(tl.trans(dsT).to(k.dtype), k, input_precision=PREC) * scale
+                dq_ptrs = dq_base + offs_m[:, None] * E + offs_e[None, :]
+                if CHECK_M or CHECK_E:
+                    tl.store(dq_ptrs, dq.to(dq_base.dtype.element_ty),
+                             mask=(offs_m[:, None] < L) & (offs_e[None, :] < E))
+                else:
+                    tl.store(dq_ptrs, dq.to(dq_base.dtype.element_ty))
     return dk, dv
 
 
 @triton.autotune(configs=_dkdv_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
-                                                "MASK_KIND", "GROUP", "PREC"],
+                                                "MASK_KIND", "GROUP", "PREC", "FUSE_DQ"],
                  prune_configs_by={"early_config_prune": _make_prune("BLOCK_M", "BLOCK_N", ((32, 64, 4, 2), (32, 64, 8, 2)), _DKDV_SAFE)},
                  **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
 @triton.jit(do_not_specialize=["Z2", "HQ"])
-def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV,
+def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
                          s_qz1, s_qz2, s_qh, s_qm, s_qe,
                          s_kz1, s_kz2, s_kh, s_kn, s_ke,
                          s_vz1, s_vz2, s_vh, s_vn, s_ve,
@@ -164,7 +187,12 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV,
                          BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
-                         CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr, FOLD: tl.constexpr):
+                         CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr, FOLD: tl.constexpr,
+                         FUSE_DQ: tl.constexpr):
+    """dK and dV of one key block; with FUSE_DQ (``S <= BLOCK_N``: one key block per kv head)
+    also Delta and dQ (:func:`_dkdv_query_loop`), O and DQ contiguous; otherwise O and DQ are
+    not read and Delta comes from :func:`sdpa_bwd_preprocess_kernel`."""
+    tl.static_assert(not (FUSE_DQ and NATURAL), "FUSE_DQ takes the log2-unit kernels only")
     pid_n = tl.program_id(0)
     pid_bkv = tl.program_id(1)  # over [Z1, Z2, HKV]
     HKV = HQ // GROUP
@@ -191,29 +219,34 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV,
             mask_base = Mask + batch_offset(pid_bh, HQ, 1, Z2, s_mz1, s_mz2, s_mh, False)
         stats_row = Stats + pid_bh.to(tl.int64) * L
         delta_ptr = Delta + pid_bh.to(tl.int64) * L
+        o_base = O
+        dq_base = DQ
+        if FUSE_DQ:
+            o_base = O + pid_bh.to(tl.int64) * L * EV
+            dq_base = DQ + pid_bh.to(tl.int64) * L * E
         if CAUSAL:
             dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
-                                      stats_row, s_stat, delta_ptr, offs_n, diag_lo, diag_hi, L, S, E, EV,
+                                      stats_row, s_stat, delta_ptr, o_base, dq_base, scale, offs_n, diag_lo, diag_hi, L, S, E, EV,
                                       s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
                                       qk_scale,
                                       MASK_KIND, True, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
-                                      NATURAL, FOLD)
+                                      NATURAL, FOLD, FUSE_DQ)
             dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
-                                      stats_row, s_stat, delta_ptr, offs_n, diag_hi, L, L, S, E, EV,
+                                      stats_row, s_stat, delta_ptr, o_base, dq_base, scale, offs_n, diag_hi, L, L, S, E, EV,
                                       s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
                                       qk_scale,
                                       MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
-                                      NATURAL, FOLD)
+                                      NATURAL, FOLD, FUSE_DQ)
         else:
             dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
-                                      stats_row, s_stat, delta_ptr, offs_n, 0, L, L, S, E, EV,
+                                      stats_row, s_stat, delta_ptr, o_base, dq_base, scale, offs_n, 0, L, L, S, E, EV,
                                       s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
                                       qk_scale,
                                       MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
-                                      NATURAL, FOLD)
+                                      NATURAL, FOLD, FUSE_DQ)
 
     dk = dk * scale
     gk_base = DK + batch_offset(pid_bkv, HKV, 1, Z2, s_gkz1, s_gkz2, s_gkh, False)
