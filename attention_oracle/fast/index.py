@@ -152,15 +152,22 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[plan_key] = plan
-    launch, ints = plan
+    launch, ints, rests = plan
+    # the non-tensor arguments as one tuple kept per stride pattern (BoundLaunch.fixed: the same
+    # object is the same values, so a repeat call compares nothing)
+    strides = (*gather_kv_indices.stride(), *result.stride())
+    rest = rests.get(strides)
+    if rest is None:
+        if len(rests) >= _MAX_PLANS:
+            rests.clear()
+        rest = rests[strides] = (*ints, *strides)
     if on_cuda:  # bad metadata fails in the kernel (a device assertion)
         lengths = flags = torch.empty((T,), dtype=torch.int32, device=device)
     else:  # one buffer: lengths [T], then the kernel's metadata flags [2]
         buf = torch.empty((T + 2,), dtype=torch.int32, device=device)
         lengths, flags = buf[:T], buf[T:]
-    launch((gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
-            lengths if topk_length is None else topk_length, result, lengths, flags, *ints,
-            *gather_kv_indices.stride(), *result.stride()))
+    launch.fixed((gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
+                  lengths if topk_length is None else topk_length, result, lengths, flags), rest)
     if T > 0 and ints[1] == 0:  # no slot or no document: all holes
         result.fill_(-1)
         lengths.zero_()
@@ -184,8 +191,9 @@ def _multiprocessors(device):
 
 
 def _plan(device, T, K, n_docs, key_rows, causal, compact, no_topk_length, use_pdl):
-    """(launch, leading int arguments) of one problem shape: a BoundLaunch with the grid and
-    the constexprs fixed, so that a call builds no keyword arguments and no launcher key."""
+    """(launch, leading int arguments, {strides: non-tensor arguments}) of one problem shape: a
+    BoundLaunch with the grid and the constexprs fixed, so that a call builds no keyword
+    arguments and no launcher key."""
     n_rows = T if K > 0 and n_docs > 0 else 0
     block_k = min(next_pow2(max(K, 1)), _MAX_BLOCK_K)
     single = K <= block_k
@@ -206,5 +214,5 @@ def _plan(device, T, K, n_docs, key_rows, causal, compact, no_topk_length, use_p
     )
     if on_cuda:  # the device assertion needs debug; Triton's integer-overflow checks stay off
         kwargs.update(debug=True, sanitize_overflow=False)
-    return BoundLaunch(_OFFSET_LAUNCH, (programs,), kwargs), (T, n_rows, K, n_docs, limit,
-                                                             rows_per_prog)
+    return (BoundLaunch(_OFFSET_LAUNCH, (programs,), kwargs),
+            (T, n_rows, K, n_docs, limit, rows_per_prog), {})

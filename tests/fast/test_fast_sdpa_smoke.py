@@ -512,6 +512,27 @@ def test_call_plans_key_on_options_and_never_cache_a_refusal(gen):
             scaled_dot_product_attention(q, k, v, dropout_p=0.5)
 
 
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32],
+                         ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("fuse", [True, False], ids=["one_launch", "three_launches"])
+@pytest.mark.parametrize("is_causal,gqa", [(False, False), (True, True)], ids=["plain", "causal_gqa"])
+def test_small_backward_fused_or_not(dtype, fuse, is_causal, gqa, gen):
+    """A small backward (S <= 64, few query rows per kv head) runs as one dK/dV launch that also
+    forms Delta and stores dQ, or, switched off, as the three launches every larger one takes:
+    both agree with the oracle."""
+    import attention_oracle.fast.sdpa as fsdpa
+    hq, hkv, L, S = (4, 2, 37, 53) if gqa else (2, 2, 37, 53)
+    previous = fsdpa.set_kernel_options(fuse_bwd=fuse)
+    try:
+        assert fsdpa._fuse_bwd(False, L, S, hq // hkv) is fuse
+        q = randn(2, hq, L, 40, dtype=dtype, gen=gen)
+        k = randn(2, hkv, S, 40, dtype=dtype, gen=gen)
+        v = randn(2, hkv, S, 24, dtype=dtype, gen=gen)
+        check_case(q, k, v, is_causal=is_causal, enable_gqa=gqa)
+    finally:
+        fsdpa.set_kernel_options(**previous)
+
+
 # ----------------------------------------------------------------------------- fp32 modes
 
 
