@@ -20,8 +20,8 @@ ON_SM90 = (torch.cuda.is_available() and sdpa_fwd_gluon.GLUON_AVAILABLE
 pytestmark = pytest.mark.skipif(not ON_SM90, reason="the Gluon forward needs an sm_90 GPU "
                                 "(Gluon does not run under Triton's CPU interpreter)")
 
-if ON_SM90:
-    from tests.test_fast_sdpa_smoke import check_case
+# imported on every machine, so that CI on the CPU catches a stale path
+from tests.fast.test_fast_sdpa_smoke import check_case  # noqa: E402
 
 
 @contextlib.contextmanager
