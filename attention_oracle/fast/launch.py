@@ -272,24 +272,11 @@ class BoundLaunch:
         self.bound = None
 
     def __call__(self, args):
-        bound, n = self.bound, self.n
-        if bound is not None and args[n:] == bound[1] and _MODE.value == "direct":
-            launcher = self.launcher
-            if (launcher.usable and other_device(args[0]) is None and not launcher.hooked()
-                    and tensor_keys(args[:n]) == bound[2]):
-                entry = bound[0]
-                g0, g1, g2 = self.grid3
-                try:
-                    entry.run(g0, g1, g2, launcher.stream(launcher.device_of()), entry.function,
-                              entry.packed, None, None, None, *args, *entry.tail)
-                    launcher.direct_launches += 1
-                    return
-                except Exception:  # noqa: BLE001 - the launcher's own path decides (and warns)
-                    self.bound = None
-        entry = self.launcher(self.grid, args, self.kwargs)
-        if entry is not None and other_device(args[0]) is None:
-            rest = args[n:]
-            self.bound = (entry, rest, tensor_keys(args[:n]), rest + entry.tail)
+        n, bound = self.n, self.bound
+        rest = args[n:]
+        if bound is not None and rest == bound[1]:
+            rest = bound[1]  # equal values: the kept tuple, so that fixed takes the direct path
+        self.fixed(args[:n], rest)
 
     def fixed(self, tensors, rest):
         """``self(tensors + rest)`` for ``len(tensors) == n_tensors`` where the caller passes the

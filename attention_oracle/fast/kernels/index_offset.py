@@ -82,6 +82,25 @@ def _find_document(cu_q_ptr, t, n_docs, SEARCH_STEPS: tl.constexpr):
 
 
 @triton.jit
+def _row_document(idx_ptr, cu_q_ptr, cu_k_ptr, t, n_docs, SEARCH_STEPS: tl.constexpr):
+    """Row t's document: (its query end, its key count, the row's key position, its first key
+    row). The last three are int32 for int32 indices (the row's vector arithmetic in int32:
+    valid metadata bounds them by the int32 key rows, and bad metadata fails the call)."""
+    doc = _find_document(cu_q_ptr, t, n_docs, SEARCH_STEPS)
+    q_start = tl.load(cu_q_ptr + doc).to(tl.int64)
+    q_end = tl.load(cu_q_ptr + doc + 1).to(tl.int64)
+    k_start = tl.load(cu_k_ptr + doc).to(tl.int64)
+    k_end = tl.load(cu_k_ptr + doc + 1).to(tl.int64)
+    seqlen_k = k_end - k_start
+    pos = (seqlen_k - (q_end - q_start)) + (t - q_start)
+    if idx_ptr.dtype.element_ty != tl.int64:
+        seqlen_k = seqlen_k.to(tl.int32)
+        pos = pos.to(tl.int32)
+        k_start = k_start.to(tl.int32)
+    return q_end, seqlen_k, pos, k_start
+
+
+@triton.jit
 def _valid_global_rows(idx_ptr, row_offset, stride_k, offs, K, limit, seqlen_k, pos, key_start,
                        CAUSAL: tl.constexpr):
     """Loads one block of a row; returns (valid flags, global rows). int32 indices stay int32
@@ -149,18 +168,8 @@ def _offset_rows_one_block(idx_ptr, cu_q_ptr, cu_k_ptr, topk_len_ptr, out_ptr, l
         limit = K + t * 0
         if HAS_TOPK_LEN:
             limit = tl.load(topk_len_ptr + t).to(tl.int64)
-        doc = _find_document(cu_q_ptr, t, n_docs, SEARCH_STEPS)
-        q_start = tl.load(cu_q_ptr + doc).to(tl.int64)
-        q_end = tl.load(cu_q_ptr + doc + 1).to(tl.int64)
-        k_start = tl.load(cu_k_ptr + doc).to(tl.int64)
-        k_end = tl.load(cu_k_ptr + doc + 1).to(tl.int64)
-        seqlen_k = k_end - k_start
-        pos = (seqlen_k - (q_end - q_start)) + (t - q_start)
-        key_start = k_start
-        if idx_ptr.dtype.element_ty != tl.int64:  # the row's vector arithmetic in int32
-            seqlen_k = seqlen_k.to(tl.int32)
-            pos = pos.to(tl.int32)
-            key_start = key_start.to(tl.int32)
+        q_end, seqlen_k, pos, key_start = _row_document(idx_ptr, cu_q_ptr, cu_k_ptr, t, n_docs,
+                                                        SEARCH_STEPS)
         if HAS_TOPK_LEN:
             limit = tl.minimum(tl.maximum(limit, 0), K)
         # a token past the last document (T > cu_seqlens_q[-1]) belongs to none
@@ -194,17 +203,8 @@ def _offset_row(idx_ptr, cu_q_ptr, cu_k_ptr, topk_len_ptr, out_ptr, len_out_ptr,
                 CAUSAL: tl.constexpr, COMPACT: tl.constexpr, HAS_TOPK_LEN: tl.constexpr,
                 SEARCH_STEPS: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_BLOCK: tl.constexpr):
     """Row t: global rows (compacted or in place) and the row's length."""
-    doc = _find_document(cu_q_ptr, t, n_docs, SEARCH_STEPS)
-    q_start = tl.load(cu_q_ptr + doc).to(tl.int64)
-    q_end = tl.load(cu_q_ptr + doc + 1).to(tl.int64)
-    k_start = tl.load(cu_k_ptr + doc).to(tl.int64)
-    k_end = tl.load(cu_k_ptr + doc + 1).to(tl.int64)
-    seqlen_k = k_end - k_start
-    pos = (seqlen_k - (q_end - q_start)) + (t - q_start)
-    if idx_ptr.dtype.element_ty != tl.int64:  # the row's vector arithmetic in int32
-        seqlen_k = seqlen_k.to(tl.int32)
-        pos = pos.to(tl.int32)
-        k_start = k_start.to(tl.int32)
+    q_end, seqlen_k, pos, k_start = _row_document(idx_ptr, cu_q_ptr, cu_k_ptr, t, n_docs,
+                                                  SEARCH_STEPS)
 
     limit = K + t * 0
     if HAS_TOPK_LEN:
