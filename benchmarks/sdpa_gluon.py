@@ -1,13 +1,14 @@
-"""The Gluon SDPA forward beside the Triton forward and cuDNN (H200, bf16, head dim 128).
+"""The Gluon SDPA forward beside the Triton forward and cuDNN (H200, bf16, head dims 64 and 128).
 
     python -m benchmarks.sdpa_gluon [--configs 128,128,2,8 128,128,2,4,1] [--shapes 0,1,2]
-                                    [--causal 0,1] [--json PATH]
+                                    [--causal 0,1] [--dims 128] [--json PATH]
 
-For each shape (B*L = 16k tokens, H 32: L 1k, 4k, 16k; causal and not) and each config of the
+For each head dim, each shape (B*L = 16k tokens, H 32: L 1k, 4k, 16k; causal and not) and each config of the
 Gluon kernel (BLOCK_M, BLOCK_N, STAGES, num_warps[, WS]): correctness (max |gluon - triton| over the
 whole output, max error of each against float64 on the first head), then TFLOP/s of cuDNN,
 fast-triton and fast-gluon by both timing methods of :mod:`benchmarks.timing` (``queued_ms``: do_bench; ``synced_ms``: events and a sync per call).
-FLOPs: 4*B*H*L*S*D, halved when causal.
+FLOPs: 4*B*H*L*S*D, halved when causal. The host microseconds per call of both forwards at a
+tiny shape (L 128) come first, per head dim.
 """
 import argparse
 import json
@@ -40,13 +41,13 @@ def _run(backend, q, k, v, causal):
     return fast_sdpa.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def measure(cfgs, B, H, L, causal, dtype=torch.bfloat16):
+def measure(cfgs, B, H, L, causal, D=128, dtype=torch.bfloat16):
     """One shape: cuDNN and fast-triton once, fast-gluon per config (BLOCK_M, BLOCK_N, STAGES,
     num_warps); rows of TFLOP/s by both methods and the correctness figures."""
     gen = torch.Generator(device="cuda").manual_seed(L + causal)
-    q, k, v = (torch.randn(B, H, L, 128, device="cuda", dtype=dtype, generator=gen)
+    q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=dtype, generator=gen)
                for _ in range(3))
-    flop = 4 * B * H * L * L * 128 / (2 if causal else 1)
+    flop = 4 * B * H * L * L * D / (2 if causal else 1)
     rows = []
     with torch.no_grad():
         gold = _gold_head(q, k, v, causal)
@@ -67,7 +68,7 @@ def measure(cfgs, B, H, L, causal, dtype=torch.bfloat16):
                 continue
             finally:
                 fast_sdpa.set_forward_backend("triton")
-            row = dict(cfg=list(cfg), B=B, H=H, L=L, causal=causal,
+            row = dict(cfg=list(cfg), B=B, H=H, L=L, D=D, causal=causal,
                        gluon_vs_triton=(out.float() - ref["triton"].float()).abs().max().item(),
                        err64_gluon=(out[0, 0].double() - gold).abs().max().item(),
                        **{f"err64_{b}": (o[0, 0].double() - gold).abs().max().item()
@@ -87,16 +88,16 @@ def _config(text):
     return (*c[:4], bool(c[4]) if len(c) > 4 else False)
 
 
-def host_overhead():
+def host_overhead(D=128):
     """Host microseconds per forward call at a tiny shape (B 1, H 1, L 128: the device is idle
     most of the time), fast-triton and fast-gluon in turn."""
-    q = torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(1, 1, 128, D, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         row = {b: host_us(lambda b=b: _run(b, q, q, q, False)) for b in ("triton", "gluon")}
     fast_sdpa.set_forward_backend("triton")
-    print(f"host us per call at L 128: triton {row['triton']:.1f}, gluon {row['gluon']:.1f}",
-          flush=True)
-    return row
+    print(f"host us per call at L 128 D {D}: triton {row['triton']:.1f}, "
+          f"gluon {row['gluon']:.1f}", flush=True)
+    return dict(row, D=D)
 
 
 def main():
@@ -104,18 +105,22 @@ def main():
     ap.add_argument("--configs", nargs="*", default=["128,128,2,8"])
     ap.add_argument("--shapes", default="0,1,2", help="indices into SHAPES")
     ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--dims", default="128", help="head dims, comma-separated")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     cfgs = [_config(text) for text in args.configs]
-    rows = [dict(host_us=host_overhead())]
-    for i in args.shapes.split(","):
-        B, H, L = SHAPES[int(i)]
-        for causal in (c == "1" for c in args.causal.split(",")):
-            rows += measure(cfgs, B, H, L, causal)
-    print("cfg            L      causal | queued: cudnn triton gluon g/c g/t | synced: cudnn "
+    dims = [int(d) for d in args.dims.split(",")]
+    hosts = [dict(host_us=host_overhead(D)) for D in dims]
+    rows = []
+    for D in dims:
+        for i in args.shapes.split(","):
+            B, H, L = SHAPES[int(i)]
+            for causal in (c == "1" for c in args.causal.split(",")):
+                rows += measure(cfgs, B, H, L, causal, D)
+    print("cfg            D   L      causal | queued: cudnn triton gluon g/c g/t | synced: cudnn "
           "triton gluon g/c g/t | max|g-t|  err64 t/g")
-    for r in rows[1:]:
-        print(f"{str(tuple(r['cfg'])):14} {r['L']:6} {str(r['causal']):6} | "
+    for r in rows:
+        print(f"{str(tuple(r['cfg'])):14} {r['D']:3} {r['L']:6} {str(r['causal']):6} | "
               f"{r['cudnn_queued']:5.0f} {r['triton_queued']:5.0f} {r['gluon_queued']:5.0f} "
               f"{r['gluon_queued'] / r['cudnn_queued']:.2f} "
               f"{r['gluon_queued'] / r['triton_queued']:.2f} | "
@@ -125,7 +130,7 @@ def main():
               f"{r['err64_triton']:.1e}/{r['err64_gluon']:.1e}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(hosts + rows, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ The specialization key (:func:`specialization_key`) distinguishes at least every
 specializes a compiled kernel on, so two launches sharing a key run the same compiled kernel:
 
 * tensors: the dtype and whether ``data_ptr()`` is a multiple of 16;
+* host tensor descriptors (Gluon's TMA ``TensorDescriptor``): the base's dtype, the block
+  shape, the shared layout and the padding (what their type string holds);
 * ints: i32 / i64 / u64 by range, the value 1, divisibility by 16 (Triton ignores the last two
   for ``do_not_specialize`` arguments; keeping them only adds cache entries);
 * floats (fp32), bools (u1), None (a constexpr): their type;
@@ -86,8 +88,21 @@ def specialization_key(args):
             try:
                 append((a.dtype, a.data_ptr() & 15 == 0))
             except AttributeError as exc:
-                raise Unkeyable(f"argument of type {c.__name__}") from exc
+                desc = _descriptor_key(a)
+                if desc is None:
+                    raise Unkeyable(f"argument of type {c.__name__}") from exc
+                append(desc)
     return tuple(out)
+
+
+def _descriptor_key(a):
+    """A host tensor descriptor's specialization (its type string's parts: dtype, block shape,
+    shared layout, padding), None for any other object."""
+    try:
+        return ("tensordesc", a.base.dtype, tuple(a.block_shape), a.layout,
+                getattr(a, "padding", None))
+    except AttributeError:
+        return None
 
 
 def tensor_keys(tensors):

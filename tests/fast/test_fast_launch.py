@@ -341,6 +341,38 @@ def test_key_is_at_least_as_fine_as_tritons():
                 assert _triton_specialization(a, spec) == _triton_specialization(b, spec), (a, b)
 
 
+def _descriptors():
+    """Gluon TMA descriptors (host objects) over CPU tensors: other bases, shapes and strides
+    (not specialized on), other dtypes, block shapes and layouts (specialized on)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    buf = torch.zeros(4096, dtype=torch.bfloat16)
+    out = []
+    for dtype, gl_dtype in ((torch.bfloat16, gl.bfloat16), (torch.float16, gl.float16)):
+        for block in ([64, 64], [128, 64], [64, 128]):
+            layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
+            for base, shape in ((buf.to(dtype), [16, 256]), (buf[8:].to(dtype), [8, 128])):
+                out.append(TensorDescriptor(base, shape, [shape[1], 1], block, layout))
+    return out
+
+
+def test_descriptor_key_is_at_least_as_fine_as_tritons():
+    """Host tensor descriptors: equal keys imply equal Triton specializations, and every
+    dtype x block shape (with its layout) gets its own key, which two bases share (a
+    descriptor is no Unkeyable argument)."""
+    try:
+        descs = _descriptors()
+    except ImportError:
+        pytest.skip("this Triton has no Gluon TensorDescriptor")
+    keys = {}
+    for a, b in itertools.combinations(descs, 2):
+        if specialization_key((a,)) == specialization_key((b,)):
+            assert _triton_specialization(a) == _triton_specialization(b), (a, b)
+    for d in descs:
+        keys.setdefault(specialization_key((d,)), set()).add(_triton_specialization(d))
+    assert len(keys) == 6 and all(len(v) == 1 for v in keys.values()), keys
+
+
 def test_key_control_detects_a_coarser_key(monkeypatch):
     """Negative control for the test above: a key that forgets divisibility by 16 fails it."""
     monkeypatch.setattr(launch, "_int_code", lambda a: 0 if -2**31 <= a < 2**31 else 2)

@@ -56,12 +56,13 @@ def gen():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("L,S", [(128, 128), (1000, 1000), (300, 777), (777, 300), (1, 129)])
-def test_gluon_forward_agrees(dtype, is_causal, L, S, gen, monkeypatch):
-    """Rank 4, B 2, H 3, head dim 128; ragged lengths (not multiples of the 128-row tiles),
-    L != S both ways, a single query."""
-    q = randn(2, 3, L, 128, dtype=dtype, gen=gen)
-    k = randn(2, 3, S, 128, dtype=dtype, gen=gen)
-    v = randn(2, 3, S, 128, dtype=dtype, gen=gen)
+@pytest.mark.parametrize("D", sdpa_fwd_gluon.HEAD_DIMS)
+def test_gluon_forward_agrees(dtype, is_causal, L, S, D, gen, monkeypatch):
+    """Rank 4, B 2, H 3, each head dim of the kernel; ragged lengths (not multiples of the
+    128-row tiles), L != S both ways, a single query."""
+    q = randn(2, 3, L, D, dtype=dtype, gen=gen)
+    k = randn(2, 3, S, D, dtype=dtype, gen=gen)
+    v = randn(2, 3, S, D, dtype=dtype, gen=gen)
     with gluon_forward(monkeypatch) as calls:
         check_case(q, k, v, is_causal=is_causal, backward=L * S <= 300 * 777)
     assert calls, "the Gluon forward did not run"
@@ -82,16 +83,33 @@ def test_gluon_gqa_layouts_and_scale(is_causal, gen, monkeypatch):
 
 
 def test_falls_back_outside_its_domain(gen, monkeypatch):
-    """Head dim 64, a mask, fp32 and a broadcast batch take the Triton forward."""
-    q = randn(1, 2, 200, 64, dtype=torch.bfloat16, gen=gen)
+    """Head dim 96, q and v of different head dims, a mask, fp32 and a broadcast batch take
+    the Triton forward."""
+    q = randn(1, 2, 200, 96, dtype=torch.bfloat16, gen=gen)
     q128 = randn(1, 2, 200, 128, dtype=torch.bfloat16, gen=gen)
+    v64 = randn(1, 2, 200, 64, dtype=torch.bfloat16, gen=gen)
     mask = torch.ones(200, 200, dtype=torch.bool, device="cuda").tril()
     with gluon_forward(monkeypatch) as calls:
         check_case(q, q, q, backward=False)
+        check_case(q128, q128, v64, backward=False)
         check_case(q128, q128, q128, mask=mask, backward=False)
         check_case(q128.float(), q128.float(), q128.float(), backward=False)
         check_case(q128.expand(3, 2, 200, 128), q128, q128, backward=False)
     assert not calls, calls
+
+
+def test_repeat_calls_launch_directly(gen, monkeypatch):
+    """After a shape's first call, the Gluon kernel is launched through its compiled launcher
+    (fast.launch.DirectLauncher), not Triton's per-call binder; the result is unchanged."""
+    q = randn(1, 2, 256, 64, dtype=torch.bfloat16, gen=gen)
+    launcher = sdpa_fwd_gluon._WS_LAUNCH if sdpa_fwd_gluon.CONFIG[4] else sdpa_fwd_gluon._LAUNCH
+    with gluon_forward(monkeypatch):
+        first = fast_sdpa.scaled_dot_product_attention(q, q, q)
+        before = launcher.direct_launches
+        again = [fast_sdpa.scaled_dot_product_attention(q, q, q) for _ in range(3)]
+    assert launcher.direct_launches - before >= 2, "the Gluon launches did not go direct"
+    for out in again:
+        assert torch.equal(out, first)
 
 
 def test_planted_wrong_scale_is_caught(gen, monkeypatch):

@@ -1,4 +1,4 @@
-"""Hopper (sm_90) SDPA forward in Gluon for head dim 128, 16-bit inputs, no mask.
+"""Hopper (sm_90) SDPA forward in Gluon for head dims 64 and 128, 16-bit inputs, no mask.
 
 The same function as :func:`fast.kernels.sdpa_fwd.sdpa_fwd_kernel` on its 16-bit unmasked
 path (FOLD: scores in log2 units, ``exp2(qk * c - m)`` with ``c = scale * log2(e) > 0``),
@@ -31,7 +31,7 @@ import functools
 
 import torch
 
-from ..launch import on_device_of
+from ..launch import DirectLauncher, on_device_of
 
 try:  # Gluon is experimental: a Triton without it (or with another API) leaves the path off
     from triton.experimental import gluon
@@ -48,7 +48,8 @@ try:  # Gluon is experimental: a Triton without it (or with another API) leaves 
 except ImportError:  # pragma: no cover - depends on the installed Triton
     GLUON_AVAILABLE = False
 
-HEAD_DIM = 128
+# head dims the kernels take (q, k and v of one head dim)
+HEAD_DIMS = (64, 128)
 # registers per thread requested for the warp-specialized kernel's workers (consumer, producer)
 WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
 PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
@@ -445,9 +446,9 @@ if GLUON_AVAILABLE:
 
 
 @functools.lru_cache(maxsize=64)
-def _shared_layout(rows, dtype):
-    """The TMA / wgmma shared layout of a [1, 1, 1, rows, 128] block (cached: ~17 us each)."""
-    return gl.NVMMASharedLayout.get_default_for([1, 1, 1, rows, HEAD_DIM],
+def _shared_layout(rows, head_dim, dtype):
+    """The TMA / wgmma shared layout of a [1, 1, 1, rows, head_dim] block (cached: ~17 us each)."""
+    return gl.NVMMASharedLayout.get_default_for([1, 1, 1, rows, head_dim],
                                                 getattr(gl, _GL_DTYPES[dtype]))
 
 
@@ -468,13 +469,13 @@ def _tma_strides(shape, stride, element_size):
 def plan(shapes, strides, dtype, device, is_causal, scale):
     """The Gluon forward's launch plan for rank-5 operands q, k, v given by their ``shapes`` and
     ``strides`` (three tuples each; the tensors themselves stay with the caller), or None where
-    it does not apply: CUDA on sm_90, fp16/bf16, head dims 128, a positive scale, TMA-ready
-    strides, non-empty (masks and dropout never reach it). Data pointers are checked per call:
-    TMA needs 16-byte aligned base addresses (:func:`aligned`)."""
+    it does not apply: CUDA on sm_90, fp16/bf16, q, k and v of one head dim in ``HEAD_DIMS``, a
+    positive scale, TMA-ready strides, non-empty (masks and dropout never reach it). Data
+    pointers are checked per call: TMA needs 16-byte aligned base addresses (:func:`aligned`)."""
     if not GLUON_AVAILABLE or not scale > 0 or dtype not in _GL_DTYPES or device.type != "cuda":
         return None
     qs, ks, vs = shapes
-    if qs[-1] != HEAD_DIM or vs[-1] != HEAD_DIM or 0 in qs or 0 in ks:
+    if qs[-1] not in HEAD_DIMS or vs[-1] != qs[-1] or 0 in qs or 0 in ks:
         return None
     if not _is_sm90(device):
         return None
@@ -492,30 +493,68 @@ def aligned(*data_ptrs):
 
 def _descriptor(t, shape, stride, rows):
     """5-d TMA descriptor over ``t``'s data seen as ``shape``/``stride`` (rank 5) with block
-    [1, 1, 1, rows, 128]; strides of length-1 dims are replaced (unused, but TMA wants
+    [1, 1, 1, rows, D]; strides of length-1 dims are replaced (unused, but TMA wants
     16-byte multiples)."""
-    strides = [st if n > 1 else HEAD_DIM for n, st in zip(shape[:-1], stride[:-1])] + [1]
-    return TensorDescriptor(t, list(shape), strides, [1, 1, 1, rows, HEAD_DIM],
-                            _shared_layout(rows, t.dtype))
+    head_dim = shape[-1]
+    strides = [st if n > 1 else head_dim for n, st in zip(shape[:-1], stride[:-1])] + [1]
+    return TensorDescriptor(t, list(shape), strides, [1, 1, 1, rows, head_dim],
+                            _shared_layout(rows, head_dim, t.dtype))
+
+
+def _unchecked(fields, t):
+    """A descriptor of ``fields`` (a checked descriptor's, base left out) over ``t``: the
+    dataclass's __post_init__ checks (base alignment, strides, shape, layout: ~10 us of host
+    time each) are skipped, the plan and :func:`aligned` having made them for this view."""
+    desc = _DESCRIPTOR.__new__(_DESCRIPTOR)
+    desc.__dict__.update(fields)
+    desc.base = t
+    return desc
+
+
+# per (plan, dtype, CONFIG): the descriptors' fields, the grid, the non-descriptor arguments
+# and the constexprs, made once from a first call's tensors (descriptors checked then)
+_PREPARED = {}
+_MAX_PREPARED = 256
+
+
+def _prepare(query, key, value, out, stats, gluon_plan):
+    (qs, ks, vs), (qst, kst, vst), is_causal, scale = gluon_plan
+    Z1, Z2, HQ, L, D = qs
+    block_m, block_n, stages, warps, ws = CONFIG
+    os_ = (Z1, Z2, HQ, L, D)
+    ost = (Z2 * HQ * L * D, HQ * L * D, L * D, D, 1)
+    descs = (_descriptor(query, qs, qst, block_m), _descriptor(key, ks, kst, block_n),
+             _descriptor(value, vs, vst, block_n),
+             _descriptor(out, os_, ost, block_m // 2 if ws else block_m))
+    fields = tuple({n: v for n, v in vars(d).items() if n != "base"} for d in descs)
+    grid = (-(-L // block_m), Z1 * Z2 * HQ)
+    ints = (stats.stride(0), Z2, HQ, HQ // ks[2], L, ks[3], scale * LOG2E)
+    meta = dict(CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
+                STAGES=stages, num_warps=warps)
+    return fields, grid, ints, meta, _WS_LAUNCH if ws else _LAUNCH
 
 
 def launch(query, key, value, out, stats, gluon_plan):
-    """Fill ``out`` (contiguous, [Z1, Z2, HQ, L, 128] as rank 5) and ``stats``
+    """Fill ``out`` (contiguous, [Z1, Z2, HQ, L, D] as rank 5) and ``stats``
     ([3, Z1*Z2*HQ*L] float32 rows m, log2 l, lse) from query, key, value read as the plan's
     rank-5 shapes and strides (a view shares its base's data pointer, so the caller's
-    tensors can be passed as they are)."""
-    (qs, ks, vs), (qst, kst, vst), is_causal, scale = gluon_plan
-    Z1, Z2, HQ, L, _ = qs
-    block_m, block_n, stages, warps, ws = CONFIG
-    os_ = (Z1, Z2, HQ, L, HEAD_DIM)
-    ost = (Z2 * HQ * L * HEAD_DIM, HQ * L * HEAD_DIM, L * HEAD_DIM, HEAD_DIM, 1)
-    grid = (-(-L // block_m), Z1 * Z2 * HQ)
-    args = (_descriptor(query, qs, qst, block_m), _descriptor(key, ks, kst, block_n),
-            _descriptor(value, vs, vst, block_n),
-            _descriptor(out, os_, ost, block_m // 2 if ws else block_m),
-            stats, stats.stride(0), Z2, HQ, HQ // ks[2], L, ks[3], scale * LOG2E)
-    meta = dict(CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=HEAD_DIM,
-                STAGES=stages, num_warps=warps)
+    tensors can be passed as they are). Launched through :class:`fast.launch.DirectLauncher`
+    (Triton's own path for the first launch of each specialization)."""
+    cache_key = (gluon_plan, query.dtype, CONFIG)
+    prepared = _PREPARED.get(cache_key)
+    if prepared is None:
+        prepared = _prepare(query, key, value, out, stats, gluon_plan)
+        if len(_PREPARED) >= _MAX_PREPARED:
+            _PREPARED.clear()
+        _PREPARED[cache_key] = prepared
+    (fq, fk, fv, fo), grid, ints, meta, launcher = prepared
+    args = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
+            _unchecked(fo, out), stats, *ints)
     # Triton launches on the current device: make the tensors' one current first
-    kernel = sdpa_fwd_gluon_ws_kernel if ws else sdpa_fwd_gluon_kernel
-    on_device_of(stats, lambda: kernel[grid](*args, **meta))
+    on_device_of(stats, launcher, grid, args, meta)
+
+
+if GLUON_AVAILABLE:
+    _DESCRIPTOR = TensorDescriptor
+    _LAUNCH = DirectLauncher(sdpa_fwd_gluon_kernel)
+    _WS_LAUNCH = DirectLauncher(sdpa_fwd_gluon_ws_kernel)
