@@ -1,7 +1,7 @@
 """The Gluon SDPA forward beside the Triton forward and cuDNN (H200, bf16, head dims 64 and 128).
 
     python -m benchmarks.sdpa_gluon [--configs 128,128,2,8 128,128,2,4,1] [--shapes 0,1,2]
-                                    [--causal 0,1] [--dims 128] [--json PATH]
+                                    [--causal 0,1] [--dims 128] [--host-parts] [--json PATH]
 
 For each head dim, each shape (B*L = 16k tokens, H 32: L 1k, 4k, 16k; causal and not) and each config of the
 Gluon kernel (BLOCK_M, BLOCK_N, STAGES, num_warps[, WS]): correctness (max |gluon - triton| over the
@@ -100,16 +100,65 @@ def host_overhead(D=128):
     return dict(row, D=D)
 
 
+def host_parts(D=128):
+    """Where a Gluon forward call's host time goes (B 1, H 1, L 128): the whole call, the
+    kernel launch alone (sdpa_fwd_gluon.launch on kept tensors), its pieces (the four
+    descriptors, the launcher's key, the compiled kernel's own launcher with the descriptors
+    made), and the Triton forward's whole call beside; microseconds per call."""
+    from attention_oracle.fast.launch import specialization_key
+    q = torch.randn(1, 1, 128, D, device="cuda", dtype=torch.bfloat16)
+    fast_sdpa.set_forward_backend("gluon")
+    with torch.no_grad():
+        out = _run("gluon", q, q, q, False)
+        stats = torch.empty((3, 128), device="cuda", dtype=torch.float32)
+        q5 = q.view(1, 1, 1, 128, D)
+        plan = sdpa_fwd_gluon.plan((q5.shape,) * 3, (q5.stride(),) * 3, q.dtype, q.device,
+                                   False, D ** -0.5)
+        sdpa_fwd_gluon.launch(q5, q5, q5, out, stats, plan)
+        (fq, fk, fv, fo), grid, ints, meta, launcher = sdpa_fwd_gluon._PREPARED[
+            (plan, q.dtype, sdpa_fwd_gluon.CONFIG)]
+
+        def descs():
+            u = sdpa_fwd_gluon._unchecked
+            return (u(fq, q5), u(fk, q5), u(fv, q5), u(fo, out), stats, *ints)
+
+        args = descs()
+        entry = next(iter(launcher.kernels.values()))
+        stream = launcher.stream(launcher.device_of())
+        g0, g1 = grid
+        row = {
+            "call_gluon": host_us(lambda: _run("gluon", q, q, q, False)),
+            "launch": host_us(lambda: sdpa_fwd_gluon.launch(q5, q5, q5, out, stats, plan)),
+            "descriptors": host_us(descs),
+            "key": host_us(lambda: specialization_key(args)),
+            "compiled_launcher": host_us(lambda: entry.run(
+                g0, g1, 1, stream, entry.function, entry.packed, None, None, None, *args,
+                *entry.tail)),
+        }
+        row["call_triton"] = host_us(lambda: _run("triton", q, q, q, False))
+    fast_sdpa.set_forward_backend("triton")
+    print(f"host us, D {D}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
+    return dict(row, D=D)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--configs", nargs="*", default=["128,128,2,8"])
     ap.add_argument("--shapes", default="0,1,2", help="indices into SHAPES")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--dims", default="128", help="head dims, comma-separated")
+    ap.add_argument("--host-parts", action="store_true",
+                    help="only where the Gluon call's host time goes (host_parts)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     cfgs = [_config(text) for text in args.configs]
     dims = [int(d) for d in args.dims.split(",")]
+    if args.host_parts:
+        parts = [host_parts(D) for D in dims]
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(parts, f, indent=1)
+        return
     hosts = [dict(host_us=host_overhead(D)) for D in dims]
     rows = []
     for D in dims:

@@ -84,6 +84,8 @@ def specialization_key(args):
             append(_BOOL)
         elif a is None:
             append(_NONE)
+        elif c in _DESCRIPTOR_CLASSES:  # a class seen as a descriptor before: no exception
+            append(_descriptor_key(a))
         else:
             try:
                 append((a.dtype, a.data_ptr() & 15 == 0))
@@ -91,8 +93,12 @@ def specialization_key(args):
                 desc = _descriptor_key(a)
                 if desc is None:
                     raise Unkeyable(f"argument of type {c.__name__}") from exc
+                _DESCRIPTOR_CLASSES.add(c)
                 append(desc)
     return tuple(out)
+
+
+_DESCRIPTOR_CLASSES = set()  # classes of host tensor descriptors met so far
 
 
 def _descriptor_key(a):
