@@ -150,7 +150,9 @@ if GLUON_AVAILABLE:
         # key tiles [0, free_hi) need no mask; [free_hi, hi) take the bound and causal masks
         if CAUSAL:
             hi = gl.minimum(start_m + BLOCK_M, S)
-            free_hi = gl.minimum(start_m, (S // BLOCK_N) * BLOCK_N)
+            # whole key tiles before the block's first row: a multiple of BLOCK_N (a tile wider
+            # than the query block straddles start_m and needs the causal mask)
+            free_hi = gl.minimum((start_m // BLOCK_N) * BLOCK_N, (S // BLOCK_N) * BLOCK_N)
         else:
             hi = S
             free_hi = (S // BLOCK_N) * BLOCK_N
@@ -421,7 +423,9 @@ if GLUON_AVAILABLE:
         fence_async_shared()
         if CAUSAL:
             hi = gl.minimum(start_m + BLOCK_M, S)
-            free_hi = gl.minimum(start_m, (S // BLOCK_N) * BLOCK_N)
+            # whole key tiles before the block's first row: a multiple of BLOCK_N (a tile wider
+            # than the query block straddles start_m and needs the causal mask)
+            free_hi = gl.minimum((start_m // BLOCK_N) * BLOCK_N, (S // BLOCK_N) * BLOCK_N)
         else:
             hi = S
             free_hi = (S // BLOCK_N) * BLOCK_N
