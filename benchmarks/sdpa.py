@@ -165,14 +165,32 @@ def bench_overhead(dtype=torch.bfloat16):
     return rows
 
 
-def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128):
-    """fp32: fast (every fp32 mode, fast.sdpa.set_fp32_mode) against torch's fp32 default,
-    forward and forward+backward; fast's largest difference from torch's output per mode."""
+def fp32_errors(impl, q, k, v, dout, causal, gold):
+    """max |x - gold| / max |gold| of out, dq, dk, dv (``gold`` from float64 inputs)."""
+    got = (impl(q, k, v, causal),) + torch.autograd.grad(impl(q, k, v, causal), (q, k, v), dout)
+    return {name: ((x.double() - g).abs().max() / g.abs().max()).item()
+            for name, x, g in zip(("out", "dq", "dk", "dv"), got, gold)}
+
+
+def fp32_gold(q, k, v, dout, causal):
+    """out, dq, dk, dv of torch's math backend on float64 copies of the inputs."""
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel([SDPBackend.MATH]):
+        out = F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal)
+    return (out.detach(),) + torch.autograd.grad(out, (q64, k64, v64), dout.double())
+
+
+def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128, modes=FP32_MODES):
+    """fp32: fast (each of ``modes``, fast.sdpa.set_fp32_mode) against torch's fp32 default,
+    forward and forward+backward; fast's largest difference from torch's output per mode, and
+    each one's relative error of out and the gradients against float64 (torch's too)."""
     (q, k, v), dout = make_inputs(B, H, L, D, seed=4, dtype=torch.float32)
     rows = []
     for causal in (False, True):
         row = {"B": B, "H": H, "L": L, "D": D, "causal": causal,
                "default_backend": int(torch._fused_sdp_choice(q, k, v, is_causal=causal))}
+        gold = fp32_gold(q, k, v, dout, causal)
+        row["err64_torch_default"] = fp32_errors(torch_default, q, k, v, dout, causal, gold)
         with torch.no_grad():
             ref = torch_default(q, k, v, causal)
         for phase in ("fwd", "fwdbwd"):
@@ -180,11 +198,12 @@ def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128):
             fn = phase_fn(phase, torch_default, q, k, v, dout, causal)
             row[f"{phase}_torch_default_tflops"] = fl / bench_ms(fn, rep) / 1e9
             row[f"{phase}_torch_default_synced_tflops"] = fl / synced_ms(fn, synced_reps) / 1e9
-        for mode in FP32_MODES:
+        for mode in modes:
             previous = set_fp32_mode(mode)
             try:
                 with torch.no_grad():
                     row[f"max_diff_out_{mode}"] = max_diff(fast(q, k, v, causal), ref)
+                row[f"err64_{mode}"] = fp32_errors(fast, q, k, v, dout, causal, gold)
                 for phase in ("fwd", "fwdbwd"):
                     fl = flops(B, H, L, L, D, causal, phase == "fwdbwd")
                     fn = phase_fn(phase, fast, q, k, v, dout, causal)
@@ -333,6 +352,8 @@ def main(argv=None):
     ap.add_argument("--no-rank3", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--no-fp32", action="store_true")
+    ap.add_argument("--fp32-modes", default=",".join(FP32_MODES),
+                    help="fast's fp32 modes bench_fp32 times (comma-separated)")
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="start no new section or point after this many seconds")
     ap.add_argument("--precompile", type=int, default=0, help="parallel compile processes (0: off)")
@@ -381,7 +402,8 @@ def main(argv=None):
     if result["points"]:
         result["plot"] = plot(result["points"], os.path.splitext(args.out)[0] + ".png")
     if not args.no_fp32 and left():
-        result["fp32"] = bench_fp32(args.rep, args.synced_reps)
+        modes = tuple(args.fp32_modes.split(","))
+        result["fp32"] = bench_fp32(args.rep, args.synced_reps, modes=modes)
         for r in result["fp32"]:
             print(f"fp32 causal={r['causal']} TFLOP/s queued (synced): torch fwd "
                   f"{r['fwd_torch_default_tflops']:.1f} ({r['fwd_torch_default_synced_tflops']:.1f})"
@@ -391,8 +413,11 @@ def main(argv=None):
                       f"({r[f'fwd_fast_{m}_synced_tflops']:.1f}, x{r[f'fwd_{m}_ratio']:.2f}) "
                       f"f+b {r[f'fwdbwd_fast_{m}_tflops']:.1f} "
                       f"({r[f'fwdbwd_fast_{m}_synced_tflops']:.1f}, x{r[f'fwdbwd_{m}_ratio']:.2f}) "
-                      f"maxdiff {r[f'max_diff_out_{m}']:.1e}" for m in FP32_MODES),
+                      f"maxdiff {r[f'max_diff_out_{m}']:.1e}" for m in modes),
                   flush=True)
+            for m in ("torch_default",) + modes:
+                print(f"fp32 causal={r['causal']} {m} error against float64 (max abs / max |gold|): "
+                      + " ".join(f"{x} {e:.2e}" for x, e in r[f"err64_{m}"].items()), flush=True)
         save()
     if not args.no_rank3 and left():
         result["rank3"] = bench_rank3(args.heads, 4096, 128, args.rep)

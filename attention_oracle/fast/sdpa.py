@@ -178,9 +178,12 @@ def set_fp32_mode(mode):
     an accurate exp/log, IEEE division: module docstring), "plain" (the 16-bit kernels'
     flash algorithm in fp32 arithmetic: IEEE fp32 dots, exp2 of log2-unit scores, as the
     agreement rule's flash lp reference computes) or "tf32x3" (plain's algorithm with every
-    dot as three TF32 tensor-core products, a = big + small with big = tf32(a): a.b ~ big.big +
-    big.small + small.big, each product within ~2^-20 relative, as PyTorch's fp32 EFFICIENT
-    kernel computes (CUTLASS OpMultiplyAddFastF32); the interpreter computes these dots in fp32).
+    dot as three TF32 tensor-core products of CUTLASS's split, a = big + small with big = a
+    truncated to tf32 and small = a - big rounded to tf32: a.b ~ small.big + big.small +
+    big.big, each product within ~2^-21 relative, as PyTorch's fp32 EFFICIENT kernel computes
+    (CUTLASS OpMultiplyAddFastF32); each tile split once in the kernels,
+    ``kernels.sdpa_common.split_tf32``, and each product added to its fp32 accumulator in
+    registers; the interpreter computes the TF32 dots of the exact halves in fp32).
     Default: $ATTENTION_ORACLE_FAST_FP32 or "accurate". Returns the previous mode."""
     previous = _FP32.set(mode)
     _options_key()
@@ -264,13 +267,14 @@ def set_kernel_options(*, fold=None, fuse_bwd=None):
 FUSE_BWD_MAX_ROWS = 256
 
 
-def _fuse_bwd(natural, L, S, group):
+def _fuse_bwd(natural, prec, L, S, group):
     """Whether a backward runs as one launch (:func:`set_kernel_options`): the log2-unit
-    kernels (16-bit, fp32 "plain" / "tf32x3"), every key in one dK/dV key block
-    (``S <= FUSE_DQ_MAX_S``) and at most ``FUSE_BWD_MAX_ROWS`` query rows per kv head, where
-    host time dominates."""
-    return (KERNEL_OPTIONS["fuse_bwd"] and not natural and S <= FUSE_DQ_MAX_S
-            and L * group <= FUSE_BWD_MAX_ROWS)
+    kernels (16-bit, fp32 "plain") but not fp32 "tf32x3" (its fused dK/dV kernel at head dim
+    72, padded to 128, asked the H200 for 270464 B of shared memory, past the 232448 B limit),
+    every key in one dK/dV key block (``S <= FUSE_DQ_MAX_S``) and at most
+    ``FUSE_BWD_MAX_ROWS`` query rows per kv head, where host time dominates."""
+    return (KERNEL_OPTIONS["fuse_bwd"] and not natural and prec != "tf32x3"
+            and S <= FUSE_DQ_MAX_S and L * group <= FUSE_BWD_MAX_ROWS)
 
 
 def _fold(scale, dtype, backward):
@@ -370,7 +374,7 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     # the forward's statistics say which path made them (the fp32 mode may have changed since)
     natural = lse_k.shape[0] == stats_rows(True)
     prec = "ieee" if natural else _precision(q.dtype, max(E, v.shape[4]))
-    fuse = _fuse_bwd(natural, L, S, HQ // k.shape[2]) and out.is_contiguous()
+    fuse = _fuse_bwd(natural, prec, L, S, HQ // k.shape[2]) and out.is_contiguous()
     (kind, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
      pre_grid, meta_q) = _bwd_plan(q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), dout.dtype,
                            is_causal, natural, prec, interpreting(), _fold(scale, q.dtype, True),
@@ -536,7 +540,8 @@ class _CallPlan:
                                          (q5.stride(), k5.stride(), v5.stride()), dtype,
                                          q5.device, is_causal, scale)
         self.fwd_tail = (*operands, *self.out5, lse_stride, *ints, scale * factor, *tunes)
-        self.fuse = _fuse_bwd(natural, L, k5.shape[3], HQ // k5.shape[2])
+        self.fuse = _fuse_bwd(natural, _precision(dtype, width), L, k5.shape[3],
+                              HQ // k5.shape[2])
         (_, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
          pre_grid, meta_q) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
                                natural, _precision(dtype, width), interpreting(),

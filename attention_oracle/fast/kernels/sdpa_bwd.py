@@ -24,10 +24,13 @@ from .sdpa_common import (
     batch_offset,
     block_dot,
     dot_nt_f64,
+    dot_split,
+    dot_split_acc,
     load_row_stats,
     load_tile,
     make_prune,
     recompute_p,
+    split_tf32,
 )
 
 
@@ -75,18 +78,28 @@ def _dq_configs():
             for bm, bn, w, s in shapes]
 
 
-def _make_prune(pipelined, resident, fp32_shapes, safe):
+# fp32 "tf32x3" (sdpa_common.make_prune): tiles whose split operands fit shared memory at head
+# dim 128, fastest first on the H200 at B 2 H 16 L 2048 D 128 (benchmarks.sdpa's fp32 rows);
+# the safe ones ran there at head dim 128 (dK/dV 16 x 64 in the tuning)
+_DKDV_TF32X3 = ((32, 32, 4, 2), (16, 32, 4, 2), (32, 32, 8, 2))
+_DKDV_TF32X3_SAFE = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=4, num_stages=2)
+_DQ_TF32X3 = ((32, 32, 4, 2), (64, 32, 4, 1), (32, 32, 8, 2))
+_DQ_TF32X3_SAFE = triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2)
+
+
+def _make_prune(pipelined, resident, fp32_shapes, safe, tf32x3_shapes, tf32x3_safe):
     """Pruning for the backward kernels: two fp32 accumulators (E + EV wide) per program; fp32
     with IEEE dots takes ``fp32_shapes`` (4 or 8 warps: with 4, the fp64 pieces spill, 1.6 KB
     per thread for dK/dV at D 128 in an offline sm_90 compile, 76 B with 8)."""
     return make_prune(pipelined, resident, safe=safe, fp32_shapes=fp32_shapes,
                       accumulator_cols=lambda be, bev: be + bev,
                       resident_cols=lambda be, bev: be + bev, register_limit=160,
-                      min_16bit_tile=64 * 64)
+                      min_16bit_tile=64 * 64, tf32x3_shapes=tf32x3_shapes,
+                      tf32x3_safe=tf32x3_safe)
 
 
 @triton.jit
-def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, stats_row, s_stat,
+def _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_base, mask_base, stats_row, s_stat,
                      delta_ptr, o_base, dq_base, scale, offs_n, lo, hi, L, S, E, EV,
                      s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn, qk_scale,
                      MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_M: tl.constexpr,
@@ -114,6 +127,7 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, s
         offs_m = start_m + tl.arange(0, BLOCK_M)
         # rows past L load as q = dO = 0 and m = +inf, so their P is exactly 0
         q = load_tile(q_base, offs_m, offs_e, s_qm, s_qe, L, E, CHECK_M, CHECK_E)
+        q, q_small = split_tf32(q, PREC)  # "tf32x3": once for both of q's dots
         m, log_l, log_l_lo = load_row_stats(stats_row, s_stat, offs_m, L, CHECK_M, NATURAL)
         if NATURAL:
             sT = dot_nt_f64(k_base, offs_n, s_kn, s_ke, S, q_base, offs_m, s_qm, s_qe, L, E,
@@ -121,9 +135,9 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, s
                             CHUNK_E)
             sT = (sT * qk_scale).to(tl.float32)
         elif FOLDED:
-            sT = tl.dot(k, tl.trans(q), input_precision=PREC)
+            sT = dot_split(k, k_small, tl.trans(q), tl.trans(q_small), PREC)
         else:
-            sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+            sT = dot_split(k, k_small, tl.trans(q), tl.trans(q_small), PREC) * qk_scale
         if MASK_KIND != 0:
             sT = apply_attn_mask(sT, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, True)
         if FOLDED:  # m = +inf (no key, or a row past L) gives P = 0
@@ -151,12 +165,16 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, s
             dsT = pT * (dpT - delta[None, :]).to(tl.float32)  # dP - Delta rounded once
             dk = dk + block_dot(dsT, q, MASK_KIND != 1, PREC)
         else:
-            dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=PREC)
-            dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+            do_big, do_small = split_tf32(do, PREC)  # once for both of dO's dots
+            pT_big, pT_small = split_tf32(pT.to(do.dtype), PREC)
+            dv = dot_split_acc(pT_big, pT_small, do_big, do_small, dv, PREC)
+            dpT = dot_split(v, v_small, tl.trans(do_big), tl.trans(do_small), PREC)
             dsT = pT * (dpT - delta[None, :])
-            dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=PREC)
+            dsT_big, dsT_small = split_tf32(dsT.to(q.dtype), PREC)
+            dk = dot_split_acc(dsT_big, dsT_small, q, q_small, dk, PREC)
             if FUSE_DQ:  # as sdpa_bwd_dq_kernel computes it, over its one key block
-                dq = tl.dot(tl.trans(dsT).to(k.dtype), k, input_precision=PREC) * scale
+                ds_big, ds_small = split_tf32(tl.trans(dsT).to(k.dtype), PREC)
+                dq = dot_split(ds_big, ds_small, k, k_small, PREC) * scale
                 dq_ptrs = dq_base + offs_m[:, None] * E + offs_e[None, :]
                 if CHECK_M or CHECK_E:
                     tl.store(dq_ptrs, dq.to(dq_base.dtype.element_ty),
@@ -168,7 +186,7 @@ def _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base, s
 
 @triton.autotune(configs=_dkdv_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                                 "MASK_KIND", "GROUP", "PREC", "FUSE_DQ"],
-                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_M", "BLOCK_N", ((32, 64, 4, 2), (32, 64, 8, 2)), _DKDV_SAFE)},
+                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_M", "BLOCK_N", ((32, 64, 4, 2), (32, 64, 8, 2)), _DKDV_SAFE, _DKDV_TF32X3, _DKDV_TF32X3_SAFE)},
                  **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
 @triton.jit(do_not_specialize=["Z2", "HQ"])
@@ -204,6 +222,8 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
     v_base = V + batch_offset(pid_bkv, HKV, 1, Z2, s_vz1, s_vz2, s_vh, False)
     k = load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E)
     v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
+    k, k_small = split_tf32(k, PREC)  # "tf32x3": once per program (k, k for other paths)
+    v, v_small = split_tf32(v, PREC)
     dk = tl.zeros([BLOCK_N, BLOCK_E], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_EV], dtype=tl.float32)
 
@@ -225,14 +245,14 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
             o_base = O + pid_bh.to(tl.int64) * L * EV
             dq_base = DQ + pid_bh.to(tl.int64) * L * E
         if CAUSAL:
-            dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
+            dk, dv = _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_base, mask_base,
                                       stats_row, s_stat, delta_ptr, o_base, dq_base, scale, offs_n, diag_lo, diag_hi, L, S, E, EV,
                                       s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
                                       qk_scale,
                                       MASK_KIND, True, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
                                       NATURAL, FOLD, FUSE_DQ)
-            dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
+            dk, dv = _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_base, mask_base,
                                       stats_row, s_stat, delta_ptr, o_base, dq_base, scale, offs_n, diag_hi, L, L, S, E, EV,
                                       s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
                                       qk_scale,
@@ -240,7 +260,7 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
                                       BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
                                       NATURAL, FOLD, FUSE_DQ)
         else:
-            dk, dv = _dkdv_query_loop(dk, dv, k, v, k_base, v_base, q_base, do_base, mask_base,
+            dk, dv = _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_base, mask_base,
                                       stats_row, s_stat, delta_ptr, o_base, dq_base, scale, offs_n, 0, L, L, S, E, EV,
                                       s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
                                       qk_scale,
@@ -265,7 +285,7 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
 
 
 @triton.jit
-def _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, v_base, mask_base,
+def _dq_key_loop(dq, q, q_small, do, do_small, m, log_l, log_l_lo, delta, q_base, do_base, k_base, v_base, mask_base,
                  offs_m, lo, hi, L, S, E, EV,
                  s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                  MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_M: tl.constexpr,
@@ -285,15 +305,17 @@ def _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, 
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E)
         v = load_tile(v_base, offs_n, offs_ev, s_vn, s_ve, S, EV, CHECK_N, CHECK_EV)
+        k, k_small = split_tf32(k, PREC)  # "tf32x3": once for both of k's dots
+        v, v_small = split_tf32(v, PREC)
         if NATURAL:
             s2 = dot_nt_f64(q_base, offs_m, s_qm, s_qe, L, k_base, offs_n, s_kn, s_ke, S, E,
                                 CHECK_M, CHECK_N, CHECK_E, BLOCK_M, BLOCK_N, BLOCK_E,
                             CHUNK_E)
             s2 = (s2 * qk_scale).to(tl.float32)  # one rounding of the (near-exact) score
         elif FOLDED:
-            s2 = tl.dot(q, tl.trans(k), input_precision=PREC)
+            s2 = dot_split(q, q_small, tl.trans(k), tl.trans(k_small), PREC)
         else:
-            s2 = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+            s2 = dot_split(q, q_small, tl.trans(k), tl.trans(k_small), PREC) * qk_scale
         if MASK_KIND != 0:
             s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S, MASK_KIND, False)
         if FOLDED:
@@ -312,15 +334,16 @@ def _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, 
             ds = p * (dp - delta[:, None]).to(tl.float32)  # dP - Delta rounded once
             dq = dq + block_dot(ds, k, MASK_KIND != 1, PREC)
         else:
-            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+            dp = dot_split(do, do_small, tl.trans(v), tl.trans(v_small), PREC)
             ds = p * (dp - delta[:, None])
-            dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PREC)
+            ds_big, ds_small = split_tf32(ds.to(k.dtype), PREC)
+            dq = dot_split_acc(ds_big, ds_small, k, k_small, dq, PREC)
     return dq
 
 
 @triton.autotune(configs=_dq_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                               "MASK_KIND", "PREC"],
-                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_N", "BLOCK_M", ((64, 32, 4, 2), (64, 32, 8, 2)), _DQ_SAFE)},
+                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_N", "BLOCK_M", ((64, 32, 4, 2), (64, 32, 8, 2)), _DQ_SAFE, _DQ_TF32X3, _DQ_TF32X3_SAFE)},
                  **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
 @triton.jit(do_not_specialize=["Z2", "HQ"])
@@ -356,25 +379,27 @@ def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, Stats, Delta, DQ,
         mask_base = Mask + batch_offset(pid_bh, HQ, GROUP, Z2, s_mz1, s_mz2, s_mh, False)
     q = load_tile(q_base, offs_m, offs_e, s_qm, s_qe, L, E, CHECK_M, CHECK_E)
     do = load_tile(do_base, offs_m, offs_ev, s_dm, s_de, L, EV, CHECK_M, CHECK_EV)
+    q, q_small = split_tf32(q, PREC)  # "tf32x3": once per program (q, q for other paths)
+    do, do_small = split_tf32(do, PREC)
     m, log_l, log_l_lo = load_row_stats(Stats + pid_bh.to(tl.int64) * L, s_stat, offs_m, L, True,
                                         NATURAL)
     delta = tl.load(Delta + pid_bh.to(tl.int64) * L + offs_m, mask=offs_m < L, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_E], dtype=tl.float32)
     if CAUSAL:
         free_hi = tl.minimum(start_m, S)
-        dq = _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, v_base, mask_base,
+        dq = _dq_key_loop(dq, q, q_small, do, do_small, m, log_l, log_l_lo, delta, q_base, do_base, k_base, v_base, mask_base,
                           offs_m, 0, free_hi,
                           L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                           BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL, FOLD)
         diag_hi = tl.minimum(start_m + BLOCK_M, S)
-        dq = _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, v_base, mask_base,
+        dq = _dq_key_loop(dq, q, q_small, do, do_small, m, log_l, log_l_lo, delta, q_base, do_base, k_base, v_base, mask_base,
                           offs_m, free_hi,
                           diag_hi, L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, True, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                           BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC, NATURAL, FOLD)
     else:
-        dq = _dq_key_loop(dq, q, do, m, log_l, log_l_lo, delta, q_base, do_base, k_base, v_base, mask_base,
+        dq = _dq_key_loop(dq, q, q_small, do, do_small, m, log_l, log_l_lo, delta, q_base, do_base, k_base, v_base, mask_base,
                           offs_m, 0, S,
                           L, S, E, EV, s_qm, s_qe, s_dm, s_de, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                           MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,

@@ -233,6 +233,53 @@ def block_dot(a, b, F64: tl.constexpr, PREC: tl.constexpr):
         return tl.dot(a, b, input_precision=PREC)
 
 
+@triton.jit
+def split_tf32(a, PREC: tl.constexpr):
+    """``(big, small)`` of an fp32 tile for "tf32x3" dots (:func:`dot_split`), else ``(a, a)``.
+
+    CUTLASS's split (PyTorch's fp32 EFFICIENT kernels, the agreement rule's 3xTF32 member):
+    big = a truncated to tf32 (toward zero: the low 13 mantissa bits cleared), small = a - big
+    (exact) rounded to the nearest tf32 (ties away from zero), so a - big - small is within
+    2^-11 of small's leading bit. Both halves are exact tf32 values, so the tensor cores' tf32
+    operand read changes neither. Made once per tile by the caller and reused by every dot
+    that reads the tile, where Triton's own ``input_precision="tf32x3"`` splits both operands
+    inside each dot."""
+    if PREC == "tf32x3":
+        big = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+        small = a - big
+        small = ((small.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
+        return big, small
+    else:
+        return a, a
+
+
+@triton.jit
+def dot_split(a, a_small, b, b_small, PREC: tl.constexpr):
+    """``a @ b`` of precision PREC; "tf32x3" takes the halves of :func:`split_tf32` (``a``,
+    ``b`` the big ones): small.big, then big.small, then big.big chained on one fresh
+    accumulator (small x small dropped, as CUTLASS does); other precisions ignore the small
+    halves."""
+    if PREC == "tf32x3":
+        part = tl.dot(a_small, b, input_precision="tf32")
+        part = tl.dot(a, b_small, part, input_precision="tf32")
+        return tl.dot(a, b, part, input_precision="tf32")
+    else:
+        return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def dot_split_acc(a, a_small, b, b_small, acc, PREC: tl.constexpr):
+    """``acc + a @ b``: "tf32x3" adds :func:`dot_split`'s product to ``acc`` in fp32 registers,
+    never chaining the running accumulator into the tensor cores' sums (chained, the H200's
+    relative errors against float64 at B 2 H 16 L 2048 D 128 were 8e-6 on out and 2-3e-5 on dk
+    and dv, against torch's 3xTF32 kernels' 2e-6); other precisions chain it, ``tl.dot(a, b,
+    acc)``, as the 16-bit kernels always did."""
+    if PREC == "tf32x3":
+        return acc + dot_split(a, a_small, b, b_small, PREC)
+    else:
+        return tl.dot(a, b, acc, input_precision=PREC)
+
+
 FP32_CHUNK = 32
 
 
@@ -284,7 +331,7 @@ def validated_only(named_args) -> bool:
 
 
 def make_prune(pipelined, resident, *, safe, fp32_shapes, accumulator_cols, resident_cols,
-               register_limit, min_16bit_tile):
+               register_limit, min_16bit_tile, tf32x3_shapes, tf32x3_safe):
     """Autotune config pruning on shared memory and registers, for the forward and both
     backward kernels. ``pipelined`` names the streamed block dim, ``resident`` the block dim
     held across the loop; ``accumulator_cols(BLOCK_E, BLOCK_EV)`` is the width of the fp32
@@ -294,11 +341,19 @@ def make_prune(pipelined, resident, *, safe, fp32_shapes, accumulator_cols, resi
     fp32 with IEEE dots (no tensor cores) tunes over ``fp32_shapes`` ((BLOCK_M, BLOCK_N, warps,
     stages) each) instead of the list; the tensor-core paths (16-bit, fp32 with PREC "tf32x3")
     keep tiles of at least ``min_16bit_tile`` elements when any fits. Shapes not validated
-    natively run ``safe`` (``validated_only``)."""
+    natively run ``safe`` (``validated_only``). fp32 with PREC "tf32x3" (the split operands of
+    :func:`split_tf32` twice in shared memory: most 16-bit tiles do not fit at head dim 128)
+    tunes over ``tf32x3_shapes`` and runs ``tf32x3_safe`` where others run ``safe`` (its
+    backward is never fused: ``fast.sdpa._fuse_bwd``)."""
     def prune(configs, named_args, **kwargs):
         if len(configs) == 1:
             return configs
         named_args = {**named_args, **kwargs}
+        if named_args.get("PREC") == "tf32x3":
+            if validated_only(named_args):
+                return [tf32x3_safe]
+            return forced_choice([triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w,
+                                                num_stages=st) for bm, bn, w, st in tf32x3_shapes])
         if validated_only(named_args):
             return [safe]
         be, bev = named_args["BLOCK_E"], named_args["BLOCK_EV"]

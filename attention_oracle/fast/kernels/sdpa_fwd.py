@@ -16,10 +16,13 @@ from .sdpa_common import (
     autotune_enabled,
     batch_offset,
     dot_nt_f64,
+    dot_split,
+    dot_split_acc,
     load_tile,
     log64,
     make_prune,
     softmax_exp,
+    split_tf32,
     store_row_stat,
 )
 
@@ -37,15 +40,19 @@ def _fwd_configs():
 
 # fp32 with IEEE dots: 4 or 8 warps (8 halve each thread's share of the fp64 score pieces)
 _FP32_SHAPES = ((64, 32, 4, 2), (64, 32, 8, 2))
+# fp32 "tf32x3" (sdpa_common.make_prune): tiles whose split q and k / v fit shared memory at
+# head dim 128
+_TF32X3_SHAPES = ((128, 32, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3))
 # registers: the BM x BEV fp32 accumulator spread over the warps
 _prune_fwd = make_prune("BLOCK_N", "BLOCK_M", safe=_FWD_SAFE, fp32_shapes=_FP32_SHAPES,
                         accumulator_cols=lambda be, bev: bev,
                         resident_cols=lambda be, bev: be, register_limit=128,
-                        min_16bit_tile=128 * 64)
+                        min_16bit_tile=128 * 64, tf32x3_shapes=_TF32X3_SHAPES,
+                        tf32x3_safe=_FWD_SAFE)
 
 
 @triton.jit
-def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
+def _fwd_tile_loop(acc, l_i, m_i, q, q_small, q_base, k_base, v_base, mask_base,
                    offs_m, lo, hi, L, S, E, EV,
                    s_qm, s_qe, s_kn, s_ke, s_vn, s_ve, s_mm, s_mn, qk_scale,
                    MASK_KIND: tl.constexpr, DIAG: tl.constexpr, CHECK_M: tl.constexpr,
@@ -75,8 +82,9 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
                             CHUNK_E)
             s2 = (s2 * qk_scale).to(tl.float32)  # one rounding of the (near-exact) score
         else:
-            k = load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E)
-            s2 = tl.dot(q, tl.trans(k), input_precision=PREC)
+            k, k_small = split_tf32(
+                load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E), PREC)
+            s2 = dot_split(q, q_small, tl.trans(k), tl.trans(k_small), PREC)
             if not FOLDED:
                 s2 = s2 * qk_scale
         if FOLDED:
@@ -102,7 +110,9 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
         if NATURAL:
             acc = acc + tl.dot(p, v, input_precision=PREC)
         else:
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PREC)
+            p_big, p_small = split_tf32(p.to(v.dtype), PREC)
+            v, v_small = split_tf32(v, PREC)
+            acc = dot_split_acc(p_big, p_small, v, v_small, acc, PREC)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -144,6 +154,7 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     q = load_tile(q_base, offs_m, offs_e, s_qm, s_qe, L, E, CHECK_M, CHECK_E)
+    q, q_small = split_tf32(q, PREC)  # "tf32x3": once per program (q, q for other paths)
 
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -152,21 +163,21 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
     if CAUSAL:
         # keys below the block's first query need no causal mask; the diagonal band does
         free_hi = tl.minimum(start_m, S)
-        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
+        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_small, q_base, k_base, v_base, mask_base,
                                        offs_m,
                                        0, free_hi, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn, s_ve,
                                        s_mm, s_mn, qk_scale, MASK_KIND, False, CHECK_M, CHECK_N,
                                        CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
                                        NATURAL, FOLD)
         diag_hi = tl.minimum(start_m + BLOCK_M, S)
-        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
+        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_small, q_base, k_base, v_base, mask_base,
                                        offs_m,
                                        free_hi, diag_hi, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn,
                                        s_ve, s_mm, s_mn, qk_scale, MASK_KIND, True, CHECK_M, CHECK_N,
                                        CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
                                        NATURAL, FOLD)
     else:
-        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_base, k_base, v_base, mask_base,
+        acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_small, q_base, k_base, v_base, mask_base,
                                        offs_m,
                                        0, S, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn, s_ve,
                                        s_mm, s_mn, qk_scale, MASK_KIND, False, CHECK_M, CHECK_N,

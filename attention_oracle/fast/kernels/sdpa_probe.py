@@ -22,7 +22,7 @@ from .sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel
 from .sdpa_common import chunk_of
 from .sdpa_fwd import sdpa_fwd_kernel
 
-_KERNELS = {"fwd": (sdpa_fwd_kernel, 6), "dkdv": (sdpa_bwd_dkdv_kernel, 9),
+_KERNELS = {"fwd": (sdpa_fwd_kernel, 6), "dkdv": (sdpa_bwd_dkdv_kernel, 11),
             "dq": (sdpa_bwd_dq_kernel, 8)}
 
 
@@ -37,7 +37,7 @@ def compile_for_sm90(which, prec, head_dim, cfg):
                   NATURAL=prec == "accurate", CHUNK_E=chunk_of(head_dim),
                   CHUNK_EV=chunk_of(head_dim), BLOCK_E=head_dim, BLOCK_EV=head_dim,
                   BLOCK_M=bm, BLOCK_N=bn, CHECK_M=False, CHECK_N=False, CHECK_E=False,
-                  CHECK_EV=False, FOLD=True)
+                  CHECK_EV=False, FOLD=True, FUSE_DQ=False)
     signature, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in consts:
