@@ -21,9 +21,10 @@ rows packed in one [S, 576] buffer, head-major dout).
 - index preparation against torch (stable sort + gather) and a device copy of the same bytes;
 - peak backward memory with a contiguous and a head-major dout;
 - fp32 (``fp32``): the same geometry and layouts in fp32, the fp32 modes of fast.dsa
-  ("acc64", the default, at its default configs; "tf32x3" with its tile candidates swept on
-  doc_4096, forward and backward apart, each checked against float64 on 32 tokens;
-  "tf32x3_exp2" at tf32x3's fastest pair), then each mode's pair on doc_4096 and doc_16384.
+  ("acc64", the default, at its default configs; "tf32x3" and "bf16x6" with their tile
+  candidates swept on doc_4096, forward and backward apart, each checked against float64 on
+  32 tokens; "tf32x3_exp2" at tf32x3's fastest pair), then each mode's pair on doc_4096 and
+  doc_16384.
 
 ``--only fp32`` runs that section alone.
 
@@ -467,6 +468,10 @@ TF32X3_FWD_CANDIDATES = [C(32, 16, 64, 512, 8, 2), C(32, 16, 64, 256, 8, 2), C(3
 TF32X3_BWD_CANDIDATES = [C(32, 16, 64, 128, 8, 2), C(32, 16, 64, 128, 8, 1), C(32, 16, 64, 256, 8, 1),
                          C(32, 16, 64, 256, 8, 2), C(32, 16, 64, 128, 8, 1, True),
                          C(16, 16, 64, 256, 4, 1)]
+# fp32 "bf16x6" mode (split-bf16 products in scores / P.V and dS / dq launches, one config per
+# direction for both of its launches): offline sm_90a, Triton 3.8 (dsa_probe fwdbf|bwdbf), no
+# forward spills; backward (64, 64, 64, 128, 4, 3) 204 / 48 B, (64, 64, 32, 64, 4, 2) none
+BF16X6_CANDIDATES = [C(64, 64, 64, 128, 4, 3), C(64, 64, 64, 128, 4, 2), C(64, 64, 32, 64, 4, 2)]
 FP32_CHECK_TOKENS = (2000, 2032)  # rows with ~2000 valid slots in doc_4096
 
 
@@ -619,10 +624,15 @@ def fp32_section(p4096, gen, reps, budget_s=3.0):
     res["sweep_doc_4096"] = {
         "acc64": sweep_fp32(p, reps, "acc64", [acc64["forward"]], [acc64["backward"]]),
         "tf32x3": sweep_fp32(p, reps, "tf32x3", TF32X3_FWD_CANDIDATES, TF32X3_BWD_CANDIDATES)}
+    res["sweep_doc_4096"]["bf16x6"] = sweep_fp32(p, reps, "bf16x6", BF16X6_CANDIDATES,
+                                                 BF16X6_CANDIDATES)
     best = {k: _fastest(res["sweep_doc_4096"]["tf32x3"][k]) for k in ("forward", "backward")}
     res["chosen_tf32x3"] = {k: v.__dict__ if v else None for k, v in best.items()}
     tc = {k: best[k] or fdsa.TF32X3_CONFIGS[k][0] for k in ("forward", "backward")}
-    pairs = {"acc64": acc64, "tf32x3": tc, "tf32x3_exp2": tc}
+    best = {k: _fastest(res["sweep_doc_4096"]["bf16x6"][k]) for k in ("forward", "backward")}
+    res["chosen_bf16x6"] = {k: v.__dict__ if v else None for k, v in best.items()}
+    bf = {k: best[k] or fdsa.BF16X6_CONFIGS[k] for k in ("forward", "backward")}
+    pairs = {"acc64": acc64, "tf32x3": tc, "tf32x3_exp2": tc, "bf16x6": bf}
     res["doc_4096"] = {m: measure_fp32(p, c["forward"], c["backward"], reps, budget_s, mode=m)
                        for m, c in pairs.items()}
     del p

@@ -26,10 +26,17 @@ fp32 inputs take one of three paths (``set_fp32_mode`` / ``$ATTENTION_ORACLE_FAS
   the scores fl(dot * scale) in natural units, the exponential, l and dS in fp64, lse =
   m + log(l) as in "acc64";
 - "tf32x3_exp2": the same dots with the 16-bit kernels' softmax (log2-unit scores, exp2,
-  Delta summed in fp64).
+  Delta summed in fp64);
+- "bf16x6": every product split-bf16 on the bf16 tensor cores (each fp32 operand split
+  exactly into three bf16 parts, a = a0 + a1 + a2, and a.b the six part products with
+  i + j <= 2, each exact, summed in the tensor cores' fp32 accumulator; kernels/dsa_common.py),
+  the "acc64" softmax (natural-unit scores fl(dot * scale), exponentials and sums in fp64,
+  lse = m + log(l)), the naive algorithm in separate launches with the scores (forward) and
+  dS (backward) passing through a scratch buffer (``_forward_bf16x6``, ``_backward_bf16x6``).
 
 The key gradients are summed in fp64 atomics in every fp32 mode. The CPU interpreter computes
-tf32x3 dots in plain fp32 (tests/fast/tf32x3_emulation.py emulates the GPU's split).
+tf32x3 dots in plain fp32 (tests/fast/tf32x3_emulation.py emulates the GPU's split), and
+bf16x6's part products as fp32 dots of the same bf16 values (it computes bf16 dots wrongly).
 The varlen forms run :func:`fast.index.offset_gather_kv_indices` (one launch, no host sync)
 and then the global kernel with the returned lengths.
 """
@@ -42,11 +49,16 @@ from triton.runtime.errors import OutOfResources
 from ..validation import FLOAT_DTYPES, check_dsa_inputs, key_rows
 from .host import Choice, cdiv, check_device, next_pow2
 from .index import offset_rows, pdl_on
-from .kernels.dsa_bwd import dsa_bwd_kernel
-from .kernels.dsa_fwd import dsa_fwd_kernel
+from .kernels.dsa_bwd import (
+    dsa_bwd_kernel,
+    dsa_fp32_bwd_dq_kernel,
+    dsa_fp32_bwd_scores_kernel,
+    dsa_fp32_delta_kernel,
+)
+from .kernels.dsa_fwd import dsa_fp32_pv_kernel, dsa_fp32_scores_kernel, dsa_fwd_kernel
 from .launch import DirectLauncher
 
-FP32_MODES = ("acc64", "tf32x3", "tf32x3_exp2")
+FP32_MODES = ("acc64", "tf32x3", "tf32x3_exp2", "bf16x6")
 _FP32 = Choice("ATTENTION_ORACLE_FAST_DSA_FP32", FP32_MODES, "acc64")
 
 
@@ -54,6 +66,11 @@ def set_fp32_mode(mode):
     """The fp32 path of later calls, one of ``FP32_MODES`` (module docstring); returns the
     previous mode. Default: $ATTENTION_ORACLE_FAST_DSA_FP32 or "acc64"."""
     return _FP32.set(mode)
+
+
+def _bf16x6(dtype):
+    """Whether inputs of this dtype take the "bf16x6" launches."""
+    return dtype == torch.float32 and _FP32.value == "bf16x6"
 
 
 def _fp32_tc(dtype):
@@ -313,6 +330,8 @@ def _rope_args(q_rope, k_rope, q):
 
 
 def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
+    if _bf16x6(q.dtype):
+        return _forward_bf16x6(q, q_rope, kv, k_rope, indices, topk_length, scale, config)
     T, H, DL = q.shape
     out = torch.empty((T, H, DL), dtype=q.dtype, device=q.device)
     lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
@@ -350,6 +369,9 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
 
 def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale, config=None):
     """Returns (dq, dq_rope | None, dkv, dk_rope | None); dout is read through its strides."""
+    if _bf16x6(q.dtype):
+        return _backward_bf16x6(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout,
+                                scale, config)
     T, H, DL = q.shape
     S = kv.shape[0]
     qr, kr, DR, sqr, skr = _rope_args(q_rope, k_rope, q)
@@ -392,6 +414,154 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
 
         _launch_first_fitting("backward", q, DR, launch, config)
     else:  # no kernel ran: every row is empty, so dq (and dq_rope) are zeros
+        dq.zero_()
+        dqr.zero_()
+    dkv = dkv_acc.to(q.dtype)
+    if q_rope is None:
+        return dq, None, dkv, None
+    return dq, dqr, dkv, dkr_acc.to(q.dtype)
+
+
+# ----------------------------------------------------------------------------- fp32 "bf16x6"
+
+# (block_h, slot block, latent piece of the score / dkv products, value or dq column chunk,
+# warps, stages) of both launches of a direction. 64 heads are one wgmma M tile on 4 warps
+# (8 warps would put both warpgroups on the whole tile: a dot feeding another dot gets all its
+# warps along M, dsa_common.chain_break); the column chunks keep the fp32 accumulator at
+# 64 x 128 (64 registers a thread).
+BF16X6_CONFIGS = {"forward": KernelConfig(64, 64, 64, 128, 4, 3),
+                  "backward": KernelConfig(64, 64, 64, 128, 4, 3)}
+_SCRATCH_ELEMENTS = 1 << 28  # scores / dS scratch per pass: 1 GiB of fp32, tokens in passes
+
+
+def _bf16x6_config(kind, q, config):
+    if config is not None:
+        return config
+    if _OVERRIDES[kind] is not None:
+        return _OVERRIDES[kind]
+    if q.device.type == "cuda":
+        return BF16X6_CONFIGS[kind]
+    T, H, DL = q.shape
+    return KernelConfig(min(64, _pow2(H)), 16, 32, 32, 4, 1)
+
+
+def _key_parts(kv, k_rope):
+    """[3, S, Dl + Dr] bf16: kv (and k_rope) rows split exactly into three bf16 parts
+    (dsa_common.split3; torch's fp32 -> bf16 conversion rounds to nearest even)."""
+    rows = kv if k_rope is None else torch.cat([kv, k_rope], dim=1)
+    parts = torch.empty((3,) + rows.shape, dtype=torch.bfloat16, device=kv.device)
+    parts[0] = rows
+    rest = rows - parts[0].float()
+    parts[1] = rest
+    parts[2] = rest - parts[1].float()
+    return parts
+
+
+def _parts_i32(indices, parts):
+    """32-bit row arithmetic (the kernels' I32): int32 indices, and every element offset of
+    one part of the parts buffer below 2**31."""
+    return indices.dtype == torch.int32 and parts[0].numel() < 2 ** 31
+
+
+def _token_passes(T, H, K):
+    """Token ranges whose [tokens, H, K] fp32 scratch stays within _SCRATCH_ELEMENTS."""
+    step = max(1, _SCRATCH_ELEMENTS // max(1, H * K))
+    return [(t0, min(T, t0 + step)) for t0 in range(0, T, step)]
+
+
+def _forward_bf16x6(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
+    """fp32 "bf16x6" forward (module docstring): per token pass, the scores launch then the
+    P.V launch."""
+    T, H, DL = q.shape
+    out = torch.empty((T, H, DL), dtype=q.dtype, device=q.device)
+    lse = torch.empty((T, H), dtype=torch.float32, device=q.device)
+    if T == 0 or H == 0:
+        return out, lse
+    S, K = kv.shape[0], indices.shape[1]
+    if S == 0 or K == 0:
+        return out.zero_(), lse.fill_(float("-inf"))
+    cfg = _bf16x6_config("forward", q, config)
+    qr, _, DR, sqr, _ = _rope_args(q_rope, k_rope, q)
+    parts = _key_parts(kv, k_rope)
+    W = parts.shape[2]
+    i32 = _parts_i32(indices, parts)
+    bh, bn = min(cfg.block_h, _pow2(H)), cfg.block_k
+    bd, bdv = min(cfg.block_d, _pow2(DL)), min(cfg.block_dv, _pow2(DL))
+    NB = cdiv(K, bn)
+    passes = _token_passes(T, H, K)
+    n_max = max(t1 - t0 for t0, t1 in passes)
+    scores = torch.empty((n_max, H, K), dtype=torch.float32, device=q.device)
+    bm = torch.empty((n_max, NB, H), dtype=torch.float32, device=q.device)
+    bl = torch.empty((n_max, NB, H), dtype=torch.float64, device=q.device)
+    kw = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    for t0, t1 in passes:
+        n = t1 - t0
+        idx = indices[t0:t1]
+        lens = topk_length[t0:t1] if topk_length is not None else idx
+        dsa_fp32_scores_kernel[(n, cdiv(H, bh), NB)](
+            q[t0:t1], qr[t0:t1], parts[0], parts[0, :, DL:], idx, lens, scores, bm, bl,
+            H, S, K, DL, DR, NB, *_strides3(q), *sqr, W, idx.stride(0), idx.stride(1), scale,
+            HAS_ROPE=q_rope is not None, HAS_LEN=topk_length is not None, BLOCK_H=bh,
+            BLOCK_N=bn, BLOCK_D=bd, BLOCK_DR=_pow2(DR), BF16=q.device.type == "cuda", I32=i32,
+            **kw)
+        o = out[t0:t1]
+        dsa_fp32_pv_kernel[(n, cdiv(H, bh), cdiv(DL, bdv))](
+            parts[0], idx, lens, scores, bm, bl, o, lse[t0:t1], H, S, K, DL, NB,
+            W, idx.stride(0), idx.stride(1), *_strides3(o),
+            HAS_LEN=topk_length is not None, BLOCK_H=bh, BLOCK_K=bn, BLOCK_N=bn, BLOCK_DV=bdv,
+            BF16=q.device.type == "cuda", I32=i32, **kw)
+    return out, lse
+
+
+def _backward_bf16x6(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale,
+                     config=None):
+    """fp32 "bf16x6" backward (kernels/dsa_bwd.py): Delta, then per token pass the dS and
+    key-gradient launch and the dq launch."""
+    T, H, DL = q.shape
+    S, K = kv.shape[0], indices.shape[1]
+    qr, _, DR, sqr, _ = _rope_args(q_rope, k_rope, q)
+    dq = torch.empty((T, H, DL), dtype=q.dtype, device=q.device)
+    dkv_acc = torch.zeros((S, DL), dtype=torch.float64, device=q.device)
+    if q_rope is None:
+        dqr, dkr_acc = dq, dkv_acc
+    else:
+        dqr = torch.empty((T, H, DR), dtype=q.dtype, device=q.device)
+        dkr_acc = torch.zeros((S, DR), dtype=torch.float64, device=q.device)
+    if T > 0 and H > 0 and S > 0 and K > 0:
+        cfg = _bf16x6_config("backward", q, config)
+        parts = _key_parts(kv, k_rope)
+        W = parts.shape[2]
+        i32 = _parts_i32(indices, parts)
+        bh, bn = min(cfg.block_h, _pow2(H)), cfg.block_k
+        bd, bdc = min(cfg.block_d, _pow2(DL)), min(cfg.block_dv, _pow2(DL))
+        kw = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        delta = torch.empty((T, H), dtype=torch.float64, device=q.device)
+        dsa_fp32_delta_kernel[(T, cdiv(H, bh))](
+            out, dout, delta, H, DL, *_strides3(out), *_strides3(dout), BLOCK_H=bh,
+            BLOCK_D=bd, num_warps=cfg.num_warps)
+        passes = _token_passes(T, H, K)
+        n_max = max(t1 - t0 for t0, t1 in passes)
+        ds = torch.empty((n_max, H, K), dtype=torch.float32, device=q.device)
+        n_chunks = cdiv(DL, bdc) + (q_rope is not None)
+        for t0, t1 in passes:
+            n = t1 - t0
+            idx = indices[t0:t1]
+            lens = topk_length[t0:t1] if topk_length is not None else idx
+            g = dout[t0:t1]
+            dsa_fp32_bwd_scores_kernel[(n, cdiv(H, bh), cdiv(K, bn))](
+                q[t0:t1], qr[t0:t1], parts[0], parts[0, :, DL:], idx, lens, g, lse[t0:t1],
+                delta[t0:t1], ds, dkv_acc, dkr_acc, H, S, K, DL, DR,
+                *_strides3(q), *sqr, W, idx.stride(0), idx.stride(1), *_strides3(g), scale,
+                HAS_ROPE=q_rope is not None, HAS_LEN=topk_length is not None, BLOCK_H=bh,
+                BLOCK_N=bn, BLOCK_D=bd, BLOCK_DR=_pow2(DR), BF16=q.device.type == "cuda",
+                I32=i32, **kw)
+            dsa_fp32_bwd_dq_kernel[(n, cdiv(H, bh), n_chunks)](
+                parts[0], parts[0, :, DL:], idx, lens, ds, dq[t0:t1], dqr[t0:t1],
+                H, S, K, DL, DR, W, idx.stride(0), idx.stride(1),
+                HAS_ROPE=q_rope is not None, HAS_LEN=topk_length is not None, BLOCK_H=bh,
+                BLOCK_K=bn, BLOCK_DC=bdc, BLOCK_DR=_pow2(DR), BF16=q.device.type == "cuda",
+                I32=i32, **kw)
+    else:
         dq.zero_()
         dqr.zero_()
     dkv = dkv_acc.to(q.dtype)

@@ -12,6 +12,8 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -498,6 +500,86 @@ def test_fp32_tf32x3_dropped_term_is_caught():
             fdsa.set_configs()
 
 
+# ----------------------------------------------------------------------------- fp32 bf16x6
+
+# (config, scratch elements per token pass): the CPU default; a slot block and latent pieces
+# narrower than the rows (several blocks, pieces and value / dq chunks per token); the same
+# in passes of two tokens of the first case (H 5, K 45: the scratch reused across passes)
+_BF16X6_TILES = {"default": (None, None),
+                 "chunked": (fdsa.KernelConfig(16, 16, 16, 16, 4, 1), None),
+                 "passes": (fdsa.KernelConfig(16, 16, 16, 16, 4, 1), 5 * 45 * 2)}
+
+
+@contextlib.contextmanager
+def _bf16x6_tiles(split):
+    cfg, scratch = _BF16X6_TILES[split]
+    saved = fdsa._SCRATCH_ELEMENTS
+    fdsa.set_configs(forward=cfg, backward=cfg)
+    if scratch is not None:
+        fdsa._SCRATCH_ELEMENTS = scratch
+    try:
+        yield
+    finally:
+        fdsa._SCRATCH_ELEMENTS = saved
+        fdsa.set_configs()
+
+
+@pytest.mark.parametrize("split", list(_BF16X6_TILES))
+def test_fp32_bf16x6_agrees(split):
+    """fp32 in the "bf16x6" mode (split-bf16 products, the naive algorithm in scores / P.V and
+    dS / dq launches through a scratch buffer) against the oracle under the agreement rule,
+    empty rows exact; rope with lengths, holes, duplicates and a head-major dout, and NoPE.
+    Under the interpreter the part products are fp32 dots of the same bf16 values."""
+    with fp32_mode("bf16x6"), _bf16x6_tiles(split):
+        for c, layout in _tf32x3_cases():
+            out, lse, grads = check_case(c, dout_layout=layout)
+            assert_empty_rows_exact(c, out, lse, grads)
+
+
+def test_fp32_bf16x6_passes_equal_one_pass():
+    """Token passes (a scratch smaller than the whole problem) change nothing: the outputs and
+    dq bitwise equal to one pass (dkv within fp64 atomics' reordering)."""
+    c = make_case(T=6, H=5, DL=40, DR=8, S=29, K=45, dtype=torch.float32, seed=23,
+                  with_len=True)
+    args = (c["q"], c["qr"], c["kv"], c["kr"], c["idx"])
+    res = {}
+    with fp32_mode("bf16x6"):
+        for split in ("chunked", "passes"):
+            with _bf16x6_tiles(split):
+                leaves = [x.detach().requires_grad_(True) for x in args[:4]]
+                out, lse = fdsa.dsa_sparse_attention(*leaves, args[4], topk_length=c["topk_length"],
+                                                     softmax_scale=c["scale"], return_lse=True)
+                res[split] = (out, lse) + torch.autograd.grad(out, leaves, c["dout"])
+    for name, a, b in zip(("out", "lse", "dq", "dq_rope"), res["chunked"], res["passes"]):
+        assert torch.equal(a, b), name
+    for a, b in zip(res["chunked"][4:], res["passes"][4:]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+@triton.jit
+def _two_part_split(x, BF16: tl.constexpr):
+    """dsa_common.split3 with the third part dropped (a planted bug; interpreter only)."""
+    x0 = x.to(tl.bfloat16).to(tl.float32)
+    x1 = (x - x0).to(tl.bfloat16).to(tl.float32)
+    return x0, x1, x1 * 0.0
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="plants the bug in the interpreted kernels")
+def test_fp32_bf16x6_two_part_split_is_caught(monkeypatch):
+    """Negative control of test_fp32_bf16x6_agrees: the same launches with the third bf16 part
+    of every split of q, dO, P and dS dropped (a = a0 + a1, 16 significant bits: ~2^-17
+    relative per operand; the key rows' parts come from the host) must fail the agreement
+    rule."""
+    from attention_oracle.fast.kernels import dsa_bwd, dsa_fwd
+
+    for module in (dsa_fwd, dsa_bwd):
+        monkeypatch.setattr(module, "split3", _two_part_split)
+    with fp32_mode("bf16x6"), _bf16x6_tiles("chunked"):
+        c, layout = _tf32x3_cases()[0]
+        with pytest.raises(agreement.OracleMismatch, match="ratio"):
+            check_case(c, dout_layout=layout)
+
+
 def _gpu_candidates():
     if DEVICE != "cuda":
         return []
@@ -525,6 +607,7 @@ def _gpu_fp32_candidates():
     if DEVICE != "cuda":
         return []
     from benchmarks.dsa import (
+        BF16X6_CANDIDATES,
         FP32_BWD_CANDIDATES,
         FP32_FWD_CANDIDATES,
         FP32_OLD,
@@ -536,7 +619,9 @@ def _gpu_fp32_candidates():
             + [("acc64", "both", FP32_OLD), ("acc64", "default", None)]
             + [("tf32x3", "forward", c) for c in TF32X3_FWD_CANDIDATES]
             + [("tf32x3", "backward", c) for c in TF32X3_BWD_CANDIDATES]
-            + [("tf32x3", "default", None), ("tf32x3_exp2", "default", None)])
+            + [("tf32x3", "default", None), ("tf32x3_exp2", "default", None),
+               ("bf16x6", "default", None)]
+            + [("bf16x6", "both", c) for c in BF16X6_CANDIDATES])
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="production tiles need a GPU")

@@ -34,12 +34,15 @@ from .dsa_common import (
     add_block_dot,
     chain_break,
     chain_break2,
+    dot6,
     dot_gather_f64,
     exp_accurate,
+    gather_parts,
     gather_rows,
     load_heads,
     row_slot_count,
     slot_block,
+    split3,
 )
 
 
@@ -272,3 +275,157 @@ def dsa_bwd_kernel(
     if HAS_ROPE:
         tl.store(dqr_ptr + t * H * DR + offs_h[:, None] * DR + offs_r[None, :],
                  dqr.to(dqr_ptr.dtype.element_ty), mask=h_mask & r_mask)
+
+
+# ----------------------------------------------------------------------------- fp32 "bf16x6"
+# fast.dsa's fp32 "bf16x6" backward in three launches (every product split-bf16 on the bf16
+# tensor cores, dsa_common.split3 / dot6; the key rows as the host's [3, S, Dl + Dr] parts
+# buffer): dsa_fp32_delta_kernel forms Delta = rowsum(dO * O) in fp64;
+# dsa_fp32_bwd_scores_kernel recomputes, per (token, slot block), the scores as the forward
+# does and dP = dO . V^T, takes P = exp(s - lse) and dS = P (dP - Delta) scale in fp64, writes
+# dS (rounded to fp32) to a scratch buffer and adds dS^T . Q + P^T . dO (and dS^T . q_rope) to
+# the fp64 key-gradient rows; dsa_fp32_bwd_dq_kernel sums dq = dS . K per (token, column
+# chunk) over the row's slot blocks in order (dq deterministic), each block's product its own
+# dot added to the fp32 accumulator.
+
+
+@triton.jit
+def dsa_fp32_delta_kernel(out_ptr, do_ptr, delta_ptr, H, DL,
+                          stride_ot, stride_oh, stride_od, stride_dot, stride_doh, stride_dod,
+                          BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """delta [T, H] fp64 = sum_d dO * O (exact fp32 products summed in fp64)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    delta = _row_delta(out_ptr, t * stride_ot, stride_oh, stride_od, do_ptr, t * stride_dot,
+                       stride_doh, stride_dod, offs_h, H, DL, BLOCK_H, BLOCK_D, tl.float64)
+    tl.store(delta_ptr + t * H + offs_h, delta, mask=offs_h < H)
+
+
+@triton.jit
+def dsa_fp32_bwd_scores_kernel(
+    q_ptr, qr_ptr, kvp_ptr, krp_ptr, idx_ptr, len_ptr, do_ptr, lse_ptr, delta_ptr, ds_ptr,
+    dkv_ptr, dkr_ptr,
+    H, S, K, DL, DR,
+    stride_qt, stride_qh, stride_qd, stride_qrt, stride_qrh, stride_qrd,
+    stride_ps, stride_it, stride_ik, stride_dot, stride_doh, stride_dod,
+    scale,
+    HAS_ROPE: tl.constexpr, HAS_LEN: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DR: tl.constexpr,
+    BF16: tl.constexpr, I32: tl.constexpr = False,
+):
+    """Program (t, head block, slot block of BLOCK_N): dS of the block into ds_ptr [T, H, K]
+    (0 where invalid) and the block's key-gradient rows added to dkv_ptr [S, DL] / dkr_ptr
+    [S, DR] (fp64 atomics; a duplicate slot adds twice). Blocks at or past the row's slot count
+    do nothing (the dq launch reads no further)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    nb = tl.program_id(2)
+    n_slots = row_slot_count(len_ptr, t, K, HAS_LEN, I32)
+    start = nb * BLOCK_N
+    if start < n_slots:
+        h_ok = offs_h < H
+        offs_k = start + tl.arange(0, BLOCK_N)
+        valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S, I32)
+        part = S.to(tl.int64) * stride_ps
+        q_off = t * stride_qt
+        do_off = t * stride_dot
+        s = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
+        dp = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
+        for d0 in range(0, DL, BLOCK_D):
+            offs_d = d0 + tl.arange(0, BLOCK_D)
+            k0, k1, k2 = gather_parts(kvp_ptr, part, rows, stride_ps, 1, offs_d, DL, valid,
+                                      False, BF16)
+            k0 = tl.trans(k0)
+            k1 = tl.trans(k1)
+            k2 = tl.trans(k2)
+            qc = load_heads(q_ptr, q_off, offs_h, stride_qh, H, offs_d, stride_qd, DL)
+            a0, a1, a2 = split3(qc, BF16)
+            s = dot6(a0, a1, a2, k0, k1, k2, s, BF16)
+            doc = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_d, stride_dod, DL)
+            a0, a1, a2 = split3(doc, BF16)
+            dp = dot6(a0, a1, a2, k0, k1, k2, dp, BF16)
+        if HAS_ROPE:
+            offs_r = tl.arange(0, BLOCK_DR)
+            qr = load_heads(qr_ptr, t * stride_qrt, offs_h, stride_qrh, H, offs_r, stride_qrd, DR)
+            r0, r1, r2 = split3(qr, BF16)
+            k0, k1, k2 = gather_parts(krp_ptr, part, rows, stride_ps, 1, offs_r, DR, valid,
+                                      False, BF16)
+            s = dot6(r0, r1, r2, tl.trans(k0), tl.trans(k1), tl.trans(k2), s, BF16)
+        s = tl.where(valid[None, :], s * scale, float("-inf"))
+        # an empty row (lse = -inf) and padding heads get P = exp(s - inf) = 0
+        lse = tl.load(lse_ptr + t * H + offs_h, mask=h_ok, other=float("inf"))
+        lse = tl.where(lse == float("-inf"), float("inf"), lse).to(tl.float64)
+        delta = tl.load(delta_ptr + t * H + offs_h, mask=h_ok, other=0.0)
+        p64 = exp_accurate(s.to(tl.float64) - lse[:, None])
+        ds = (p64 * (dp.to(tl.float64) - delta[:, None]) * scale).to(tl.float32)
+        p = p64.to(tl.float32)
+        tl.store(ds_ptr + (t * H + offs_h[:, None]) * K + offs_k[None, :], ds,
+                 mask=h_ok[:, None] & (offs_k[None, :] < K))
+        g0, g1, g2 = split3(tl.trans(ds), BF16)
+        p0, p1, p2 = split3(tl.trans(p), BF16)
+        for d0 in range(0, DL, BLOCK_D):
+            offs_d = d0 + tl.arange(0, BLOCK_D)
+            qc = load_heads(q_ptr, q_off, offs_h, stride_qh, H, offs_d, stride_qd, DL)
+            a0, a1, a2 = split3(qc, BF16)
+            dkv = dot6(g0, g1, g2, a0, a1, a2, tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32),
+                       BF16)
+            doc = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_d, stride_dod, DL)
+            a0, a1, a2 = split3(doc, BF16)
+            dkv = dot6(p0, p1, p2, a0, a1, a2, dkv, BF16)
+            tl.atomic_add(dkv_ptr + rows[:, None] * DL + offs_d[None, :], dkv.to(tl.float64),
+                          mask=valid[:, None] & (offs_d[None, :] < DL), sem="relaxed")
+        if HAS_ROPE:
+            dkr = dot6(g0, g1, g2, r0, r1, r2, tl.zeros([BLOCK_N, BLOCK_DR], dtype=tl.float32),
+                       BF16)
+            tl.atomic_add(dkr_ptr + rows[:, None] * DR + offs_r[None, :], dkr.to(tl.float64),
+                          mask=valid[:, None] & (offs_r[None, :] < DR), sem="relaxed")
+
+
+@triton.jit
+def dsa_fp32_bwd_dq_kernel(
+    kvp_ptr, krp_ptr, idx_ptr, len_ptr, ds_ptr, dq_ptr, dqr_ptr,
+    H, S, K, DL, DR,
+    stride_ps, stride_it, stride_ik,
+    HAS_ROPE: tl.constexpr, HAS_LEN: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_DC: tl.constexpr, BLOCK_DR: tl.constexpr,
+    BF16: tl.constexpr, I32: tl.constexpr = False,
+):
+    """Program (t, head block, column chunk): dq [T, H, DL] chunk (or, for the chunk past the
+    latent ones, dq_rope [T, H, DR]) = sum over the row's slot blocks, in order, of dS . K."""
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    cb = tl.program_id(2)
+    h_ok = offs_h < H
+    n_slots = row_slot_count(len_ptr, t, K, HAS_LEN, I32)
+    part = S.to(tl.int64) * stride_ps
+    n_lat = tl.cdiv(DL, BLOCK_DC)
+    if cb < n_lat:
+        offs_c = cb * BLOCK_DC + tl.arange(0, BLOCK_DC)
+        acc = tl.zeros([BLOCK_H, BLOCK_DC], dtype=tl.float32)
+        for start in range(0, n_slots, BLOCK_K):
+            offs_k = start + tl.arange(0, BLOCK_K)
+            valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S, I32)
+            ds = tl.load(ds_ptr + (t * H + offs_h[:, None]) * K + offs_k[None, :],
+                         mask=h_ok[:, None] & (offs_k[None, :] < n_slots), other=0.0)
+            g0, g1, g2 = split3(ds, BF16)
+            k0, k1, k2 = gather_parts(kvp_ptr, part, rows, stride_ps, 1, offs_c, DL, valid,
+                                      False, BF16)
+            acc += dot6(g0, g1, g2, k0, k1, k2, tl.zeros([BLOCK_H, BLOCK_DC], dtype=tl.float32),
+                        BF16)
+        tl.store(dq_ptr + (t * H + offs_h[:, None]) * DL + offs_c[None, :], acc,
+                 mask=h_ok[:, None] & (offs_c[None, :] < DL))
+    elif HAS_ROPE:
+        offs_r = tl.arange(0, BLOCK_DR)
+        acc_r = tl.zeros([BLOCK_H, BLOCK_DR], dtype=tl.float32)
+        for start in range(0, n_slots, BLOCK_K):
+            offs_k = start + tl.arange(0, BLOCK_K)
+            valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S, I32)
+            ds = tl.load(ds_ptr + (t * H + offs_h[:, None]) * K + offs_k[None, :],
+                         mask=h_ok[:, None] & (offs_k[None, :] < n_slots), other=0.0)
+            g0, g1, g2 = split3(ds, BF16)
+            k0, k1, k2 = gather_parts(krp_ptr, part, rows, stride_ps, 1, offs_r, DR, valid,
+                                      False, BF16)
+            acc_r += dot6(g0, g1, g2, k0, k1, k2,
+                          tl.zeros([BLOCK_H, BLOCK_DR], dtype=tl.float32), BF16)
+        tl.store(dqr_ptr + (t * H + offs_h[:, None]) * DR + offs_r[None, :], acc_r,
+                 mask=h_ok[:, None] & (offs_r[None, :] < DR))

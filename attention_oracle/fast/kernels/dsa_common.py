@@ -109,6 +109,69 @@ def add_block_dot(acc, alpha, a, b, PRECISION: tl.constexpr):
     return tl.fma(acc, alpha, tl.dot(a, b, input_precision=PRECISION))
 
 
+# fp32 "bf16x6" path (fast.dsa.set_fp32_mode): each fp32 operand is split exactly into three
+# bf16 parts, a = a0 + a1 + a2 (each part the round-to-nearest bf16 of what the previous ones
+# left: 8 + 8 + 8 significant bits cover fp32's 24), and a.b is the sum of the six part products
+# with i + j <= 2 on the bf16 tensor cores (each product exact in their fp32 accumulator; the
+# three dropped ones, a1.b2 + a2.b1 + a2.b2, are below 2^-23 of |a.b| per term). The part
+# products are summed smallest first. The interpreter computes bf16 dots wrongly, so on the CPU
+# (BF16 false) the parts are kept as fp32 values and the six products are IEEE fp32 dots: the
+# same split and products, summed by numpy.
+
+
+@triton.jit
+def split3(x, BF16: tl.constexpr):
+    """(x0, x1, x2) with x == x0 + x1 + x2 exactly, each a bf16 value (bf16 tensors with BF16,
+    else fp32 tensors holding bf16 values); x fp32."""
+    x0 = x.to(tl.bfloat16)
+    r = x - x0.to(tl.float32)
+    x1 = r.to(tl.bfloat16)
+    x2 = (r - x1.to(tl.float32)).to(tl.bfloat16)
+    if not BF16:
+        x0 = x0.to(tl.float32)
+        x1 = x1.to(tl.float32)
+        x2 = x2.to(tl.float32)
+    return x0, x1, x2
+
+
+@triton.jit
+def gather_parts(parts_ptr, part_stride, rows, stride_s, stride_d, offs_d, d_lim, valid,
+                 EVEN: tl.constexpr, BF16: tl.constexpr):
+    """The three split-bf16 parts of gathered key rows (:func:`gather_rows` of the host's
+    [3, S, W] parts buffer, part p at p * part_stride elements): bf16 tiles with BF16, else the
+    same values as fp32 tiles."""
+    x0 = gather_rows(parts_ptr, rows, stride_s, stride_d, offs_d, d_lim, valid, EVEN)
+    x1 = gather_rows(parts_ptr + part_stride, rows, stride_s, stride_d, offs_d, d_lim, valid, EVEN)
+    x2 = gather_rows(parts_ptr + 2 * part_stride, rows, stride_s, stride_d, offs_d, d_lim, valid,
+                     EVEN)
+    if not BF16:
+        x0 = x0.to(tl.float32)
+        x1 = x1.to(tl.float32)
+        x2 = x2.to(tl.float32)
+    return x0, x1, x2
+
+
+@triton.jit
+def dot6(a0, a1, a2, b0, b1, b2, acc, BF16: tl.constexpr):
+    """acc + a.b from the parts of :func:`split3` (the six products with i + j <= 2, the
+    smallest first); acc fp32."""
+    if BF16:
+        acc = tl.dot(a0, b2, acc)
+        acc = tl.dot(a1, b1, acc)
+        acc = tl.dot(a2, b0, acc)
+        acc = tl.dot(a0, b1, acc)
+        acc = tl.dot(a1, b0, acc)
+        acc = tl.dot(a0, b0, acc)
+    else:
+        acc = tl.dot(a0, b2, acc, input_precision="ieee")
+        acc = tl.dot(a1, b1, acc, input_precision="ieee")
+        acc = tl.dot(a2, b0, acc, input_precision="ieee")
+        acc = tl.dot(a0, b1, acc, input_precision="ieee")
+        acc = tl.dot(a1, b0, acc, input_precision="ieee")
+        acc = tl.dot(a0, b0, acc, input_precision="ieee")
+    return acc
+
+
 @triton.jit
 def chain_break(x, keep):
     """x itself (``keep`` is true at run time), through a branch the compiler cannot fold.

@@ -25,13 +25,16 @@ from .dsa_common import (
     add_block_dot,
     chain_break,
     chain_break2,
+    dot6,
     dot_gather_f64,
     exp_accurate,
+    gather_parts,
     gather_rows,
     load_heads,
     log_accurate,
     row_slot_count,
     slot_block,
+    split3,
 )
 from .pdl import gdc_wait
 
@@ -198,3 +201,120 @@ def dsa_fwd_kernel(
     else:
         lse = tl.where(nonempty, (m + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     tl.store(lse_ptr + t * H + offs_h, lse, mask=(offs_h < H) & ((offs_h * 0 + vb) == 0))
+
+
+# ----------------------------------------------------------------------------- fp32 "bf16x6"
+# fast.dsa's fp32 "bf16x6" mode runs the naive algorithm in two launches instead of the fused
+# kernel above: dsa_fp32_scores_kernel writes the scores of each (token, slot block) to a
+# scratch buffer with the block's max and sum of exponentials, dsa_fp32_pv_kernel combines the
+# blocks' statistics into each row's max and sum and adds P.V over the row's slots. Every
+# product is split-bf16 on the bf16 tensor cores (dsa_common.split3 / dot6, the key rows as
+# the host's [3, S, Dl + Dr] parts buffer); the score is fl(dot * scale) in natural units,
+# P = fl(exp(s - m) / l) with the exponential, the sums and 1 / l in fp64 (the "acc64" path's
+# softmax), lse = m + log(l). The scores travel through memory (4 bytes per score, written
+# once, read once per value chunk), so that neither launch keeps the 64 x 512 output tile and
+# the score tile of a slot block live together (docs/DESIGN.md "11. fast DSA (Triton)").
+
+
+@triton.jit
+def dsa_fp32_scores_kernel(
+    q_ptr, qr_ptr, kvp_ptr, krp_ptr, idx_ptr, len_ptr, s_ptr, bm_ptr, bl_ptr,
+    H, S, K, DL, DR, NB,
+    stride_qt, stride_qh, stride_qd, stride_qrt, stride_qrh, stride_qrd,
+    stride_ps, stride_it, stride_ik,
+    scale,
+    HAS_ROPE: tl.constexpr, HAS_LEN: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DR: tl.constexpr,
+    BF16: tl.constexpr, I32: tl.constexpr = False,
+):
+    """Program (t, head block, slot block of BLOCK_N): s = fl(q . k * scale) of the block's
+    slots (-inf where invalid) into s_ptr [T, H, K], the block's max over its slots into bm_ptr
+    [T, NB, H] (fp32) and sum of exp(s - max) into bl_ptr (fp64). Blocks at or past the row's
+    slot count write nothing (the P.V launch reads no further)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    nb = tl.program_id(2)
+    n_slots = row_slot_count(len_ptr, t, K, HAS_LEN, I32)
+    start = nb * BLOCK_N
+    if start < n_slots:
+        offs_k = start + tl.arange(0, BLOCK_N)
+        valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S, I32)
+        s = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
+        part = S.to(tl.int64) * stride_ps
+        for d0 in range(0, DL, BLOCK_D):
+            offs_d = d0 + tl.arange(0, BLOCK_D)
+            qc = load_heads(q_ptr, t * stride_qt, offs_h, stride_qh, H, offs_d, stride_qd, DL)
+            q0, q1, q2 = split3(qc, BF16)
+            k0, k1, k2 = gather_parts(kvp_ptr, part, rows, stride_ps, 1, offs_d, DL, valid,
+                                      False, BF16)
+            s = dot6(q0, q1, q2, tl.trans(k0), tl.trans(k1), tl.trans(k2), s, BF16)
+        if HAS_ROPE:
+            offs_r = tl.arange(0, BLOCK_DR)
+            qr = load_heads(qr_ptr, t * stride_qrt, offs_h, stride_qrh, H, offs_r, stride_qrd, DR)
+            r0, r1, r2 = split3(qr, BF16)
+            k0, k1, k2 = gather_parts(krp_ptr, part, rows, stride_ps, 1, offs_r, DR, valid,
+                                      False, BF16)
+            s = dot6(r0, r1, r2, tl.trans(k0), tl.trans(k1), tl.trans(k2), s, BF16)
+        s = tl.where(valid[None, :], s * scale, float("-inf"))
+        h_ok = offs_h < H
+        tl.store(s_ptr + (t * H + offs_h[:, None]) * K + offs_k[None, :], s,
+                 mask=h_ok[:, None] & (offs_k[None, :] < K))
+        m_b = tl.max(s, axis=1)
+        m_sh = tl.where(m_b == float("-inf"), 0.0, m_b)
+        l_b = tl.sum(exp_accurate(s.to(tl.float64) - m_sh.to(tl.float64)[:, None]), axis=1)
+        stat = (t * NB + nb) * H + offs_h
+        tl.store(bm_ptr + stat, m_b, mask=h_ok)
+        tl.store(bl_ptr + stat, l_b, mask=h_ok)
+
+
+@triton.jit
+def dsa_fp32_pv_kernel(
+    kvp_ptr, idx_ptr, len_ptr, s_ptr, bm_ptr, bl_ptr, out_ptr, lse_ptr,
+    H, S, K, DL, NB,
+    stride_ps, stride_it, stride_ik, stride_ot, stride_oh, stride_od,
+    HAS_LEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BF16: tl.constexpr,
+    I32: tl.constexpr = False,
+):
+    """Program (t, head block, value chunk): the row's max m and sum l from the scores launch's
+    block statistics, then out = sum over slot blocks of P . V with P = fl(exp(s - m) / l)
+    (fp64 exponential), each block's product its own split-bf16 dot added to the fp32
+    accumulator; lse = m + log(l) in fp64 (-inf and out 0 for an empty row)."""
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    vb = tl.program_id(2)
+    offs_v = vb * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    h_ok = offs_h < H
+    n_slots = row_slot_count(len_ptr, t, K, HAS_LEN, I32)
+    n_blocks = tl.cdiv(n_slots, BLOCK_N)
+    m = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    for b in range(0, n_blocks):
+        m = tl.maximum(m, tl.load(bm_ptr + (t * NB + b) * H + offs_h, mask=h_ok,
+                                  other=float("-inf")))
+    m_sh = tl.where(m == float("-inf"), 0.0, m).to(tl.float64)
+    l = tl.zeros([BLOCK_H], dtype=tl.float64)
+    for b in range(0, n_blocks):
+        stat = (t * NB + b) * H + offs_h
+        m_b = tl.load(bm_ptr + stat, mask=h_ok, other=float("-inf")).to(tl.float64)
+        l_b = tl.load(bl_ptr + stat, mask=h_ok, other=0.0)
+        l += l_b * exp_accurate(m_b - m_sh)
+    nonempty = l > 0
+    inv_l = tl.where(nonempty, 1.0 / tl.where(nonempty, l, 1.0), 0.0)
+    part = S.to(tl.int64) * stride_ps
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    for start in range(0, n_slots, BLOCK_K):
+        offs_k = start + tl.arange(0, BLOCK_K)
+        valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S, I32)
+        s = tl.load(s_ptr + (t * H + offs_h[:, None]) * K + offs_k[None, :],
+                    mask=h_ok[:, None] & (offs_k[None, :] < n_slots), other=float("-inf"))
+        p = (exp_accurate(s.to(tl.float64) - m_sh[:, None]) * inv_l[:, None]).to(tl.float32)
+        p0, p1, p2 = split3(p, BF16)
+        v0, v1, v2 = gather_parts(kvp_ptr, part, rows, stride_ps, 1, offs_v, DL, valid, False,
+                                  BF16)
+        acc += dot6(p0, p1, p2, v0, v1, v2, tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32),
+                    BF16)
+    o_ptrs = out_ptr + t * stride_ot + offs_h[:, None] * stride_oh + offs_v[None, :] * stride_od
+    tl.store(o_ptrs, acc, mask=h_ok[:, None] & (offs_v[None, :] < DL))
+    lse = tl.where(nonempty, (m_sh + log_accurate(tl.where(nonempty, l, 1.0))).to(tl.float32),
+                   float("-inf"))
+    tl.store(lse_ptr + t * H + offs_h, lse, mask=h_ok & ((offs_h * 0 + vb) == 0))

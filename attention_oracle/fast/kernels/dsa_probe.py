@@ -13,7 +13,10 @@ the fp32 path's fp64 accumulators), optionally followed by ``+NAME`` switches of
 ``--sass`` adds the instruction counts of the kernel's largest loop from the disassembly (the
 wgmma serialisation warning C7515 of ptxas shows there as a WARPGROUP wait per HGMMA). ``fwd32`` / ``bwd32`` compile the fp32 path (fp32 inputs,
 fp64 key-gradient buffers); ``fwdtc`` / ``bwdtc`` the fp32 "tf32x3" path (fast.dsa.set_fp32_mode:
-3xTF32 dots, natural-unit softmax), ``fwdtc2`` / ``bwdtc2`` its "tf32x3_exp2" form. The production geometry is assumed (bf16, H=64, Dl=512, Dr=64,
+3xTF32 dots, natural-unit softmax), ``fwdtc2`` / ``bwdtc2`` its "tf32x3_exp2" form;
+``fwdbf`` / ``bwdbf`` the launches of the "bf16x6" mode (block_h,block_k,block_d,block_dv,
+num_warps,num_stages as fast.dsa.BF16X6_CONFIGS: the scores and P.V kernels, or the dS /
+key-gradient and dq kernels, each reported). The production geometry is assumed (bf16, H=64, Dl=512, Dr=64,
 K=2048, packed [S, 576] keys):
 integer arguments that Triton would specialise as divisible by 16 on the GPU are marked so,
 unit strides are constants. Prints the shared memory the kernel needs (the H200 allows
@@ -31,8 +34,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from .dsa_bwd import dsa_bwd_kernel
-from .dsa_fwd import dsa_fwd_kernel
+from .dsa_bwd import dsa_bwd_kernel, dsa_fp32_bwd_dq_kernel, dsa_fp32_bwd_scores_kernel
+from .dsa_fwd import dsa_fp32_pv_kernel, dsa_fp32_scores_kernel, dsa_fwd_kernel
 
 _POINTERS = {
     "fwd": dict(q_ptr="*bf16", qr_ptr="*bf16", kv_ptr="*bf16", kr_ptr="*bf16", idx_ptr="*i32",
@@ -100,6 +103,59 @@ def compile_for_sm90(which, cfg, fp32=False, asm=False, tc=False, switches=()):
                               options=dict(num_warps=warps, num_stages=stages))
     usage = (compiled.metadata.shared,) + _ptxas_usage(compiled.asm["ptx"])
     return usage + (compiled.asm,) if asm else usage
+
+
+def _bf16x6_kernels(which, cfg):
+    """(name, kernel, constexprs, pointer types) of the "bf16x6" launches of one direction."""
+    bh, bk, bd, bdv = cfg[:4]
+    f32 = "*fp32"
+    common = dict(HAS_LEN=True, BLOCK_H=bh, BF16=True, I32=True)
+    if which == "fwd":
+        return [("scores", dsa_fp32_scores_kernel,
+                 dict(common, HAS_ROPE=True, BLOCK_N=bk, BLOCK_D=bd, BLOCK_DR=64),
+                 dict(q_ptr=f32, qr_ptr=f32, kvp_ptr="*bf16", krp_ptr="*bf16", idx_ptr="*i32",
+                      len_ptr="*i32", s_ptr=f32, bm_ptr=f32, bl_ptr="*fp64")),
+                ("pv", dsa_fp32_pv_kernel,
+                 dict(common, BLOCK_K=bk, BLOCK_N=bk, BLOCK_DV=bdv),
+                 dict(kvp_ptr="*bf16", idx_ptr="*i32", len_ptr="*i32", s_ptr=f32, bm_ptr=f32,
+                      bl_ptr="*fp64", out_ptr=f32, lse_ptr=f32))]
+    return [("scores", dsa_fp32_bwd_scores_kernel,
+             dict(common, HAS_ROPE=True, BLOCK_N=bk, BLOCK_D=bd, BLOCK_DR=64),
+             dict(q_ptr=f32, qr_ptr=f32, kvp_ptr="*bf16", krp_ptr="*bf16", idx_ptr="*i32",
+                  len_ptr="*i32", do_ptr=f32, lse_ptr=f32, delta_ptr="*fp64", ds_ptr=f32,
+                  dkv_ptr="*fp64", dkr_ptr="*fp64")),
+            ("dq", dsa_fp32_bwd_dq_kernel,
+             dict(common, HAS_ROPE=True, BLOCK_K=bk, BLOCK_DC=bdv, BLOCK_DR=64),
+             dict(kvp_ptr="*bf16", krp_ptr="*bf16", idx_ptr="*i32", len_ptr="*i32", s_ptr=f32,
+                  ds_ptr=f32, dq_ptr=f32, dqr_ptr=f32))]
+
+
+def compile_bf16x6(which, cfg):
+    """[(name, shared bytes, registers, spill-store bytes, asm dict)] of the "bf16x6" launches
+    of one direction (``fwd`` or ``bwd``) at config (block_h, block_k, block_d, block_dv,
+    num_warps, num_stages)."""
+    res = []
+    for name, kernel, consts, pointers in _bf16x6_kernels(which, cfg):
+        signature, attrs = {}, {}
+        for i, arg in enumerate(kernel.arg_names):
+            if arg in consts:
+                signature[arg] = "constexpr"
+            elif arg in pointers:
+                signature[arg] = pointers[arg]
+                attrs[(i,)] = [["tt.divisibility", 16]]
+            else:
+                signature[arg] = "fp32" if arg in _FLOATS else "i32"
+                if arg in ("H", "K", "DL", "DR", "stride_ps", "stride_qt", "stride_qh",
+                           "stride_it", "stride_ot", "stride_oh", "stride_dot", "stride_doh"):
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        consts = dict(consts, **{n: 1 for n in _UNIT | {"stride_od"} if n in kernel.arg_names})
+        src = ASTSource(fn=kernel, signature=signature, attrs=attrs,
+                        constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                  options=dict(num_warps=cfg[4], num_stages=cfg[5]))
+        res.append((name, compiled.metadata.shared) + _ptxas_usage(compiled.asm["ptx"])
+                   + (compiled.asm,))
+    return res
 
 
 def _bin(*names):
@@ -172,8 +228,21 @@ def main(argv):
     sass = "--sass" in argv
     argv = [a for a in argv if a != "--sass"]
     if len(argv) < 2 or argv[0] not in ("fwd", "bwd", "fwd32", "bwd32", "fwdtc", "bwdtc", "fwdtc2",
-                                        "bwdtc2"):
+                                        "bwdtc2", "fwdbf", "bwdbf"):
         raise SystemExit(__doc__)
+    if argv[0] in ("fwdbf", "bwdbf"):
+        for text in argv[1:]:
+            cfg = tuple(int(x) for x in text.split(","))
+            try:
+                for name, shared, regs, spills, asm in compile_bf16x6(argv[0][:3], cfg):
+                    line = f"{argv[0]} {name} {cfg}: shared {shared} B, {regs} registers, {spills} B spilled"
+                    if sass:
+                        _, counts = loop_counts(asm["ptx"])
+                        line += "; loop: " + ", ".join(f"{op} {counts.get(op, 0)}" for op in _LOOP_OPS)
+                    print(line, flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"{argv[0]} {cfg}: error {e!r}"[:300], flush=True)
+        return
     which, fp32 = argv[0][:3], argv[0].endswith("32")
     tc = 2 if argv[0].endswith("tc2") else 1 if argv[0].endswith("tc") else 0
     for text in argv[1:]:
