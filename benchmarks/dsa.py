@@ -470,8 +470,8 @@ TF32X3_BWD_CANDIDATES = [C(32, 16, 64, 128, 8, 2), C(32, 16, 64, 128, 8, 1), C(3
                          C(16, 16, 64, 256, 4, 1)]
 # fp32 "bf16x6" mode (split-bf16 products in scores / P.V and dS / dq launches, one config per
 # direction for both of its launches): offline sm_90a, Triton 3.8 (dsa_probe fwdbf|bwdbf), no
-# forward spills; backward (64, 64, 64, 128, 4, 3) 204 / 48 B, (64, 64, 32, 64, 4, 2) none
-BF16X6_CANDIDATES = [C(64, 64, 64, 128, 4, 3), C(64, 64, 64, 128, 4, 2), C(64, 64, 32, 64, 4, 2)]
+# forward spills; backward dS / dkv launch 188-288 B, dq launch 16 B
+BF16X6_CANDIDATES = [C(64, 64, 64, 128, 4, 3), C(64, 64, 64, 128, 4, 2), C(64, 64, 32, 128, 4, 3)]
 FP32_CHECK_TOKENS = (2000, 2032)  # rows with ~2000 valid slots in doc_4096
 
 
@@ -519,6 +519,8 @@ def _rel(x, ref):
 def _ran_override(kind, p):
     """Whether the last launch of kind (in the current fp32 mode) ran the config put first by
     set_configs."""
+    if fdsa._FP32.value == "bf16x6":  # its launches take the override as given (no fallback)
+        return fdsa._OVERRIDES[kind] is not None
     key = (kind, str(p["q_latent"].device), torch.float32, fdsa._FP32.value, H, DL, DR)
     return fdsa._FITTING.get(key) == 0
 
@@ -614,25 +616,33 @@ def _fastest(rows, limit=1e-5):
     return fdsa.KernelConfig(**min(ok, key=lambda r: r["ms"])["config"]) if ok else None
 
 
-def fp32_section(p4096, gen, reps, budget_s=3.0):
-    """fp32 "acc64" (the default mode, its default configs) against "tf32x3" (candidates swept
-    on doc_4096, then the fastest pair) and "tf32x3_exp2" (that pair): forward / backward /
-    step on doc_4096 and doc_16384, both timing methods."""
+FP32_SECTION_MODES = ("acc64", "tf32x3", "tf32x3_exp2", "bf16x6")
+
+
+def fp32_section(p4096, gen, reps, budget_s=3.0, modes=FP32_SECTION_MODES):
+    """fp32 "acc64" (the default mode, its default configs) against "tf32x3" and "bf16x6"
+    (candidates swept on doc_4096, then each mode's fastest pair) and "tf32x3_exp2" (tf32x3's
+    pair), the modes in ``modes`` only: forward / backward / step on doc_4096 and doc_16384,
+    both timing methods."""
     res = {}
     p = fp32_problem(p4096)
     acc64 = {k: fdsa.FP32_CONFIGS[k][0] for k in ("forward", "backward")}
-    res["sweep_doc_4096"] = {
-        "acc64": sweep_fp32(p, reps, "acc64", [acc64["forward"]], [acc64["backward"]]),
-        "tf32x3": sweep_fp32(p, reps, "tf32x3", TF32X3_FWD_CANDIDATES, TF32X3_BWD_CANDIDATES)}
-    res["sweep_doc_4096"]["bf16x6"] = sweep_fp32(p, reps, "bf16x6", BF16X6_CANDIDATES,
-                                                 BF16X6_CANDIDATES)
-    best = {k: _fastest(res["sweep_doc_4096"]["tf32x3"][k]) for k in ("forward", "backward")}
-    res["chosen_tf32x3"] = {k: v.__dict__ if v else None for k, v in best.items()}
-    tc = {k: best[k] or fdsa.TF32X3_CONFIGS[k][0] for k in ("forward", "backward")}
-    best = {k: _fastest(res["sweep_doc_4096"]["bf16x6"][k]) for k in ("forward", "backward")}
-    res["chosen_bf16x6"] = {k: v.__dict__ if v else None for k, v in best.items()}
-    bf = {k: best[k] or fdsa.BF16X6_CONFIGS[k] for k in ("forward", "backward")}
-    pairs = {"acc64": acc64, "tf32x3": tc, "tf32x3_exp2": tc, "bf16x6": bf}
+    sweeps = {"acc64": ([acc64["forward"]], [acc64["backward"]]),
+              "tf32x3": (TF32X3_FWD_CANDIDATES, TF32X3_BWD_CANDIDATES),
+              "bf16x6": (BF16X6_CANDIDATES, BF16X6_CANDIDATES)}
+    res["sweep_doc_4096"] = {m: sweep_fp32(p, reps, m, *c) for m, c in sweeps.items()
+                             if m in modes or (m == "tf32x3" and "tf32x3_exp2" in modes)}
+    pairs = {"acc64": acc64}
+    for mode, defaults in (("tf32x3", {k: v[0] for k, v in fdsa.TF32X3_CONFIGS.items()}),
+                           ("bf16x6", fdsa.BF16X6_CONFIGS)):
+        if mode not in res["sweep_doc_4096"]:
+            continue
+        best = {k: _fastest(res["sweep_doc_4096"][mode][k]) for k in ("forward", "backward")}
+        res[f"chosen_{mode}"] = {k: v.__dict__ if v else None for k, v in best.items()}
+        pairs[mode] = {k: best[k] or defaults[k] for k in ("forward", "backward")}
+    if "tf32x3" in pairs:
+        pairs["tf32x3_exp2"] = pairs["tf32x3"]
+    pairs = {m: c for m, c in pairs.items() if m in modes}
     res["doc_4096"] = {m: measure_fp32(p, c["forward"], c["backward"], reps, budget_s, mode=m)
                        for m, c in pairs.items()}
     del p
@@ -723,6 +733,8 @@ def main():
                     help="start no new section after this many seconds")
     ap.add_argument("--skip", default="", help="comma-separated sections to leave out")
     ap.add_argument("--only", default="", help="comma-separated sections to run, alone")
+    ap.add_argument("--fp32-modes", default=",".join(FP32_SECTION_MODES),
+                    help="comma-separated fp32 modes the fp32 section measures")
     ap.add_argument("--out", default="out/bench_dsa.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -788,7 +800,8 @@ def main():
     save("backward_memory", lambda: backward_memory(problems["doc_4096"]))
     save_entry("torch_gather_baseline", "doc_4096",
                lambda: baseline(problems["doc_4096"], reps, with_step=True))
-    save("fp32", lambda: fp32_section(problems["doc_4096"], gen, reps))
+    save("fp32", lambda: fp32_section(problems["doc_4096"], gen, reps,
+                                      modes=tuple(filter(None, args.fp32_modes.split(",")))))
     save("plot", lambda: plot(results, os.path.splitext(args.out)[0] + ".png"))
     try:
         print_table(results)

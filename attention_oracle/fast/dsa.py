@@ -428,9 +428,11 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
 # warps, stages) of both launches of a direction. 64 heads are one wgmma M tile on 4 warps
 # (8 warps would put both warpgroups on the whole tile: a dot feeding another dot gets all its
 # warps along M, dsa_common.chain_break); the column chunks keep the fp32 accumulator at
-# 64 x 128 (64 registers a thread).
+# 64 x 128 (64 registers a thread; 256 spilled 0.8-1.3 KB offline). H200, Triton 3.6, doc_4096
+# (docs/PERFORMANCE.md "DSA, fp32"), before the zero-accumulator pieces: forward 3 stages
+# 24.1 ms, 2 stages 26.1; backward 3 stages 71.1, 2 stages 50.3.
 BF16X6_CONFIGS = {"forward": KernelConfig(64, 64, 64, 128, 4, 3),
-                  "backward": KernelConfig(64, 64, 64, 128, 4, 3)}
+                  "backward": KernelConfig(64, 64, 64, 128, 4, 2)}
 _SCRATCH_ELEMENTS = 1 << 28  # scores / dS scratch per pass: 1 GiB of fp32, tokens in passes
 
 

@@ -771,8 +771,10 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from attention_oracle.fast.kernels.dsa_bwd import dsa_bwd_kernel
-from attention_oracle.fast.kernels.dsa_fwd import dsa_fwd_kernel
+from attention_oracle.fast.kernels.dsa_bwd import (
+    dsa_bwd_kernel, dsa_fp32_bwd_dq_kernel, dsa_fp32_bwd_scores_kernel)
+from attention_oracle.fast.kernels.dsa_fwd import (
+    dsa_fp32_pv_kernel, dsa_fp32_scores_kernel, dsa_fwd_kernel)
 
 
 @triton.jit
@@ -787,13 +789,15 @@ def folded_control(a_ptr, b_ptr, o_ptr, n, B: tl.constexpr):
     tl.store(o_ptr + offs[:, None] * B + offs[None, :], acc)
 
 
-def ttir(kernel, consts, floats=()):
+def ttir(kernel, consts, floats=(), pointers=None):
     consts = {**{p.name: p.default for p in kernel.params
                  if p.is_constexpr and p.default is not inspect.Parameter.empty}, **consts}
     sig = {}
     for name in kernel.arg_names:
         if name in consts:
             sig[name] = "constexpr"
+        elif name in (pointers or {}):
+            sig[name] = pointers[name]
         elif name.endswith("_ptr"):
             sig[name] = "*i32" if name in ("idx_ptr", "len_ptr") else "*fp32"
         else:
@@ -810,7 +814,18 @@ common = dict(HAS_ROPE=True, HAS_LEN=True, ONE_TILE=True, BLOCK_H=16, BLOCK_K=32
 fwd = dict(common, BLOCK_DV=16, PDL=False, SPLIT_S=0)
 bwd = dict(common, BLOCK_DC=16, DKV_T=False, SPLIT_S=False, HALVES=False)
 floats = ("scale", "scale_log2")
+split = dict(HAS_LEN=True, BLOCK_H=64, BF16=True)  # the "bf16x6" launches, 64-head tiles
+parts = dict(kvp_ptr="*bf16", krp_ptr="*bf16", bl_ptr="*fp64", delta_ptr="*fp64",
+             dkv_ptr="*fp64", dkr_ptr="*fp64")
 print(json.dumps({
+    "bf16x6_scores": ttir(dsa_fp32_scores_kernel, dict(split, HAS_ROPE=True, BLOCK_N=64,
+                          BLOCK_D=64, BLOCK_DR=64), floats, parts),
+    "bf16x6_pv": ttir(dsa_fp32_pv_kernel, dict(split, BLOCK_K=64, BLOCK_N=64, BLOCK_DV=128),
+                      floats, parts),
+    "bf16x6_bwd_scores": ttir(dsa_fp32_bwd_scores_kernel, dict(split, HAS_ROPE=True, BLOCK_N=64,
+                              BLOCK_D=64, BLOCK_DR=64), floats, parts),
+    "bf16x6_dq": ttir(dsa_fp32_bwd_dq_kernel, dict(split, HAS_ROPE=True, BLOCK_K=64,
+                      BLOCK_DC=128, BLOCK_DR=64), floats, parts),
     "control": ttir(folded_control, dict(B=16)),
     "fwd": ttir(dsa_fwd_kernel, dict(fwd, ACC64=False), floats),
     "bwd": ttir(dsa_bwd_kernel, dict(bwd, ACC64=False), floats),
@@ -852,10 +867,14 @@ def test_fp32_block_dots_not_folded(tmp_path):
     `index.compacted_attention` K = 2048, 1536 duplicate slots of one key, out error 4.46e-05,
     ratio 22). The interpreter does not fold, so this compiles the kernels for sm_90 (no GPU
     needed) and reads the TTIR: the acc64 kernels, and the tf32x3 ones (``_tc``: their dots are
-    still one tt.dot each in TTIR). Negative control: a plain ``acc + tl.dot`` loop is flagged."""
+    still one tt.dot each in TTIR), and the bf16x6 launches, whose latent-piece loops must add
+    each piece's part products to the running score too (dsa_common.dot6: chained through it
+    on the tensor cores, the H200 failed the rule). Negative control: a plain ``acc + tl.dot``
+    loop is flagged."""
     irs = _compiled_irs(tmp_path / "dsa_ttir.py", _TTIR_SCRIPT)
     assert _loop_carried_f32_dots(irs["control"]), "control: the fold was not detected"
-    for name in ("fwd", "bwd", "fwd_acc64", "bwd_acc64", "fwd_tc", "bwd_tc", "fwd_tc2", "bwd_tc2"):
+    for name in ("fwd", "bwd", "fwd_acc64", "bwd_acc64", "fwd_tc", "bwd_tc", "fwd_tc2", "bwd_tc2",
+                 "bf16x6_scores", "bf16x6_pv", "bf16x6_bwd_scores", "bf16x6_dq"):
         assert not _loop_carried_f32_dots(irs[name]), (name, _loop_carried_f32_dots(irs[name]))
 
 

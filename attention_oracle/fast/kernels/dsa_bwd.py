@@ -329,8 +329,10 @@ def dsa_fp32_bwd_scores_kernel(
         part = S.to(tl.int64) * stride_ps
         q_off = t * stride_qt
         do_off = t * stride_dot
-        s = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
-        dp = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
+        # each product from a zero accumulator, added in fp32 (dsa_common.dot6)
+        zero = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
+        s = zero
+        dp = zero
         for d0 in range(0, DL, BLOCK_D):
             offs_d = d0 + tl.arange(0, BLOCK_D)
             k0, k1, k2 = gather_parts(kvp_ptr, part, rows, stride_ps, 1, offs_d, DL, valid,
@@ -340,17 +342,17 @@ def dsa_fp32_bwd_scores_kernel(
             k2 = tl.trans(k2)
             qc = load_heads(q_ptr, q_off, offs_h, stride_qh, H, offs_d, stride_qd, DL)
             a0, a1, a2 = split3(qc, BF16)
-            s = dot6(a0, a1, a2, k0, k1, k2, s, BF16)
+            s += dot6(a0, a1, a2, k0, k1, k2, zero, BF16)
             doc = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_d, stride_dod, DL)
             a0, a1, a2 = split3(doc, BF16)
-            dp = dot6(a0, a1, a2, k0, k1, k2, dp, BF16)
+            dp += dot6(a0, a1, a2, k0, k1, k2, zero, BF16)
         if HAS_ROPE:
             offs_r = tl.arange(0, BLOCK_DR)
             qr = load_heads(qr_ptr, t * stride_qrt, offs_h, stride_qrh, H, offs_r, stride_qrd, DR)
             r0, r1, r2 = split3(qr, BF16)
             k0, k1, k2 = gather_parts(krp_ptr, part, rows, stride_ps, 1, offs_r, DR, valid,
                                       False, BF16)
-            s = dot6(r0, r1, r2, tl.trans(k0), tl.trans(k1), tl.trans(k2), s, BF16)
+            s += dot6(r0, r1, r2, tl.trans(k0), tl.trans(k1), tl.trans(k2), zero, BF16)
         s = tl.where(valid[None, :], s * scale, float("-inf"))
         # an empty row (lse = -inf) and padding heads get P = exp(s - inf) = 0
         lse = tl.load(lse_ptr + t * H + offs_h, mask=h_ok, other=float("inf"))
@@ -367,11 +369,11 @@ def dsa_fp32_bwd_scores_kernel(
             offs_d = d0 + tl.arange(0, BLOCK_D)
             qc = load_heads(q_ptr, q_off, offs_h, stride_qh, H, offs_d, stride_qd, DL)
             a0, a1, a2 = split3(qc, BF16)
-            dkv = dot6(g0, g1, g2, a0, a1, a2, tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32),
-                       BF16)
+            zero_kv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+            dkv = dot6(g0, g1, g2, a0, a1, a2, zero_kv, BF16)
             doc = load_heads(do_ptr, do_off, offs_h, stride_doh, H, offs_d, stride_dod, DL)
             a0, a1, a2 = split3(doc, BF16)
-            dkv = dot6(p0, p1, p2, a0, a1, a2, dkv, BF16)
+            dkv += dot6(p0, p1, p2, a0, a1, a2, zero_kv, BF16)
             tl.atomic_add(dkv_ptr + rows[:, None] * DL + offs_d[None, :], dkv.to(tl.float64),
                           mask=valid[:, None] & (offs_d[None, :] < DL), sem="relaxed")
         if HAS_ROPE:

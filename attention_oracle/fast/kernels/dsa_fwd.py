@@ -239,7 +239,9 @@ def dsa_fp32_scores_kernel(
     if start < n_slots:
         offs_k = start + tl.arange(0, BLOCK_N)
         valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S, I32)
-        s = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
+        # each latent piece's product from a zero accumulator, added to s (dsa_common.dot6)
+        zero = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
+        s = zero
         part = S.to(tl.int64) * stride_ps
         for d0 in range(0, DL, BLOCK_D):
             offs_d = d0 + tl.arange(0, BLOCK_D)
@@ -247,14 +249,14 @@ def dsa_fp32_scores_kernel(
             q0, q1, q2 = split3(qc, BF16)
             k0, k1, k2 = gather_parts(kvp_ptr, part, rows, stride_ps, 1, offs_d, DL, valid,
                                       False, BF16)
-            s = dot6(q0, q1, q2, tl.trans(k0), tl.trans(k1), tl.trans(k2), s, BF16)
+            s += dot6(q0, q1, q2, tl.trans(k0), tl.trans(k1), tl.trans(k2), zero, BF16)
         if HAS_ROPE:
             offs_r = tl.arange(0, BLOCK_DR)
             qr = load_heads(qr_ptr, t * stride_qrt, offs_h, stride_qrh, H, offs_r, stride_qrd, DR)
             r0, r1, r2 = split3(qr, BF16)
             k0, k1, k2 = gather_parts(krp_ptr, part, rows, stride_ps, 1, offs_r, DR, valid,
                                       False, BF16)
-            s = dot6(r0, r1, r2, tl.trans(k0), tl.trans(k1), tl.trans(k2), s, BF16)
+            s += dot6(r0, r1, r2, tl.trans(k0), tl.trans(k1), tl.trans(k2), zero, BF16)
         s = tl.where(valid[None, :], s * scale, float("-inf"))
         h_ok = offs_h < H
         tl.store(s_ptr + (t * H + offs_h[:, None]) * K + offs_k[None, :], s,
