@@ -15,7 +15,7 @@ in one [S, 576] buffer); the kernels read through strides. Gradients flow throug
 dq (dq_latent, dq_rope) and dkv (dkv_latent, dk_rope) accumulated in fp32 (the key gradients
 in fp64 for fp32 inputs), dq deterministic.
 
-fp32 inputs take one of three paths (``set_fp32_mode`` / ``$ATTENTION_ORACLE_FAST_DSA_FP32``):
+fp32 inputs take one of four paths (``set_fp32_mode`` / ``$ATTENTION_ORACLE_FAST_DSA_FP32``):
 
 - "acc64" (the default): natural-unit scores from fp64-accumulated dots rounded once, an
   accurate exponential, every later product an fp64 dot (``KernelConfig.acc64``);
@@ -32,7 +32,8 @@ fp32 inputs take one of three paths (``set_fp32_mode`` / ``$ATTENTION_ORACLE_FAS
   i + j <= 2, each exact, summed in the tensor cores' fp32 accumulator; kernels/dsa_common.py),
   the "acc64" softmax (natural-unit scores fl(dot * scale), exponentials and sums in fp64,
   lse = m + log(l)), the naive algorithm in separate launches with the scores (forward) and
-  dS (backward) passing through a scratch buffer (``_forward_bf16x6``, ``_backward_bf16x6``).
+  dS (backward) passing through a scratch buffer of at most 1 GiB (tokens in passes), beside a
+  [3, S, Dl + Dr] bf16 copy of the key rows' parts (``_forward_bf16x6``, ``_backward_bf16x6``).
 
 The key gradients are summed in fp64 atomics in every fp32 mode. The CPU interpreter computes
 tf32x3 dots in plain fp32 (tests/fast/tf32x3_emulation.py emulates the GPU's split), and
@@ -428,9 +429,10 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
 # warps, stages) of both launches of a direction. 64 heads are one wgmma M tile on 4 warps
 # (8 warps would put both warpgroups on the whole tile: a dot feeding another dot gets all its
 # warps along M, dsa_common.chain_break); the column chunks keep the fp32 accumulator at
-# 64 x 128 (64 registers a thread; 256 spilled 0.8-1.3 KB offline). H200, Triton 3.6, doc_4096
-# (docs/PERFORMANCE.md "DSA, fp32"), before the zero-accumulator pieces: forward 3 stages
-# 24.1 ms, 2 stages 26.1; backward 3 stages 71.1, 2 stages 50.3.
+# 64 x 128 (64 registers a thread; 256 spilled 0.8-1.3 KB offline). H200, Triton 3.6, doc_4096,
+# kernels alone, synced (docs/PERFORMANCE.md "DSA, fp32"): forward 3 stages 23.7 ms, 2 stages
+# 25.1, 32-wide pieces 24.5; backward 3 stages 64.3, 2 stages 47.9, 32-wide pieces 3 stages
+# 47.7 (within the noise of 2 stages).
 BF16X6_CONFIGS = {"forward": KernelConfig(64, 64, 64, 128, 4, 3),
                   "backward": KernelConfig(64, 64, 64, 128, 4, 2)}
 _SCRATCH_ELEMENTS = 1 << 28  # scores / dS scratch per pass: 1 GiB of fp32, tokens in passes

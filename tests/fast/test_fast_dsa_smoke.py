@@ -878,6 +878,52 @@ def test_fp32_block_dots_not_folded(tmp_path):
         assert not _loop_carried_f32_dots(irs[name]), (name, _loop_carried_f32_dots(irs[name]))
 
 
+_UNIT_SIZES_SCRIPT = r'''
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from attention_oracle.fast.kernels.dsa_bwd import (
+    dsa_fp32_bwd_dq_kernel, dsa_fp32_bwd_scores_kernel, dsa_fp32_delta_kernel)
+from attention_oracle.fast.kernels.dsa_fwd import dsa_fp32_pv_kernel, dsa_fp32_scores_kernel
+
+ONES = dict(H=1, S=1, K=1, NB=1, DR=1, stride_ik=1, stride_qd=1, stride_qrd=1, stride_od=1,
+            stride_dod=1)
+PTRS = dict(kvp_ptr="*bf16", krp_ptr="*bf16", idx_ptr="*i32", len_ptr="*i32", bl_ptr="*fp64",
+            delta_ptr="*fp64", dkv_ptr="*fp64", dkr_ptr="*fp64")
+split = dict(HAS_LEN=True, BLOCK_H=16, BF16=True, I32=True)
+kernels = {
+    "scores": (dsa_fp32_scores_kernel, dict(split, HAS_ROPE=True, BLOCK_N=16, BLOCK_D=16,
+                                            BLOCK_DR=16)),
+    "pv": (dsa_fp32_pv_kernel, dict(split, BLOCK_K=16, BLOCK_N=16, BLOCK_DV=16)),
+    "delta": (dsa_fp32_delta_kernel, dict(BLOCK_H=16, BLOCK_D=16)),
+    "bwd_scores": (dsa_fp32_bwd_scores_kernel, dict(split, HAS_ROPE=True, BLOCK_N=16,
+                                                    BLOCK_D=16, BLOCK_DR=16)),
+    "dq": (dsa_fp32_bwd_dq_kernel, dict(split, HAS_ROPE=True, BLOCK_K=16, BLOCK_DC=16,
+                                        BLOCK_DR=16)),
+}
+done = {}
+for name, (kernel, consts) in kernels.items():
+    consts = dict(consts, **{k: v for k, v in ONES.items() if k in kernel.arg_names})
+    sig = {a: "constexpr" if a in consts else PTRS.get(a, "*fp32") if a.endswith("_ptr")
+           else "fp32" if a == "scale" else "i32" for a in kernel.arg_names}
+    src = ASTSource(fn=kernel, signature=sig,
+                    constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
+    triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    done[name] = True
+print(json.dumps(done))
+'''
+
+
+def test_bf16x6_kernels_compile_with_unit_sizes(tmp_path):
+    """On the GPU Triton passes an integer argument equal to 1 as a constant: the "bf16x6"
+    launches must compile with S, K, H, the block count and Dr equal to 1 (``S.to(tl.int64)``
+    of a constant failed the H200's conformance run on S = 1 cases). Compiled for sm_90
+    without a GPU; the interpreter never sees such constants."""
+    done = _compiled_irs(tmp_path / "dsa_unit_sizes.py", _UNIT_SIZES_SCRIPT)
+    assert set(done) == {"scores", "pv", "delta", "bwd_scores", "dq"}
+
+
 # ----------------------------------------------------------------------------- score dot layouts
 
 _TTGIR_SCRIPT = r'''

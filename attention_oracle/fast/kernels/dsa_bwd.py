@@ -326,7 +326,7 @@ def dsa_fp32_bwd_scores_kernel(
         h_ok = offs_h < H
         offs_k = start + tl.arange(0, BLOCK_N)
         valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S, I32)
-        part = S.to(tl.int64) * stride_ps
+        part = (t * 0 + S) * stride_ps  # int64 (S and the stride may be specialised ints)
         q_off = t * stride_qt
         do_off = t * stride_dot
         # each product from a zero accumulator, added in fp32 (dsa_common.dot6)
@@ -399,7 +399,7 @@ def dsa_fp32_bwd_dq_kernel(
     cb = tl.program_id(2)
     h_ok = offs_h < H
     n_slots = row_slot_count(len_ptr, t, K, HAS_LEN, I32)
-    part = S.to(tl.int64) * stride_ps
+    part = (t * 0 + S) * stride_ps  # int64 (S and the stride may be specialised ints)
     n_lat = tl.cdiv(DL, BLOCK_DC)
     if cb < n_lat:
         offs_c = cb * BLOCK_DC + tl.arange(0, BLOCK_DC)

@@ -242,7 +242,7 @@ def dsa_fp32_scores_kernel(
         # each latent piece's product from a zero accumulator, added to s (dsa_common.dot6)
         zero = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
         s = zero
-        part = S.to(tl.int64) * stride_ps
+        part = (t * 0 + S) * stride_ps  # int64 (S and the stride may be specialised ints)
         for d0 in range(0, DL, BLOCK_D):
             offs_d = d0 + tl.arange(0, BLOCK_D)
             qc = load_heads(q_ptr, t * stride_qt, offs_h, stride_qh, H, offs_d, stride_qd, DL)
@@ -302,7 +302,7 @@ def dsa_fp32_pv_kernel(
         l += l_b * exp_accurate(m_b - m_sh)
     nonempty = l > 0
     inv_l = tl.where(nonempty, 1.0 / tl.where(nonempty, l, 1.0), 0.0)
-    part = S.to(tl.int64) * stride_ps
+    part = (t * 0 + S) * stride_ps  # int64 (S and the stride may be specialised ints)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     for start in range(0, n_slots, BLOCK_K):
         offs_k = start + tl.arange(0, BLOCK_K)
