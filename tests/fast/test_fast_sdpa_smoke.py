@@ -19,13 +19,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from attention_oracle.fast.sdpa import scaled_dot_product_attention, scaled_dot_product_attention_with_lse  # noqa: E402
 from attention_oracle.judge import record
 from attention_oracle.judge.agreement import FLOOR_ULPS, assert_agrees  # noqa: E402
 from attention_oracle.oracle.sdpa import ALGORITHMS, sdpa_reference  # noqa: E402
 from tests.fast.tf32x3_emulation import emulated_tf32x3  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 DEVICE = "cuda" if ON_GPU else "cpu"
