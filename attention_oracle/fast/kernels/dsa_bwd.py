@@ -32,6 +32,7 @@ import triton.language as tl
 from .dsa_common import (
     FP32_CHUNK,
     add_block_dot,
+    add_rope_part_scores,
     chain_break,
     chain_break2,
     dot6,
@@ -347,12 +348,9 @@ def dsa_fp32_bwd_scores_kernel(
             a0, a1, a2 = split3(doc, BF16)
             dp += dot6(a0, a1, a2, k0, k1, k2, zero, BF16)
         if HAS_ROPE:
-            offs_r = tl.arange(0, BLOCK_DR)
-            qr = load_heads(qr_ptr, t * stride_qrt, offs_h, stride_qrh, H, offs_r, stride_qrd, DR)
-            r0, r1, r2 = split3(qr, BF16)
-            k0, k1, k2 = gather_parts(krp_ptr, part, rows, stride_ps, 1, offs_r, DR, valid,
-                                      False, BF16)
-            s += dot6(r0, r1, r2, tl.trans(k0), tl.trans(k1), tl.trans(k2), zero, BF16)
+            s, r0, r1, r2 = add_rope_part_scores(s, qr_ptr, t * stride_qrt, offs_h, stride_qrh,
+                                                 stride_qrd, H, DR, krp_ptr, part, rows,
+                                                 stride_ps, valid, zero, BLOCK_DR, BF16)
         s = tl.where(valid[None, :], s * scale, float("-inf"))
         # an empty row (lse = -inf) and padding heads get P = exp(s - inf) = 0
         lse = tl.load(lse_ptr + t * H + offs_h, mask=h_ok, other=float("inf"))
@@ -377,10 +375,32 @@ def dsa_fp32_bwd_scores_kernel(
             tl.atomic_add(dkv_ptr + rows[:, None] * DL + offs_d[None, :], dkv.to(tl.float64),
                           mask=valid[:, None] & (offs_d[None, :] < DL), sem="relaxed")
         if HAS_ROPE:
+            offs_r = tl.arange(0, BLOCK_DR)
             dkr = dot6(g0, g1, g2, r0, r1, r2, tl.zeros([BLOCK_N, BLOCK_DR], dtype=tl.float32),
                        BF16)
             tl.atomic_add(dkr_ptr + rows[:, None] * DR + offs_r[None, :], dkr.to(tl.float64),
                           mask=valid[:, None] & (offs_r[None, :] < DR), sem="relaxed")
+
+
+@triton.jit
+def _dq_columns(out_ptr, parts_ptr, offs_c, W, ds_ptr, idx_ptr, part, t, offs_h, h_ok, H, S, K,
+                n_slots, stride_ps, stride_it, stride_ik, BLOCK_H: tl.constexpr,
+                BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr, BF16: tl.constexpr,
+                I32: tl.constexpr):
+    """out[t, heads, offs_c] (row stride W) = sum over the row's slot blocks, in order, of
+    dS . K[:, offs_c], K the key rows' split-bf16 parts at ``parts_ptr`` (width W)."""
+    acc = tl.zeros([BLOCK_H, BLOCK_C], dtype=tl.float32)
+    for start in range(0, n_slots, BLOCK_K):
+        offs_k = start + tl.arange(0, BLOCK_K)
+        valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S, I32)
+        ds = tl.load(ds_ptr + (t * H + offs_h[:, None]) * K + offs_k[None, :],
+                     mask=h_ok[:, None] & (offs_k[None, :] < n_slots), other=0.0)
+        g0, g1, g2 = split3(ds, BF16)
+        k0, k1, k2 = gather_parts(parts_ptr, part, rows, stride_ps, 1, offs_c, W, valid, False,
+                                  BF16)
+        acc += dot6(g0, g1, g2, k0, k1, k2, tl.zeros([BLOCK_H, BLOCK_C], dtype=tl.float32), BF16)
+    tl.store(out_ptr + (t * H + offs_h[:, None]) * W + offs_c[None, :], acc,
+             mask=h_ok[:, None] & (offs_c[None, :] < W))
 
 
 @triton.jit
@@ -402,32 +422,10 @@ def dsa_fp32_bwd_dq_kernel(
     part = (t * 0 + S) * stride_ps  # int64 (S and the stride may be specialised ints)
     n_lat = tl.cdiv(DL, BLOCK_DC)
     if cb < n_lat:
-        offs_c = cb * BLOCK_DC + tl.arange(0, BLOCK_DC)
-        acc = tl.zeros([BLOCK_H, BLOCK_DC], dtype=tl.float32)
-        for start in range(0, n_slots, BLOCK_K):
-            offs_k = start + tl.arange(0, BLOCK_K)
-            valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S, I32)
-            ds = tl.load(ds_ptr + (t * H + offs_h[:, None]) * K + offs_k[None, :],
-                         mask=h_ok[:, None] & (offs_k[None, :] < n_slots), other=0.0)
-            g0, g1, g2 = split3(ds, BF16)
-            k0, k1, k2 = gather_parts(kvp_ptr, part, rows, stride_ps, 1, offs_c, DL, valid,
-                                      False, BF16)
-            acc += dot6(g0, g1, g2, k0, k1, k2, tl.zeros([BLOCK_H, BLOCK_DC], dtype=tl.float32),
-                        BF16)
-        tl.store(dq_ptr + (t * H + offs_h[:, None]) * DL + offs_c[None, :], acc,
-                 mask=h_ok[:, None] & (offs_c[None, :] < DL))
+        _dq_columns(dq_ptr, kvp_ptr, cb * BLOCK_DC + tl.arange(0, BLOCK_DC), DL, ds_ptr, idx_ptr,
+                    part, t, offs_h, h_ok, H, S, K, n_slots, stride_ps, stride_it, stride_ik,
+                    BLOCK_H, BLOCK_K, BLOCK_DC, BF16, I32)
     elif HAS_ROPE:
-        offs_r = tl.arange(0, BLOCK_DR)
-        acc_r = tl.zeros([BLOCK_H, BLOCK_DR], dtype=tl.float32)
-        for start in range(0, n_slots, BLOCK_K):
-            offs_k = start + tl.arange(0, BLOCK_K)
-            valid, rows = slot_block(idx_ptr, t * stride_it, stride_ik, offs_k, n_slots, S, I32)
-            ds = tl.load(ds_ptr + (t * H + offs_h[:, None]) * K + offs_k[None, :],
-                         mask=h_ok[:, None] & (offs_k[None, :] < n_slots), other=0.0)
-            g0, g1, g2 = split3(ds, BF16)
-            k0, k1, k2 = gather_parts(krp_ptr, part, rows, stride_ps, 1, offs_r, DR, valid,
-                                      False, BF16)
-            acc_r += dot6(g0, g1, g2, k0, k1, k2,
-                          tl.zeros([BLOCK_H, BLOCK_DR], dtype=tl.float32), BF16)
-        tl.store(dqr_ptr + (t * H + offs_h[:, None]) * DR + offs_r[None, :], acc_r,
-                 mask=h_ok[:, None] & (offs_r[None, :] < DR))
+        _dq_columns(dqr_ptr, krp_ptr, tl.arange(0, BLOCK_DR), DR, ds_ptr, idx_ptr, part, t,
+                    offs_h, h_ok, H, S, K, n_slots, stride_ps, stride_it, stride_ik, BLOCK_H,
+                    BLOCK_K, BLOCK_DR, BF16, I32)

@@ -158,6 +158,21 @@ def gather_parts(parts_ptr, part_stride, rows, stride_s, stride_d, offs_d, d_lim
 
 
 @triton.jit
+def add_rope_part_scores(s, qr_ptr, qr_off, offs_h, stride_qrh, stride_qrd, H, DR, krp_ptr, part,
+                         rows, stride_ps, valid, zero, BLOCK_DR: tl.constexpr,
+                         BF16: tl.constexpr):
+    """(s + q_rope . k_rope^T from their split-bf16 parts (:func:`dot6` from ``zero``, added in
+    fp32), the query rope parts r0, r1, r2): one token's heads against the gathered rows of
+    the key rope parts buffer (:func:`gather_parts`)."""
+    offs_r = tl.arange(0, BLOCK_DR)
+    qr = load_heads(qr_ptr, qr_off, offs_h, stride_qrh, H, offs_r, stride_qrd, DR)
+    r0, r1, r2 = split3(qr, BF16)
+    k0, k1, k2 = gather_parts(krp_ptr, part, rows, stride_ps, 1, offs_r, DR, valid, False, BF16)
+    s += dot6(r0, r1, r2, tl.trans(k0), tl.trans(k1), tl.trans(k2), zero, BF16)
+    return s, r0, r1, r2
+
+
+@triton.jit
 def dot6(a0, a1, a2, b0, b1, b2, acc, BF16: tl.constexpr):
     """acc + a.b from the parts of :func:`split3` (the six products with i + j <= 2, the
     smallest first); acc fp32."""

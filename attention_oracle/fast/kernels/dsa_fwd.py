@@ -23,6 +23,7 @@ import triton.language as tl
 from .dsa_common import (
     FP32_CHUNK,
     add_block_dot,
+    add_rope_part_scores,
     chain_break,
     chain_break2,
     dot6,
@@ -251,12 +252,9 @@ def dsa_fp32_scores_kernel(
                                       False, BF16)
             s += dot6(q0, q1, q2, tl.trans(k0), tl.trans(k1), tl.trans(k2), zero, BF16)
         if HAS_ROPE:
-            offs_r = tl.arange(0, BLOCK_DR)
-            qr = load_heads(qr_ptr, t * stride_qrt, offs_h, stride_qrh, H, offs_r, stride_qrd, DR)
-            r0, r1, r2 = split3(qr, BF16)
-            k0, k1, k2 = gather_parts(krp_ptr, part, rows, stride_ps, 1, offs_r, DR, valid,
-                                      False, BF16)
-            s += dot6(r0, r1, r2, tl.trans(k0), tl.trans(k1), tl.trans(k2), zero, BF16)
+            s, r0, r1, r2 = add_rope_part_scores(s, qr_ptr, t * stride_qrt, offs_h, stride_qrh,
+                                                 stride_qrd, H, DR, krp_ptr, part, rows,
+                                                 stride_ps, valid, zero, BLOCK_DR, BF16)
         s = tl.where(valid[None, :], s * scale, float("-inf"))
         h_ok = offs_h < H
         tl.store(s_ptr + (t * H + offs_h[:, None]) * K + offs_k[None, :], s,
