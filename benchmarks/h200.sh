@@ -12,7 +12,7 @@
 #                .ci/gpu; BUDGET (500 s) is enough for the full-size DSA fixtures
 #   sdpa         benchmarks.sdpa at L 1k/4k/16k, D 64/128 (fast vs cuDNN, FA2, default dispatch;
 #                fp32 rows included), benchmarks.compare fast vs torch, and with GLUON=1 the
-#                opt-in Gluon forward (benchmarks.sdpa_gluon)
+#                opt-in Gluon forward (benchmarks.sdpa_gluon, D 64 and 128, and where its host time goes)
 #   dsa          benchmarks.dsa --quick (doc_4096, doc_16384, packed_glm_a, NoPE rows, index
 #                preparation, PDL); FP32=1 adds the fp32 section, TUNE=a,b,... runs
 #                benchmarks.dsa_tune on those candidates first
@@ -96,9 +96,12 @@ task_sdpa() {
         --areas sdpa --out "$d/compare.json" > "$d/compare.log" 2>&1
     note "benchmarks.compare fast torch: exit $?"; tail -20 "$d/compare.log"
     if [ "${GLUON:-0}" = 1 ]; then
-        timeout 150 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,1 128,128,2,8 --shapes 0,1,2 \
-            --json "$d/gluon.json" > "$d/gluon.log" 2>&1
-        note "benchmarks.sdpa_gluon: exit $?"; grep -v "^{" "$d/gluon.log" | tail -16
+        timeout 200 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,1 128,128,2,8 --shapes 0,1,2 \
+            --dims 64,128 --json "$d/gluon.json" > "$d/gluon.log" 2>&1
+        note "benchmarks.sdpa_gluon: exit $?"; grep -v "^{" "$d/gluon.log" | tail -28
+        timeout 60 "$PY" -m benchmarks.sdpa_gluon --host-parts --dims 64,128 \
+            --json "$d/gluon_host.json" > "$d/gluon_host.log" 2>&1
+        note "benchmarks.sdpa_gluon --host-parts: exit $?"; tail -2 "$d/gluon_host.log"
     fi
 }
 
