@@ -22,6 +22,9 @@
 #                against the naive-only rule (fp32, flex's F8 shapes), the narrow FLASH_ATTENTION
 #                kernel with its capability declaration, fast at small sizes
 #   profile      Nsight Compute on one launch of each benchmarks.profile_kernels workload (needs ncu)
+#   optin        what making an opt-in mode the default needs: the Gluon forward's tests (variant
+#                tiles included), then the conformance suite on fast under the Gluon forward
+#                (sdpa), fp32 tf32x3 (sdpa) and DSA fp32 bf16x6 (dsa), OPTIN_BUDGET (140) s each
 #   all          check conformance overhead sdpa dsa calibration, in that order (several calls' worth)
 #
 # Everything is written under $OUT/TASK/ (default ./out, which git ignores): logs, JSON reports,
@@ -85,6 +88,23 @@ task_conformance() {
     for i in ${IMPLS:-fast}; do impls+=(--impl "$i"); done
     OUT=$d BUDGET=${BUDGET:-500} WORKERS=${WORKERS:-12} bash .ci/gpu conformance "${impls[@]}"
     note "gpu-profile conformance (${IMPLS:-fast}); report $d/conformance.json"
+}
+
+# the opt-in modes' verdicts a change of default needs: the Gluon forward's tests (its variant
+# tiles included), then the conformance suite on fast under each opt-in mode, one area each
+task_optin() {
+    local d=$1 b=${OPTIN_BUDGET:-140}
+    ATTENTION_ORACLE_GLUON_VARIANTS=1 timeout 150 "$PY" -m pytest -p no:cacheprovider -q -n 8 -rfE \
+        --tb=line "$TESTS"/test_fast_sdpa_gluon.py > "$d/gluon_tests.log" 2>&1
+    note "Gluon forward tests, variants included: exit $?"
+    grep -E "passed|failed|FAILED|ERROR" "$d/gluon_tests.log" | cut -c1-300 | tail -8
+    ATTENTION_ORACLE_FAST_SDPA_FWD=gluon OUT=$d BUDGET=$b WORKERS=${WORKERS:-12} bash .ci/gpu \
+        sdpa_gluon --impl fast attention_oracle/conformance/test_sdpa.py
+    ATTENTION_ORACLE_FAST_FP32=tf32x3 OUT=$d BUDGET=$b WORKERS=${WORKERS:-12} bash .ci/gpu \
+        sdpa_tf32x3 --impl fast attention_oracle/conformance/test_sdpa.py
+    ATTENTION_ORACLE_FAST_DSA_FP32=bf16x6 OUT=$d BUDGET=$b WORKERS=${WORKERS:-12} bash .ci/gpu \
+        dsa_bf16x6 --impl fast attention_oracle/conformance/test_dsa.py
+    note "opt-in conformance runs; reports $d/{sdpa_gluon,sdpa_tf32x3,dsa_bf16x6}.json"
 }
 
 task_sdpa() {
@@ -229,7 +249,7 @@ task_profile() {
 }
 
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,dsa,overhead,calibration,check,conformance,profile,all} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,dsa,overhead,calibration,check,conformance,profile,optin,all} ..." >&2
     exit 2
 }
 
@@ -238,7 +258,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|dsa|overhead|calibration|check|conformance|profile) tasks+=("$t");;
+        sdpa|dsa|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done
