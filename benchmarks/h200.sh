@@ -24,7 +24,8 @@
 #   profile      Nsight Compute on one launch of each benchmarks.profile_kernels workload (needs ncu)
 #   optin        what making an opt-in mode the default needs: the Gluon forward's tests (variant
 #                tiles included), then the conformance suite on fast under the Gluon forward
-#                (sdpa), fp32 tf32x3 (sdpa) and DSA fp32 bf16x6 (dsa), OPTIN_BUDGET (140) s each
+#                (sdpa), fp32 tf32x3 (sdpa) and DSA fp32 bf16x6 (dsa): OPTIN_BUDGET (150) s each,
+#                OPTIN_CHECK_S (30) s per check
 #   all          check conformance overhead sdpa dsa calibration, in that order (several calls' worth)
 #
 # Everything is written under $OUT/TASK/ (default ./out, which git ignores): logs, JSON reports,
@@ -93,17 +94,17 @@ task_conformance() {
 # the opt-in modes' verdicts a change of default needs: the Gluon forward's tests (its variant
 # tiles included), then the conformance suite on fast under each opt-in mode, one area each
 task_optin() {
-    local d=$1 b=${OPTIN_BUDGET:-140}
+    local d=$1 b=${OPTIN_BUDGET:-150} c=${OPTIN_CHECK_S:-30}
     ATTENTION_ORACLE_GLUON_VARIANTS=1 timeout 150 "$PY" -m pytest -p no:cacheprovider -q -n 8 -rfE \
         --tb=line "$TESTS"/test_fast_sdpa_gluon.py > "$d/gluon_tests.log" 2>&1
     note "Gluon forward tests, variants included: exit $?"
     grep -E "passed|failed|FAILED|ERROR" "$d/gluon_tests.log" | cut -c1-300 | tail -8
     ATTENTION_ORACLE_FAST_SDPA_FWD=gluon OUT=$d BUDGET=$b WORKERS=${WORKERS:-12} bash .ci/gpu \
-        sdpa_gluon --impl fast attention_oracle/conformance/test_sdpa.py
+        sdpa_gluon --impl fast --oracle-check-budget "$c" attention_oracle/conformance/test_sdpa.py
     ATTENTION_ORACLE_FAST_FP32=tf32x3 OUT=$d BUDGET=$b WORKERS=${WORKERS:-12} bash .ci/gpu \
-        sdpa_tf32x3 --impl fast attention_oracle/conformance/test_sdpa.py
+        sdpa_tf32x3 --impl fast --oracle-check-budget "$c" attention_oracle/conformance/test_sdpa.py
     ATTENTION_ORACLE_FAST_DSA_FP32=bf16x6 OUT=$d BUDGET=$b WORKERS=${WORKERS:-12} bash .ci/gpu \
-        dsa_bf16x6 --impl fast attention_oracle/conformance/test_dsa.py
+        dsa_bf16x6 --impl fast --oracle-check-budget "$c" attention_oracle/conformance/test_dsa.py
     note "opt-in conformance runs; reports $d/{sdpa_gluon,sdpa_tf32x3,dsa_bf16x6}.json"
 }
 
