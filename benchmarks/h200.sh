@@ -24,7 +24,7 @@
 #   profile      Nsight Compute on one launch of each benchmarks.profile_kernels workload (needs ncu)
 #   optin        what making an opt-in mode the default needs: the Gluon forward's tests (variant
 #                tiles included), then the conformance suite on fast under the Gluon forward
-#                (sdpa), fp32 tf32x3 (sdpa) and DSA fp32 bf16x6 (dsa): OPTIN_BUDGET (150) s each,
+#                (sdpa), fp32 tf32x3 (sdpa) and DSA fp32 bf16x6 (dsa): OPTIN_BUDGET (140) s each,
 #                OPTIN_CHECK_S (30) s per check
 #   all          check conformance overhead sdpa dsa calibration, in that order (several calls' worth)
 #
@@ -94,8 +94,8 @@ task_conformance() {
 # the opt-in modes' verdicts a change of default needs: the Gluon forward's tests (its variant
 # tiles included), then the conformance suite on fast under each opt-in mode, one area each
 task_optin() {
-    local d=$1 b=${OPTIN_BUDGET:-150} c=${OPTIN_CHECK_S:-30}
-    ATTENTION_ORACLE_GLUON_VARIANTS=1 timeout 150 "$PY" -m pytest -p no:cacheprovider -q -n 8 -rfE \
+    local d=$1 b=${OPTIN_BUDGET:-140} c=${OPTIN_CHECK_S:-30}
+    ATTENTION_ORACLE_GLUON_VARIANTS=1 timeout 120 "$PY" -m pytest -p no:cacheprovider -q -n 8 -rfE \
         --tb=line "$TESTS"/test_fast_sdpa_gluon.py > "$d/gluon_tests.log" 2>&1
     note "Gluon forward tests, variants included: exit $?"
     grep -E "passed|failed|FAILED|ERROR" "$d/gluon_tests.log" | cut -c1-300 | tail -8
