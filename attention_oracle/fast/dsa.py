@@ -33,7 +33,7 @@ fp32 inputs take one of four paths (``set_fp32_mode`` / ``$ATTENTION_ORACLE_FAST
   the "acc64" softmax (natural-unit scores fl(dot * scale), exponentials and sums in fp64,
   lse = m + log(l)), the naive algorithm in separate launches with the scores (forward) and
   dS (backward) passing through a scratch buffer of at most 1 GiB (tokens in passes), beside a
-  [3, S, Dl + Dr] bf16 copy of the key rows' parts (``_forward_bf16x6``, ``_backward_bf16x6``).
+  [3, S, Dl + Dr] bf16 copy of the key rows' parts (``_forward_bf16x6``, ``_launch_bwd_bf16x6``).
 
 The key gradients are summed in fp64 atomics in every fp32 mode. The CPU interpreter computes
 tf32x3 dots in plain fp32 (tests/fast/tf32x3_emulation.py emulates the GPU's split), and
@@ -370,9 +370,6 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
 
 def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale, config=None):
     """Returns (dq, dq_rope | None, dkv, dk_rope | None); dout is read through its strides."""
-    if _bf16x6(q.dtype):
-        return _backward_bf16x6(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout,
-                                scale, config)
     T, H, DL = q.shape
     S = kv.shape[0]
     qr, kr, DR, sqr, skr = _rope_args(q_rope, k_rope, q)
@@ -387,7 +384,11 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
     else:
         dqr = torch.empty((T, H, DR), dtype=q.dtype, device=q.device)
         dkr_acc = torch.zeros((S, DR), dtype=acc_dtype, device=q.device)
-    if T > 0 and H > 0 and S > 0 and indices.shape[1] > 0:
+    nonempty = T > 0 and H > 0 and S > 0 and indices.shape[1] > 0
+    if nonempty and _bf16x6(q.dtype):
+        _launch_bwd_bf16x6(q, q_rope, qr, sqr, DR, kv, k_rope, indices, topk_length, out, lse,
+                           dout, scale, config, dq, dqr, dkv_acc, dkr_acc)
+    elif nonempty:
 
         def launch(cfg):
             grid = (T, cdiv(H, cfg.block_h), cdiv(DL, cfg.block_dv))
@@ -517,61 +518,46 @@ def _forward_bf16x6(q, q_rope, kv, k_rope, indices, topk_length, scale, config=N
     return out, lse
 
 
-def _backward_bf16x6(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale,
-                     config=None):
-    """fp32 "bf16x6" backward (kernels/dsa_bwd.py): Delta, then per token pass the dS and
-    key-gradient launch and the dq launch."""
+def _launch_bwd_bf16x6(q, q_rope, qr, sqr, DR, kv, k_rope, indices, topk_length, out, lse,
+                       dout, scale, config, dq, dqr, dkv_acc, dkr_acc):
+    """fp32 "bf16x6" backward launches (kernels/dsa_bwd.py) into :func:`_backward`'s buffers
+    (dkv_acc, dkr_acc fp64): Delta, then per token pass the dS and key-gradient launch and the
+    dq launch."""
     T, H, DL = q.shape
     S, K = kv.shape[0], indices.shape[1]
-    qr, _, DR, sqr, _ = _rope_args(q_rope, k_rope, q)
-    dq = torch.empty((T, H, DL), dtype=q.dtype, device=q.device)
-    dkv_acc = torch.zeros((S, DL), dtype=torch.float64, device=q.device)
-    if q_rope is None:
-        dqr, dkr_acc = dq, dkv_acc
-    else:
-        dqr = torch.empty((T, H, DR), dtype=q.dtype, device=q.device)
-        dkr_acc = torch.zeros((S, DR), dtype=torch.float64, device=q.device)
-    if T > 0 and H > 0 and S > 0 and K > 0:
-        cfg = _bf16x6_config("backward", q, config)
-        parts = _key_parts(kv, k_rope)
-        W = parts.shape[2]
-        i32 = _parts_i32(indices, parts)
-        bh, bn = min(cfg.block_h, _pow2(H)), cfg.block_k
-        bd, bdc = min(cfg.block_d, _pow2(DL)), min(cfg.block_dv, _pow2(DL))
-        kw = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        delta = torch.empty((T, H), dtype=torch.float64, device=q.device)
-        dsa_fp32_delta_kernel[(T, cdiv(H, bh))](
-            out, dout, delta, H, DL, *_strides3(out), *_strides3(dout), BLOCK_H=bh,
-            BLOCK_D=bd, num_warps=cfg.num_warps)
-        passes = _token_passes(T, H, K)
-        n_max = max(t1 - t0 for t0, t1 in passes)
-        ds = torch.empty((n_max, H, K), dtype=torch.float32, device=q.device)
-        n_chunks = cdiv(DL, bdc) + (q_rope is not None)
-        for t0, t1 in passes:
-            n = t1 - t0
-            idx = indices[t0:t1]
-            lens = topk_length[t0:t1] if topk_length is not None else idx
-            g = dout[t0:t1]
-            dsa_fp32_bwd_scores_kernel[(n, cdiv(H, bh), cdiv(K, bn))](
-                q[t0:t1], qr[t0:t1], parts[0], parts[0, :, DL:], idx, lens, g, lse[t0:t1],
-                delta[t0:t1], ds, dkv_acc, dkr_acc, H, S, K, DL, DR,
-                *_strides3(q), *sqr, W, idx.stride(0), idx.stride(1), *_strides3(g), scale,
-                HAS_ROPE=q_rope is not None, HAS_LEN=topk_length is not None, BLOCK_H=bh,
-                BLOCK_N=bn, BLOCK_D=bd, BLOCK_DR=_pow2(DR), BF16=q.device.type == "cuda",
-                I32=i32, **kw)
-            dsa_fp32_bwd_dq_kernel[(n, cdiv(H, bh), n_chunks)](
-                parts[0], parts[0, :, DL:], idx, lens, ds, dq[t0:t1], dqr[t0:t1],
-                H, S, K, DL, DR, W, idx.stride(0), idx.stride(1),
-                HAS_ROPE=q_rope is not None, HAS_LEN=topk_length is not None, BLOCK_H=bh,
-                BLOCK_K=bn, BLOCK_DC=bdc, BLOCK_DR=_pow2(DR), BF16=q.device.type == "cuda",
-                I32=i32, **kw)
-    else:
-        dq.zero_()
-        dqr.zero_()
-    dkv = dkv_acc.to(q.dtype)
-    if q_rope is None:
-        return dq, None, dkv, None
-    return dq, dqr, dkv, dkr_acc.to(q.dtype)
+    cfg = _bf16x6_config("backward", q, config)
+    parts = _key_parts(kv, k_rope)
+    W = parts.shape[2]
+    i32 = _parts_i32(indices, parts)
+    bh, bn = min(cfg.block_h, _pow2(H)), cfg.block_k
+    bd, bdc = min(cfg.block_d, _pow2(DL)), min(cfg.block_dv, _pow2(DL))
+    kw = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    delta = torch.empty((T, H), dtype=torch.float64, device=q.device)
+    dsa_fp32_delta_kernel[(T, cdiv(H, bh))](
+        out, dout, delta, H, DL, *_strides3(out), *_strides3(dout), BLOCK_H=bh,
+        BLOCK_D=bd, num_warps=cfg.num_warps)
+    passes = _token_passes(T, H, K)
+    n_max = max(t1 - t0 for t0, t1 in passes)
+    ds = torch.empty((n_max, H, K), dtype=torch.float32, device=q.device)
+    n_chunks = cdiv(DL, bdc) + (q_rope is not None)
+    for t0, t1 in passes:
+        n = t1 - t0
+        idx = indices[t0:t1]
+        lens = topk_length[t0:t1] if topk_length is not None else idx
+        g = dout[t0:t1]
+        dsa_fp32_bwd_scores_kernel[(n, cdiv(H, bh), cdiv(K, bn))](
+            q[t0:t1], qr[t0:t1], parts[0], parts[0, :, DL:], idx, lens, g, lse[t0:t1],
+            delta[t0:t1], ds, dkv_acc, dkr_acc, H, S, K, DL, DR,
+            *_strides3(q), *sqr, W, idx.stride(0), idx.stride(1), *_strides3(g), scale,
+            HAS_ROPE=q_rope is not None, HAS_LEN=topk_length is not None, BLOCK_H=bh,
+            BLOCK_N=bn, BLOCK_D=bd, BLOCK_DR=_pow2(DR), BF16=q.device.type == "cuda",
+            I32=i32, **kw)
+        dsa_fp32_bwd_dq_kernel[(n, cdiv(H, bh), n_chunks)](
+            parts[0], parts[0, :, DL:], idx, lens, ds, dq[t0:t1], dqr[t0:t1],
+            H, S, K, DL, DR, W, idx.stride(0), idx.stride(1),
+            HAS_ROPE=q_rope is not None, HAS_LEN=topk_length is not None, BLOCK_H=bh,
+            BLOCK_K=bn, BLOCK_DC=bdc, BLOCK_DR=_pow2(DR), BF16=q.device.type == "cuda",
+            I32=i32, **kw)
 
 
 def _attend(q, q_rope, kv, k_rope, indices, topk_length, scale):
