@@ -126,6 +126,17 @@ def add_block_dot(acc, alpha, a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _parts_as(x0, x1, x2, BF16: tl.constexpr):
+    """Three bf16 parts as they are with BF16, else as fp32 tiles of the same values (the
+    interpreter's dots)."""
+    if not BF16:
+        x0 = x0.to(tl.float32)
+        x1 = x1.to(tl.float32)
+        x2 = x2.to(tl.float32)
+    return x0, x1, x2
+
+
+@triton.jit
 def split3(x, BF16: tl.constexpr):
     """(x0, x1, x2) with x == x0 + x1 + x2 exactly, each a bf16 value (bf16 tensors with BF16,
     else fp32 tensors holding bf16 values); x fp32."""
@@ -133,11 +144,7 @@ def split3(x, BF16: tl.constexpr):
     r = x - x0.to(tl.float32)
     x1 = r.to(tl.bfloat16)
     x2 = (r - x1.to(tl.float32)).to(tl.bfloat16)
-    if not BF16:
-        x0 = x0.to(tl.float32)
-        x1 = x1.to(tl.float32)
-        x2 = x2.to(tl.float32)
-    return x0, x1, x2
+    return _parts_as(x0, x1, x2, BF16)
 
 
 @triton.jit
@@ -150,11 +157,7 @@ def gather_parts(parts_ptr, part_stride, rows, stride_s, stride_d, offs_d, d_lim
     x1 = gather_rows(parts_ptr + part_stride, rows, stride_s, stride_d, offs_d, d_lim, valid, EVEN)
     x2 = gather_rows(parts_ptr + 2 * part_stride, rows, stride_s, stride_d, offs_d, d_lim, valid,
                      EVEN)
-    if not BF16:
-        x0 = x0.to(tl.float32)
-        x1 = x1.to(tl.float32)
-        x2 = x2.to(tl.float32)
-    return x0, x1, x2
+    return _parts_as(x0, x1, x2, BF16)
 
 
 @triton.jit
