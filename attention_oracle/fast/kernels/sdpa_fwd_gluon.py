@@ -509,7 +509,7 @@ def _unchecked(fields, t):
     """A descriptor of ``fields`` (a checked descriptor's, base left out) over ``t``: the
     dataclass's __post_init__ checks (base alignment, strides, shape, layout: ~10 us of host
     time each) are skipped, the plan and :func:`aligned` having made them for this view."""
-    desc = _DESCRIPTOR.__new__(_DESCRIPTOR)
+    desc = TensorDescriptor.__new__(TensorDescriptor)
     desc.__dict__.update(fields)
     desc.base = t
     return desc
@@ -559,6 +559,5 @@ def launch(query, key, value, out, stats, gluon_plan):
 
 
 if GLUON_AVAILABLE:
-    _DESCRIPTOR = TensorDescriptor
     _LAUNCH = DirectLauncher(sdpa_fwd_gluon_kernel)
     _WS_LAUNCH = DirectLauncher(sdpa_fwd_gluon_ws_kernel)
