@@ -34,6 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention_oracle.fast.sdpa import FP32_MODES, set_fp32_mode
 from attention_oracle.fast.sdpa import scaled_dot_product_attention as fast_sdpa
+from attention_oracle.oracle.sdpa import sdpa_reference
 
 from .timing import host_us, plot_panels, queued_ms, synced_ms, write_json
 
@@ -173,11 +174,9 @@ def fp32_errors(impl, q, k, v, dout, causal, gold):
 
 
 def fp32_gold(q, k, v, dout, causal):
-    """out, dq, dk, dv of torch's math backend on float64 copies of the inputs."""
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    with sdpa_kernel([SDPBackend.MATH]):
-        out = F.scaled_dot_product_attention(q64, k64, v64, is_causal=causal)
-    return (out.detach(),) + torch.autograd.grad(out, (q64, k64, v64), dout.double())
+    """out, dq, dk, dv of the suite's float64 oracle (``oracle.sdpa.sdpa_reference``)."""
+    gold = sdpa_reference(q.detach(), k.detach(), v.detach(), dout, is_causal=causal)
+    return gold["out"], gold["dq"], gold["dk"], gold["dv"]
 
 
 def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128, modes=FP32_MODES):
