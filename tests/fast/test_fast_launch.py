@@ -373,6 +373,14 @@ def test_descriptor_key_is_at_least_as_fine_as_tritons():
     assert len(keys) == 6 and all(len(v) == 1 for v in keys.values()), keys
 
 
+def test_descriptor_key_control_detects_a_coarser_key(monkeypatch):
+    """Negative control for the descriptor test: a key that forgets the block shape fails it."""
+    monkeypatch.setattr(launch, "_descriptor_key", lambda a: ("tensordesc", a.base.dtype))
+    monkeypatch.setattr(launch, "_DESCRIPTOR_CLASSES", set())
+    with pytest.raises(AssertionError):
+        test_descriptor_key_is_at_least_as_fine_as_tritons()
+
+
 def test_key_control_detects_a_coarser_key(monkeypatch):
     """Negative control for the test above: a key that forgets divisibility by 16 fails it."""
     monkeypatch.setattr(launch, "_int_code", lambda a: 0 if -2**31 <= a < 2**31 else 2)
