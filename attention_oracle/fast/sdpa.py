@@ -17,10 +17,11 @@ broadcast dims), never materialised. ``is_causal`` is top-left: query i sees key
 A query row with no key left gives out = 0 and zero gradients. Output ``[..., Hq, L, Ev]`` in the
 input dtype. Inputs of any strides are read in place; so is the backward's ``dout``.
 
-Precision: fp32 inputs (``set_fp32_mode``, default "accurate") take scores in natural units
-from fp64-accumulated dots (``fl(q.k * scale)``, one rounding as the naive math), an accurate
-exp/log and IEEE division (docs/FINDINGS.md F5); "plain" and "tf32x3" run the 16-bit
-kernels' algorithm in fp32, with IEEE dots or 3xTF32 tensor-core dots. fp16/bf16 use fp32
+Precision: fp32 inputs (``set_fp32_mode``) in "tf32x3" mode (the default; head dims up to 128)
+run the 16-bit kernels' algorithm with 3xTF32 tensor-core dots, PyTorch's own fp32 arithmetic;
+"plain" the same with IEEE fp32 dots; "accurate" (wider head dims in any mode) takes scores in
+natural units from fp64-accumulated dots (``fl(q.k * scale)``, one rounding as the naive math),
+an accurate exp/log and IEEE division (docs/FINDINGS.md F5). fp16/bf16 use fp32
 accumulation, scores in log2 units with the fast exp2, and P and dS rounded to the input dtype
 for their dots.
 
@@ -160,17 +161,30 @@ def _precision(dtype, width):
 
 
 FP32_MODES = ("accurate", "plain", "tf32x3")
-_FP32 = Choice("ATTENTION_ORACLE_FAST_FP32", FP32_MODES, "accurate")
-FWD_BACKENDS = ("triton", "gluon")
-_FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_FWD", FWD_BACKENDS, "triton")
+_FP32 = Choice("ATTENTION_ORACLE_FAST_FP32", FP32_MODES, "tf32x3")
+FWD_BACKENDS = ("auto", "triton", "gluon")
+_FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_FWD", FWD_BACKENDS, "auto")
+# per backend: the Gluon forward takes a call its plan applies to ("gluon"), or where it is
+# also the faster one ("auto", sdpa_fwd_gluon.auto_takes), or never ("triton")
+_GLUON_ALWAYS, _GLUON_AUTO = frozenset(("gluon",)), frozenset(("gluon", "auto"))
 
 
 def set_forward_backend(backend):
-    """The forward kernel of later calls: "triton" (every input) or "gluon" (the Hopper
-    kernel of :mod:`fast.kernels.sdpa_fwd_gluon`, taken on sm_90 for fp16/bf16, head dims 128,
-    no mask, TMA-ready strides; other calls keep the Triton kernel). Default:
-    $ATTENTION_ORACLE_FAST_SDPA_FWD or "triton". Returns the previous backend."""
+    """The forward kernel of later calls: "triton" (every input), "gluon" (the Hopper
+    warp-specialised kernel of :mod:`fast.kernels.sdpa_fwd_gluon` wherever it applies: sm_90,
+    fp16/bf16, head dims 64 and 128, no mask, TMA-ready strides and 16-byte aligned data; other
+    calls keep the Triton kernel) or "auto" (the Gluon kernel where it applies and measured
+    faster with its host cost: head dim 128 and at least ``sdpa_fwd_gluon.AUTO_MIN_SCORES``
+    scores). Default: $ATTENTION_ORACLE_FAST_SDPA_FWD or "auto". Returns the previous backend."""
     return _FWD_BACKEND.set(backend)
+
+
+def _gluon_backends(q_shape, k_shape, is_causal, gluon_plan):
+    """The forward backends under which a call with this Gluon plan (None: none applies) runs
+    the Gluon kernel."""
+    if gluon_plan is None:
+        return frozenset()
+    return _GLUON_AUTO if sdpa_fwd_gluon.auto_takes(q_shape, k_shape, is_causal) else _GLUON_ALWAYS
 
 
 def set_fp32_mode(mode):
@@ -184,7 +198,9 @@ def set_fp32_mode(mode):
     (CUTLASS OpMultiplyAddFastF32); each tile split once in the kernels,
     ``kernels.sdpa_common.split_tf32``, and each product added to its fp32 accumulator in
     registers; the interpreter computes the TF32 dots of the exact halves in fp32).
-    Default: $ATTENTION_ORACLE_FAST_FP32 or "accurate". Returns the previous mode."""
+    Default: $ATTENTION_ORACLE_FAST_FP32 or "tf32x3" (0.82x torch's fp32 default for forward
+    and backward on the H200 against 0.60x for "accurate"; docs/PERFORMANCE.md). Returns the
+    previous mode."""
     previous = _FP32.set(mode)
     _options_key()
     return previous
@@ -314,7 +330,9 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
     if S == 0:  # only the public lse is read (the backward returns zeros)
         lse_k.fill_(float("-inf"))
         return out.zero_(), lse_k
-    if _FWD_BACKEND.value == "gluon" and mask is None:
+    backend = _FWD_BACKEND.value
+    if mask is None and (backend == "gluon" or backend == "auto" and sdpa_fwd_gluon.auto_takes(
+            q.shape, k.shape, is_causal)):
         gluon_plan = sdpa_fwd_gluon.plan((q.shape, k.shape, v.shape),
                                          (q.stride(), k.stride(), v.stride()), q.dtype, q.device,
                                          is_causal, scale)
@@ -518,7 +536,7 @@ class _CallPlan:
 
     __slots__ = ("dtype", "device", "out_shape", "out5", "lse_shape", "fwd", "fwd_tail",
                  "bwd", "bwd_common", "bwd_scalars", "grad_shapes", "grad_tails", "pre_tail",
-                 "rows", "gluon", "bound", "pre", "fuse", "stacked", "lse_scratch", "bwd_rest")
+                 "rows", "gluon", "gluon_backends", "bound", "pre", "fuse", "stacked", "lse_scratch", "bwd_rest")
 
     def __init__(self, q5, k5, v5, out_shape, shapes, is_causal, scale):
         Z1, Z2, HQ, L, E = q5.shape
@@ -539,6 +557,7 @@ class _CallPlan:
         self.gluon = sdpa_fwd_gluon.plan((q5.shape, k5.shape, v5.shape),
                                          (q5.stride(), k5.stride(), v5.stride()), dtype,
                                          q5.device, is_causal, scale)
+        self.gluon_backends = _gluon_backends(q5.shape, k5.shape, is_causal, self.gluon)
         self.fwd_tail = (*operands, *self.out5, lse_stride, *ints, scale * factor, *tunes)
         self.fuse = _fuse_bwd(natural, _precision(dtype, width), L, k5.shape[3],
                               HQ // k5.shape[2])
@@ -570,7 +589,7 @@ class _CallPlan:
         lse_k = self.lse_scratch
         if need_lse or lse_k is None:
             lse_k = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
-        if (self.gluon is not None and _FWD_BACKEND.value == "gluon"
+        if (_FWD_BACKEND.value in self.gluon_backends
                 and (query.data_ptr() | key.data_ptr() | value.data_ptr()) & 15 == 0):
             sdpa_fwd_gluon.launch(query, key, value, out, lse_k, self.gluon)
             return out, lse_k

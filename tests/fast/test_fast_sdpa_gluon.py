@@ -25,8 +25,8 @@ from tests.fast.test_fast_sdpa_smoke import check_case  # noqa: E402
 
 
 @contextlib.contextmanager
-def gluon_forward(monkeypatch, scale_error=1.0):
-    """The "gluon" backend for the block, counting the Gluon launches; ``scale_error`` plants
+def gluon_forward(monkeypatch, scale_error=1.0, backend="gluon"):
+    """``backend`` ("gluon") for the block, counting the Gluon launches; ``scale_error`` plants
     a wrong softmax scale in them (the negative control)."""
     calls = []
     launch = sdpa_fwd_gluon.launch
@@ -37,7 +37,7 @@ def gluon_forward(monkeypatch, scale_error=1.0):
         launch(query, key, value, out, stats, (shapes, strides, causal, scale * scale_error))
 
     monkeypatch.setattr(sdpa_fwd_gluon, "launch", counted)
-    previous = fast_sdpa.set_forward_backend("gluon")
+    previous = fast_sdpa.set_forward_backend(backend)
     try:
         yield calls
     finally:
@@ -98,6 +98,25 @@ def test_falls_back_outside_its_domain(gen, monkeypatch):
     assert not calls, calls
 
 
+@pytest.mark.parametrize("with_lse", [False, True], ids=["call_plan", "general"])
+def test_auto_takes_gluon_where_faster(with_lse, gen, monkeypatch):
+    """The default backend ("auto") runs the Gluon kernel for head dim 128 from
+    AUTO_MIN_SCORES scores on (16 heads x 2048 x 2048 = 2**26), and the Triton kernel for
+    fewer scores, head dim 64 and a causal call of half as many scores; through the eager call
+    plan and the general path. A Triton-only "auto" would fail the first assertion."""
+    call = (fast_sdpa.scaled_dot_product_attention_with_lse if with_lse
+            else fast_sdpa.scaled_dot_product_attention)
+    big = randn(1, 16, 2048, 128, dtype=torch.bfloat16, gen=gen)
+    with gluon_forward(monkeypatch, backend="auto") as calls:
+        call(big, big, big)
+        assert len(calls) == 1, "auto did not take the Gluon kernel at 2**26 scores of D 128"
+        call(big[:, :, :2047], big, big)
+        call(big[..., :64], big[..., :64], big[..., :64])
+        call(big, big, big, is_causal=True)
+    assert len(calls) == 1, calls
+    torch.cuda.synchronize()
+
+
 def test_repeat_calls_launch_directly(gen, monkeypatch):
     """After a shape's first call, the Gluon kernel is launched through its compiled launcher
     (fast.launch.DirectLauncher), not Triton's per-call binder; the result is unchanged."""
@@ -125,8 +144,8 @@ def test_planted_wrong_scale_is_caught(gen, monkeypatch):
     assert calls
 
 
-# the warp-specialized kernel has not run on a GPU yet: a deadlock in its barriers would hang
-# the run, so these cases run only when asked (`bash benchmarks/h200.sh check` asks)
+# the other configs are not the default and cost a compile each: they run when asked
+# (`bash benchmarks/h200.sh check` and `optin` ask)
 @pytest.mark.skipif(os.environ.get("ATTENTION_ORACLE_GLUON_VARIANTS", "0") in ("", "0"),
                     reason="set ATTENTION_ORACLE_GLUON_VARIANTS=1 to check the other Gluon configs")
 # (config, head dim): the 128 x 256 tile fits shared memory at head dim 64 only

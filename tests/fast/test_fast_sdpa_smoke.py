@@ -359,11 +359,24 @@ def assert_bitwise(name, got, expected):
         f"{differ.nonzero()[0].tolist()}: {got[differ][0].item()!r} vs {expected[differ][0].item()!r}")
 
 
+@pytest.fixture
+def accurate_fp32():
+    """fp32 calls in fast's "accurate" mode for the test (the default is "tf32x3")."""
+    import attention_oracle.fast.sdpa as fast_sdpa
+    previous = fast_sdpa.set_fp32_mode("accurate")
+    try:
+        yield
+    finally:
+        fast_sdpa.set_fp32_mode(previous)
+
+
+@pytest.mark.usefixtures("accurate_fp32")
 @pytest.mark.parametrize("E,scale", [(256, None), (72, 2.0), (8, 0.5), (200, 0.125)])
 def test_fp32_single_key_lse_is_the_rounded_exact_score(E, scale, gen):
-    """F5 (docs/FINDINGS.md): under is_causal, row 0 sees key 0 only, so lse = its score. fp32 forms the
-    score from an fp64-accumulated dot with one rounding, so lse equals fl32(exact score)
-    bitwise. The log2-unit kernel with fp32 dots was 14 ulps off at E = 256 (the F5 case) and
+    """F5 (docs/FINDINGS.md): under is_causal, row 0 sees key 0 only, so lse = its score. fp32 in
+    "accurate" mode forms the score from an fp64-accumulated dot with one rounding, so lse equals
+    fl32(exact score) bitwise (E 256 and 200 exceed tf32x3's head dims and run "accurate" in any
+    mode). The log2-unit kernel with fp32 dots was 14 ulps off at E = 256 (the F5 case) and
     fails this test (checked against the pre-fix tree)."""
     q = randn(2, 3, 4, E, dtype=torch.float32, gen=gen) * 3
     k = randn(2, 3, 4, E, dtype=torch.float32, gen=gen)

@@ -13,8 +13,8 @@ written the way FA3 feeds the tensor cores:
   ``O += P_{j-1} V_{j-1}``, waits for S_j alone and runs softmax(j) while the P.V product of
   the previous tile is still on the tensor cores.
 
-A warp-specialized form (``sdpa_fwd_gluon_ws_kernel``, ``CONFIG[4]``; FA3's roles, not yet run on
-the GPU): one producer warp issues every TMA load; the two 64-row consumer warpgroups are
+A warp-specialized form (``sdpa_fwd_gluon_ws_kernel``, ``CONFIG[4]``, the default config; FA3's
+roles): one producer warp issues every TMA load; the two 64-row consumer warpgroups are
 separate partitions that free each ring stage through an empty mbarrier of count 2, so they
 never wait for each other (in the default kernel both warpgroups meet at CTA barriers each
 tile).
@@ -61,6 +61,14 @@ LN2 = 0.6931471805599453
 # L 4096 D 128: 631 / 586 TFLOP/s queued / synced against 520 / 462 for WS=False (docs/PERFORMANCE.md,
 # "Gluon forward (opt-in), D 128").
 CONFIG = (128, 128, 2, 4, True)
+# fast.sdpa's default forward backend ("auto") takes this kernel where it measured faster than
+# the Triton forward on the H200, its host cost included (docs/PERFORMANCE.md "Gluon forward"):
+# head dim 128 (1.23-1.45x Triton queued, 1.01-1.27x synced at L 1k-16k; at D 64 it trails
+# Triton up to L 4k), and calls of at least AUTO_MIN_SCORES score elements: its launch costs
+# ~15 us more host time than Triton's (31.0 against 16.4 us), which a 1.3x faster kernel repays
+# from ~65 us of Triton kernel time, 2**26 D-128 scores at ~450 TFLOP/s.
+AUTO_HEAD_DIMS = (128,)
+AUTO_MIN_SCORES = 2 ** 26
 _GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _ELEMENT_SIZE = {torch.bfloat16: 2, torch.float16: 2}
 
@@ -488,6 +496,18 @@ def plan(shapes, strides, dtype, device, is_causal, scale):
         return None
     return (tuple(tuple(sh) for sh in shapes), tuple(tuple(st) for st in strides),
             bool(is_causal), float(scale))
+
+
+def auto_takes(q_shape, k_shape, is_causal):
+    """Whether the "auto" forward backend takes this kernel for q ``[..., L, D]`` and k
+    ``[..., S, D]`` (rank 5, broadcast dims included) where :func:`plan` applies: a head dim in
+    ``AUTO_HEAD_DIMS`` and at least ``AUTO_MIN_SCORES`` scores computed (half under causal)."""
+    if q_shape[-1] not in AUTO_HEAD_DIMS:
+        return False
+    scores = q_shape[-2] * k_shape[-2]
+    for n in q_shape[:-2]:
+        scores *= n
+    return (scores >> 1 if is_causal else scores) >= AUTO_MIN_SCORES
 
 
 def aligned(*data_ptrs):

@@ -1,0 +1,56 @@
+"""Which forward kernel fast SDPA's backends choose (fast/sdpa.py ``set_forward_backend``,
+fast/kernels/sdpa_fwd_gluon.py ``auto_takes``): shape logic only, so it runs on every machine;
+the kernels themselves are checked by test_fast_sdpa_smoke.py and, on sm_90, by
+test_fast_sdpa_gluon.py (``test_auto_takes_gluon_where_faster`` there runs the same rule).
+"""
+import pytest
+
+from attention_oracle.fast import sdpa as fast_sdpa
+from attention_oracle.fast.kernels import sdpa_fwd_gluon
+
+MIN = sdpa_fwd_gluon.AUTO_MIN_SCORES
+PLAN = object()  # a stand-in for a Gluon plan (None: the kernel does not apply)
+
+
+def shapes(heads, L, S, D=128):
+    """Rank-5 q and k shapes of one batch."""
+    return (1, 1, heads, L, D), (1, 1, heads, S, D)
+
+
+@pytest.mark.parametrize("heads,L,S,D,causal,takes", [
+    (16, 2048, 2048, 128, False, True),    # exactly AUTO_MIN_SCORES
+    (16, 2047, 2048, 128, False, False),   # one query row fewer
+    (16, 2048, 2048, 128, True, False),    # causal computes half the scores
+    (32, 2048, 2048, 128, True, True),
+    (16, 2048, 2048, 64, False, False),    # D 64 stays on Triton under auto
+    (4 * 32, 1024, 1024, 128, False, True),  # the benchmarks' L 1k at B 4, H 32
+])
+def test_auto_takes(heads, L, S, D, causal, takes):
+    q, k = shapes(heads, L, S, D)
+    assert sdpa_fwd_gluon.auto_takes(q, k, causal) is takes, (heads, L, S, D, causal)
+
+
+def test_auto_counts_every_batch_dim():
+    """Scores over the two leading (broadcast) dims count as heads do."""
+    assert sdpa_fwd_gluon.auto_takes((2, 8, 1, 2048, 128), (2, 8, 1, 2048, 128), False)
+    assert not sdpa_fwd_gluon.auto_takes((2, 4, 1, 2048, 128), (2, 4, 1, 2048, 128), False)
+
+
+def test_backends_per_call():
+    """A call the Gluon kernel applies to runs it under "gluon", and under "auto" only where
+    auto_takes; never under "triton" or without a plan."""
+    big, small = shapes(16, 2048, 2048), shapes(1, 128, 128)
+    assert fast_sdpa._gluon_backends(*big, False, PLAN) == {"gluon", "auto"}
+    assert fast_sdpa._gluon_backends(*small, False, PLAN) == {"gluon"}
+    assert fast_sdpa._gluon_backends(*big, False, None) == set()
+    assert "triton" not in fast_sdpa._gluon_backends(*big, False, PLAN)
+
+
+def test_default_backend_and_bad_value():
+    assert fast_sdpa.FWD_BACKENDS[0] == "auto"
+    previous = fast_sdpa.set_forward_backend("triton")
+    try:
+        with pytest.raises(ValueError, match="mode must be one of"):
+            fast_sdpa.set_forward_backend("cudnn")
+    finally:
+        fast_sdpa.set_forward_backend(previous)
