@@ -46,6 +46,7 @@ import torch
 
 from ..validation import check_dsa_inputs, floating_tensor, key_rows
 from . import flash
+from .apriori import apriori_bounds
 from .flash import ALGORITHMS
 from .index import offset_gather_kv_indices
 
@@ -122,7 +123,8 @@ def _validate_dout(dout, ops: _Operands) -> None:
 
 # --------------------------------------------------------------------------- chunking
 
-def _bytes_per_query(ops: _Operands, compute_itemsize: int, grads: bool, magnitude: bool) -> int:
+def _bytes_per_query(ops: _Operands, compute_itemsize: int, grads: bool, magnitude: bool,
+                     apriori: bool = False) -> int:
     """Conservative estimate of the transient bytes one query costs inside a chunk."""
     K, H, Dl, Dr = max(ops.K, 1), ops.H, ops.Dl, ops.Dr
     rows, head_rows, scores = K * (Dl + Dr), H * (Dl + Dr), H * K
@@ -136,15 +138,17 @@ def _bytes_per_query(ops: _Operands, compute_itemsize: int, grads: bool, magnitu
         total += m * (2 * rows + 5 * scores + (2 * rows if grads else 0) + 3 * head_rows)
         if grads:  # the accumulation terms: |dout| @ |kv|^T and their products
             total += m * (3 * scores + rows + 2 * head_rows)
+    if apriori:  # scores again, |q k|, rho and the weights, the bounds' rows (_Apriori)
+        total += compute_itemsize * (10 * scores + 4 * rows + 4 * head_rows)
     return total + 64 * K  # index, validity and routing vectors
 
 
 def _queries_per_chunk(ops: _Operands, compute_dtype: torch.dtype, grads: bool,
-                       magnitude: bool, chunk_bytes: int) -> int:
+                       magnitude: bool, chunk_bytes: int, apriori: bool = False) -> int:
     if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
     itemsize = torch.finfo(compute_dtype).bits // 8
-    per_query = _bytes_per_query(ops, itemsize, grads, magnitude)
+    per_query = _bytes_per_query(ops, itemsize, grads, magnitude, apriori)
     return max(1, min(max(ops.T, 1), chunk_bytes // per_query))
 
 
@@ -395,14 +399,67 @@ def _accumulator_dtype(compute_dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if compute_dtype in (torch.float16, torch.bfloat16) else compute_dtype
 
 
+class _Apriori:
+    """The a-priori term's bounds (oracle/apriori.py, in units of u) over a run's chunks: DSA is
+    SDPA over each token's gathered slots, queries [c, H, Dl + Dr] against keys [c, K, Dl + Dr]
+    with the latent rows as values; the key-side bounds are added into key rows as the
+    gradients are (a duplicate slot twice)."""
+
+    def __init__(self, ops: _Operands, grads: bool):
+        self.Dl, self.rope = ops.Dl, ops.q_rope is not None
+        self.max = {"out": 0.0, "lse": 0.0}
+        if grads:
+            self.max.update(dq_latent=0.0, **({"dq_rope": 0.0} if self.rope else {}))
+            dev = ops.q_latent.device
+            self.dkv = torch.zeros(ops.S + 1, ops.Dl, dtype=torch.float64, device=dev)
+            self.dkr = (torch.zeros(ops.S + 1, ops.Dr, dtype=torch.float64, device=dev)
+                        if self.rope else None)
+
+    def _peak(self, name: str, x: torch.Tensor) -> None:
+        if x.numel():
+            self.max[name] = max(self.max[name], float(x.max()))
+
+    def add(self, ch: _Chunk, scale: float, g: _ChunkGrads | None = None,
+            dout: torch.Tensor | None = None) -> None:
+        cat = (lambda a, b: a if b is None else torch.cat([a, b], -1))
+        q, k_abs = cat(ch.ql, ch.qr), cat(ch.kl, ch.kr).abs()
+        s = _scores(ch.ql, ch.kl, ch.qr, ch.kr, ch.valid, scale, ch.ql.dtype)
+        if g is None:
+            b = apriori_bounds(q, k_abs, ch.kl, s, ch.P, ch.lse, ch.out, scale)
+        else:
+            b = apriori_bounds(q, k_abs, ch.kl, s, ch.P, ch.lse, ch.out, scale, dout, g.dP, g.delta)
+        self._peak("out", b["out"])
+        self._peak("lse", b["lse"])
+        if g is None:
+            return
+        Dl, route = self.Dl, ch.route.reshape(-1)
+        self._peak("dq_latent", b["dq"][..., :Dl])
+        self.dkv.index_add_(0, route, (b["dk"][..., :Dl] + b["dv"]).reshape(-1, Dl).double())
+        if self.rope:
+            self._peak("dq_rope", b["dq"][..., Dl:])
+            dr = b["dk"][..., Dl:]
+            self.dkr.index_add_(0, route, dr.reshape(-1, dr.shape[-1]).double())
+
+    def finish(self) -> dict:
+        if hasattr(self, "dkv"):
+            self._peak_rows("dkv_latent", self.dkv)
+            if self.rope:
+                self._peak_rows("dk_rope", self.dkr)
+        return dict(self.max)
+
+    def _peak_rows(self, name: str, acc: torch.Tensor) -> None:
+        self.max[name] = float(acc[:-1].max()) if acc.shape[0] > 1 else 0.0
+
+
 def _attend(ops: _Operands, dout: torch.Tensor | None, *, compute_dtype: torch.dtype,
             result_dtype: torch.dtype, magnitudes: bool, chunk_bytes: int,
-            want_forward: bool = True, algorithm: str = "naive") -> dict:
-    """Run the chunked math; return out/lse (if ``want_forward``), gradients, magnitudes."""
+            want_forward: bool = True, algorithm: str = "naive", apriori: bool = False) -> dict:
+    """Run the chunked math; return out/lse (if ``want_forward``), gradients, magnitudes and,
+    with ``apriori``, the a-priori term's bounds."""
     grads = dout is not None
     T, H, S, Dl, Dr, device = ops.T, ops.H, ops.S, ops.Dl, ops.Dr, ops.q_latent.device
     work_dtype = _accumulator_dtype(compute_dtype) if algorithm == "flash" else compute_dtype
-    chunk = _queries_per_chunk(ops, work_dtype, grads, magnitudes, chunk_bytes)
+    chunk = _queries_per_chunk(ops, work_dtype, grads, magnitudes, chunk_bytes, apriori)
     result: dict = {}
     if want_forward:
         result["out"] = torch.empty(T, H, Dl, dtype=result_dtype, device=device)
@@ -416,6 +473,7 @@ def _attend(ops: _Operands, dout: torch.Tensor | None, *, compute_dtype: torch.d
         dkr_acc = (torch.zeros(S + 1, Dr, dtype=acc, device=device)
                    if ops.q_rope is not None else None)
     tally = _Magnitudes(ops, grads) if magnitudes else None
+    bounds = _Apriori(ops, grads) if apriori else None
     for start in range(0, T, chunk):
         stop = min(T, start + chunk)
         ch = _forward_chunk(ops, start, stop, compute_dtype, algorithm)
@@ -425,6 +483,8 @@ def _attend(ops: _Operands, dout: torch.Tensor | None, *, compute_dtype: torch.d
         if tally is not None:
             tally.add_forward(ch)
         if not grads:
+            if bounds is not None:
+                bounds.add(ch, ops.scale)
             continue
         dout_c = dout[start:stop].to(compute_dtype)
         g = _backward_chunk(ch, dout_c)
@@ -436,6 +496,8 @@ def _attend(ops: _Operands, dout: torch.Tensor | None, *, compute_dtype: torch.d
             dkr_acc.index_add_(0, route, g.dkr_slots.reshape(-1, Dr).to(dkr_acc.dtype))
         if tally is not None:
             tally.add_backward(ch, g, dout_c, ops.scale)
+        if bounds is not None:
+            bounds.add(ch, ops.scale, g, dout_c)
         del ch, g, dout_c
     if grads:
         result["dkv_latent"] = dkv_acc[:S].to(compute_dtype).to(result_dtype)
@@ -447,6 +509,8 @@ def _attend(ops: _Operands, dout: torch.Tensor | None, *, compute_dtype: torch.d
             result["magnitude_rows"] = tally.key_rows()
             result["magnitude_acc"] = dict(tally.acc)
             result["magnitude_acc_rows"] = tally.accumulation_rows()
+    if bounds is not None:
+        result["apriori"] = bounds.finish()
     return result
 
 
@@ -461,7 +525,8 @@ def _pad_empty_index_table(indices: torch.Tensor) -> torch.Tensor:
 
 def dsa_reference(q_latent, q_rope, kv_latent, k_rope, indices, dout=None, *, topk_length=None,
                   softmax_scale=None, compute_dtype=torch.float64,
-                  chunk_bytes=DEFAULT_CHUNK_BYTES, magnitudes=True, algorithm="naive") -> dict:
+                  chunk_bytes=DEFAULT_CHUNK_BYTES, magnitudes=True, algorithm="naive",
+                  apriori=False) -> dict:
     """The oracle's DSA math run in ``compute_dtype`` (float64 and "naive" give the gold result).
 
     Args:
@@ -480,6 +545,10 @@ def dsa_reference(q_latent, q_rope, kv_latent, k_rope, indices, dout=None, *, to
             sqrt(scale) before the product; the values unscaled) or "flash" (fused-kernel
             numerics, ``oracle/flash.py``, over slot tiles; key gradients accumulated in
             float32 per slot and rounded once).
+        apriori: with ``magnitudes`` and float64, also ``apriori`` {output: float}: the
+            agreement rule's a-priori term (oracle/apriori.py) in units of the accumulation
+            dtype's unit roundoff, the largest over each output's elements (docs/CONTRACT.md
+            "5. The agreement rule").
 
     Returns:
         dict with ``out [T, H, Dl]`` (compute dtype), ``lse [T, H]`` float32, and when ``dout``
@@ -499,11 +568,14 @@ def dsa_reference(q_latent, q_rope, kv_latent, k_rope, indices, dout=None, *, to
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     if magnitudes and algorithm != "naive":
         raise ValueError("magnitudes=True is computed with algorithm='naive' only")
+    if apriori and not magnitudes:
+        raise ValueError("apriori=True needs magnitudes=True (the gold run)")
     if dout is not None:
         _validate_dout(dout, ops)
     ops.indices = _pad_empty_index_table(ops.indices)
     result = _attend(ops, dout, compute_dtype=compute_dtype, result_dtype=compute_dtype,
-                     magnitudes=magnitudes, chunk_bytes=chunk_bytes, algorithm=algorithm)
+                     magnitudes=magnitudes, chunk_bytes=chunk_bytes, algorithm=algorithm,
+                     apriori=apriori)
     if dout is not None:
         result["dkv_latent"] = result["dkv_latent"].reshape(kv_latent.shape)
         if k_rope is not None:

@@ -25,6 +25,7 @@ import torch
 
 from ..validation import check_sdpa_inputs
 from . import flash
+from .apriori import apriori_bounds
 
 # the standard algorithms of the lp ensemble: both oracles' three, and for float32 the flash
 # algorithm on 3xTF32 tensor cores (PyTorch's fp32 EFFICIENT kernels on sm_80 and newer)
@@ -145,67 +146,6 @@ def _accumulation_weights(p, dout_abs, v_abs, out):
     terms = torch.matmul(dout_abs, v_abs.transpose(-1, -2))
     terms += (dout_abs * out.abs()).sum(-1, keepdim=True)
     return p * terms * math.sqrt(v_abs.shape[-1])
-
-
-# The a-priori term (docs/agreement-rule.md, "The a-priori term"): the relative error of each
-# P_ij that the exponent's argument carries in the standard fused algorithms, in units of the
-# accumulation dtype's unit roundoff u, propagated to first order through out, lse and the
-# gradients. A fused kernel rounds the score when it scales it and again when it takes it to
-# log2 units (2|s|), the row max or lse it subtracts likewise (2|m|, 2|lse|), a 3xTF32 score
-# carries about 2u per unit of sum|q_e k_e| scale (the split's dropped and rounded parts; 1.6-2.6u
-# measured on the H200 beyond the two roundings), and exp2 on the GPU is approximate (4u). Rows whose max is so large that u |m| is no longer small
-# are left to the ensemble (the argument overflows there: kernels that get those rows right
-# subtract first).
-APRIORI_SCORE, APRIORI_SHIFT, APRIORI_DOT, APRIORI_EXP2 = 2.0, 2.0, 2.0, 4.0
-APRIORI_MAX_SHIFT = 2.0 ** 20   # |m| beyond this: u |m| >= 2^-4 in float32
-
-
-def _apriori_rho(s, dotabs, shift):
-    """rho_ij / u = 2|s_ij| + 2|shift_i| + 2 dotabs_ij + 4, 0 where s is -inf and on rows whose
-    |shift| passes APRIORI_MAX_SHIFT; ``shift`` [.., rows, 1] (row max or lse)."""
-    finite = torch.isfinite(s)
-    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift)).abs()
-    rho = (APRIORI_SCORE * torch.where(finite, s, torch.zeros_like(s)).abs()
-           + APRIORI_SHIFT * shift + APRIORI_DOT * dotabs + APRIORI_EXP2)
-    keep = finite & (shift <= APRIORI_MAX_SHIFT)
-    return torch.where(keep, rho, torch.zeros_like(rho))
-
-
-def _apriori_spread(w, v, out):
-    """sum_j w_ij |v_j - out_i| per element [.., rows, Ev], bounded by Cauchy-Schwarz:
-    sqrt(sum_j w_ij (v_j - out_i)^2 * sum_j w_ij) with the square expanded into matmuls."""
-    wsum = w.sum(-1, keepdim=True)
-    second = torch.matmul(w, v * v) - 2 * out * torch.matmul(w, v) + out * out * wsum
-    return torch.sqrt(second.clamp_min(0) * wsum)
-
-
-def _bound_mm(a, b):
-    """a @ b for the non-negative terms of a bound, in float32 (a bound needs no more digits,
-    and no term cancels), back in a's dtype."""
-    return torch.matmul(a.float(), b.float()).to(a.dtype)
-
-
-def _apriori_chunk(qc, k_abs, v, s, p, lse_c, oc, sc, doc=None, dp=None, delta=None):
-    """The a-priori bounds of one query chunk, in units of u: {"out", "lse"} [.., rows, .] and
-    with ``doc`` also "dq" and the chunk's "dk", "dv" terms; ``k_abs`` is |k|."""
-    q_abs = qc.abs()
-    dotabs = _bound_mm(q_abs, k_abs.transpose(-1, -2)) * abs(sc)
-    m = s.amax(-1, keepdim=True)   # -inf on a row no key takes part in
-    w = p * _apriori_rho(s, dotabs, m)
-    lse = lse_c.unsqueeze(-1)
-    b = {"out": _apriori_spread(w, v, oc)}
-    kept = torch.isfinite(lse) & (lse.abs() <= APRIORI_MAX_SHIFT)
-    lse_err = w.sum(-1, keepdim=True) + APRIORI_SHIFT * torch.where(kept, lse, torch.zeros_like(lse)).abs()
-    b["lse"] = lse_err.squeeze(-1)
-    if doc is None:
-        return b
-    wb = p * (_apriori_rho(s, dotabs, lse) + lse_err)   # P recomputed from the stored lse
-    delta_err = (doc.abs() * b["out"]).sum(-1, keepdim=True)
-    ds = wb * (dp - delta).abs() + p * delta_err
-    b["dq"] = _bound_mm(ds, k_abs) * abs(sc)
-    b["dk"] = _bound_mm(ds.transpose(-1, -2), q_abs) * abs(sc)
-    b["dv"] = _bound_mm(wb.transpose(-1, -2), doc.abs())
-    return b
 
 
 # ----------------------------------------------------------------------------- algorithms
@@ -387,14 +327,14 @@ def sdpa_reference(query, key, value, dout=None, *, attn_mask=None, is_causal=Fa
             mags["lse"] = max(mags["lse"], _amax(lse_terms))
         if do is None:
             if with_apriori:
-                bounds = _apriori_chunk(qc, k_abs, v, s, p, lse_c, oc, sc)
+                bounds = apriori_bounds(qc, k_abs, v, s, p, lse_c, oc, sc)
                 apriori_max.update({n: max(apriori_max[n], _amax(bounds[n])) for n in ("out", "lse")})
             continue
         doc = do[:, :, r0:r1]
         dp = torch.matmul(doc, v.transpose(-1, -2))
         delta = (doc * oc).sum(-1, keepdim=True)
         if with_apriori:
-            bounds = _apriori_chunk(qc, k_abs, v, s, p, lse_c, oc, sc, doc, dp, delta)
+            bounds = apriori_bounds(qc, k_abs, v, s, p, lse_c, oc, sc, doc, dp, delta)
             apriori_max.update({n: max(apriori_max[n], _amax(bounds[n]))
                                 for n in ("out", "lse", "dq")})
             apr_dk += bounds["dk"]

@@ -176,3 +176,82 @@ def test_finfo_min_rows_left_to_the_ensemble():
                             magnitudes=True, apriori=True)["apriori"]
     for name in ("out", "lse", "dq", "dk", "dv"):
         assert math.isfinite(padded[name]) and padded[name] <= 2 * plain[name], (name, padded, plain)
+
+
+# ----------------------------------------------------------------------------- DSA (F27)
+# DSA is SDPA over each token's gathered slots; its rule takes the same term (oracle/dsa.py
+# _Apriori). docs/FINDINGS.md F27: with every score moved down by ~120 through one latent
+# channel, a correct fp32 kernel that sums the score's dot one product at a time, the large
+# channel first, exceeded the three-member ensemble's bound.
+
+from attention_oracle.oracle.dsa import dsa_reference  # noqa: E402
+from attention_oracle.oracle.flash import ALGORITHMS as DSA_ALGORITHMS  # noqa: E402
+
+
+def dsa_problem(seed, shift=-120.0, T=5, H=2, S=17, K=16, Dl=16, Dr=8):
+    """fp32 DSA operands with every score moved by about ``shift`` through latent channel 0
+    (q 0 = shift / (4 scale), k 0 = 4: the checks' low_lse regime), and random slots."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = (Dl + Dr) ** -0.5
+    ql, qr = (torch.randn(T, H, d, generator=gen, dtype=torch.float64) for d in (Dl, Dr))
+    kv, kr = (torch.randn(S, d, generator=gen, dtype=torch.float64) for d in (Dl, Dr))
+    ql[:, :, 0] = shift / (4 * scale)
+    kv[:, 0] = 4.0
+    idx = torch.randint(0, S, (T, K), generator=gen)
+    return [t.to(F32) for t in (ql, qr, kv, kr)], idx, scale
+
+
+def dsa_sequential(ql, qr, kv, kr, idx, scale, rounding=None):
+    """fp32 DSA out with each score's dot summed one rounded product at a time in channel
+    order (a scalar loop), then the naive softmax and P.V; ``rounding`` applied to the scores."""
+    q, k = torch.cat([ql, qr], -1), torch.cat([kv, kr], -1)[idx]          # [T, H, D], [T, K, D]
+    s = torch.zeros(q.shape[0], q.shape[1], k.shape[1], dtype=F32)
+    for e in range(q.shape[-1]):
+        s = s + q[:, :, None, e] * k[:, None, :, e]
+    s = s * scale
+    if rounding is not None:
+        s = rounding(s)
+    return torch.matmul(torch.softmax(s, -1), kv[idx])
+
+
+def _dsa_verdict(seed, impl, with_apriori=True, members=DSA_ALGORITHMS, **kw):
+    (ql, qr, kv, kr), idx, scale = dsa_problem(seed, **kw)
+    gold = dsa_reference(*(t.double() for t in (ql, qr, kv, kr)), idx, softmax_scale=scale,
+                         apriori=True)
+    lp = {a: dsa_reference(ql, qr, kv, kr, idx, softmax_scale=scale, compute_dtype=F32,
+                           magnitudes=False, algorithm=a)["out"] for a in members}
+    g = gold["out"]
+    got = impl(ql, qr, kv, kr, idx, scale)
+    return rule(float((got.double() - g).abs().max()),
+                {a: float((r.double() - g).abs().max()) for a, r in lp.items()},
+                float((g.to(F32).double() - g).abs().max()), gold["magnitude"]["out"], F32, False,
+                apriori=gold["apriori"]["out"] if with_apriori else 0.0)
+
+
+DSA_SEEDS = range(8)
+
+
+def test_dsa_sequential_scores_within_the_rule():
+    """The sequential score loop passes every seed with the term."""
+    ratios = {s: _dsa_verdict(s, dsa_sequential).ratio for s in DSA_SEEDS}
+    assert max(ratios.values()) < 1.0, ratios
+
+
+def test_dsa_ensemble_alone_calls_the_sequential_scores_wrong():
+    """F27's mechanism on these problems: without the term the ensemble rejects it on some seed."""
+    assert any(_dsa_verdict(s, dsa_sequential, with_apriori=False).ratio > 1.0 for s in DSA_SEEDS)
+
+
+@pytest.mark.parametrize("shift", [-120.0, 0.0])
+def test_dsa_scores_rounded_to_bfloat16_still_caught(shift):
+    """Scores rounded to bfloat16 inside an fp32 kernel (2^-9 |s| per P) fail with the term."""
+    bf16 = (lambda s: s.to(torch.bfloat16).to(F32))
+    impl = (lambda *a: dsa_sequential(*a, rounding=bf16))
+    assert all(_dsa_verdict(s, impl, shift=shift).ratio > 1.0 for s in range(3))
+
+
+def test_dsa_dropped_slot_still_caught():
+    """A kernel that leaves out each row's last slot is caught with the term, at the shift."""
+    def dropped(ql, qr, kv, kr, idx, scale):
+        return dsa_sequential(ql, qr, kv, kr, idx[:, :-1], scale)
+    assert all(_dsa_verdict(s, dropped).ratio > 1.0 for s in range(3))

@@ -300,6 +300,26 @@ def test_chunked_equals_unchunked(rope):
                                rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("rope", [True, False], ids=["rope", "nope"])
+def test_apriori_bounds_per_output_and_chunking(rope):
+    """``apriori=True`` gives one non-negative bound per output (no rope outputs for NoPE), the
+    same for any chunking (the key-side bounds are added into key rows, so a row repeated
+    across chunks sums its slots), and needs the gold run's magnitudes."""
+    q_latent, q_rope, kv_latent, k_rope, idx = _make(T=11, S=7, K=6, rope=rope, seed=4)
+    idx[7] = idx[6]
+    dout = _dout(11, 2, 4)
+    args = (q_latent, q_rope, kv_latent, k_rope, idx, dout)
+    whole = dsa_reference(*args, apriori=True)["apriori"]
+    tiny = dsa_reference(*args, apriori=True, chunk_bytes=1)["apriori"]
+    names = {"out", "lse", "dq_latent", "dkv_latent"} | ({"dq_rope", "dk_rope"} if rope else set())
+    assert set(whole) == names
+    for name in names:
+        assert whole[name] > 0 and tiny[name] == pytest.approx(whole[name], rel=1e-5), name
+    assert set(dsa_reference(*args[:5], apriori=True)["apriori"]) == {"out", "lse"}
+    with pytest.raises(ValueError, match="apriori"):
+        dsa_reference(*args, apriori=True, magnitudes=False)
+
+
 # ------------------------------------------------------------------ dtypes and low-precision math
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -125,7 +125,8 @@ def references(inp: DsaInputs, dout=None, *, rows=None, topk="same") -> tuple[di
     args = [t.detach() if t is not None else None
             for t in (inp.q_latent, inp.q_rope, inp.kv_latent, inp.k_rope)]
     kw = dict(topk_length=tk, softmax_scale=c.scale)
-    gold = dsa_reference(*args, idx, dout, compute_dtype=torch.float64, **kw)
+    gold = dsa_reference(*args, idx, dout, compute_dtype=torch.float64,
+                         apriori=c.torch_dtype == torch.float32, **kw)
     return gold, lp_references(*args, idx, dout, compute_dtype=c.torch_dtype, **kw)
 
 
