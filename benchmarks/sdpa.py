@@ -4,7 +4,9 @@
                               [--dims 64,128] [--heads 32] [--tokens 16384] [--precompile 12]
                               [--budget-s 300]
 
-In one run, on the same bf16 inputs ``[B, H, L, D]`` (B = tokens // L), side by side: fast,
+In one run, on the same bf16 inputs ``[B, H, L, D]`` (B = tokens // L), side by side: fast
+(its default forward backend; the JSON's ``fast_forward`` says which kernel it ran, Gluon or
+Triton),
 cuDNN (``CUDNN_ATTENTION``), FA2 (``FLASH_ATTENTION``) and the default dispatch (timed only
 when it picks another backend than cuDNN; the JSON records its choice), causal and not, for
 three phases: the inference forward (``no_grad``), the training forward (inputs requiring
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from attention_oracle.fast.kernels import sdpa_fwd_gluon
 from attention_oracle.fast.sdpa import FP32_MODES, set_fp32_mode
 from attention_oracle.fast.sdpa import scaled_dot_product_attention as fast_sdpa
 from attention_oracle.oracle.sdpa import sdpa_reference
@@ -124,12 +127,32 @@ def compare(q, k, v, dout, causal):
     return res
 
 
+def fast_forward_kernel(q, k, v, causal):
+    """The forward kernel fast's current backend runs for this call: "gluon" (the call went
+    through ``sdpa_fwd_gluon.launch``) or "triton"."""
+    calls = []
+    launch = sdpa_fwd_gluon.launch
+
+    def counted(*args):
+        calls.append(1)
+        return launch(*args)
+
+    sdpa_fwd_gluon.launch = counted
+    try:
+        with torch.no_grad():
+            fast(q, k, v, causal)
+    finally:
+        sdpa_fwd_gluon.launch = launch
+    return "gluon" if calls else "triton"
+
+
 def bench_point(B, H, L, D, causal, rep, backward, synced_reps):
     """One (L, D, causal) point: every impl, phase and timing method on the same inputs."""
     (q, k, v), dout = make_inputs(B, H, L, D)
     default = torch._fused_sdp_choice(q, k, v, is_causal=causal)
     point = {"B": B, "H": H, "L": L, "S": L, "D": D, "causal": causal,
-             "default_backend": int(default), "default_backend_name": str(SDPBackend(default))}
+             "default_backend": int(default), "default_backend_name": str(SDPBackend(default)),
+             "fast_forward": fast_forward_kernel(q, k, v, causal)}
     impls = dict(IMPLS)
     if SDPBackend(default) != SDPBackend.CUDNN_ATTENTION:
         impls["default"] = torch_default
@@ -307,6 +330,7 @@ def print_table(points):
     print(head)
     print("-" * len(head))
     for p in points:
+        print(f"fast's forward kernel at this point: {p.get('fast_forward', '?')}")
         for phase in PHASES:
             r = p.get(phase)
             if not r:
