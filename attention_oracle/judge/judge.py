@@ -48,14 +48,15 @@ class Judge:
         return dataclasses.replace(self, case=case)
 
     def agrees(self, name: str, x: torch.Tensor, gold: torch.Tensor, lp, *, magnitude: float,
-               gradient: bool, acc_magnitude: float = 0.0) -> agreement.Verdict:
+               gradient: bool, acc_magnitude: float = 0.0, apriori: float = 0.0) -> agreement.Verdict:
         """The agreement rule on output ``name``: ``x`` against the float64 ``gold`` with the lp
         runs ``lp`` (one tensor or {algorithm: tensor}) in the case's dtype; the Verdict.
         ``magnitude`` / ``acc_magnitude``: the floor's terms (the oracle's ``magnitude`` and
-        ``magnitude_acc`` of the output)."""
+        ``magnitude_acc`` of the output); ``apriori``: the oracle's a-priori term (0: none)."""
         return known.judged(self, name, lambda: agreement.assert_agrees(
             x, gold, lp, check=self.check, impl=self.impl, name=name, dtype=self.dtype,
-            gradient=gradient, magnitude=magnitude, repro=self.repro, acc_magnitude=acc_magnitude))
+            gradient=gradient, magnitude=magnitude, repro=self.repro, acc_magnitude=acc_magnitude,
+            apriori=apriori))
 
     def agrees_with(self, name: str, x: torch.Tensor, gold: Mapping, lp: Mapping, *,
                     gradient: bool, select=None) -> agreement.Verdict:

@@ -149,7 +149,8 @@ def compacted_attention(judge: Judge, case: IndexCase) -> None:
     gold_rows = oracle_offset(inp.gather_kv_indices, inp.cu_seqlens_q, inp.cu_seqlens_k,
                               causal=case.causal, topk_length=inp.topk_length)
     scale = case.D ** -0.5  # explicit: the contract leaves softmax_scale=None to each implementation
-    gold = dsa_reference(q, None, kv, None, gold_rows, compute_dtype=torch.float64, softmax_scale=scale)
+    gold = dsa_reference(q, None, kv, None, gold_rows, compute_dtype=torch.float64, softmax_scale=scale,
+                         apriori=case.torch_dtype == torch.float32)
     lp = lp_references(q, None, kv, None, gold_rows, compute_dtype=case.torch_dtype,
                        softmax_scale=scale)
     for label, rows, lengths in (("holey", holey, holey_len), ("compacted", compacted, compact_len)):
@@ -157,7 +158,8 @@ def compacted_attention(judge: Judge, case: IndexCase) -> None:
                                return_lse=True)
         for name, x in (("out", out), ("lse", lse)):
             judge.agrees(f"{name} ({label} rows)", x, gold[name], {a: r[name] for a, r in lp.items()},
-                         magnitude=gold["magnitude"][name], gradient=False)
+                         magnitude=gold["magnitude"][name], gradient=False,
+                         apriori=gold.get("apriori", {}).get(name, 0.0))
 
 
 
