@@ -255,3 +255,44 @@ def test_dsa_dropped_slot_still_caught():
     def dropped(ql, qr, kv, kr, idx, scale):
         return dsa_sequential(ql, qr, kv, kr, idx[:, :-1], scale)
     assert all(_dsa_verdict(s, dropped).ratio > 1.0 for s in range(3))
+
+
+def dsa_sequential_grads(ql, qr, kv, kr, idx, scale, dout, rounding=None):
+    """fp32 gradients (dq_latent, dq_rope, dkv_latent, dk_rope) of :func:`dsa_sequential` by
+    autograd: the sequential scores' backward, key rows summed over their slots."""
+    leaves = [t.clone().requires_grad_() for t in (ql, qr, kv, kr)]
+    out = dsa_sequential(*leaves, idx, scale, rounding)
+    return dict(zip(("dq_latent", "dq_rope", "dkv_latent", "dk_rope"),
+                    torch.autograd.grad(out, leaves, dout)))
+
+
+def _dsa_grad_ratios(seed, rounding=None, with_apriori=True):
+    (ql, qr, kv, kr), idx, scale = dsa_problem(seed)
+    dout = torch.randn(ql.shape, generator=torch.Generator().manual_seed(seed + 100))
+    wide = [t.double() for t in (ql, qr, kv, kr)]
+    gold = dsa_reference(*wide, idx, dout.double(), softmax_scale=scale, apriori=True)
+    lp = {a: dsa_reference(ql, qr, kv, kr, idx, dout, softmax_scale=scale, compute_dtype=F32,
+                           magnitudes=False, algorithm=a) for a in DSA_ALGORITHMS}
+    got = dsa_sequential_grads(ql, qr, kv, kr, idx, scale, dout, rounding)
+    ratios = {}
+    for name, x in got.items():
+        g = gold[name]
+        ratios[name] = rule(float((x.double() - g).abs().max()),
+                            {a: float((r[name].double() - g).abs().max()) for a, r in lp.items()},
+                            float((g.to(F32).double() - g).abs().max()), gold["magnitude"][name],
+                            F32, True, gold["magnitude_acc"][name],
+                            gold["apriori"][name] if with_apriori else 0.0).ratio
+    return ratios
+
+
+def test_dsa_sequential_gradients_within_the_rule():
+    """The gradients of the sequential score loop (the key rows' bounds added over their
+    slots, oracle/dsa.py _Apriori) pass every seed with the term."""
+    worst = {s: max(_dsa_grad_ratios(s).values()) for s in DSA_SEEDS}
+    assert max(worst.values()) < 1.0, worst
+
+
+def test_dsa_gradients_of_bfloat16_scores_still_caught():
+    """Gradients through scores rounded to bfloat16 fail with the term on some output."""
+    bf16 = (lambda s: s.to(torch.bfloat16).to(F32))
+    assert all(max(_dsa_grad_ratios(s, bf16).values()) > 1.0 for s in range(3))
