@@ -179,11 +179,9 @@ def set_forward_backend(backend):
     return _FWD_BACKEND.set(backend)
 
 
-def _gluon_backends(q_shape, k_shape, is_causal, gluon_plan):
-    """The forward backends under which a call with this Gluon plan (None: none applies) runs
-    the Gluon kernel."""
-    if gluon_plan is None:
-        return frozenset()
+def _gluon_backends(q_shape, k_shape, is_causal):
+    """The forward backends under which a call of these rank-5 shapes runs the Gluon kernel,
+    where its plan applies."""
     return _GLUON_AUTO if sdpa_fwd_gluon.auto_takes(q_shape, k_shape, is_causal) else _GLUON_ALWAYS
 
 
@@ -331,8 +329,8 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
         lse_k.fill_(float("-inf"))
         return out.zero_(), lse_k
     backend = _FWD_BACKEND.value
-    if mask is None and (backend == "gluon" or backend == "auto" and sdpa_fwd_gluon.auto_takes(
-            q.shape, k.shape, is_causal)):
+    if mask is None and backend != "triton" and backend in _gluon_backends(q.shape, k.shape,
+                                                                            is_causal):
         gluon_plan = sdpa_fwd_gluon.plan((q.shape, k.shape, v.shape),
                                          (q.stride(), k.stride(), v.stride()), q.dtype, q.device,
                                          is_causal, scale)
@@ -557,7 +555,8 @@ class _CallPlan:
         self.gluon = sdpa_fwd_gluon.plan((q5.shape, k5.shape, v5.shape),
                                          (q5.stride(), k5.stride(), v5.stride()), dtype,
                                          q5.device, is_causal, scale)
-        self.gluon_backends = _gluon_backends(q5.shape, k5.shape, is_causal, self.gluon)
+        self.gluon_backends = (frozenset() if self.gluon is None
+                               else _gluon_backends(q5.shape, k5.shape, is_causal))
         self.fwd_tail = (*operands, *self.out5, lse_stride, *ints, scale * factor, *tunes)
         self.fuse = _fuse_bwd(natural, _precision(dtype, width), L, k5.shape[3],
                               HQ // k5.shape[2])

@@ -408,6 +408,7 @@ class _Apriori:
     def __init__(self, ops: _Operands, grads: bool):
         self.Dl, self.rope = ops.Dl, ops.q_rope is not None
         self.max = {"out": 0.0, "lse": 0.0}
+        self.dkv = self.dkr = None  # key-row bounds, with gradients
         if grads:
             self.max.update(dq_latent=0.0, **({"dq_rope": 0.0} if self.rope else {}))
             dev = ops.q_latent.device
@@ -441,10 +442,10 @@ class _Apriori:
             self.dkr.index_add_(0, route, dr.reshape(-1, dr.shape[-1]).double())
 
     def finish(self) -> dict:
-        if hasattr(self, "dkv"):
+        if self.dkv is not None:
             self._peak_rows("dkv_latent", self.dkv)
-            if self.rope:
-                self._peak_rows("dk_rope", self.dkr)
+        if self.dkr is not None:
+            self._peak_rows("dk_rope", self.dkr)
         return dict(self.max)
 
     def _peak_rows(self, name: str, acc: torch.Tensor) -> None:

@@ -9,7 +9,6 @@ from attention_oracle.fast import sdpa as fast_sdpa
 from attention_oracle.fast.kernels import sdpa_fwd_gluon
 
 MIN = sdpa_fwd_gluon.AUTO_MIN_SCORES
-PLAN = object()  # a stand-in for a Gluon plan (None: the kernel does not apply)
 
 
 def shapes(heads, L, S, D=128):
@@ -38,12 +37,11 @@ def test_auto_counts_every_batch_dim():
 
 def test_backends_per_call():
     """A call the Gluon kernel applies to runs it under "gluon", and under "auto" only where
-    auto_takes; never under "triton" or without a plan."""
+    auto_takes; never under "triton"."""
     big, small = shapes(16, 2048, 2048), shapes(1, 128, 128)
-    assert fast_sdpa._gluon_backends(*big, False, PLAN) == {"gluon", "auto"}
-    assert fast_sdpa._gluon_backends(*small, False, PLAN) == {"gluon"}
-    assert fast_sdpa._gluon_backends(*big, False, None) == set()
-    assert "triton" not in fast_sdpa._gluon_backends(*big, False, PLAN)
+    assert fast_sdpa._gluon_backends(*big, False) == {"gluon", "auto"}
+    assert fast_sdpa._gluon_backends(*small, False) == {"gluon"}
+    assert "triton" not in fast_sdpa._gluon_backends(*big, False)
 
 
 def test_default_backend_and_bad_value():
