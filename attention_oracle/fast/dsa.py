@@ -17,7 +17,7 @@ in fp64 for fp32 inputs), dq deterministic.
 
 fp32 inputs take one of four paths (``set_fp32_mode`` / ``$ATTENTION_ORACLE_FAST_DSA_FP32``):
 
-- "acc64" (the default): natural-unit scores from fp64-accumulated dots rounded once, an
+- "acc64": natural-unit scores from fp64-accumulated dots rounded once, an
   accurate exponential, every later product an fp64 dot (``KernelConfig.acc64``);
 - "tf32x3": every dot (scores, dP, P.V, dS.K, the key-gradient products) as three TF32
   tensor-core products (``tl.dot(input_precision="tf32x3")``: a = big + small with
@@ -27,7 +27,7 @@ fp32 inputs take one of four paths (``set_fp32_mode`` / ``$ATTENTION_ORACLE_FAST
   m + log(l) as in "acc64";
 - "tf32x3_exp2": the same dots with the 16-bit kernels' softmax (log2-unit scores, exp2,
   Delta summed in fp64);
-- "bf16x6": every product split-bf16 on the bf16 tensor cores (each fp32 operand split
+- "bf16x6" (the default): every product split-bf16 on the bf16 tensor cores (each fp32 operand split
   exactly into three bf16 parts, a = a0 + a1 + a2, and a.b the six part products with
   i + j <= 2, each exact, summed in the tensor cores' fp32 accumulator; kernels/dsa_common.py),
   the "acc64" softmax (natural-unit scores fl(dot * scale), exponentials and sums in fp64,
@@ -60,12 +60,12 @@ from .kernels.dsa_fwd import dsa_fp32_pv_kernel, dsa_fp32_scores_kernel, dsa_fwd
 from .launch import DirectLauncher
 
 FP32_MODES = ("acc64", "tf32x3", "tf32x3_exp2", "bf16x6")
-_FP32 = Choice("ATTENTION_ORACLE_FAST_DSA_FP32", FP32_MODES, "acc64")
+_FP32 = Choice("ATTENTION_ORACLE_FAST_DSA_FP32", FP32_MODES, "bf16x6")
 
 
 def set_fp32_mode(mode):
     """The fp32 path of later calls, one of ``FP32_MODES`` (module docstring); returns the
-    previous mode. Default: $ATTENTION_ORACLE_FAST_DSA_FP32 or "acc64"."""
+    previous mode. Default: $ATTENTION_ORACLE_FAST_DSA_FP32 or "bf16x6"."""
     return _FP32.set(mode)
 
 
