@@ -266,7 +266,7 @@ def dsa_sequential_grads(ql, qr, kv, kr, idx, scale, dout, rounding=None):
                     torch.autograd.grad(out, leaves, dout)))
 
 
-def _dsa_grad_ratios(seed, rounding=None, with_apriori=True):
+def _dsa_grad_ratios(seed, rounding=None):
     (ql, qr, kv, kr), idx, scale = dsa_problem(seed)
     dout = torch.randn(ql.shape, generator=torch.Generator().manual_seed(seed + 100))
     wide = [t.double() for t in (ql, qr, kv, kr)]
@@ -281,7 +281,7 @@ def _dsa_grad_ratios(seed, rounding=None, with_apriori=True):
                             {a: float((r[name].double() - g).abs().max()) for a, r in lp.items()},
                             float((g.to(F32).double() - g).abs().max()), gold["magnitude"][name],
                             F32, True, gold["magnitude_acc"][name],
-                            gold["apriori"][name] if with_apriori else 0.0).ratio
+                            gold["apriori"][name]).ratio
     return ratios
 
 
