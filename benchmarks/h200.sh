@@ -12,7 +12,8 @@
 #                .ci/gpu; BUDGET (500 s) is enough for the full-size DSA fixtures
 #   sdpa         benchmarks.sdpa at L 1k/4k/16k, D 64/128 (fast vs cuDNN, FA2, default dispatch;
 #                fp32 rows included), benchmarks.compare fast vs torch, and with GLUON=1 the
-#                opt-in Gluon forward (benchmarks.sdpa_gluon, D 64 and 128, and where its host time goes)
+#                opt-in Gluon forward (benchmarks.sdpa_gluon, D 64 and 128, and where its host time goes);
+#                ATOMIC_DQ=1 adds forward+backward under the atomic-dQ mode, SDPA_LENGTHS the lengths
 #   dsa          benchmarks.dsa --quick (doc_4096, doc_16384, packed_glm_a, NoPE rows, index
 #                preparation, PDL); FP32=1 adds the fp32 section, TUNE=a,b,... runs
 #                benchmarks.dsa_tune on those candidates first
@@ -24,7 +25,7 @@
 #   profile      Nsight Compute on one launch of each benchmarks.profile_kernels workload (needs ncu)
 #   optin        what making an opt-in mode the default needs: the Gluon forward's tests (variant
 #                tiles included), then the conformance suite on fast under the Gluon forward
-#                (sdpa), fp32 tf32x3 (sdpa) and DSA fp32 bf16x6 (dsa): OPTIN_BUDGET (140) s each,
+#                (sdpa) and under the atomic-dQ backward (sdpa): OPTIN_BUDGET (140) s each,
 #                OPTIN_CHECK_S (30) s per check
 #   all          check conformance overhead sdpa dsa calibration, in that order (several calls' worth)
 #
@@ -101,16 +102,14 @@ task_optin() {
     grep -E "passed|failed|FAILED|ERROR" "$d/gluon_tests.log" | cut -c1-300 | tail -8
     ATTENTION_ORACLE_FAST_SDPA_FWD=gluon OUT=$d BUDGET=$b WORKERS=${WORKERS:-12} bash .ci/gpu \
         sdpa_gluon --impl fast --oracle-check-budget "$c" attention_oracle/conformance/test_sdpa.py
-    ATTENTION_ORACLE_FAST_FP32=tf32x3 OUT=$d BUDGET=$b WORKERS=${WORKERS:-12} bash .ci/gpu \
-        sdpa_tf32x3 --impl fast --oracle-check-budget "$c" attention_oracle/conformance/test_sdpa.py
-    ATTENTION_ORACLE_FAST_DSA_FP32=bf16x6 OUT=$d BUDGET=$b WORKERS=${WORKERS:-12} bash .ci/gpu \
-        dsa_bf16x6 --impl fast --oracle-check-budget "$c" attention_oracle/conformance/test_dsa.py
-    note "opt-in conformance runs; reports $d/{sdpa_gluon,sdpa_tf32x3,dsa_bf16x6}.json"
+    ATTENTION_ORACLE_FAST_SDPA_DQ=atomic OUT=$d BUDGET=$b WORKERS=${WORKERS:-12} bash .ci/gpu \
+        sdpa_atomic_dq --impl fast --oracle-check-budget "$c" attention_oracle/conformance/test_sdpa.py
+    note "opt-in conformance runs; reports $d/{sdpa_gluon,sdpa_atomic_dq}.json"
 }
 
 task_sdpa() {
     local d=$1
-    timeout "${SDPA_S:-300}" "$PY" -m benchmarks.sdpa --lengths 1024,4096,16384 --dims 64,128 --precompile 14 \
+    timeout "${SDPA_S:-300}" "$PY" -m benchmarks.sdpa --lengths "${SDPA_LENGTHS:-1024,4096,16384}" --dims 64,128 --precompile 14 ${ATOMIC_DQ:+--atomic-dq} \
         --budget-s "${SDPA_BUDGET:-240}" --out "$d/sdpa.json" > "$d/sdpa.log" 2>&1
     note "benchmarks.sdpa: exit $?"; tail -40 "$d/sdpa.log" | cut -c1-200
     timeout 60 "$PY" -m benchmarks.compare --impl fast --impl torch --lengths 1024,4096 --reps 5 \

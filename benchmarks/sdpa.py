@@ -35,7 +35,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention_oracle.fast.kernels import sdpa_fwd_gluon
-from attention_oracle.fast.sdpa import FP32_MODES, set_fp32_mode
+from attention_oracle.fast.sdpa import FP32_MODES, set_dq_mode, set_fp32_mode
 from attention_oracle.fast.sdpa import scaled_dot_product_attention as fast_sdpa
 from attention_oracle.oracle.sdpa import sdpa_reference
 
@@ -71,6 +71,12 @@ def fast(q, k, v, causal):
     return fast_sdpa(q, k, v, is_causal=causal)
 
 
+def fast_atomic_dq(q, k, v, causal):
+    """fast under ``set_dq_mode("atomic")``; :func:`fwdbwd_fn` holds the mode over the
+    backward too (forward+backward only: the forward is fast's own)."""
+    return fast_sdpa(q, k, v, is_causal=causal)
+
+
 IMPLS = {"fast": fast, "cudnn": torch_cudnn, "flash": torch_flash}
 PHASES = ("fwd", "fwd_train", "fwdbwd")
 
@@ -96,6 +102,16 @@ def fwd_train_fn(impl, q, k, v, causal):
 
 
 def fwdbwd_fn(impl, q, k, v, dout, causal):
+    if impl is fast_atomic_dq:
+        def run():
+            previous = set_dq_mode("atomic")
+            try:
+                out = impl(q, k, v, causal)
+                return torch.autograd.grad(out, (q, k, v), dout)
+            finally:
+                set_dq_mode(previous)
+        return run
+
     def run():
         out = impl(q, k, v, causal)
         return torch.autograd.grad(out, (q, k, v), dout)
@@ -114,14 +130,17 @@ def max_diff(a, b):
     return (a.float() - b.float()).abs().max().item()
 
 
-def compare(q, k, v, dout, causal):
-    """Largest |fast - cudnn| and |flash - cudnn| for out, dq, dk, dv."""
+def compare(q, k, v, dout, causal, atomic_dq=False):
+    """Largest |fast - cudnn| and |flash - cudnn| (and with ``atomic_dq`` the atomic-dQ mode's)
+    for out, dq, dk, dv."""
     res = {}
     outs = {}
-    for name, impl in IMPLS.items():
-        out = impl(q, k, v, causal)
-        outs[name] = (out.detach(),) + tuple(torch.autograd.grad(out, (q, k, v), dout))
-    for name in ("fast", "flash"):
+    impls = {**IMPLS, **({"fast_atomic_dq": fast_atomic_dq} if atomic_dq else {})}
+    for name, impl in impls.items():
+        grads = fwdbwd_fn(impl, q, k, v, dout, causal)()
+        with torch.no_grad():
+            outs[name] = (impl(q, k, v, causal), *grads)
+    for name in [n for n in impls if n != "cudnn"]:
         res[name + "_vs_cudnn"] = {t: max_diff(a, b) for t, a, b in
                                    zip(("out", "dq", "dk", "dv"), outs[name], outs["cudnn"])}
     return res
@@ -146,8 +165,9 @@ def fast_forward_kernel(q, k, v, causal):
     return "gluon" if calls else "triton"
 
 
-def bench_point(B, H, L, D, causal, rep, backward, synced_reps):
-    """One (L, D, causal) point: every impl, phase and timing method on the same inputs."""
+def bench_point(B, H, L, D, causal, rep, backward, synced_reps, atomic_dq=False):
+    """One (L, D, causal) point: every impl, phase and timing method on the same inputs; with
+    ``atomic_dq`` forward+backward also as ``fast_atomic_dq``."""
     (q, k, v), dout = make_inputs(B, H, L, D)
     default = torch._fused_sdp_choice(q, k, v, is_causal=causal)
     point = {"B": B, "H": H, "L": L, "S": L, "D": D, "causal": causal,
@@ -156,13 +176,16 @@ def bench_point(B, H, L, D, causal, rep, backward, synced_reps):
     impls = dict(IMPLS)
     if SDPBackend(default) != SDPBackend.CUDNN_ATTENTION:
         impls["default"] = torch_default
-    point["check"] = compare(q, k, v, dout, causal)
+    point["check"] = compare(q, k, v, dout, causal, atomic_dq)
     for phase in PHASES:
         if phase == "fwdbwd" and not backward:
             continue
         fl = flops(B, H, L, L, D, causal, phase == "fwdbwd")
         res = {}
-        for name, impl in impls.items():
+        timed = dict(impls)
+        if atomic_dq and phase == "fwdbwd":
+            timed["fast_atomic_dq"] = fast_atomic_dq
+        for name, impl in timed.items():
             fn = phase_fn(phase, impl, q, k, v, dout, causal)
             res[name] = {}
             for method, ms in (("queued", bench_ms(fn, rep)),
@@ -172,6 +195,9 @@ def bench_point(B, H, L, D, causal, rep, backward, synced_reps):
             for ref in ("cudnn", "flash"):
                 res[f"{method}_x_{ref}"] = (res["fast"][method]["tflops"]
                                             / res[ref][method]["tflops"])
+            if "fast_atomic_dq" in res:
+                res[f"{method}_atomic_dq_x_cudnn"] = (res["fast_atomic_dq"][method]["tflops"]
+                                                      / res["cudnn"][method]["tflops"])
         point[phase] = res
     del q, k, v, dout
     torch.cuda.empty_cache()
@@ -290,15 +316,15 @@ def bench_memory(B, H, L, D):
 
 # ----------------------------------------------------------------------------- precompile
 
-def _warm_one(D, causal):
+def _warm_one(D, causal, atomic_dq):
     """Run fast fwd+bwd once on a small shape with the same specialisations as the sweep."""
     (q, k, v), dout = make_inputs(2, 4, 512, D)
-    out = fast(q, k, v, causal)
-    torch.autograd.grad(out, (q, k, v), dout)
+    for impl in (fast, fast_atomic_dq) if atomic_dq else (fast,):
+        fwdbwd_fn(impl, q, k, v, dout, causal)()
     torch.cuda.synchronize()
 
 
-def precompile(dims, causals, jobs):
+def precompile(dims, causals, jobs, atomic_dq=False):
     t0 = time.time()
     procs, failures = [], 0
     tasks = [(D, c, i) for D in dims for c in causals for i in range(N_FORCED_CONFIGS)]
@@ -307,7 +333,8 @@ def precompile(dims, causals, jobs):
         while pending and len(procs) < jobs:
             D, c, i = pending.pop(0)
             env = dict(os.environ, SDPA_FORCE_CONFIG=str(i))
-            cmd = [sys.executable, "-m", "benchmarks.sdpa", "--_warm", f"{D},{int(c)}"]
+            cmd = [sys.executable, "-m", "benchmarks.sdpa", "--_warm",
+                   f"{D},{int(c)},{int(atomic_dq)}"]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE))
         time.sleep(0.2)
@@ -341,6 +368,11 @@ def print_table(points):
                   f"{r['flash'][q]['tflops']:6.0f} {r[q + '_x_cudnn']:7.2f} {r[q + '_x_flash']:7.2f} | "
                   f"        {r['fast'][s]['tflops']:6.0f} {r['cudnn'][s]['tflops']:6.0f} "
                   f"{r[s + '_x_cudnn']:7.2f} {r[s + '_x_flash']:7.2f}", flush=True)
+            if "fast_atomic_dq" in r:
+                print(f"{'':>28} atomic dQ: {r['fast_atomic_dq'][q]['tflops']:6.0f} TFLOP/s "
+                      f"x cudnn {r[q + '_atomic_dq_x_cudnn']:.2f} | synced "
+                      f"{r['fast_atomic_dq'][s]['tflops']:6.0f} x cudnn "
+                      f"{r[s + '_atomic_dq_x_cudnn']:.2f}", flush=True)
 
 
 def plot(points, path):
@@ -372,6 +404,8 @@ def main(argv=None):
     ap.add_argument("--rep", type=int, default=40, help="do_bench rep (ms)")
     ap.add_argument("--synced-reps", type=int, default=15, help="calls timed one by one")
     ap.add_argument("--no-bwd", action="store_true")
+    ap.add_argument("--atomic-dq", action="store_true",
+                    help="also time forward+backward under fast's atomic-dQ mode")
     ap.add_argument("--no-rank3", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--no-fp32", action="store_true")
@@ -384,8 +418,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     if args._warm:
-        D, c = args._warm.split(",")
-        _warm_one(int(D), bool(int(c)))
+        D, c, a = args._warm.split(",")
+        _warm_one(int(D), bool(int(c)), bool(int(a)))
         return
     t0 = time.time()
     dims = [int(x) for x in args.dims.split(",")]
@@ -408,7 +442,7 @@ def main(argv=None):
     print("host us per call (B1 H1 L16 D64 bf16):", json.dumps(result["overhead_us"]), flush=True)
     save()
     if args.precompile:
-        result["precompile"] = precompile(dims, causals, args.precompile)
+        result["precompile"] = precompile(dims, causals, args.precompile, args.atomic_dq)
     for L in lengths:
         for D in dims:
             for causal in causals:
@@ -417,7 +451,7 @@ def main(argv=None):
                     continue
                 B = max(1, args.tokens // L)
                 p = bench_point(B, args.heads, L, D, causal, args.rep, not args.no_bwd,
-                                args.synced_reps)
+                                args.synced_reps, args.atomic_dq)
                 p["elapsed_s"] = time.time() - t0
                 result["points"].append(p)
                 print_table([p])

@@ -162,6 +162,8 @@ def _precision(dtype, width):
 
 FP32_MODES = ("accurate", "plain", "tf32x3")
 _FP32 = Choice("ATTENTION_ORACLE_FAST_FP32", FP32_MODES, "tf32x3")
+DQ_MODES = ("kernel", "atomic")
+_DQ_MODE = Choice("ATTENTION_ORACLE_FAST_SDPA_DQ", DQ_MODES, "kernel")
 FWD_BACKENDS = ("auto", "triton", "gluon")
 _FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_FWD", FWD_BACKENDS, "auto")
 # per backend: the Gluon forward takes a call its plan applies to ("gluon"), or where it is
@@ -177,6 +179,25 @@ def set_forward_backend(backend):
     faster with its host cost: head dim 128 and at least ``sdpa_fwd_gluon.AUTO_MIN_SCORES``
     scores). Default: $ATTENTION_ORACLE_FAST_SDPA_FWD or "auto". Returns the previous backend."""
     return _FWD_BACKEND.set(backend)
+
+
+def set_dq_mode(mode):
+    """How the backward of later calls forms dQ, where it is not fused (:func:`_fuse_bwd`):
+    "kernel" (a dQ kernel of its own, looping over keys and recomputing S and dP: bitwise
+    repeatable) or "atomic" (16-bit and fp32 "plain" inputs: the dK/dV kernel adds each key
+    block's share of dQ to an fp32 buffer with float atomics, one launch and two matmuls
+    fewer per tile pair, in an order that varies between runs; fp32 "tf32x3" and "accurate"
+    keep the dQ kernel). Default: $ATTENTION_ORACLE_FAST_SDPA_DQ or "kernel". Returns the
+    previous mode."""
+    previous = _DQ_MODE.set(mode)
+    _options_key()
+    return previous
+
+
+def deterministic():
+    """Whether later calls give bitwise-equal outputs and gradients for equal inputs: every
+    mode but :func:`set_dq_mode`'s "atomic"."""
+    return _DQ_MODE.value != "atomic"
 
 
 def _gluon_backends(q_shape, k_shape, is_causal):
@@ -253,7 +274,7 @@ _OPTIONS_KEY = [None]
 
 
 def _options_key():
-    _OPTIONS_KEY[0] = (tuple(KERNEL_OPTIONS.values()), _FP32.value)
+    _OPTIONS_KEY[0] = (tuple(KERNEL_OPTIONS.values()), _FP32.value, _DQ_MODE.value)
 
 
 _options_key()
@@ -289,6 +310,11 @@ def _fuse_bwd(natural, prec, L, S, group):
     ``FUSE_BWD_MAX_ROWS`` query rows per kv head, where host time dominates."""
     return (KERNEL_OPTIONS["fuse_bwd"] and not natural and prec != "tf32x3"
             and S <= FUSE_DQ_MAX_S and L * group <= FUSE_BWD_MAX_ROWS)
+
+
+def _atomic_dq(natural, prec, fuse):
+    """Whether an unfused backward adds dQ with atomics in the dK/dV kernel (:func:`set_dq_mode`)."""
+    return _DQ_MODE.value == "atomic" and not natural and prec != "tf32x3" and not fuse
 
 
 def _fold(scale, dtype, backward):
@@ -352,11 +378,11 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
 
 @functools.lru_cache(maxsize=1024)
 def _bwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, dout_dtype, is_causal, natural,
-              prec, interpreted, fold, fuse):
+              prec, interpreted, fold, fuse, atomic):
     """The backward's analogue of :func:`_fwd_plan`: (key, constexprs, sizes, dK/dV grid spec,
     dQ grid spec, int scalars, q.k factor, Delta block, Delta grid, the dQ kernel's
-    constexprs). ``fuse``: :func:`_fuse_bwd` (the dK/dV kernel's FUSE_DQ, which the dQ kernel
-    does not take)."""
+    constexprs). ``fuse``: :func:`_fuse_bwd` and ``atomic``: :func:`_atomic_dq` (the dK/dV
+    kernel's FUSE_DQ and ATOMIC_DQ, which the dQ kernel does not take)."""
     Z1, Z2, HQ, L, E = q_shape
     HKV, S, EV = k_shape[2], k_shape[3], v_shape[4]
     kind = MASK_NONE if mask_dtype is None else MASK_BOOL if mask_dtype == torch.uint8 else MASK_ADD
@@ -364,16 +390,16 @@ def _bwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, dout_dtype, is_causa
     pre_block = 64 if interpreted else max(16, min(128, 8192 // block_ev))
     meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=prec, NATURAL=natural,
                 CHUNK_E=chunk_of(block_e), CHUNK_EV=chunk_of(block_ev), BLOCK_E=block_e,
-                BLOCK_EV=block_ev, FOLD=fold, FUSE_DQ=fuse)
+                BLOCK_EV=block_ev, FOLD=fold, FUSE_DQ=fuse, ATOMIC_DQ=atomic)
     tune_l, tune_s = tune_bucket(L), tune_bucket(S)
     key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype,
-           dout_dtype, natural, prec, fold, fuse)
+           dout_dtype, natural, prec, fold, fuse, atomic)
     ints = (Z2, HQ, HQ // HKV, L, S, E, EV)
     factor = 1.0 if natural or kind == MASK_ADD else LOG2E
     return (kind, key, meta, (L, S, E, EV), ("BLOCK_N", S, Z1 * Z2 * HKV),
             ("BLOCK_M", L, Z1 * Z2 * HQ), ints, factor, (tune_l, tune_s), pre_block,
             (cdiv(L, pre_block), Z1 * Z2 * HQ),
-            {name: x for name, x in meta.items() if name != "FUSE_DQ"})
+            {name: x for name, x in meta.items() if name not in ("FUSE_DQ", "ATOMIC_DQ")})
 
 
 def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
@@ -391,10 +417,11 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     natural = lse_k.shape[0] == stats_rows(True)
     prec = "ieee" if natural else _precision(q.dtype, max(E, v.shape[4]))
     fuse = _fuse_bwd(natural, prec, L, S, HQ // k.shape[2]) and out.is_contiguous()
+    atomic = _atomic_dq(natural, prec, fuse)
     (kind, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
      pre_grid, meta_q) = _bwd_plan(q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), dout.dtype,
                            is_causal, natural, prec, interpreting(), _fold(scale, q.dtype, True),
-                           fuse)
+                           fuse, atomic)
     mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
     dout_strides = dout.stride()
     common_strides = (*q.stride(), *k.stride(), *v.stride(), *_strides5(mask), *dout_strides)
@@ -407,12 +434,21 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     delta = torch.empty((Z1 * Z2 * HQ, L), dtype=torch.float32, device=q.device)
     _PRE(pre_grid, (out, dout, delta, *out.stride(), *dout_strides, Z2, HQ, L, sizes[3]),
          {"BLOCK_M": pre_block, "BLOCK_EV": meta["BLOCK_EV"]})
+    dq_sum = _dq_sum(q.shape, q.device) if atomic else q
     _DKDV(key + (HQ // k.shape[2],), grid_kv,
-          (q, k, v, mask_arg, dout, lse_k, delta, dk, dv, q, q,
+          (q, k, v, mask_arg, dout, lse_k, delta, dk, dv, q, dq_sum,
            *common_strides, *dk.stride(), *dv.stride(), *scalars), sizes, meta)
+    if atomic:
+        return dq.copy_(dq_sum), dk, dv
     _DQ(key, grid_q, (q, k, v, mask_arg, dout, lse_k, delta, dq,
                       *common_strides, *dq.stride(), *scalars), sizes, meta_q)
     return dq, dk, dv
+
+
+def _dq_sum(q_shape, device):
+    """The zeroed fp32 buffer, shaped and laid out as the rank-5 dq, that the atomic-dQ
+    backward adds into (:func:`set_dq_mode`)."""
+    return torch.zeros(q_shape, dtype=torch.float32, device=device)
 
 
 # ----------------------------------------------------------------------------- custom ops
@@ -534,7 +570,8 @@ class _CallPlan:
 
     __slots__ = ("dtype", "device", "out_shape", "out5", "lse_shape", "fwd", "fwd_tail",
                  "bwd", "bwd_common", "bwd_scalars", "grad_shapes", "grad_tails", "pre_tail",
-                 "rows", "gluon", "gluon_backends", "bound", "pre", "fuse", "stacked", "lse_scratch", "bwd_rest")
+                 "rows", "gluon", "gluon_backends", "bound", "pre", "fuse", "atomic", "stacked",
+                 "lse_scratch", "bwd_rest", "q_shape5")
 
     def __init__(self, q5, k5, v5, out_shape, shapes, is_causal, scale):
         Z1, Z2, HQ, L, E = q5.shape
@@ -560,10 +597,12 @@ class _CallPlan:
         self.fwd_tail = (*operands, *self.out5, lse_stride, *ints, scale * factor, *tunes)
         self.fuse = _fuse_bwd(natural, _precision(dtype, width), L, k5.shape[3],
                               HQ // k5.shape[2])
+        self.atomic = _atomic_dq(natural, _precision(dtype, width), self.fuse)
+        self.q_shape5 = tuple(q5.shape)
         (_, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
          pre_grid, meta_q) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
                                natural, _precision(dtype, width), interpreting(),
-                               _fold(scale, dtype, True), self.fuse)
+                               _fold(scale, dtype, True), self.fuse, self.atomic)
         self.bwd = (key, key + (HQ // k5.shape[2],), grid_kv, grid_q, sizes, meta, pre_grid,
                     meta_q)
         self.bwd_common = operands
@@ -619,11 +658,15 @@ class _CallPlan:
             delta = torch.empty(pre_grid[1] * self.rows[0], dtype=torch.float32,
                                 device=self.device)
             self.pre((out, dout, delta, *self.out5, *dst, *self.pre_tail))
+            dq_sum = _dq_sum(self.q_shape5, self.device) if self.atomic else query
             self._launch(1, _DKDV, dkv_key, grid_kv, sizes, meta,
-                         (query, key, value, query, dout, lse_k, delta, dk, dv, query, query),
+                         (query, key, value, query, dout, lse_k, delta, dk, dv, query, dq_sum),
                          rest[0])
-            self._launch(2, _DQ, dkey, grid_q, sizes, meta_q,
-                         (query, key, value, query, dout, lse_k, delta, dq), rest[1])
+            if self.atomic:
+                dq.view(self.q_shape5).copy_(dq_sum)
+            else:
+                self._launch(2, _DQ, dkey, grid_q, sizes, meta_q,
+                             (query, key, value, query, dout, lse_k, delta, dq), rest[1])
         return tuple(_summed_to(g, *shapes) for g, shapes in zip((dq, dk, dv), self.grad_shapes))
 
     def _launch(self, i, launcher, key, grid, sizes, meta, tensors, rest):

@@ -102,7 +102,7 @@ def load(name: str, device: torch.device | None = None) -> Target:
         return Target(name, fast, device, capabilities=Capabilities(
             dtypes=dtypes, default_scale=True,
             functions={"scaled_dot_product_attention": {"max_head_dim": 256}},
-            index_dtypes=(torch.int32, torch.int64), deterministic=True,
+            index_dtypes=(torch.int32, torch.int64), deterministic=fast.sdpa.deterministic(),
             size="interpreted" if _interpreted() else "native"))
     if name == "torch":
         return Target(name, TorchSDPA(None), device, capabilities=_torch_capabilities(None, device))

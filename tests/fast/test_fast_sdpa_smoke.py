@@ -549,6 +549,57 @@ def test_small_backward_fused_or_not(dtype, fuse, is_causal, gqa, gen):
         fsdpa.set_kernel_options(**previous)
 
 
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32] + ["plain"],
+                         ids=lambda d: d if isinstance(d, str) else str(d).split(".")[-1])
+@pytest.mark.parametrize("case", ["causal_gqa", "bool_mask", "edges"])
+def test_atomic_dq_backward_agrees(dtype, case, gen):
+    """The atomic-dQ mode (each key block's share of dQ added in fp32 by the dK/dV kernel) over
+    several key and query blocks, tails past the tile edges, GQA, causal and a mask (rows left
+    with no key): within the agreement rule as the dQ kernel is, and declared nondeterministic
+    while on."""
+    import attention_oracle.fast.sdpa as fsdpa
+    from attention_oracle.judge.targets import load
+    fp32 = fsdpa.set_fp32_mode("plain") if dtype == "plain" else None
+    dtype = torch.float32 if dtype == "plain" else dtype
+    previous = fsdpa.set_dq_mode("atomic")
+    try:
+        assert not fsdpa.deterministic() and not load("fast").capabilities.deterministic
+        hq, hkv = (4, 2) if case == "causal_gqa" else (2, 2)
+        L, S = (70, 131) if case == "edges" else (100, 150)
+        assert fsdpa._atomic_dq(False, fsdpa._precision(dtype, 40), False)
+        assert not fsdpa._fuse_bwd(False, fsdpa._precision(dtype, 40), L, S, hq // hkv)
+        q = randn(2, hq, L, 40, dtype=dtype, gen=gen)
+        k = randn(2, hkv, S, 40, dtype=dtype, gen=gen)
+        v = randn(2, hkv, S, 24, dtype=dtype, gen=gen)
+        mask = None
+        if case == "bool_mask":
+            mask = torch.rand(L, S, generator=gen) > 0.7
+            mask[3] = False  # a row with no key: dQ exactly 0
+            mask = mask.to(DEVICE)
+        check_case(q, k, v, mask=mask, is_causal=case == "causal_gqa", enable_gqa=hq != hkv)
+    finally:
+        fsdpa.set_dq_mode(previous)
+        if fp32 is not None:
+            fsdpa.set_fp32_mode(fp32)
+    assert fsdpa.deterministic() and load("fast").capabilities.deterministic
+
+
+def test_atomic_dq_leaves_tf32x3_and_fused_calls_alone():
+    """fp32 "tf32x3" and "accurate" keep the dQ kernel, and a fused backward its own dQ store,
+    under the atomic mode; a bad mode is refused by name."""
+    import attention_oracle.fast.sdpa as fsdpa
+    previous = fsdpa.set_dq_mode("atomic")
+    try:
+        assert not fsdpa._atomic_dq(False, "tf32x3", False)
+        assert not fsdpa._atomic_dq(True, "ieee", False)
+        assert not fsdpa._atomic_dq(False, "tf32", True)
+        with pytest.raises(ValueError, match="mode"):
+            fsdpa.set_dq_mode("atomics")
+    finally:
+        fsdpa.set_dq_mode(previous)
+    assert not fsdpa._atomic_dq(False, "tf32", False)
+
+
 # ----------------------------------------------------------------------------- fp32 modes
 
 

@@ -107,13 +107,16 @@ def _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
                      BLOCK_EV: tl.constexpr, CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
                      PREC: tl.constexpr, NATURAL: tl.constexpr, FOLD: tl.constexpr,
-                     FUSE_DQ: tl.constexpr):
+                     FUSE_DQ: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """Accumulate dK (unscaled) and dV of one key block over query blocks [lo, hi).
 
     FUSE_DQ (the key block holds every key, 16-bit or fp32 "plain"/"tf32x3"): each query
     block's Delta = rowsum(dO * O) is formed here from O (contiguous, at ``o_base``) and its dQ
     block, complete from this one key block, is stored at ``dq_base`` (contiguous): the whole
-    backward in one launch, no Delta buffer.
+    backward in one launch, no Delta buffer. ATOMIC_DQ (16-bit, any key count): each query
+    block's dQ product of this key block is added to the fp32 buffer at ``dq_base``
+    (contiguous, zeroed) with relaxed float atomics, in place of the dQ kernel's recompute of
+    S and dP; the sum's order varies between runs, so the gradient is not bitwise repeatable.
 
     fp32 (NATURAL): scores and dP from chunked dots (k, v re-read), P in fp64 from the saved
     m and log l = hi + lo, and each query block's product added to dK/dV as an fp64 dot
@@ -172,6 +175,14 @@ def _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_
             dsT = pT * (dpT - delta[None, :])
             dsT_big, dsT_small = split_tf32(dsT.to(q.dtype), PREC)
             dk = dot_split_acc(dsT_big, dsT_small, q, q_small, dk, PREC)
+            if ATOMIC_DQ:  # this key block's share of dQ, added in fp32
+                dq = tl.dot(tl.trans(dsT_big), k, input_precision=PREC) * scale
+                dq_ptrs = dq_base + offs_m[:, None] * E + offs_e[None, :]
+                if CHECK_M or CHECK_E:
+                    tl.atomic_add(dq_ptrs, dq, mask=(offs_m[:, None] < L) & (offs_e[None, :] < E),
+                                  sem="relaxed")
+                else:
+                    tl.atomic_add(dq_ptrs, dq, sem="relaxed")
             if FUSE_DQ:  # as sdpa_bwd_dq_kernel computes it, over its one key block
                 ds_big, ds_small = split_tf32(tl.trans(dsT).to(k.dtype), PREC)
                 dq = dot_split(ds_big, ds_small, k, k_small, PREC) * scale
@@ -185,7 +196,7 @@ def _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_
 
 
 @triton.autotune(configs=_dkdv_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
-                                                "MASK_KIND", "GROUP", "PREC", "FUSE_DQ"],
+                                                "MASK_KIND", "GROUP", "PREC", "FUSE_DQ", "ATOMIC_DQ"],
                  prune_configs_by={"early_config_prune": _make_prune("BLOCK_M", "BLOCK_N", ((32, 64, 4, 2), (32, 64, 8, 2)), _DKDV_SAFE, _DKDV_TF32X3, _DKDV_TF32X3_SAFE)},
                  **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
@@ -206,11 +217,14 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
                          CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr, FOLD: tl.constexpr,
-                         FUSE_DQ: tl.constexpr):
+                         FUSE_DQ: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """dK and dV of one key block; with FUSE_DQ (``S <= BLOCK_N``: one key block per kv head)
-    also Delta and dQ (:func:`_dkdv_query_loop`), O and DQ contiguous; otherwise O and DQ are
-    not read and Delta comes from :func:`sdpa_bwd_preprocess_kernel`."""
+    also Delta and dQ (:func:`_dkdv_query_loop`), O and DQ contiguous; with ATOMIC_DQ also this
+    key block's share of dQ, added to DQ (fp32 [Z1 * Z2 * Hq, L, E], zeroed); otherwise O and DQ
+    are not read. Delta comes from :func:`sdpa_bwd_preprocess_kernel` unless FUSE_DQ."""
     tl.static_assert(not (FUSE_DQ and NATURAL), "FUSE_DQ takes the log2-unit kernels only")
+    tl.static_assert(not (ATOMIC_DQ and (NATURAL or FUSE_DQ or PREC == "tf32x3")),
+                     "ATOMIC_DQ takes the 16-bit and fp32 plain kernels, unfused")
     pid_n = tl.program_id(0)
     pid_bkv = tl.program_id(1)  # over [Z1, Z2, HKV]
     HKV = HQ // GROUP
@@ -243,6 +257,7 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
         dq_base = DQ
         if FUSE_DQ:
             o_base = O + pid_bh.to(tl.int64) * L * EV
+        if FUSE_DQ or ATOMIC_DQ:
             dq_base = DQ + pid_bh.to(tl.int64) * L * E
         if CAUSAL:
             dk, dv = _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_base, mask_base,
@@ -251,14 +266,14 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
                                       qk_scale,
                                       MASK_KIND, True, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
-                                      NATURAL, FOLD, FUSE_DQ)
+                                      NATURAL, FOLD, FUSE_DQ, ATOMIC_DQ)
             dk, dv = _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_base, mask_base,
                                       stats_row, s_stat, delta_ptr, o_base, dq_base, scale, offs_n, diag_hi, L, L, S, E, EV,
                                       s_kn, s_ke, s_vn, s_ve, s_qm, s_qe, s_dm, s_de, s_mm, s_mn,
                                       qk_scale,
                                       MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
-                                      NATURAL, FOLD, FUSE_DQ)
+                                      NATURAL, FOLD, FUSE_DQ, ATOMIC_DQ)
         else:
             dk, dv = _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_base, mask_base,
                                       stats_row, s_stat, delta_ptr, o_base, dq_base, scale, offs_n, 0, L, L, S, E, EV,
@@ -266,7 +281,7 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
                                       qk_scale,
                                       MASK_KIND, False, CHECK_M, CHECK_N, CHECK_E, CHECK_EV,
                                       BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, CHUNK_EV, PREC,
-                                      NATURAL, FOLD, FUSE_DQ)
+                                      NATURAL, FOLD, FUSE_DQ, ATOMIC_DQ)
 
     dk = dk * scale
     gk_base = DK + batch_offset(pid_bkv, HKV, 1, Z2, s_gkz1, s_gkz2, s_gkh, False)
