@@ -72,12 +72,26 @@ def fast(q, k, v, causal):
 
 
 def fast_atomic_dq(q, k, v, causal):
-    """fast under ``set_dq_mode("atomic")``; :func:`fwdbwd_fn` holds the mode over the
-    backward too (forward+backward only: the forward is fast's own)."""
+    """fast under ``set_dq_mode("atomic")`` (its TMA-reduce variant on sm_90);
+    :func:`fwdbwd_fn` holds the mode over the backward too (forward+backward only: the forward
+    is fast's own)."""
     return fast_sdpa(q, k, v, is_causal=causal)
 
 
+def fast_atomic_dq_element(q, k, v, causal):
+    """:func:`fast_atomic_dq` with per-element atomics in place of the TMA reduce."""
+    return fast_sdpa(q, k, v, is_causal=causal)
+
+
+# impl -> the dQ mode it runs under (attention_oracle.fast.sdpa.set_dq_mode)
+ATOMIC_IMPLS = {fast_atomic_dq: "atomic", fast_atomic_dq_element: "atomic_element"}
+
+
 IMPLS = {"fast": fast, "cudnn": torch_cudnn, "flash": torch_flash}
+
+
+def atomic_impls():
+    return {impl.__name__: impl for impl in ATOMIC_IMPLS}
 PHASES = ("fwd", "fwd_train", "fwdbwd")
 
 
@@ -102,9 +116,9 @@ def fwd_train_fn(impl, q, k, v, causal):
 
 
 def fwdbwd_fn(impl, q, k, v, dout, causal):
-    if impl is fast_atomic_dq:
+    if impl in ATOMIC_IMPLS:
         def run():
-            previous = set_dq_mode("atomic")
+            previous = set_dq_mode(ATOMIC_IMPLS[impl])
             try:
                 out = impl(q, k, v, causal)
                 return torch.autograd.grad(out, (q, k, v), dout)
@@ -135,7 +149,7 @@ def compare(q, k, v, dout, causal, atomic_dq=False):
     for out, dq, dk, dv."""
     res = {}
     outs = {}
-    impls = {**IMPLS, **({"fast_atomic_dq": fast_atomic_dq} if atomic_dq else {})}
+    impls = {**IMPLS, **(atomic_impls() if atomic_dq else {})}
     for name, impl in impls.items():
         grads = fwdbwd_fn(impl, q, k, v, dout, causal)()
         with torch.no_grad():
@@ -184,7 +198,7 @@ def bench_point(B, H, L, D, causal, rep, backward, synced_reps, atomic_dq=False)
         res = {}
         timed = dict(impls)
         if atomic_dq and phase == "fwdbwd":
-            timed["fast_atomic_dq"] = fast_atomic_dq
+            timed.update(atomic_impls())
         for name, impl in timed.items():
             fn = phase_fn(phase, impl, q, k, v, dout, causal)
             res[name] = {}
@@ -195,9 +209,10 @@ def bench_point(B, H, L, D, causal, rep, backward, synced_reps, atomic_dq=False)
             for ref in ("cudnn", "flash"):
                 res[f"{method}_x_{ref}"] = (res["fast"][method]["tflops"]
                                             / res[ref][method]["tflops"])
-            if "fast_atomic_dq" in res:
-                res[f"{method}_atomic_dq_x_cudnn"] = (res["fast_atomic_dq"][method]["tflops"]
-                                                      / res["cudnn"][method]["tflops"])
+            for name in atomic_impls():
+                if name in res:
+                    res[f"{method}_{name[5:]}_x_cudnn"] = (res[name][method]["tflops"]
+                                                           / res["cudnn"][method]["tflops"])
         point[phase] = res
     del q, k, v, dout
     torch.cuda.empty_cache()
@@ -319,7 +334,7 @@ def bench_memory(B, H, L, D):
 def _warm_one(D, causal, atomic_dq):
     """Run fast fwd+bwd once on a small shape with the same specialisations as the sweep."""
     (q, k, v), dout = make_inputs(2, 4, 512, D)
-    for impl in (fast, fast_atomic_dq) if atomic_dq else (fast,):
+    for impl in (fast, *ATOMIC_IMPLS) if atomic_dq else (fast,):
         fwdbwd_fn(impl, q, k, v, dout, causal)()
     torch.cuda.synchronize()
 
@@ -368,11 +383,11 @@ def print_table(points):
                   f"{r['flash'][q]['tflops']:6.0f} {r[q + '_x_cudnn']:7.2f} {r[q + '_x_flash']:7.2f} | "
                   f"        {r['fast'][s]['tflops']:6.0f} {r['cudnn'][s]['tflops']:6.0f} "
                   f"{r[s + '_x_cudnn']:7.2f} {r[s + '_x_flash']:7.2f}", flush=True)
-            if "fast_atomic_dq" in r:
-                print(f"{'':>28} atomic dQ: {r['fast_atomic_dq'][q]['tflops']:6.0f} TFLOP/s "
-                      f"x cudnn {r[q + '_atomic_dq_x_cudnn']:.2f} | synced "
-                      f"{r['fast_atomic_dq'][s]['tflops']:6.0f} x cudnn "
-                      f"{r[s + '_atomic_dq_x_cudnn']:.2f}", flush=True)
+            for name in [n for n in atomic_impls() if n in r]:
+                print(f"{name[5:]:>28}: {r[name][q]['tflops']:6.0f} TFLOP/s "
+                      f"x cudnn {r[f'{q}_{name[5:]}_x_cudnn']:.2f} | synced "
+                      f"{r[name][s]['tflops']:6.0f} x cudnn "
+                      f"{r[f'{s}_{name[5:]}_x_cudnn']:.2f}", flush=True)
 
 
 def plot(points, path):

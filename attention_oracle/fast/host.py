@@ -51,3 +51,18 @@ class Choice:
             raise ValueError(f"mode must be one of {self.choices}, got {value!r}")
         previous, self.value = self.value, value
         return previous
+
+
+def _scratch(size, alignment, stream):
+    import torch
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_scratch_allocator():
+    """Give Triton an allocator (torch's caching one, on the current device) for the global
+    scratch of kernels that build tensor descriptors on the device, where this thread has none:
+    Triton keeps it per thread, and autograd runs the backward on a thread of its own."""
+    import triton
+    from triton.runtime import _allocation
+    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+        triton.set_allocator(_scratch)

@@ -37,7 +37,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..validation import FLOAT_DTYPES, check_sdpa_inputs
-from .host import Choice, cdiv, check_device, next_pow2
+from .host import Choice, cdiv, check_device, ensure_scratch_allocator, next_pow2
 from .kernels import sdpa_fwd_gluon
 from .kernels.sdpa_bwd import (
     FUSE_DQ_MAX_S,
@@ -162,7 +162,7 @@ def _precision(dtype, width):
 
 FP32_MODES = ("accurate", "plain", "tf32x3")
 _FP32 = Choice("ATTENTION_ORACLE_FAST_FP32", FP32_MODES, "tf32x3")
-DQ_MODES = ("kernel", "atomic")
+DQ_MODES = ("kernel", "atomic", "atomic_element")
 _DQ_MODE = Choice("ATTENTION_ORACLE_FAST_SDPA_DQ", DQ_MODES, "kernel")
 FWD_BACKENDS = ("auto", "triton", "gluon")
 _FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_FWD", FWD_BACKENDS, "auto")
@@ -184,10 +184,11 @@ def set_forward_backend(backend):
 def set_dq_mode(mode):
     """How the backward of later calls forms dQ, where it is not fused (:func:`_fuse_bwd`):
     "kernel" (a dQ kernel of its own, looping over keys and recomputing S and dP: bitwise
-    repeatable) or "atomic" (16-bit and fp32 "plain" inputs: the dK/dV kernel adds each key
-    block's share of dQ to an fp32 buffer with float atomics, one launch and two matmuls
-    fewer per tile pair, in an order that varies between runs; fp32 "tf32x3" and "accurate"
-    keep the dQ kernel). Default: $ATTENTION_ORACLE_FAST_SDPA_DQ or "kernel". Returns the
+    repeatable), "atomic" (16-bit and fp32 "plain" inputs: the dK/dV kernel adds each key
+    block's share of dQ to an fp32 buffer, by a TMA reduce per tile on sm_90 where the head dim
+    is a multiple of 4, else by per-element atomics, in an order that varies between runs; fp32
+    "tf32x3" and "accurate" keep the dQ kernel) or "atomic_element" ("atomic" with per-element
+    atomics everywhere). Default: $ATTENTION_ORACLE_FAST_SDPA_DQ or "kernel". Returns the
     previous mode."""
     previous = _DQ_MODE.set(mode)
     _options_key()
@@ -195,9 +196,9 @@ def set_dq_mode(mode):
 
 
 def deterministic():
-    """Whether later calls give bitwise-equal outputs and gradients for equal inputs: every
-    mode but :func:`set_dq_mode`'s "atomic"."""
-    return _DQ_MODE.value != "atomic"
+    """Whether later calls give bitwise-equal outputs and gradients for equal inputs: in
+    :func:`set_dq_mode`'s "kernel" mode."""
+    return _DQ_MODE.value == "kernel"
 
 
 def _gluon_backends(q_shape, k_shape, is_causal):
@@ -312,9 +313,15 @@ def _fuse_bwd(natural, prec, L, S, group):
             and S <= FUSE_DQ_MAX_S and L * group <= FUSE_BWD_MAX_ROWS)
 
 
-def _atomic_dq(natural, prec, fuse):
-    """Whether an unfused backward adds dQ with atomics in the dK/dV kernel (:func:`set_dq_mode`)."""
-    return _DQ_MODE.value == "atomic" and not natural and prec != "tf32x3" and not fuse
+def _atomic_dq(natural, prec, fuse, E, device):
+    """How an unfused backward adds dQ in the dK/dV kernel (:func:`set_dq_mode`; the kernel's
+    ATOMIC_DQ): 0 not at all (the dQ kernel runs), 1 per-element atomics, 2 a TMA reduce per
+    tile (sm_90 on, fp32 rows of E a multiple of 16 bytes; the interpreter has none)."""
+    if _DQ_MODE.value == "kernel" or natural or prec == "tf32x3" or fuse:
+        return 0
+    tma = (_DQ_MODE.value == "atomic" and E % 4 == 0 and device.type == "cuda"
+           and torch.cuda.get_device_capability(device)[0] >= 9)
+    return 2 if tma else 1
 
 
 def _fold(scale, dtype, backward):
@@ -417,7 +424,7 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     natural = lse_k.shape[0] == stats_rows(True)
     prec = "ieee" if natural else _precision(q.dtype, max(E, v.shape[4]))
     fuse = _fuse_bwd(natural, prec, L, S, HQ // k.shape[2]) and out.is_contiguous()
-    atomic = _atomic_dq(natural, prec, fuse)
+    atomic = _atomic_dq(natural, prec, fuse, E, q.device)
     (kind, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
      pre_grid, meta_q) = _bwd_plan(q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), dout.dtype,
                            is_causal, natural, prec, interpreting(), _fold(scale, q.dtype, True),
@@ -434,7 +441,7 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     delta = torch.empty((Z1 * Z2 * HQ, L), dtype=torch.float32, device=q.device)
     _PRE(pre_grid, (out, dout, delta, *out.stride(), *dout_strides, Z2, HQ, L, sizes[3]),
          {"BLOCK_M": pre_block, "BLOCK_EV": meta["BLOCK_EV"]})
-    dq_sum = _dq_sum(q.shape, q.device) if atomic else q
+    dq_sum = _dq_sum(q.shape, q.device, atomic) if atomic else dq
     _DKDV(key + (HQ // k.shape[2],), grid_kv,
           (q, k, v, mask_arg, dout, lse_k, delta, dk, dv, q, dq_sum,
            *common_strides, *dk.stride(), *dv.stride(), *scalars), sizes, meta)
@@ -445,9 +452,12 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     return dq, dk, dv
 
 
-def _dq_sum(q_shape, device):
+def _dq_sum(q_shape, device, atomic):
     """The zeroed fp32 buffer, shaped and laid out as the rank-5 dq, that the atomic-dQ
-    backward adds into (:func:`set_dq_mode`)."""
+    backward adds into (:func:`set_dq_mode`); the TMA variant (``atomic`` 2) builds its
+    descriptors in a scratch buffer that this thread's Triton allocator provides."""
+    if atomic == 2:
+        ensure_scratch_allocator()
     return torch.zeros(q_shape, dtype=torch.float32, device=device)
 
 
@@ -597,7 +607,7 @@ class _CallPlan:
         self.fwd_tail = (*operands, *self.out5, lse_stride, *ints, scale * factor, *tunes)
         self.fuse = _fuse_bwd(natural, _precision(dtype, width), L, k5.shape[3],
                               HQ // k5.shape[2])
-        self.atomic = _atomic_dq(natural, _precision(dtype, width), self.fuse)
+        self.atomic = _atomic_dq(natural, _precision(dtype, width), self.fuse, E, q5.device)
         self.q_shape5 = tuple(q5.shape)
         (_, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
          pre_grid, meta_q) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
@@ -658,7 +668,7 @@ class _CallPlan:
             delta = torch.empty(pre_grid[1] * self.rows[0], dtype=torch.float32,
                                 device=self.device)
             self.pre((out, dout, delta, *self.out5, *dst, *self.pre_tail))
-            dq_sum = _dq_sum(self.q_shape5, self.device) if self.atomic else query
+            dq_sum = _dq_sum(self.q_shape5, self.device, self.atomic) if self.atomic else dq
             self._launch(1, _DKDV, dkv_key, grid_kv, sizes, meta,
                          (query, key, value, query, dout, lse_k, delta, dk, dv, query, dq_sum),
                          rest[0])

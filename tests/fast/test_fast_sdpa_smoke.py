@@ -31,6 +31,7 @@ from tests.fast.tf32x3_emulation import emulated_tf32x3  # noqa: E402
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 DEVICE = "cuda" if ON_GPU else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
+TMA = ON_GPU and torch.cuda.get_device_capability()[0] >= 9  # Hopper's tensor memory accelerator
 
 
 # ----------------------------------------------------------------------------- reference
@@ -552,21 +553,23 @@ def test_small_backward_fused_or_not(dtype, fuse, is_causal, gqa, gen):
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32] + ["plain"],
                          ids=lambda d: d if isinstance(d, str) else str(d).split(".")[-1])
 @pytest.mark.parametrize("case", ["causal_gqa", "bool_mask", "edges"])
-def test_atomic_dq_backward_agrees(dtype, case, gen):
+@pytest.mark.parametrize("mode", ["atomic", "atomic_element"] if TMA else ["atomic"])
+def test_atomic_dq_backward_agrees(dtype, case, mode, gen):
     """The atomic-dQ mode (each key block's share of dQ added in fp32 by the dK/dV kernel) over
     several key and query blocks, tails past the tile edges, GQA, causal and a mask (rows left
-    with no key): within the agreement rule as the dQ kernel is, and declared nondeterministic
-    while on."""
+    with no key), by per-element atomics or (sm_90) a TMA reduce per tile: within the agreement
+    rule as the dQ kernel is, and declared nondeterministic while on."""
     import attention_oracle.fast.sdpa as fsdpa
     from attention_oracle.judge.targets import load
     fp32 = fsdpa.set_fp32_mode("plain") if dtype == "plain" else None
     dtype = torch.float32 if dtype == "plain" else dtype
-    previous = fsdpa.set_dq_mode("atomic")
+    previous = fsdpa.set_dq_mode(mode)
     try:
         assert not fsdpa.deterministic() and not load("fast").capabilities.deterministic
         hq, hkv = (4, 2) if case == "causal_gqa" else (2, 2)
         L, S = (70, 131) if case == "edges" else (100, 150)
-        assert fsdpa._atomic_dq(False, fsdpa._precision(dtype, 40), False)
+        assert fsdpa._atomic_dq(False, fsdpa._precision(dtype, 40), False, 40,
+                                torch.device(DEVICE)) == (2 if TMA and mode == "atomic" else 1)
         assert not fsdpa._fuse_bwd(False, fsdpa._precision(dtype, 40), L, S, hq // hkv)
         q = randn(2, hq, L, 40, dtype=dtype, gen=gen)
         k = randn(2, hkv, S, 40, dtype=dtype, gen=gen)
@@ -590,14 +593,16 @@ def test_atomic_dq_leaves_tf32x3_and_fused_calls_alone():
     import attention_oracle.fast.sdpa as fsdpa
     previous = fsdpa.set_dq_mode("atomic")
     try:
-        assert not fsdpa._atomic_dq(False, "tf32x3", False)
-        assert not fsdpa._atomic_dq(True, "ieee", False)
-        assert not fsdpa._atomic_dq(False, "tf32", True)
+        cpu = torch.device("cpu")
+        assert fsdpa._atomic_dq(False, "tf32x3", False, 40, cpu) == 0
+        assert fsdpa._atomic_dq(True, "ieee", False, 40, cpu) == 0
+        assert fsdpa._atomic_dq(False, "tf32", True, 40, cpu) == 0
+        assert fsdpa._atomic_dq(False, "tf32", False, 40, cpu) == 1  # the interpreter's
         with pytest.raises(ValueError, match="mode"):
             fsdpa.set_dq_mode("atomics")
     finally:
         fsdpa.set_dq_mode(previous)
-    assert not fsdpa._atomic_dq(False, "tf32", False)
+    assert fsdpa._atomic_dq(False, "tf32", False, 40, torch.device("cpu")) == 0
 
 
 # ----------------------------------------------------------------------------- fp32 modes

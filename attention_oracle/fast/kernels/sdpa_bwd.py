@@ -11,7 +11,9 @@ fp32 in fp64 with log l = hi + lo; 16-bit with the fast exp2.
 
 ``dO`` is read through its own strides (head-major, sliced or stride-0 views work in place).
 The dK/dV program owns one key block of one kv head and loops over every query head of its
-GQA group, so no atomics are needed.
+GQA group, so dK and dV need no atomics; dQ does only in the opt-in atomic mode
+(``ATOMIC_DQ``), which adds each key block's share in the dK/dV kernel instead of running the dQ
+kernel.
 """
 import triton
 import triton.language as tl
@@ -113,10 +115,11 @@ def _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_
     FUSE_DQ (the key block holds every key, 16-bit or fp32 "plain"/"tf32x3"): each query
     block's Delta = rowsum(dO * O) is formed here from O (contiguous, at ``o_base``) and its dQ
     block, complete from this one key block, is stored at ``dq_base`` (contiguous): the whole
-    backward in one launch, no Delta buffer. ATOMIC_DQ (16-bit, any key count): each query
-    block's dQ product of this key block is added to the fp32 buffer at ``dq_base``
-    (contiguous, zeroed) with relaxed float atomics, in place of the dQ kernel's recompute of
-    S and dP; the sum's order varies between runs, so the gradient is not bitwise repeatable.
+    backward in one launch, no Delta buffer. ATOMIC_DQ (16-bit or fp32 "plain", any key
+    count): each query block's dQ product of this key block is added to the fp32 buffer at
+    ``dq_base`` (contiguous, zeroed) with float atomics, in place of the dQ kernel's recompute
+    of S and dP: relaxed per-element atomics (1) or a TMA reduce of the tile (2: E a multiple
+    of 4, sm_90); the sum's order varies between runs, so dQ is not bitwise repeatable.
 
     fp32 (NATURAL): scores and dP from chunked dots (k, v re-read), P in fp64 from the saved
     m and log l = hi + lo, and each query block's product added to dK/dV as an fp64 dot
@@ -125,6 +128,9 @@ def _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_
     FOLDED: tl.constexpr = FOLD and MASK_KIND == 0 and not NATURAL
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
+    if ATOMIC_DQ == 2:  # rows past L and columns past E are clipped by the TMA unit
+        dq_desc = tl.make_tensor_descriptor(dq_base, shape=[L, E], strides=[E, 1],
+                                            block_shape=[BLOCK_M, BLOCK_E])
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -175,7 +181,10 @@ def _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_
             dsT = pT * (dpT - delta[None, :])
             dsT_big, dsT_small = split_tf32(dsT.to(q.dtype), PREC)
             dk = dot_split_acc(dsT_big, dsT_small, q, q_small, dk, PREC)
-            if ATOMIC_DQ:  # this key block's share of dQ, added in fp32
+            if ATOMIC_DQ == 2:  # this key block's share of dQ, added in fp32
+                dq_desc.atomic_add([start_m, 0],
+                                   tl.dot(tl.trans(dsT_big), k, input_precision=PREC) * scale)
+            elif ATOMIC_DQ == 1:
                 dq = tl.dot(tl.trans(dsT_big), k, input_precision=PREC) * scale
                 dq_ptrs = dq_base + offs_m[:, None] * E + offs_e[None, :]
                 if CHECK_M or CHECK_E:
@@ -198,7 +207,7 @@ def _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_
 @triton.autotune(configs=_dkdv_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                                 "MASK_KIND", "GROUP", "PREC", "FUSE_DQ", "ATOMIC_DQ"],
                  prune_configs_by={"early_config_prune": _make_prune("BLOCK_M", "BLOCK_N", ((32, 64, 4, 2), (32, 64, 8, 2)), _DKDV_SAFE, _DKDV_TF32X3, _DKDV_TF32X3_SAFE)},
-                 **TUNE_KW)
+                 reset_to_zero=["DQ"], **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
 @triton.jit(do_not_specialize=["Z2", "HQ"])
 def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
@@ -220,8 +229,9 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
                          FUSE_DQ: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     """dK and dV of one key block; with FUSE_DQ (``S <= BLOCK_N``: one key block per kv head)
     also Delta and dQ (:func:`_dkdv_query_loop`), O and DQ contiguous; with ATOMIC_DQ also this
-    key block's share of dQ, added to DQ (fp32 [Z1 * Z2 * Hq, L, E], zeroed); otherwise O and DQ
-    are not read. Delta comes from :func:`sdpa_bwd_preprocess_kernel` unless FUSE_DQ."""
+    key block's share of dQ, added to DQ (fp32 [Z1 * Z2 * Hq, L, E], zeroed); otherwise O is
+    not read and DQ (dQ's buffer, zeroed before each config the autotuner times) not written.
+    Delta comes from :func:`sdpa_bwd_preprocess_kernel` unless FUSE_DQ."""
     tl.static_assert(not (FUSE_DQ and NATURAL), "FUSE_DQ takes the log2-unit kernels only")
     tl.static_assert(not (ATOMIC_DQ and (NATURAL or FUSE_DQ or PREC == "tf32x3")),
                      "ATOMIC_DQ takes the 16-bit and fp32 plain kernels, unfused")
