@@ -9,7 +9,8 @@ Each workload runs twice untimed (compilation, autotuning, caches), then once be
 ``cudaProfilerStart`` and ``cudaProfilerStop``, so ncu sees only that call's kernels. Without
 ncu the script just runs them. Workloads (bf16 unless named):
 sdpa_fwd_fast / sdpa_fwd_cudnn (B 4, H 32, L 4096, D 128), sdpa_bwd_fast / sdpa_bwd_cudnn
-(the backward of the same), dsa_fwd_fast / dsa_bwd_fast (doc_16384, H 64, 512 + 64, top-k 2048),
+(the backward of the same), sdpa_bwd_fast_atomic / sdpa_bwd_fast_atomic_element (fast's backward
+under those dQ modes, ``set_dq_mode``), dsa_fwd_fast / dsa_bwd_fast (doc_16384, H 64, 512 + 64, top-k 2048),
 sdpa_fp32_fwd_{accurate,tf32x3} / sdpa_fp32_bwd_{accurate,tf32x3} / sdpa_fp32_bwd_torch
 (fp32, B 2, H 16, L 2048, D 128).
 """
@@ -84,6 +85,8 @@ WORKLOADS = {
     "sdpa_fwd_cudnn": lambda: _sdpa("cudnn", False),
     "sdpa_bwd_fast": lambda: _sdpa("fast", True),
     "sdpa_bwd_cudnn": lambda: _sdpa("cudnn", True),
+    "sdpa_bwd_fast_atomic": lambda: _sdpa("fast", True),
+    "sdpa_bwd_fast_atomic_element": lambda: _sdpa("fast", True),
     "dsa_fwd_fast": lambda: _dsa(False),
     "dsa_bwd_fast": lambda: _dsa(True),
     "sdpa_fp32_fwd_accurate": lambda: _sdpa("fast", False, **FP32),
@@ -104,11 +107,15 @@ def main(argv=None):
         # the fp32 mode is the name's suffix, set before a backward workload's forward
         mode = name.rsplit("_", 1)[1] if name.startswith("sdpa_fp32_") else None
         previous = fast_sdpa.set_fp32_mode(mode) if mode in fast_sdpa.FP32_MODES else None
+        # and the dQ mode likewise, after "sdpa_bwd_fast_"
+        dq_mode = name[len("sdpa_bwd_fast_"):] if name.startswith("sdpa_bwd_fast_") else "kernel"
+        previous_dq = fast_sdpa.set_dq_mode(dq_mode)
         try:
             run = WORKLOADS[name]()
             print(f"== workload {name}", flush=True)
             _profiled(run)
         finally:
+            fast_sdpa.set_dq_mode(previous_dq)
             if previous:
                 fast_sdpa.set_fp32_mode(previous)
 

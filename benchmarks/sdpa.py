@@ -42,6 +42,7 @@ from attention_oracle.oracle.sdpa import sdpa_reference
 from .timing import host_us, plot_panels, queued_ms, synced_ms, write_json
 
 N_FORCED_CONFIGS = 4  # the most configs any kernel keeps after pruning (bf16, D <= 128)
+N_FORCED_ATOMIC = 8  # the same with the atomic-dQ mode's own dK/dV tiles
 
 
 def flops(B, H, L, S, D, causal, backward):
@@ -342,7 +343,8 @@ def _warm_one(D, causal, atomic_dq):
 def precompile(dims, causals, jobs, atomic_dq=False):
     t0 = time.time()
     procs, failures = [], 0
-    tasks = [(D, c, i) for D in dims for c in causals for i in range(N_FORCED_CONFIGS)]
+    n = N_FORCED_ATOMIC if atomic_dq else N_FORCED_CONFIGS
+    tasks = [(D, c, i) for D in dims for c in causals for i in range(n)]
     pending = list(tasks)
     while pending or procs:
         while pending and len(procs) < jobs:

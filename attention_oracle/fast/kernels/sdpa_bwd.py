@@ -58,12 +58,22 @@ _DKDV_SAFE = triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stag
 _DQ_SAFE = triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=2)
 
 
+# tiles tuned only with ATOMIC_DQ: its dQ tile (BLOCK_M x BLOCK_E fp32) in registers beside dK
+# and dV spilled the 64 x 128, 8-warp tile (255 registers at head dim 128 on the H200)
+_DKDV_ATOMIC_ONLY = ((64, 64, 8, 2), (64, 64, 8, 3), (128, 64, 8, 2), (32, 128, 8, 2))
+
+
+def _shape(config):
+    return (config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps,
+            config.num_stages)
+
+
 def _dkdv_configs():
     if not autotune_enabled():
         return [_DKDV_SAFE]
     shapes = [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3), (32, 64, 4, 2)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in shapes]
+            for bm, bn, w, s in shapes + list(_DKDV_ATOMIC_ONLY)]
 
 
 # the smallest BLOCK_N of any dK/dV config (_DKDV_SAFE, _dkdv_configs and the fp32 shapes of
@@ -98,6 +108,16 @@ def _make_prune(pipelined, resident, fp32_shapes, safe, tf32x3_shapes, tf32x3_sa
                       resident_cols=lambda be, bev: be + bev, register_limit=160,
                       min_16bit_tile=64 * 64, tf32x3_shapes=tf32x3_shapes,
                       tf32x3_safe=tf32x3_safe)
+
+
+def _dkdv_prune(base):
+    """``base`` (:func:`_make_prune`) over the configs of this launch: the ``_DKDV_ATOMIC_ONLY``
+    tiles only with ATOMIC_DQ."""
+    def prune(configs, named_args, **kwargs):
+        if not {**named_args, **kwargs}.get("ATOMIC_DQ"):
+            configs = [c for c in configs if _shape(c) not in _DKDV_ATOMIC_ONLY] or configs
+        return base(configs, named_args, **kwargs)
+    return prune
 
 
 @triton.jit
@@ -206,7 +226,7 @@ def _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_
 
 @triton.autotune(configs=_dkdv_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                                 "MASK_KIND", "GROUP", "PREC", "FUSE_DQ", "ATOMIC_DQ"],
-                 prune_configs_by={"early_config_prune": _make_prune("BLOCK_M", "BLOCK_N", ((32, 64, 4, 2), (32, 64, 8, 2)), _DKDV_SAFE, _DKDV_TF32X3, _DKDV_TF32X3_SAFE)},
+                 prune_configs_by={"early_config_prune": _dkdv_prune(_make_prune("BLOCK_M", "BLOCK_N", ((32, 64, 4, 2), (32, 64, 8, 2)), _DKDV_SAFE, _DKDV_TF32X3, _DKDV_TF32X3_SAFE))},
                  reset_to_zero=["DQ"], **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
 @triton.jit(do_not_specialize=["Z2", "HQ"])
