@@ -72,18 +72,21 @@ def fast(q, k, v, causal):
     return fast_sdpa(q, k, v, is_causal=causal)
 
 
-def fast_atomic_dq(q, k, v, causal):
-    """fast under ``set_dq_mode("atomic")`` (its TMA-reduce variant on sm_90);
-    :func:`fwdbwd_fn` holds the mode over the backward too (forward+backward only: the forward
+def _fast_under_dq_mode(name, doc):
+    """An impl that calls fast like :func:`fast`; :func:`fwdbwd_fn` runs it, forward and
+    backward, under the dQ mode ``ATOMIC_IMPLS`` gives it (forward+backward only: the forward
     is fast's own)."""
-    return fast_sdpa(q, k, v, is_causal=causal)
+    def impl(q, k, v, causal):
+        return fast_sdpa(q, k, v, is_causal=causal)
+    impl.__name__ = impl.__qualname__ = name
+    impl.__doc__ = doc
+    return impl
 
 
-def fast_atomic_dq_element(q, k, v, causal):
-    """:func:`fast_atomic_dq` with per-element atomics in place of the TMA reduce."""
-    return fast_sdpa(q, k, v, is_causal=causal)
-
-
+fast_atomic_dq = _fast_under_dq_mode(
+    "fast_atomic_dq", 'fast under set_dq_mode("atomic") (its TMA-reduce variant on sm_90)')
+fast_atomic_dq_element = _fast_under_dq_mode(
+    "fast_atomic_dq_element", "fast_atomic_dq with per-element atomics in place of the TMA reduce")
 # impl -> the dQ mode it runs under (attention_oracle.fast.sdpa.set_dq_mode)
 ATOMIC_IMPLS = {fast_atomic_dq: "atomic", fast_atomic_dq_element: "atomic_element"}
 
@@ -263,7 +266,9 @@ def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128, modes=FP32_MODES):
             row[f"{phase}_torch_default_tflops"] = fl / bench_ms(fn, rep) / 1e9
             row[f"{phase}_torch_default_synced_tflops"] = fl / synced_ms(fn, synced_reps) / 1e9
         for mode in modes:
-            previous = set_fp32_mode(mode)
+            fp32_mode, _, dq_mode = mode.partition("+")
+            previous = set_fp32_mode(fp32_mode)
+            previous_dq = set_dq_mode(dq_mode or "kernel")
             try:
                 with torch.no_grad():
                     row[f"max_diff_out_{mode}"] = max_diff(fast(q, k, v, causal), ref)
@@ -277,6 +282,7 @@ def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128, modes=FP32_MODES):
                                                     / row[f"{phase}_torch_default_tflops"])
             finally:
                 set_fp32_mode(previous)
+                set_dq_mode(previous_dq)
         rows.append(row)
     return rows
 
@@ -427,7 +433,8 @@ def main(argv=None):
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--no-fp32", action="store_true")
     ap.add_argument("--fp32-modes", default=",".join(FP32_MODES),
-                    help="fast's fp32 modes bench_fp32 times (comma-separated)")
+                    help="fast's fp32 modes bench_fp32 times (comma-separated); MODE+DQ runs "
+                         "MODE under the dQ mode DQ (set_dq_mode), e.g. tf32x3+atomic")
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="start no new section or point after this many seconds")
     ap.add_argument("--precompile", type=int, default=0, help="parallel compile processes (0: off)")

@@ -184,10 +184,10 @@ def set_forward_backend(backend):
 def set_dq_mode(mode):
     """How the backward of later calls forms dQ, where it is not fused (:func:`_fuse_bwd`):
     "kernel" (a dQ kernel of its own, looping over keys and recomputing S and dP: bitwise
-    repeatable), "atomic" (16-bit and fp32 "plain" inputs: the dK/dV kernel adds each key
-    block's share of dQ to an fp32 buffer, by a TMA reduce per tile on sm_90 where the head dim
-    is a multiple of 4, else by per-element atomics, in an order that varies between runs; fp32
-    "tf32x3" and "accurate" keep the dQ kernel) or "atomic_element" ("atomic" with per-element
+    repeatable), "atomic" (16-bit and fp32 "plain"/"tf32x3" inputs: the dK/dV kernel adds each
+    key block's share of dQ to an fp32 buffer, by a TMA reduce per tile on sm_90 where the head
+    dim is a multiple of 4, else by per-element atomics, in an order that varies between runs;
+    fp32 "accurate" keeps the dQ kernel) or "atomic_element" ("atomic" with per-element
     atomics everywhere). Default: $ATTENTION_ORACLE_FAST_SDPA_DQ or "kernel". Returns the
     previous mode."""
     previous = _DQ_MODE.set(mode)
@@ -317,7 +317,7 @@ def _atomic_dq(natural, prec, fuse, E, device):
     """How an unfused backward adds dQ in the dK/dV kernel (:func:`set_dq_mode`; the kernel's
     ATOMIC_DQ): 0 not at all (the dQ kernel runs), 1 per-element atomics, 2 a TMA reduce per
     tile (sm_90 on, fp32 rows of E a multiple of 16 bytes; the interpreter has none)."""
-    if _DQ_MODE.value == "kernel" or natural or prec == "tf32x3" or fuse:
+    if _DQ_MODE.value == "kernel" or natural or fuse:
         return 0
     tma = (_DQ_MODE.value == "atomic" and E % 4 == 0 and device.type == "cuda"
            and torch.cuda.get_device_capability(device)[0] >= 9)
@@ -441,7 +441,7 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     delta = torch.empty((Z1 * Z2 * HQ, L), dtype=torch.float32, device=q.device)
     _PRE(pre_grid, (out, dout, delta, *out.stride(), *dout_strides, Z2, HQ, L, sizes[3]),
          {"BLOCK_M": pre_block, "BLOCK_EV": meta["BLOCK_EV"]})
-    dq_sum = _dq_sum(q.shape, q.device, atomic) if atomic else dq
+    dq_sum = _dq_sum(dq, atomic)
     _DKDV(key + (HQ // k.shape[2],), grid_kv,
           (q, k, v, mask_arg, dout, lse_k, delta, dk, dv, q, dq_sum,
            *common_strides, *dk.stride(), *dv.stride(), *scalars), sizes, meta)
@@ -452,13 +452,16 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     return dq, dk, dv
 
 
-def _dq_sum(q_shape, device, atomic):
-    """The zeroed fp32 buffer, shaped and laid out as the rank-5 dq, that the atomic-dQ
-    backward adds into (:func:`set_dq_mode`); the TMA variant (``atomic`` 2) builds its
-    descriptors in a scratch buffer that this thread's Triton allocator provides."""
+def _dq_sum(dq, atomic):
+    """Where the dK/dV kernel's DQ points: ``dq`` itself unless ``atomic``, else a zeroed fp32
+    buffer shaped as the rank-5 dq that the atomic-dQ backward adds into (:func:`set_dq_mode`);
+    the TMA variant (``atomic`` 2) builds its descriptors in a scratch buffer that this thread's
+    Triton allocator provides."""
+    if not atomic:
+        return dq
     if atomic == 2:
         ensure_scratch_allocator()
-    return torch.zeros(q_shape, dtype=torch.float32, device=device)
+    return torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
 
 
 # ----------------------------------------------------------------------------- custom ops
@@ -581,7 +584,7 @@ class _CallPlan:
     __slots__ = ("dtype", "device", "out_shape", "out5", "lse_shape", "fwd", "fwd_tail",
                  "bwd", "bwd_common", "bwd_scalars", "grad_shapes", "grad_tails", "pre_tail",
                  "rows", "gluon", "gluon_backends", "bound", "pre", "fuse", "atomic", "stacked",
-                 "lse_scratch", "bwd_rest", "q_shape5")
+                 "lse_scratch", "bwd_rest")
 
     def __init__(self, q5, k5, v5, out_shape, shapes, is_causal, scale):
         Z1, Z2, HQ, L, E = q5.shape
@@ -608,7 +611,6 @@ class _CallPlan:
         self.fuse = _fuse_bwd(natural, _precision(dtype, width), L, k5.shape[3],
                               HQ // k5.shape[2])
         self.atomic = _atomic_dq(natural, _precision(dtype, width), self.fuse, E, q5.device)
-        self.q_shape5 = tuple(q5.shape)
         (_, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
          pre_grid, meta_q) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
                                natural, _precision(dtype, width), interpreting(),
@@ -668,12 +670,12 @@ class _CallPlan:
             delta = torch.empty(pre_grid[1] * self.rows[0], dtype=torch.float32,
                                 device=self.device)
             self.pre((out, dout, delta, *self.out5, *dst, *self.pre_tail))
-            dq_sum = _dq_sum(self.q_shape5, self.device, self.atomic) if self.atomic else dq
+            dq_sum = _dq_sum(dq, self.atomic)
             self._launch(1, _DKDV, dkv_key, grid_kv, sizes, meta,
                          (query, key, value, query, dout, lse_k, delta, dk, dv, query, dq_sum),
                          rest[0])
             if self.atomic:
-                dq.view(self.q_shape5).copy_(dq_sum)
+                dq.copy_(dq_sum)
             else:
                 self._launch(2, _DQ, dkey, grid_q, sizes, meta_q,
                              (query, key, value, query, dout, lse_k, delta, dq), rest[1])

@@ -550,7 +550,7 @@ def test_small_backward_fused_or_not(dtype, fuse, is_causal, gqa, gen):
         fsdpa.set_kernel_options(**previous)
 
 
-@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32] + ["plain"],
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32] + ["plain", "tf32x3"],
                          ids=lambda d: d if isinstance(d, str) else str(d).split(".")[-1])
 @pytest.mark.parametrize("case", ["causal_gqa", "bool_mask", "edges"])
 @pytest.mark.parametrize("mode", ["atomic", "atomic_element"] if TMA else ["atomic"])
@@ -561,8 +561,8 @@ def test_atomic_dq_backward_agrees(dtype, case, mode, gen):
     rule as the dQ kernel is, and declared nondeterministic while on."""
     import attention_oracle.fast.sdpa as fsdpa
     from attention_oracle.judge.targets import load
-    fp32 = fsdpa.set_fp32_mode("plain") if dtype == "plain" else None
-    dtype = torch.float32 if dtype == "plain" else dtype
+    fp32 = fsdpa.set_fp32_mode(dtype) if isinstance(dtype, str) else None
+    dtype = torch.float32 if isinstance(dtype, str) else dtype
     previous = fsdpa.set_dq_mode(mode)
     try:
         assert not fsdpa.deterministic() and not load("fast").capabilities.deterministic
@@ -587,14 +587,14 @@ def test_atomic_dq_backward_agrees(dtype, case, mode, gen):
     assert fsdpa.deterministic() and load("fast").capabilities.deterministic
 
 
-def test_atomic_dq_leaves_tf32x3_and_fused_calls_alone():
-    """fp32 "tf32x3" and "accurate" keep the dQ kernel, and a fused backward its own dQ store,
-    under the atomic mode; a bad mode is refused by name."""
+def test_atomic_dq_leaves_accurate_and_fused_calls_alone():
+    """fp32 "accurate" keeps the dQ kernel, and a fused backward its own dQ store, under the
+    atomic mode; "tf32x3" takes it; a bad mode is refused by name."""
     import attention_oracle.fast.sdpa as fsdpa
     previous = fsdpa.set_dq_mode("atomic")
     try:
         cpu = torch.device("cpu")
-        assert fsdpa._atomic_dq(False, "tf32x3", False, 40, cpu) == 0
+        assert fsdpa._atomic_dq(False, "tf32x3", False, 40, cpu) == 1
         assert fsdpa._atomic_dq(True, "ieee", False, 40, cpu) == 0
         assert fsdpa._atomic_dq(False, "tf32", True, 40, cpu) == 0
         assert fsdpa._atomic_dq(False, "tf32", False, 40, cpu) == 1  # the interpreter's

@@ -135,8 +135,8 @@ def _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_
     FUSE_DQ (the key block holds every key, 16-bit or fp32 "plain"/"tf32x3"): each query
     block's Delta = rowsum(dO * O) is formed here from O (contiguous, at ``o_base``) and its dQ
     block, complete from this one key block, is stored at ``dq_base`` (contiguous): the whole
-    backward in one launch, no Delta buffer. ATOMIC_DQ (16-bit or fp32 "plain", any key
-    count): each query block's dQ product of this key block is added to the fp32 buffer at
+    backward in one launch, no Delta buffer. ATOMIC_DQ (16-bit or fp32 "plain"/"tf32x3", any
+    key count): each query block's dQ product of this key block is added to the fp32 buffer at
     ``dq_base`` (contiguous, zeroed) with float atomics, in place of the dQ kernel's recompute
     of S and dP: relaxed per-element atomics (1) or a TMA reduce of the tile (2: E a multiple
     of 4, sm_90); the sum's order varies between runs, so dQ is not bitwise repeatable.
@@ -201,17 +201,18 @@ def _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_
             dsT = pT * (dpT - delta[None, :])
             dsT_big, dsT_small = split_tf32(dsT.to(q.dtype), PREC)
             dk = dot_split_acc(dsT_big, dsT_small, q, q_small, dk, PREC)
-            if ATOMIC_DQ == 2:  # this key block's share of dQ, added in fp32
-                dq_desc.atomic_add([start_m, 0],
-                                   tl.dot(tl.trans(dsT_big), k, input_precision=PREC) * scale)
-            elif ATOMIC_DQ == 1:
-                dq = tl.dot(tl.trans(dsT_big), k, input_precision=PREC) * scale
-                dq_ptrs = dq_base + offs_m[:, None] * E + offs_e[None, :]
-                if CHECK_M or CHECK_E:
-                    tl.atomic_add(dq_ptrs, dq, mask=(offs_m[:, None] < L) & (offs_e[None, :] < E),
-                                  sem="relaxed")
+            if ATOMIC_DQ:  # this key block's share of dQ, added in fp32
+                dq = dot_split(tl.trans(dsT_big), tl.trans(dsT_small), k, k_small, PREC) * scale
+                if ATOMIC_DQ == 2:
+                    dq_desc.atomic_add([start_m, 0], dq)
                 else:
-                    tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+                    dq_ptrs = dq_base + offs_m[:, None] * E + offs_e[None, :]
+                    if CHECK_M or CHECK_E:
+                        tl.atomic_add(dq_ptrs, dq,
+                                      mask=(offs_m[:, None] < L) & (offs_e[None, :] < E),
+                                      sem="relaxed")
+                    else:
+                        tl.atomic_add(dq_ptrs, dq, sem="relaxed")
             if FUSE_DQ:  # as sdpa_bwd_dq_kernel computes it, over its one key block
                 ds_big, ds_small = split_tf32(tl.trans(dsT).to(k.dtype), PREC)
                 dq = dot_split(ds_big, ds_small, k, k_small, PREC) * scale
@@ -253,8 +254,8 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
     not read and DQ (dQ's buffer, zeroed before each config the autotuner times) not written.
     Delta comes from :func:`sdpa_bwd_preprocess_kernel` unless FUSE_DQ."""
     tl.static_assert(not (FUSE_DQ and NATURAL), "FUSE_DQ takes the log2-unit kernels only")
-    tl.static_assert(not (ATOMIC_DQ and (NATURAL or FUSE_DQ or PREC == "tf32x3")),
-                     "ATOMIC_DQ takes the 16-bit and fp32 plain kernels, unfused")
+    tl.static_assert(not (ATOMIC_DQ and (NATURAL or FUSE_DQ)),
+                     "ATOMIC_DQ takes the log2-unit kernels, unfused")
     pid_n = tl.program_id(0)
     pid_bkv = tl.program_id(1)  # over [Z1, Z2, HKV]
     HKV = HQ // GROUP
