@@ -287,6 +287,13 @@ def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128, modes=FP32_MODES):
     return rows
 
 
+def tuned_tiles():
+    """The autotuners' picks so far, per backward kernel: {tuning key: config}."""
+    from attention_oracle.fast.kernels.sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel
+    return {name: {str(key): str(config) for key, config in kernel.cache.items()}
+            for name, kernel in (("dkdv", sdpa_bwd_dkdv_kernel), ("dq", sdpa_bwd_dq_kernel))}
+
+
 def bench_rank3(H, L, D, rep):
     """Fast on [H, L, D] vs torch's own rank-3 call (which backend it takes is recorded)."""
     rows = []
@@ -485,6 +492,7 @@ def main(argv=None):
     if not args.no_fp32 and left():
         modes = tuple(args.fp32_modes.split(","))
         result["fp32"] = bench_fp32(args.rep, args.synced_reps, modes=modes)
+        result["fp32_backward_tiles"] = tuned_tiles()
         for r in result["fp32"]:
             print(f"fp32 causal={r['causal']} TFLOP/s queued (synced): torch fwd "
                   f"{r['fwd_torch_default_tflops']:.1f} ({r['fwd_torch_default_synced_tflops']:.1f})"

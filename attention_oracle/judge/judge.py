@@ -59,16 +59,18 @@ class Judge:
             apriori=apriori))
 
     def agrees_with(self, name: str, x: torch.Tensor, gold: Mapping, lp: Mapping, *,
-                    gradient: bool, select=None) -> agreement.Verdict:
+                    gradient: bool, select=None, label: str | None = None) -> agreement.Verdict:
         """:meth:`agrees` against the oracle's result dicts: ``gold`` = {output: tensor,
         "magnitude": {output: float}, "magnitude_acc": {gradient: float}}, ``lp`` = {algorithm: {output: tensor}}; ``select``
-        indexes x, gold and lp alike (a boolean row mask, say)."""
+        indexes x, gold and lp alike (a boolean row mask, say). ``label``: the output's name in
+        the verdict and for known signatures (default ``name``, the key into the dicts)."""
+        label = name if label is None else label
         def attempt(x=x, gold=gold, lp=lp, select=select):
             g, runs = gold[name], {a: r[name] for a, r in lp.items()}
             if select is not None:
                 x, g, runs = x[select], g[select], {a: t[select] for a, t in runs.items()}
             return agreement.assert_agrees(
-                x, g, runs, check=self.check, impl=self.impl, name=name, dtype=self.dtype,
+                x, g, runs, check=self.check, impl=self.impl, name=label, dtype=self.dtype,
                 gradient=gradient, magnitude=gold["magnitude"][name], repro=self.repro,
                 acc_magnitude=gold.get("magnitude_acc", {}).get(name, 0.0),
                 apriori=gold.get("apriori", {}).get(name, 0.0))
@@ -78,13 +80,13 @@ class Judge:
                 keep = ~excuse.elements(x)
                 if select is not None:
                     if tuple(select.shape) != tuple(keep.shape):
-                        raise agreement.OracleMismatch(f"{name}: a selection and a signature at once")
+                        raise agreement.OracleMismatch(f"{label}: a selection and a signature at once")
                     keep = keep & select.to(keep.device)
                 return attempt(select=keep)
             grads, gold2, lp2 = excuse.rerun()  # key-side: the rows' dout set to zero
             return attempt(x=grads[name], gold=gold2, lp=lp2)
 
-        return known.judged(self, name, attempt, outside if select is None or
+        return known.judged(self, label, attempt, outside if select is None or
                             select.dtype == torch.bool else None)
 
     def exact(self, name: str, x: torch.Tensor, expected: torch.Tensor, what: str = "",

@@ -157,9 +157,7 @@ def compacted_attention(judge: Judge, case: IndexCase) -> None:
         out, lse = target.call(ATTN_FN, q, kv, rows, topk_length=lengths, softmax_scale=scale,
                                return_lse=True)
         for name, x in (("out", out), ("lse", lse)):
-            judge.agrees(f"{name} ({label} rows)", x, gold[name], {a: r[name] for a, r in lp.items()},
-                         magnitude=gold["magnitude"][name], gradient=False,
-                         apriori=gold.get("apriori", {}).get(name, 0.0))
+            judge.agrees_with(name, x, gold, lp, gradient=False, label=f"{name} ({label} rows)")
 
 
 

@@ -28,11 +28,13 @@ from .sdpa_common import (
     dot_nt_f64,
     dot_split,
     dot_split_acc,
+    forced_choice,
     load_row_stats,
     load_tile,
     make_prune,
     recompute_p,
     split_tf32,
+    validated_only,
 )
 
 
@@ -95,6 +97,8 @@ def _dq_configs():
 # the safe ones ran there at head dim 128 (dK/dV 16 x 64 in the tuning)
 _DKDV_TF32X3 = ((32, 32, 4, 2), (16, 32, 4, 2), (32, 32, 8, 2))
 _DKDV_TF32X3_SAFE = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=4, num_stages=2)
+# tried with ATOMIC_DQ only: its dQ adds scale with the key blocks, fewer with longer ones
+_DKDV_TF32X3_ATOMIC_ONLY = ((16, 64, 4, 2), (32, 64, 8, 1), (16, 64, 8, 2), (64, 32, 8, 2))
 _DQ_TF32X3 = ((32, 32, 4, 2), (64, 32, 4, 1), (32, 32, 8, 2))
 _DQ_TF32X3_SAFE = triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2)
 
@@ -112,10 +116,15 @@ def _make_prune(pipelined, resident, fp32_shapes, safe, tf32x3_shapes, tf32x3_sa
 
 def _dkdv_prune(base):
     """``base`` (:func:`_make_prune`) over the configs of this launch: the ``_DKDV_ATOMIC_ONLY``
-    tiles only with ATOMIC_DQ."""
+    tiles only with ATOMIC_DQ; fp32 "tf32x3" with ATOMIC_DQ tunes its own shapes too."""
     def prune(configs, named_args, **kwargs):
-        if not {**named_args, **kwargs}.get("ATOMIC_DQ"):
+        named = {**named_args, **kwargs}
+        if not named.get("ATOMIC_DQ"):
             configs = [c for c in configs if _shape(c) not in _DKDV_ATOMIC_ONLY] or configs
+        elif named.get("PREC") == "tf32x3" and len(configs) > 1 and not validated_only(named):
+            return forced_choice([triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w,
+                                                num_stages=st)
+                                  for bm, bn, w, st in _DKDV_TF32X3 + _DKDV_TF32X3_ATOMIC_ONLY])
         return base(configs, named_args, **kwargs)
     return prune
 
