@@ -587,6 +587,25 @@ def test_atomic_dq_backward_agrees(dtype, case, mode, gen):
     assert fsdpa.deterministic() and load("fast").capabilities.deterministic
 
 
+def test_atomic_dq_tf32x3_head_dim_128_with_a_float_mask(gen):
+    """fp32 "tf32x3" under the atomic mode at head dim 128 (the widest it takes), a float mask
+    with a fully masked row, GQA and a short sequence (the safe tile): its dK/dV kernel fits
+    shared memory (a 64-key tile asked the H200 for 274624 B) and agrees."""
+    import attention_oracle.fast.sdpa as fsdpa
+    fp32, previous = fsdpa.set_fp32_mode("tf32x3"), fsdpa.set_dq_mode("atomic")
+    try:
+        assert fsdpa._atomic_dq(False, fsdpa._precision(torch.float32, 128), False, 128,
+                                torch.device(DEVICE)) == (2 if TMA else 1)
+        q = randn(1, 4, 65, 128, dtype=torch.float32, gen=gen)
+        k, v = (randn(1, 2, 65, 128, dtype=torch.float32, gen=gen) for _ in range(2))
+        mask = torch.randn(65, 65, generator=gen)
+        mask[5] = float("-inf")
+        check_case(q, k, v, mask=mask.to(DEVICE), enable_gqa=True)
+    finally:
+        fsdpa.set_dq_mode(previous)
+        fsdpa.set_fp32_mode(fp32)
+
+
 def test_atomic_dq_leaves_accurate_and_fused_calls_alone():
     """fp32 "accurate" keeps the dQ kernel, and a fused backward its own dQ store, under the
     atomic mode; "tf32x3" takes it; a bad mode is refused by name."""

@@ -97,8 +97,12 @@ def _dq_configs():
 # the safe ones ran there at head dim 128 (dK/dV 16 x 64 in the tuning)
 _DKDV_TF32X3 = ((32, 32, 4, 2), (16, 32, 4, 2), (32, 32, 8, 2))
 _DKDV_TF32X3_SAFE = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=4, num_stages=2)
-# tried with ATOMIC_DQ only: its dQ adds scale with the key blocks, fewer with longer ones
-_DKDV_TF32X3_ATOMIC_ONLY = ((16, 64, 4, 2), (32, 64, 8, 1), (16, 64, 8, 2), (64, 32, 8, 2))
+# with ATOMIC_DQ: dS^T K reads k as a dot's B operand as well, a second pair of k tiles in shared
+# memory, so 64-key blocks overflow it at head dim 128 (the 16 x 64 safe tile with a float mask
+# asked the H200 for 274624 B); the tuner picked 64 x 32 x 8 warps (causal) and 32 x 32 (not)
+_DKDV_TF32X3_ATOMIC_ONLY = ((64, 32, 8, 2),)
+_DKDV_TF32X3_ATOMIC_SAFE = triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=4,
+                                         num_stages=2)
 _DQ_TF32X3 = ((32, 32, 4, 2), (64, 32, 4, 1), (32, 32, 8, 2))
 _DQ_TF32X3_SAFE = triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2)
 
@@ -116,12 +120,15 @@ def _make_prune(pipelined, resident, fp32_shapes, safe, tf32x3_shapes, tf32x3_sa
 
 def _dkdv_prune(base):
     """``base`` (:func:`_make_prune`) over the configs of this launch: the ``_DKDV_ATOMIC_ONLY``
-    tiles only with ATOMIC_DQ; fp32 "tf32x3" with ATOMIC_DQ tunes its own shapes too."""
+    tiles only with ATOMIC_DQ; fp32 "tf32x3" with ATOMIC_DQ tunes its own shapes too and runs its
+    own safe tile."""
     def prune(configs, named_args, **kwargs):
         named = {**named_args, **kwargs}
         if not named.get("ATOMIC_DQ"):
             configs = [c for c in configs if _shape(c) not in _DKDV_ATOMIC_ONLY] or configs
-        elif named.get("PREC") == "tf32x3" and len(configs) > 1 and not validated_only(named):
+        elif named.get("PREC") == "tf32x3" and len(configs) > 1:
+            if validated_only(named):
+                return [_DKDV_TF32X3_ATOMIC_SAFE]
             return forced_choice([triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w,
                                                 num_stages=st)
                                   for bm, bn, w, st in _DKDV_TF32X3 + _DKDV_TF32X3_ATOMIC_ONLY])
