@@ -28,13 +28,11 @@ from .sdpa_common import (
     dot_nt_f64,
     dot_split,
     dot_split_acc,
-    forced_choice,
     load_row_stats,
     load_tile,
     make_prune,
     recompute_p,
     split_tf32,
-    validated_only,
 )
 
 
@@ -104,6 +102,8 @@ _DKDV_TF32X3_ATOMIC_ONLY = ((64, 32, 8, 2),)
 _DKDV_TF32X3_ATOMIC_SAFE = triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=4,
                                          num_stages=2)
 _DQ_TF32X3 = ((32, 32, 4, 2), (64, 32, 4, 1), (32, 32, 8, 2))
+# fp32 with IEEE dots ("accurate"): the dK/dV shapes of _make_prune's fp32_shapes
+_DKDV_FP32 = ((32, 64, 4, 2), (32, 64, 8, 2))
 _DQ_TF32X3_SAFE = triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2)
 
 
@@ -118,20 +118,14 @@ def _make_prune(pipelined, resident, fp32_shapes, safe, tf32x3_shapes, tf32x3_sa
                       tf32x3_safe=tf32x3_safe)
 
 
-def _dkdv_prune(base):
-    """``base`` (:func:`_make_prune`) over the configs of this launch: the ``_DKDV_ATOMIC_ONLY``
-    tiles only with ATOMIC_DQ; fp32 "tf32x3" with ATOMIC_DQ tunes its own shapes too and runs its
-    own safe tile."""
+def _dkdv_prune(base, atomic):
+    """The dK/dV pruning: ``base`` (:func:`_make_prune`) without the ``_DKDV_ATOMIC_ONLY``
+    tiles, or with ATOMIC_DQ ``atomic`` (the same, with fp32 "tf32x3"'s atomic-mode shapes and
+    safe tile)."""
     def prune(configs, named_args, **kwargs):
-        named = {**named_args, **kwargs}
-        if not named.get("ATOMIC_DQ"):
-            configs = [c for c in configs if _shape(c) not in _DKDV_ATOMIC_ONLY] or configs
-        elif named.get("PREC") == "tf32x3" and len(configs) > 1:
-            if validated_only(named):
-                return [_DKDV_TF32X3_ATOMIC_SAFE]
-            return forced_choice([triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w,
-                                                num_stages=st)
-                                  for bm, bn, w, st in _DKDV_TF32X3 + _DKDV_TF32X3_ATOMIC_ONLY])
+        if {**named_args, **kwargs}.get("ATOMIC_DQ"):
+            return atomic(configs, named_args, **kwargs)
+        configs = [c for c in configs if _shape(c) not in _DKDV_ATOMIC_ONLY] or configs
         return base(configs, named_args, **kwargs)
     return prune
 
@@ -243,7 +237,12 @@ def _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_
 
 @triton.autotune(configs=_dkdv_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                                 "MASK_KIND", "GROUP", "PREC", "FUSE_DQ", "ATOMIC_DQ"],
-                 prune_configs_by={"early_config_prune": _dkdv_prune(_make_prune("BLOCK_M", "BLOCK_N", ((32, 64, 4, 2), (32, 64, 8, 2)), _DKDV_SAFE, _DKDV_TF32X3, _DKDV_TF32X3_SAFE))},
+                 prune_configs_by={"early_config_prune": _dkdv_prune(
+                     _make_prune("BLOCK_M", "BLOCK_N", _DKDV_FP32, _DKDV_SAFE, _DKDV_TF32X3,
+                                 _DKDV_TF32X3_SAFE),
+                     _make_prune("BLOCK_M", "BLOCK_N", _DKDV_FP32, _DKDV_SAFE,
+                                 _DKDV_TF32X3 + _DKDV_TF32X3_ATOMIC_ONLY,
+                                 _DKDV_TF32X3_ATOMIC_SAFE))},
                  reset_to_zero=["DQ"], **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
 @triton.jit(do_not_specialize=["Z2", "HQ"])
