@@ -50,6 +50,7 @@ from triton.runtime.errors import OutOfResources
 from ..validation import FLOAT_DTYPES, check_dsa_inputs, key_rows
 from .host import Choice, cdiv, check_device, next_pow2
 from .index import offset_rows, pdl_on
+from .kernels import dsa_fwd_gluon
 from .kernels.dsa_bwd import (
     dsa_bwd_kernel,
     dsa_fp32_bwd_dq_kernel,
@@ -61,6 +62,17 @@ from .launch import DirectLauncher
 
 FP32_MODES = ("acc64", "tf32x3", "tf32x3_exp2", "bf16x6")
 _FP32 = Choice("ATTENTION_ORACLE_FAST_DSA_FP32", FP32_MODES, "bf16x6")
+FWD_BACKENDS = ("triton", "gluon")
+_FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_FWD", FWD_BACKENDS, "triton")
+
+
+def set_forward_backend(backend):
+    """The 16-bit forward kernel of later calls: "triton" (every input) or "gluon" (the
+    Hopper warp-specialised kernel of :mod:`fast.kernels.dsa_fwd_gluon` wherever it applies:
+    sm_90, fp16/bf16, H a multiple of 64, a 512-wide latent and a 64-wide rope part or none,
+    unit channel strides and 16-byte aligned rows; other calls keep the Triton kernel).
+    Default: $ATTENTION_ORACLE_FAST_DSA_FWD or "triton". Returns the previous backend."""
+    return _FWD_BACKEND.set(backend)
 
 
 def set_fp32_mode(mode):
@@ -340,6 +352,10 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
         return out, lse
     if kv.shape[0] == 0 or indices.shape[1] == 0:  # no key: every row is empty
         return out.zero_(), lse.fill_(float("-inf"))
+    if (_FWD_BACKEND.value == "gluon"
+            and dsa_fwd_gluon.applies(q, q_rope, kv, k_rope, indices)):
+        dsa_fwd_gluon.launch(q, q_rope, kv, k_rope, indices, topk_length, scale, out, lse)
+        return out, lse
     qr, kr, DR, sqr, skr = _rope_args(q_rope, k_rope, q)
     use_pdl = pdl_on(q.device)
     pdl_kw = {"launch_pdl": True} if use_pdl else {}

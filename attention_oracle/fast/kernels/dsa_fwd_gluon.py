@@ -1,0 +1,385 @@
+"""Hopper (sm_90) warp-specialized DSA forward in Gluon: 16-bit inputs, 64-head blocks, a
+512-wide latent and a 64-wide rope part (or none).
+
+The same function as :func:`fast.kernels.dsa_fwd.dsa_fwd_kernel` on its 16-bit path (base-2
+scores ``q.k * c`` with ``c = scale * log2(e)``, ``exp2``, out = acc / l, lse = (m + log2 l) *
+ln 2, an empty row giving out 0 and lse -inf), with the work split the way the tensor cores
+want it fed. Program (token t, block of 64 heads); slot blocks of 64, taken two at a time (a
+*pair*: blocks 2i and 2i + 1), three partitions:
+
+* the producer (4 warps) gathers each slot block's key rows with ``cp.async`` (16-byte
+  pieces; an invalid slot reads nothing and fills zeros) into one of two shared-memory
+  buffers (block 2i into buffer 0, 2i + 1 into buffer 1: latent [2, 64, 256] as two 256-wide
+  halves, rope [64, 64]), each completing on its own mbarrier, refilled once both consumers
+  have freed it;
+* consumer 0 (the default partition, one warpgroup) computes the scores of block 2i and owns
+  the output's value columns [0, 256); consumer 1 (a worker warpgroup) the scores of block
+  2i + 1 and columns [256, 512). Each issues P.V of its own block from registers, hands its
+  P over (bf16, in the rope part of its buffer, which its scores no longer need) and takes
+  the other's P from shared memory for its half of the other block's values.
+
+Both consumers keep one running row max. Per pair: consumer 0's max after its block (m0)
+goes to consumer 1, which takes max(m0, its block's) = m1 as the pair's max and sends it
+back; consumer 0 rescales its P by exp2(m0 - m1) before handing it over and its accumulator
+and row sum after its own P.V. Each consumer sums exp over its own blocks; the two sums,
+at the same final max, are added at the end. A row with no valid slot yet keeps m = -inf and
+shifts by 0 (``exp2(-inf - 0) = 0``, never inf - inf). An odd last block is paired with an
+all-invalid one.
+
+Gluon does not run under Triton's CPU interpreter: CI checks the Triton forward; this one is
+checked on the GPU by ``tests/fast/test_fast_dsa_gluon.py``.
+"""
+import functools
+
+import torch
+
+try:  # Gluon is experimental: a Triton without it (or with another API) leaves the path off
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    GLUON_AVAILABLE = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    GLUON_AVAILABLE = False
+
+from ..launch import DirectLauncher, on_device_of
+
+HEADS = 64        # heads per program (one wgmma M tile per consumer)
+LATENT = 512      # the latent (value) width the kernel takes
+ROPE = 64         # the rope width it takes (or none)
+SLOTS = 64        # slots per block
+HALF = LATENT // 2
+# registers per thread of the worker partitions (consumer 1, producer); the default partition
+# (consumer 0) gets the rest of the 64K-register file
+CONSUMER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
+PRODUCER_REGS = gl.constexpr(56) if GLUON_AVAILABLE else 56
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+if GLUON_AVAILABLE:
+
+    @gluon.jit
+    def _gather_block(kv_ptr, kr_ptr, idx_ptr, idx_off, stride_ik, n_slots, S, stride_kvs,
+                      stride_krs, kl_ring, kr_buf, buf, block, HAS_ROPE: gl.constexpr):
+        """cp.async of one slot block's key rows: latent halves into kl_ring[2 buf + half]
+        ([64, 256] each), rope into kr_buf [64, 64]; invalid slots (past n_slots, index
+        outside [0, S)) read nothing (zero fill). 8 threads a row, 2 rows a thread."""
+        lay: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+        offs_k = block * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, lay))
+        in_range = offs_k < n_slots
+        idx = gl.load(idx_ptr + idx_off + offs_k * stride_ik, mask=in_range, other=-1)
+        idx = idx.to(gl.int64)
+        valid = (in_range & (idx >= 0) & (idx < S))[:, None]
+        rows = gl.where(valid, idx[:, None], 0)
+        cols = gl.arange(0, 256, layout=gl.SliceLayout(0, lay))[None, :]
+        base = kv_ptr + rows * stride_kvs + cols
+        async_copy.async_copy_global_to_shared(kl_ring.index(2 * buf), base, mask=valid)
+        async_copy.async_copy_global_to_shared(kl_ring.index(2 * buf + 1), base + 256,
+                                               mask=valid)
+        if HAS_ROPE:
+            cols_r = gl.arange(0, 64, layout=gl.SliceLayout(0, lay))[None, :]
+            async_copy.async_copy_global_to_shared(kr_buf, kr_ptr + rows * stride_krs + cols_r,
+                                                   mask=valid)
+
+    @gluon.jit
+    def _producer(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh, stride_qrh,
+                  idx_off, stride_ik, stride_kvs, stride_krs, n_slots, n_pairs, S,
+                  q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free,
+                  HAS_ROPE: gl.constexpr):
+        """4 warps: Q once, then every pair's two slot blocks as the consumers free the
+        buffers (a fresh barrier passes phase 1 at once)."""
+        lay: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+        heads = gl.arange(0, 64, layout=gl.SliceLayout(1, lay)).to(gl.int64)[:, None]
+        cols = gl.arange(0, 256, layout=gl.SliceLayout(0, lay))[None, :]
+        q_rows = q_ptr + q_off + heads * stride_qh + cols
+        async_copy.async_copy_global_to_shared(q_smem.index(0), q_rows)
+        async_copy.async_copy_global_to_shared(q_smem.index(1), q_rows + 256)
+        if HAS_ROPE:
+            cols_r = gl.arange(0, 64, layout=gl.SliceLayout(0, lay))[None, :]
+            async_copy.async_copy_global_to_shared(
+                qr_smem, qr_ptr + qr_off + heads * stride_qrh + cols_r)
+        async_copy.mbarrier_arrive(q_bar.index(0), increment_count=False)
+        for i in range(n_pairs):
+            phase = (i & 1) ^ 1
+            for b in gl.static_range(2):
+                mbarrier.wait(free.index(b), phase)
+                _gather_block(kv_ptr, kr_ptr, idx_ptr, idx_off, stride_ik, n_slots, S,
+                              stride_kvs, stride_krs, kl_ring, kr_ring.index(b), b,
+                              2 * i + b, HAS_ROPE)
+                async_copy.mbarrier_arrive(full.index(b), increment_count=False)
+
+    @gluon.jit
+    def _producer_rope(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh,
+                       stride_qrh, idx_off, stride_ik, stride_kvs, stride_krs, n_slots,
+                       n_pairs, S, q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free):
+        _producer(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh, stride_qrh,
+                  idx_off, stride_ik, stride_kvs, stride_krs, n_slots, n_pairs, S, q_smem,
+                  qr_smem, kl_ring, kr_ring, q_bar, full, free, True)
+
+    @gluon.jit
+    def _producer_nope(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh,
+                       stride_qrh, idx_off, stride_ik, stride_kvs, stride_krs, n_slots,
+                       n_pairs, S, q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free):
+        _producer(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh, stride_qrh,
+                  idx_off, stride_ik, stride_kvs, stride_krs, n_slots, n_pairs, S, q_smem,
+                  qr_smem, kl_ring, kr_ring, q_bar, full, free, False)
+
+    @gluon.jit
+    def _block_scores(q_smem, qr_smem, kl_ring, kr_buf, buf, idx_ptr, idx_off, stride_ik,
+                      n_slots, S, block, c, s_layout: gl.constexpr, HAS_ROPE: gl.constexpr):
+        """Base-2 scores of one slot block [64 heads, 64 slots] (fp32), -inf at invalid slots."""
+        s = warpgroup_mma(q_smem.index(0), kl_ring.index(2 * buf).permute((1, 0)),
+                          gl.zeros([64, 64], gl.float32, layout=s_layout), use_acc=False,
+                          is_async=True)
+        s = warpgroup_mma(q_smem.index(1), kl_ring.index(2 * buf + 1).permute((1, 0)), s,
+                          is_async=True)
+        if HAS_ROPE:
+            s = warpgroup_mma(qr_smem, kr_buf.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s, ))
+        # one load per slot (a [64] blocked tensor), moved to the score columns: loaded in
+        # the score layout, each thread would keep 16 index addresses live across the loop
+        flat: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        offs_k = block * 64 + gl.arange(0, 64, layout=flat)
+        in_range = offs_k < n_slots
+        idx = gl.load(idx_ptr + idx_off + offs_k * stride_ik, mask=in_range, other=-1)
+        valid = gl.convert_layout(in_range & (idx >= 0) & (idx < S),
+                                  gl.SliceLayout(0, s_layout))
+        return gl.where(valid[None, :], s * c, float("-inf"))
+
+    @gluon.jit
+    def _signal(bar):
+        """Every warp of this partition is past what came before; thread 0 arrives."""
+        gl.thread_barrier()
+        mbarrier.arrive(bar, count=1)
+
+    @gluon.jit
+    def _consumer(q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free, m_smem, l_smem, sync,
+                  idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c, out_ptr, out_off,
+                  stride_oh, lse_ptr, lse_off, ME: gl.constexpr, HAS_ROPE: gl.constexpr):
+        """Consumer ME (0 or 1): the scores of block 2i + ME, value columns [256 ME, + 256).
+
+        sync holds six count-1 barriers: 0 m0 ready, 1 m1 ready, 2 P of buffer 0 ready,
+        3 P of buffer 1 ready, 4 l0 ready, 5 l1 ready (m_smem [2, 64] and l_smem [2, 64]
+        carry the values)."""
+        OTHER: gl.constexpr = 1 - ME
+        dtype: gl.constexpr = q_smem.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
+                                                     k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        acc = gl.zeros([64, 256], gl.float32, layout=o_layout)
+        m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([64], gl.float32, layout=row_s)
+        mbarrier.wait(q_bar.index(0), 0)
+        for i in range(n_pairs):
+            phase = i & 1
+            mbarrier.wait(full.index(ME), phase)
+            s = _block_scores(q_smem, qr_smem, kl_ring, kr_ring.index(ME), ME, idx_ptr,
+                              idx_off, stride_ik, n_slots, S, 2 * i + ME, c, s_layout,
+                              HAS_ROPE)
+            if ME == 1:  # the pair's max so far is consumer 0's
+                mbarrier.wait(sync.index(0), phase)
+                m_in = m_smem.index(0).load(row_s)
+                m_new = gl.maximum(m_in, gl.max(s, 1))
+            else:
+                m_new = gl.maximum(m_i, gl.max(s, 1))
+            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(s - m_shift[:, None])
+            alpha = gl.exp2(m_i - m_shift)
+            l_i = l_i * alpha + gl.sum(p, 1)
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            m_smem.index(ME).store(m_new)
+            _signal(sync.index(ME))
+            kl_own = kl_ring.index(3 * ME)  # own block's values, own columns (2 ME + ME)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            acc = warpgroup_mma(p_op, kl_own, acc, is_async=True)
+            if ME == 0:  # rescale to the pair's max (m1) before handing P over
+                mbarrier.wait(sync.index(1), phase)
+                m_pair = m_smem.index(1).load(row_s)
+                f = gl.exp2(m_new - gl.where(m_pair == float("-inf"), 0.0, m_pair))
+                p_out = (p * f[:, None]).to(dtype)
+                l_i = l_i * f
+                m_i = m_pair
+            else:
+                p_out = p.to(dtype)
+                m_i = m_new
+            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+            kr_ring.index(ME).store(p_out)  # the rope part of the own buffer, read no more
+            fence_async_shared()
+            _signal(sync.index(2 + ME))
+            if ME == 0:
+                acc = acc * gl.convert_layout(f, row_o)[:, None]
+            mbarrier.wait(sync.index(2 + OTHER), phase)
+            acc = warpgroup_mma(kr_ring.index(OTHER), kl_ring.index(2 * OTHER + ME), acc,
+                                is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            gl.thread_barrier()
+            mbarrier.arrive(free.index(0), count=1)
+            mbarrier.arrive(free.index(1), count=1)
+
+        # the row sum over both consumers' blocks, at the same final max
+        l_smem.index(ME).store(l_i)
+        _signal(sync.index(4 + ME))
+        mbarrier.wait(sync.index(4 + OTHER), 0)
+        l_tot = l_i + l_smem.index(OTHER).load(row_s)
+        nonempty = l_tot > 0
+        l_safe = gl.where(nonempty, l_tot, 1.0)
+        out = acc / gl.convert_layout(l_safe, row_o)[:, None]
+        # both consumers are past their last wgmma (the l exchange): the own half of Q's buffer
+        # takes the output tile, read back 16 bytes a thread for coalesced stores
+        q_own = q_smem.index(ME)
+        q_own.store(out.to(dtype))
+        gl.thread_barrier()
+        lay: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+        heads = gl.arange(0, 64, layout=gl.SliceLayout(1, lay))
+        cols = ME * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, lay))
+        gl.store(out_ptr + out_off + (heads[:, None] * stride_oh + cols[None, :]),
+                 q_own.load(lay))
+        if ME == 1:
+            lse = gl.where(nonempty, (m_i + gl.log2(l_safe)) * 0.6931471805599453,
+                           float("-inf"))
+            gl.store(lse_ptr + lse_off + gl.arange(0, 64, layout=row_s), lse)
+
+    @gluon.jit
+    def _consumer1_rope(q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free, m_smem, l_smem,
+                        sync, idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c, out_ptr,
+                        out_off, stride_oh, lse_ptr, lse_off):
+        _consumer(q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free, m_smem, l_smem, sync,
+                  idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c, out_ptr, out_off,
+                  stride_oh, lse_ptr, lse_off, 1, True)
+
+    @gluon.jit
+    def _consumer1_nope(q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free, m_smem, l_smem,
+                        sync, idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c, out_ptr,
+                        out_off, stride_oh, lse_ptr, lse_off):
+        _consumer(q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free, m_smem, l_smem, sync,
+                  idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c, out_ptr, out_off,
+                  stride_oh, lse_ptr, lse_off, 1, False)
+
+    @gluon.jit
+    def dsa_fwd_gluon_kernel(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, len_ptr, out_ptr, lse_ptr,
+                             H, S, K, stride_qt, stride_qh, stride_qrt, stride_qrh, stride_kvs,
+                             stride_krs, stride_it, stride_ik, stride_ot, stride_oh, c,
+                             HAS_ROPE: gl.constexpr, HAS_LEN: gl.constexpr,
+                             num_warps: gl.constexpr):
+        """Grid (T * H / 64,): program p is token p // (H / 64), heads 64 (p % (H / 64)) on.
+        Unit channel strides throughout (q, q_rope, kv, k_rope, out); out [T, H, 512], lse
+        [T, H] fp32 contiguous."""
+        n_hb = H // 64
+        pid = gl.program_id(0)
+        t = (pid // n_hb).to(gl.int64)
+        h0 = (pid % n_hb) * 64
+        n_slots = K + pid * 0
+        if HAS_LEN:
+            n_slots = gl.minimum(gl.maximum(gl.load(len_ptr + t).to(gl.int32), 0), n_slots)
+        n_pairs = gl.maximum(gl.cdiv(n_slots, 128), 1)
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
+        half_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 256], dtype)
+        rope_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], dtype)
+        flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        q_smem = gl.allocate_shared_memory(dtype, [2, 64, 256], half_l)
+        qr_smem = gl.allocate_shared_memory(dtype, [64, 64], rope_l)
+        kl_ring = gl.allocate_shared_memory(dtype, [4, 64, 256], half_l)  # [2 buf + half]
+        kr_ring = gl.allocate_shared_memory(dtype, [2, 64, 64], rope_l)
+        m_smem = gl.allocate_shared_memory(gl.float32, [2, 64], flat)
+        l_smem = gl.allocate_shared_memory(gl.float32, [2, 64], flat)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        sync = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar.index(0), count=128)
+        for b in gl.static_range(2):
+            mbarrier.init(full.index(b), count=128)
+            mbarrier.init(free.index(b), count=2)
+        for b in gl.static_range(6):
+            mbarrier.init(sync.index(b), count=1)
+        fence_async_shared()
+
+        q_off = t * stride_qt + h0 * stride_qh
+        qr_off = t * stride_qrt + h0 * stride_qrh
+        idx_off = t * stride_it
+        out_off = t * stride_ot + h0 * stride_oh
+        lse_off = t * H + h0
+        consumer_args = (q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free, m_smem, l_smem,
+                         sync, idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c, out_ptr,
+                         out_off, stride_oh, lse_ptr, lse_off)
+        producer_args = (q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh,
+                         stride_qrh, idx_off, stride_ik, stride_kvs, stride_krs, n_slots,
+                         n_pairs, S, q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free)
+        if HAS_ROPE:
+            gl.warp_specialize([
+                (_consumer, consumer_args + (0, True)),
+                (_consumer1_rope, consumer_args),
+                (_producer_rope, producer_args),
+            ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_consumer, consumer_args + (0, False)),
+                (_consumer1_nope, consumer_args),
+                (_producer_nope, producer_args),
+            ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+@functools.lru_cache(maxsize=16)
+def _is_sm90(device):
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def _unit_rows(x, width):
+    """x [N, ..., width] read as rows of `width` contiguous elements whose other strides are
+    multiples of 16 elements: cp.async moves 16-byte pieces, and the compiler can prove a row
+    start 16-byte aligned only from Triton's divisibility-by-16 specialisation of the strides
+    (a multiple of 8 alone does not compile: 2-byte copies)."""
+    return (x.shape[-1] == width and x.stride(-1) == 1
+            and all(st % 16 == 0 for st in x.stride()[:-1]))
+
+
+def applies(q, q_rope, kv, k_rope, indices):
+    """Whether this kernel takes the call: CUDA sm_90 with Gluon, fp16/bf16, H a multiple of
+    64, a 512-wide latent with unit channel stride and other strides multiples of 16 (q, kv),
+    a 64-wide rope part likewise (or none), 16-byte aligned base pointers, S and the slot
+    count within int32. (kv and k_rope are the [S, D] views.)"""
+    if not GLUON_AVAILABLE or q.device.type != "cuda" or q.dtype not in _DTYPES:
+        return False
+    T, H, DL = q.shape
+    if DL != LATENT or H % HEADS or H == 0 or T == 0 or not _is_sm90(q.device):
+        return False
+    if kv.shape[0] >= 2 ** 31 or indices.shape[1] >= 2 ** 31 - 128:
+        return False
+    tensors = [(q, LATENT), (kv, LATENT)]
+    if q_rope is not None:
+        if q_rope.shape[2] != ROPE:
+            return False
+        tensors += [(q_rope, ROPE), (k_rope, ROPE)]
+    return all(_unit_rows(x, w) and x.data_ptr() % 16 == 0 for x, w in tensors)
+
+
+def launch(q, q_rope, kv, k_rope, indices, topk_length, scale, out, lse):
+    """Fill out [T, H, 512] (contiguous) and lse [T, H] (fp32, contiguous) where
+    :func:`applies`."""
+    T, H, _ = q.shape
+    rope = q_rope is not None
+    qr, kr = (q_rope, k_rope) if rope else (q, kv)
+    grid = (T * (H // HEADS),)
+    args = (q, qr, kv, kr, indices, topk_length if topk_length is not None else indices,
+            out, lse, H, kv.shape[0], indices.shape[1], q.stride(0), q.stride(1), qr.stride(0),
+            qr.stride(1), kv.stride(0), kr.stride(0), indices.stride(0), indices.stride(1),
+            out.stride(0), out.stride(1), scale * LOG2E)
+    meta = dict(HAS_ROPE=rope, HAS_LEN=topk_length is not None, num_warps=4)
+    on_device_of(out, _LAUNCH, grid, args, meta)
+
+
+if GLUON_AVAILABLE:
+    _LAUNCH = DirectLauncher(dsa_fwd_gluon_kernel)

@@ -1,0 +1,118 @@
+"""The Gluon (Hopper) DSA forward (fast/kernels/dsa_fwd_gluon.py) against the float64 oracle.
+
+GPU-only: Gluon does not run under Triton's CPU interpreter, so CI skips the kernel cases
+(the launch rule, :func:`dsa_fwd_gluon.applies`, is checked everywhere). Every case goes
+through the DSA smoke tests' ``check_case``: the suite's agreement rule on out, lse and
+(through the Triton backward, which reads the Gluon forward's out and lse) every gradient.
+Each case asserts the Gluon kernel really ran; ``test_planted_wrong_scale_is_caught`` is the
+negative control.
+"""
+import contextlib
+
+import pytest
+import torch
+
+import attention_oracle.fast.dsa as fdsa
+from attention_oracle.fast.kernels import dsa_fwd_gluon
+from tests.fast.test_fast_dsa_smoke import assert_empty_rows_exact, check_case, make_case
+
+ON_SM90 = (torch.cuda.is_available() and dsa_fwd_gluon.GLUON_AVAILABLE
+           and torch.cuda.get_device_capability() == (9, 0))
+gpu = pytest.mark.skipif(not ON_SM90, reason="the Gluon DSA forward needs an sm_90 GPU "
+                         "(Gluon does not run under Triton's CPU interpreter)")
+
+
+@contextlib.contextmanager
+def gluon_forward(monkeypatch, scale_error=1.0):
+    """The "gluon" backend for the block, counting its launches; ``scale_error`` plants a
+    wrong softmax scale in them (the negative control)."""
+    calls = []
+    launch = dsa_fwd_gluon.launch
+
+    def counted(q, q_rope, kv, k_rope, indices, topk_length, scale, out, lse):
+        calls.append(q.shape)
+        launch(q, q_rope, kv, k_rope, indices, topk_length, scale * scale_error, out, lse)
+
+    monkeypatch.setattr(dsa_fwd_gluon, "launch", counted)
+    previous = fdsa.set_forward_backend("gluon")
+    try:
+        yield calls
+    finally:
+        fdsa.set_forward_backend(previous)
+
+
+CASES = {
+    # name: (T, H, DR, S, K, hole rate, topk_length)
+    "production": (24, 64, 64, 3000, 2048, 0.3, True),
+    "two_head_blocks": (6, 128, 64, 700, 300, 0.2, True),
+    "odd_block_count": (9, 64, 64, 500, 100, 0.1, False),
+    "one_slot": (5, 64, 64, 50, 1, 0.0, False),
+    "tile_edge_plus_one": (7, 64, 64, 400, 129, 0.25, True),
+    "nope": (10, 64, 0, 900, 640, 0.3, True),
+    "all_holes": (4, 64, 64, 80, 192, 1.0, False),
+}
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_gluon_forward_agrees(name, dtype, monkeypatch):
+    T, H, DR, S, K, holes, with_len = CASES[name]
+    c = make_case(T=T, H=H, DL=512, DR=DR, S=S, K=K, dtype=dtype, seed=list(CASES).index(name),
+                  hole_rate=holes, with_len=with_len)
+    with gluon_forward(monkeypatch) as calls:
+        out, lse, grads = check_case(c, dout_layout="head_major", packed=bool(DR))
+    assert calls, "the Gluon forward did not run"
+    assert_empty_rows_exact(c, out, lse, grads)
+
+
+@gpu
+def test_gluon_forward_int64_indices_and_strided_q(monkeypatch):
+    c = make_case(T=6, H=64, DL=512, DR=64, S=300, K=200, dtype=torch.bfloat16, seed=7,
+                  hole_rate=0.2, with_len=True)
+    wide = torch.zeros(c["q"].shape[0], 64, 640, dtype=torch.bfloat16, device="cuda")
+    wide[:, :, 64:576] = c["q"]
+    c["q"] = wide[:, :, 64:576]  # row stride 640, 16-byte aligned rows
+    with gluon_forward(monkeypatch) as calls:
+        check_case(c, idx=c["idx"].long())
+    assert calls, "the Gluon forward did not run"
+
+
+@gpu
+def test_planted_wrong_scale_is_caught(monkeypatch):
+    """A kernel that forgets log2(e) in its score scale (exp2 of natural-unit scores)."""
+    c = make_case(T=8, H=64, DL=512, DR=64, S=500, K=256, dtype=torch.bfloat16, seed=3)
+    with gluon_forward(monkeypatch, scale_error=1 / dsa_fwd_gluon.LOG2E) as calls:
+        with pytest.raises(AssertionError):
+            check_case(c)
+    assert calls, "the Gluon forward did not run"
+
+
+def _tensors(T=3, H=64, DL=512, DR=64, S=10, K=8, dtype=torch.bfloat16, device="cpu"):
+    q = torch.zeros(T, H, DL, dtype=dtype, device=device)
+    qr = torch.zeros(T, H, DR, dtype=dtype, device=device) if DR else None
+    kv = torch.zeros(S, DL, dtype=dtype, device=device)
+    kr = torch.zeros(S, DR, dtype=dtype, device=device) if DR else None
+    return q, qr, kv, kr, torch.zeros(T, K, dtype=torch.int32, device=device)
+
+
+def test_applies_only_where_the_kernel_can():
+    """The launch rule on every machine: never off sm_90 (the CPU here), never fp32, other
+    head counts, latents or rope widths, or rows cp.async cannot move in 16-byte pieces."""
+    assert not dsa_fwd_gluon.applies(*_tensors())  # a CPU tensor
+    if not ON_SM90:
+        return
+    assert dsa_fwd_gluon.applies(*_tensors(device="cuda"))
+    assert dsa_fwd_gluon.applies(*_tensors(DR=0, device="cuda"))
+    assert not dsa_fwd_gluon.applies(*_tensors(dtype=torch.float32, device="cuda"))
+    assert not dsa_fwd_gluon.applies(*_tensors(H=32, device="cuda"))
+    assert not dsa_fwd_gluon.applies(*_tensors(DL=256, device="cuda"))
+    assert not dsa_fwd_gluon.applies(*_tensors(DR=32, device="cuda"))
+    q, qr, kv, kr, idx = _tensors(device="cuda")
+    unaligned = torch.zeros(3 * 64 * 512 + 4, dtype=torch.bfloat16, device="cuda")[4:]
+    assert not dsa_fwd_gluon.applies(unaligned.view(3, 64, 512), qr, kv, kr, idx)
+    wide_rows = torch.zeros(10, 528, dtype=torch.bfloat16, device="cuda")[:, :512]
+    assert dsa_fwd_gluon.applies(q, qr, wide_rows, kr, idx)  # row stride 528 = 16 x 33
+    for stride in (520, 515):  # 16-byte rows, but not a multiple of 16 elements; unaligned
+        odd_rows = torch.zeros(10, stride, dtype=torch.bfloat16, device="cuda")[:, :512]
+        assert not dsa_fwd_gluon.applies(q, qr, odd_rows, kr, idx)
