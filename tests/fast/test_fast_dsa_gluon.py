@@ -53,6 +53,20 @@ CASES = {
 }
 
 
+def trainer_layout(c, dtype):
+    """The case's inputs in ``dtype`` as a trainer lays them out (benchmarks.dsa): key rows
+    packed in one [S, 576] buffer, q_rope the 192:256 channel slice of a [T, H, 256] buffer;
+    check_case keeps tensors already in its dtype as they are (strides included)."""
+    c = dict(c)
+    S, DL = c["kv"].shape
+    keys = torch.empty(S, DL + 64, dtype=dtype, device="cuda")
+    keys[:, :DL], keys[:, DL:] = c["kv"], c["kr"]
+    qbuf = torch.empty(*c["qr"].shape[:2], 256, dtype=dtype, device="cuda")
+    qbuf[:, :, 192:] = c["qr"]
+    c.update(q=c["q"].to(dtype), qr=qbuf[:, :, 192:], kv=keys[:, :DL], kr=keys[:, DL:])
+    return c
+
+
 @gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("name", list(CASES))
@@ -60,10 +74,23 @@ def test_gluon_forward_agrees(name, dtype, monkeypatch):
     T, H, DR, S, K, holes, with_len = CASES[name]
     c = make_case(T=T, H=H, DL=512, DR=DR, S=S, K=K, dtype=dtype, seed=list(CASES).index(name),
                   hole_rate=holes, with_len=with_len)
+    if DR:
+        c = trainer_layout(c, dtype)
     with gluon_forward(monkeypatch) as calls:
-        out, lse, grads = check_case(c, dout_layout="head_major", packed=bool(DR))
+        out, lse, grads = check_case(c, dout_layout="head_major")
     assert calls, "the Gluon forward did not run"
     assert_empty_rows_exact(c, out, lse, grads)
+
+
+@gpu
+def test_misaligned_rows_fall_back_to_triton(monkeypatch):
+    """check_case's packed layout (a [S, 581] key buffer, q_rope at channel 7): no 16-element
+    strides, so the Triton forward runs, and agrees."""
+    c = make_case(T=5, H=64, DL=512, DR=64, S=200, K=150, dtype=torch.bfloat16, seed=11,
+                  with_len=True)
+    with gluon_forward(monkeypatch) as calls:
+        check_case(c, packed=True)
+    assert not calls
 
 
 @gpu

@@ -66,11 +66,12 @@ _DTYPES = (torch.bfloat16, torch.float16)
 if GLUON_AVAILABLE:
 
     @gluon.jit
-    def _gather_block(kv_ptr, kr_ptr, idx_ptr, idx_off, stride_ik, n_slots, S, stride_kvs,
-                      stride_krs, kl_ring, kr_buf, buf, block, HAS_ROPE: gl.constexpr):
-        """cp.async of one slot block's key rows: latent halves into kl_ring[2 buf + half]
-        ([64, 256] each), rope into kr_buf [64, 64]; invalid slots (past n_slots, index
-        outside [0, S)) read nothing (zero fill). 8 threads a row, 2 rows a thread."""
+    def _gather_part(kv_ptr, kr_ptr, idx_ptr, idx_off, stride_ik, n_slots, S, stride_kvs,
+                     stride_krs, dst, col0, kr_buf, block, WITH_ROPE: gl.constexpr):
+        """cp.async of one part of a slot block's key rows: latent columns [col0, col0 + 256)
+        into dst [64, 256], with WITH_ROPE the rope part into kr_buf [64, 64]; invalid slots
+        (past n_slots, index outside [0, S)) read nothing (zero fill). 8 threads a row, 2 rows
+        a thread."""
         lay: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
         offs_k = block * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, lay))
         in_range = offs_k < n_slots
@@ -79,11 +80,9 @@ if GLUON_AVAILABLE:
         valid = (in_range & (idx >= 0) & (idx < S))[:, None]
         rows = gl.where(valid, idx[:, None], 0)
         cols = gl.arange(0, 256, layout=gl.SliceLayout(0, lay))[None, :]
-        base = kv_ptr + rows * stride_kvs + cols
-        async_copy.async_copy_global_to_shared(kl_ring.index(2 * buf), base, mask=valid)
-        async_copy.async_copy_global_to_shared(kl_ring.index(2 * buf + 1), base + 256,
+        async_copy.async_copy_global_to_shared(dst, kv_ptr + rows * stride_kvs + (col0 + cols),
                                                mask=valid)
-        if HAS_ROPE:
+        if WITH_ROPE:
             cols_r = gl.arange(0, 64, layout=gl.SliceLayout(0, lay))[None, :]
             async_copy.async_copy_global_to_shared(kr_buf, kr_ptr + rows * stride_krs + cols_r,
                                                    mask=valid)
@@ -106,14 +105,21 @@ if GLUON_AVAILABLE:
             async_copy.async_copy_global_to_shared(
                 qr_smem, qr_ptr + qr_off + heads * stride_qrh + cols_r)
         async_copy.mbarrier_arrive(q_bar.index(0), increment_count=False)
+        # each buffer b in two parts with barriers of their own (index 2 b + part): part 0 the
+        # latent half that consumer b's own P.V reads (freed by it alone, mid-pair), part 1
+        # the other half and the rope part (freed at the end of the pair), so that half of the
+        # next pair's rows are in flight while this pair finishes
         for i in range(n_pairs):
             phase = (i & 1) ^ 1
-            for b in gl.static_range(2):
-                mbarrier.wait(free.index(b), phase)
-                _gather_block(kv_ptr, kr_ptr, idx_ptr, idx_off, stride_ik, n_slots, S,
-                              stride_kvs, stride_krs, kl_ring, kr_ring.index(b), b,
-                              2 * i + b, HAS_ROPE)
-                async_copy.mbarrier_arrive(full.index(b), increment_count=False)
+            for part in gl.static_range(2):
+                for b in gl.static_range(2):
+                    mbarrier.wait(free.index(2 * b + part), phase)
+                    half = b ^ part  # latent half: part 0 of buffer b is half b
+                    _gather_part(kv_ptr, kr_ptr, idx_ptr, idx_off, stride_ik, n_slots, S,
+                                 stride_kvs, stride_krs, kl_ring.index(2 * b + half),
+                                 half * 256, kr_ring.index(b), 2 * i + b,
+                                 HAS_ROPE and part == 1)
+                    async_copy.mbarrier_arrive(full.index(2 * b + part), increment_count=False)
 
     @gluon.jit
     def _producer_rope(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh,
@@ -132,13 +138,18 @@ if GLUON_AVAILABLE:
                   qr_smem, kl_ring, kr_ring, q_bar, full, free, False)
 
     @gluon.jit
-    def _block_scores(q_smem, qr_smem, kl_ring, kr_buf, buf, idx_ptr, idx_off, stride_ik,
-                      n_slots, S, block, c, s_layout: gl.constexpr, HAS_ROPE: gl.constexpr):
-        """Base-2 scores of one slot block [64 heads, 64 slots] (fp32), -inf at invalid slots."""
-        s = warpgroup_mma(q_smem.index(0), kl_ring.index(2 * buf).permute((1, 0)),
+    def _block_scores(q_smem, qr_smem, kl_ring, kr_buf, full, phase, ME: gl.constexpr, idx_ptr,
+                      idx_off, stride_ik, n_slots, S, block, c, s_layout: gl.constexpr,
+                      HAS_ROPE: gl.constexpr):
+        """Base-2 scores of consumer ME's slot block [64 heads, 64 slots] (fp32), -inf at
+        invalid slots: the part-0 half of its buffer as soon as it lands, then part 1."""
+        OTHER: gl.constexpr = 1 - ME
+        mbarrier.wait(full.index(2 * ME), phase)
+        s = warpgroup_mma(q_smem.index(ME), kl_ring.index(3 * ME).permute((1, 0)),
                           gl.zeros([64, 64], gl.float32, layout=s_layout), use_acc=False,
                           is_async=True)
-        s = warpgroup_mma(q_smem.index(1), kl_ring.index(2 * buf + 1).permute((1, 0)), s,
+        mbarrier.wait(full.index(2 * ME + 1), phase)
+        s = warpgroup_mma(q_smem.index(OTHER), kl_ring.index(2 * ME + OTHER).permute((1, 0)), s,
                           is_async=True)
         if HAS_ROPE:
             s = warpgroup_mma(qr_smem, kr_buf.permute((1, 0)), s, is_async=True)
@@ -185,10 +196,10 @@ if GLUON_AVAILABLE:
         mbarrier.wait(q_bar.index(0), 0)
         for i in range(n_pairs):
             phase = i & 1
-            mbarrier.wait(full.index(ME), phase)
-            s = _block_scores(q_smem, qr_smem, kl_ring, kr_ring.index(ME), ME, idx_ptr,
-                              idx_off, stride_ik, n_slots, S, 2 * i + ME, c, s_layout,
+            s = _block_scores(q_smem, qr_smem, kl_ring, kr_ring.index(ME), full, phase, ME,
+                              idx_ptr, idx_off, stride_ik, n_slots, S, 2 * i + ME, c, s_layout,
                               HAS_ROPE)
+            _signal(free.index(2 * ME + 1))  # own part 1: the scores are done with it
             if ME == 1:  # the pair's max so far is consumer 0's
                 mbarrier.wait(sync.index(0), phase)
                 m_in = m_smem.index(0).load(row_s)
@@ -216,6 +227,7 @@ if GLUON_AVAILABLE:
                 p_out = p.to(dtype)
                 m_i = m_new
             acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+            _signal(free.index(2 * ME))  # own part 0: the own P.V is done with it
             kr_ring.index(ME).store(p_out)  # the rope part of the own buffer, read no more
             fence_async_shared()
             _signal(sync.index(2 + ME))
@@ -225,9 +237,7 @@ if GLUON_AVAILABLE:
             acc = warpgroup_mma(kr_ring.index(OTHER), kl_ring.index(2 * OTHER + ME), acc,
                                 is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
-            gl.thread_barrier()
-            mbarrier.arrive(free.index(0), count=1)
-            mbarrier.arrive(free.index(1), count=1)
+            _signal(free.index(2 * OTHER + 1))  # the other's part 1 (its P and values half)
 
         # the row sum over both consumers' blocks, at the same final max
         l_smem.index(ME).store(l_i)
@@ -296,13 +306,15 @@ if GLUON_AVAILABLE:
         m_smem = gl.allocate_shared_memory(gl.float32, [2, 64], flat)
         l_smem = gl.allocate_shared_memory(gl.float32, [2, 64], flat)
         q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-        full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        free = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
         sync = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar.index(0), count=128)
-        for b in gl.static_range(2):
-            mbarrier.init(full.index(b), count=128)
-            mbarrier.init(free.index(b), count=2)
+        for b in gl.static_range(2):  # index 2 b + part (the producer's comment)
+            mbarrier.init(full.index(2 * b), count=128)
+            mbarrier.init(full.index(2 * b + 1), count=128)
+            mbarrier.init(free.index(2 * b), count=1)
+            mbarrier.init(free.index(2 * b + 1), count=2)
         for b in gl.static_range(6):
             mbarrier.init(sync.index(b), count=1)
         fence_async_shared()
