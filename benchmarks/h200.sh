@@ -15,7 +15,8 @@
 #                opt-in Gluon forward (benchmarks.sdpa_gluon, D 64 and 128, and where its host time goes);
 #                ATOMIC_DQ=1 adds forward+backward under the atomic-dQ mode, SDPA_LENGTHS the lengths
 #   dsa          benchmarks.dsa --quick (doc_4096, doc_16384, packed_glm_a, NoPE rows, index
-#                preparation, PDL); FP32=1 adds the fp32 section, TUNE=a,b,... runs
+#                preparation, PDL), then benchmarks.dsa_gluon (the forward's Triton and Gluon
+#                backends side by side); FP32=1 adds the fp32 section, TUNE=a,b,... runs
 #                benchmarks.dsa_tune on those candidates first
 #   overhead     host time per call: fast and torch timed in turn (--pairs), direct vs Triton
 #                launches, and where a Python backward's time goes (benchmarks.host_threads)
@@ -135,6 +136,8 @@ task_dsa() {
     timeout "${DSA_S:-200}" "$PY" -m benchmarks.dsa --quick --budget-s "${DSA_BUDGET:-170}" \
         --skip hole_sweep,backward_memory,torch_gather_baseline --out "$d/dsa.json" > "$d/dsa.log" 2>&1
     note "benchmarks.dsa --quick: exit $?"; tail -45 "$d/dsa.log"
+    timeout 150 "$PY" -m benchmarks.dsa_gluon --out "$d/dsa_gluon.json" > "$d/dsa_gluon.log" 2>&1
+    note "benchmarks.dsa_gluon (forward backends, same run): exit $?"; cat "$d/dsa_gluon.log" | cut -c1-300
     if [ "${FP32:-0}" = 1 ]; then
         timeout 240 "$PY" -m benchmarks.dsa --quick --only fp32 --out "$d/dsa_fp32.json" > "$d/dsa_fp32.log" 2>&1
         note "benchmarks.dsa --only fp32: exit $?"; grep -E "^fp32 (sweep|doc)" "$d/dsa_fp32.log" | cut -c1-160

@@ -63,15 +63,17 @@ from .launch import DirectLauncher
 FP32_MODES = ("acc64", "tf32x3", "tf32x3_exp2", "bf16x6")
 _FP32 = Choice("ATTENTION_ORACLE_FAST_DSA_FP32", FP32_MODES, "bf16x6")
 FWD_BACKENDS = ("triton", "gluon")
-_FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_FWD", FWD_BACKENDS, "triton")
+_FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_FWD", FWD_BACKENDS, "gluon")
 
 
 def set_forward_backend(backend):
     """The 16-bit forward kernel of later calls: "triton" (every input) or "gluon" (the
     Hopper warp-specialised kernel of :mod:`fast.kernels.dsa_fwd_gluon` wherever it applies:
     sm_90, fp16/bf16, H a multiple of 64, a 512-wide latent and a 64-wide rope part or none,
-    unit channel strides and 16-byte aligned rows; other calls keep the Triton kernel).
-    Default: $ATTENTION_ORACLE_FAST_DSA_FWD or "triton". Returns the previous backend."""
+    unit channel strides and other strides multiples of 16 elements, 16-byte aligned data;
+    other calls keep the Triton kernel; H200: 1.21-1.29x the Triton forward on the
+    production problems, docs/PERFORMANCE.md "DSA, bf16"). Default:
+    $ATTENTION_ORACLE_FAST_DSA_FWD or "gluon". Returns the previous backend."""
     return _FWD_BACKEND.set(backend)
 
 
