@@ -10,7 +10,9 @@ Each workload runs twice untimed (compilation, autotuning, caches), then once be
 ncu the script just runs them. Workloads (bf16 unless named):
 sdpa_fwd_fast / sdpa_fwd_cudnn (B 4, H 32, L 4096, D 128), sdpa_bwd_fast / sdpa_bwd_cudnn
 (the backward of the same), sdpa_bwd_fast_atomic / sdpa_bwd_fast_atomic_element (fast's backward
-under those dQ modes, ``set_dq_mode``), dsa_fwd_fast / dsa_bwd_fast (doc_16384, H 64, 512 + 64, top-k 2048),
+under those dQ modes, ``set_dq_mode``), dsa_fwd_fast / dsa_bwd_fast (doc_16384, H 64, 512 + 64, top-k 2048;
+the default forward, Gluon on sm_90), dsa_fwd_fast_triton (the Triton forward; the backend stays
+"triton" for the workloads after it),
 sdpa_fp32_fwd_{accurate,tf32x3} / sdpa_fp32_bwd_{accurate,tf32x3} / sdpa_fp32_bwd_torch
 (fp32, B 2, H 16, L 2048, D 128).
 """
@@ -62,8 +64,11 @@ def _sdpa(impl, backward, dtype=torch.bfloat16, shape=(4, 32, 4096, 128)):
     return run_backward
 
 
-def _dsa(backward):
+def _dsa(backward, forward_backend=None):
+    from attention_oracle.fast import dsa as fast_dsa
     from benchmarks import dsa as bench
+    if forward_backend is not None:
+        fast_dsa.set_forward_backend(forward_backend)
     gen = torch.Generator(device="cuda").manual_seed(0)
     p = bench.make_problem("doc_16384", [0, 16384], [0, 16384], gen)
     xs = bench.leaves(p)
@@ -88,6 +93,7 @@ WORKLOADS = {
     "sdpa_bwd_fast_atomic": lambda: _sdpa("fast", True),
     "sdpa_bwd_fast_atomic_element": lambda: _sdpa("fast", True),
     "dsa_fwd_fast": lambda: _dsa(False),
+    "dsa_fwd_fast_triton": lambda: _dsa(False, "triton"),
     "dsa_bwd_fast": lambda: _dsa(True),
     "sdpa_fp32_fwd_accurate": lambda: _sdpa("fast", False, **FP32),
     "sdpa_fp32_fwd_tf32x3": lambda: _sdpa("fast", False, **FP32),
