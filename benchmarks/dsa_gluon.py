@@ -3,11 +3,12 @@
     python -m benchmarks.dsa_gluon [--problems doc_16384,packed_glm_a] [--out out/dsa_gluon.json]
 
 Geometry and layouts of ``benchmarks.dsa`` (H 64, 512 + 64 / 512, top-k 2048, bf16, trainer
-layouts, compacted causal rows). Per problem: the forward (no grad) of each backend, timed
-queued (do_bench) and synced (events and a sync per call), TFLOP/s over valid slots, the
-ratio gluon / triton under both methods; and the two backends' outputs against float64 on
-the first 64 tokens (relative Frobenius error of out; lse max abs error) so a fast wrong
-kernel cannot pass unnoticed.
+layouts, compacted causal rows). Per problem: the forward (no grad) of the Triton backend and
+of the Gluon one under each of its tile configs (``dsa_fwd_gluon.CONFIGS``: slots per block x
+pairs in flight), timed queued (do_bench) and synced (events and a sync per call), TFLOP/s
+over valid slots, each Gluon config's ratio to Triton under both methods; and every run's
+outputs against float64 on the first 64 tokens (relative Frobenius error of out; lse max abs
+error) so a fast wrong kernel cannot pass unnoticed.
 """
 import argparse
 import json
@@ -16,6 +17,7 @@ import os
 import torch
 
 import attention_oracle.fast.dsa as fdsa
+from attention_oracle.fast.kernels import dsa_fwd_gluon
 
 from .dsa import FWD_FLOP, PACKED_GLM_A, SCALE, fast_forward, leaves, make_problem, tflops
 from .timing import queued_ms, synced_ms
@@ -44,8 +46,12 @@ def measure(p, reps):
     gold_out, gold_lse = float64_forward(p, 64)
     row = dict(T=p["T"], S=p["S"], valid_slots=p["valid"])
     flop = FWD_FLOP * p["valid"]
-    for backend in fdsa.FWD_BACKENDS:
+    runs = [("triton", "triton", None)] + [
+        (f"gluon_{b}x{st}", "gluon", (b, st)) for b, st in dsa_fwd_gluon.CONFIGS]
+    default_config = dsa_fwd_gluon.CONFIG
+    for name, backend, config in runs:
         fdsa.set_forward_backend(backend)
+        dsa_fwd_gluon.CONFIG = config or default_config
         with torch.no_grad():
             out, lse = fdsa.dsa_sparse_attention(*xs, p["rows"], topk_length=p["lengths"],
                                                  softmax_scale=SCALE, return_lse=True)
@@ -57,13 +63,15 @@ def measure(p, reps):
         err = (out[:64].double() - gold_out).norm() / gold_out.norm()
         finite = torch.isfinite(gold_lse)
         lse_err = (lse[:64].double() - gold_lse)[finite].abs().max()
-        row[backend] = dict(queued_ms=queued, synced_ms=synced,
-                            queued_tflops=tflops(flop, queued), synced_tflops=tflops(flop, synced),
-                            out_rel_err=float(err), lse_max_err=float(lse_err))
-    fdsa.set_forward_backend("triton")
-    for method in ("queued", "synced"):
-        row[f"gluon_over_triton_{method}"] = (row["triton"][f"{method}_ms"]
-                                              / row["gluon"][f"{method}_ms"])
+        row[name] = dict(queued_ms=queued, synced_ms=synced,
+                         queued_tflops=tflops(flop, queued), synced_tflops=tflops(flop, synced),
+                         out_rel_err=float(err), lse_max_err=float(lse_err))
+        if config is not None:
+            for method in ("queued", "synced"):
+                row[name][f"over_triton_{method}"] = (row["triton"][f"{method}_ms"]
+                                                      / row[name][f"{method}_ms"])
+    fdsa.set_forward_backend("gluon")
+    dsa_fwd_gluon.CONFIG = default_config
     return row
 
 
@@ -86,14 +94,14 @@ def main():
         torch.cuda.empty_cache()
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
-        r = results[name]
-        print(f"{name}: TFLOP/s queued (synced) triton {r['triton']['queued_tflops']:.1f} "
-              f"({r['triton']['synced_tflops']:.1f}), gluon {r['gluon']['queued_tflops']:.1f} "
-              f"({r['gluon']['synced_tflops']:.1f}); gluon / triton "
-              f"{r['gluon_over_triton_queued']:.2f} ({r['gluon_over_triton_synced']:.2f}); "
-              f"out rel err triton {r['triton']['out_rel_err']:.2e} gluon "
-              f"{r['gluon']['out_rel_err']:.2e}; lse err {r['triton']['lse_max_err']:.2e} / "
-              f"{r['gluon']['lse_max_err']:.2e}", flush=True)
+        for run, r in results[name].items():
+            if not isinstance(r, dict):
+                continue
+            ratio = (f"; / triton {r['over_triton_queued']:.2f} ({r['over_triton_synced']:.2f})"
+                     if "over_triton_queued" in r else "")
+            print(f"{name} {run}: TFLOP/s queued (synced) {r['queued_tflops']:.1f} "
+                  f"({r['synced_tflops']:.1f}){ratio}; out rel err {r['out_rel_err']:.2e}, "
+                  f"lse err {r['lse_max_err']:.2e}", flush=True)
 
 
 if __name__ == "__main__":

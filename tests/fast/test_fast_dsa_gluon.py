@@ -23,11 +23,12 @@ gpu = pytest.mark.skipif(not ON_SM90, reason="the Gluon DSA forward needs an sm_
 
 
 @contextlib.contextmanager
-def gluon_forward(monkeypatch, scale_error=1.0):
-    """The "gluon" backend for the block, counting its launches; ``scale_error`` plants a
-    wrong softmax scale in them (the negative control)."""
+def gluon_forward(monkeypatch, scale_error=1.0, config=dsa_fwd_gluon.CONFIG):
+    """The "gluon" backend for the block with tile ``config``, counting its launches;
+    ``scale_error`` plants a wrong softmax scale in them (the negative control)."""
     calls = []
     launch = dsa_fwd_gluon.launch
+    monkeypatch.setattr(dsa_fwd_gluon, "CONFIG", config)
 
     def counted(q, q_rope, kv, k_rope, indices, topk_length, scale, out, lse):
         calls.append(q.shape)
@@ -68,15 +69,16 @@ def trainer_layout(c, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("config", dsa_fwd_gluon.CONFIGS, ids=lambda c: f"{c[0]}x{c[1]}")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_gluon_forward_agrees(name, dtype, monkeypatch):
+def test_gluon_forward_agrees(name, dtype, config, monkeypatch):
     T, H, DR, S, K, holes, with_len = CASES[name]
     c = make_case(T=T, H=H, DL=512, DR=DR, S=S, K=K, dtype=dtype, seed=list(CASES).index(name),
                   hole_rate=holes, with_len=with_len)
     if DR:
         c = trainer_layout(c, dtype)
-    with gluon_forward(monkeypatch) as calls:
+    with gluon_forward(monkeypatch, config=config) as calls:
         out, lse, grads = check_case(c, dout_layout="head_major")
     assert calls, "the Gluon forward did not run"
     assert_empty_rows_exact(c, out, lse, grads)
@@ -106,10 +108,12 @@ def test_gluon_forward_int64_indices_and_strided_q(monkeypatch):
 
 
 @gpu
-def test_planted_wrong_scale_is_caught(monkeypatch):
+@pytest.mark.parametrize("config", dsa_fwd_gluon.CONFIGS, ids=lambda c: f"{c[0]}x{c[1]}")
+def test_planted_wrong_scale_is_caught(config, monkeypatch):
     """A kernel that forgets log2(e) in its score scale (exp2 of natural-unit scores)."""
     c = make_case(T=8, H=64, DL=512, DR=64, S=500, K=256, dtype=torch.bfloat16, seed=3)
-    with gluon_forward(monkeypatch, scale_error=1 / dsa_fwd_gluon.LOG2E) as calls:
+    with gluon_forward(monkeypatch, scale_error=1 / dsa_fwd_gluon.LOG2E,
+                       config=config) as calls:
         with pytest.raises(AssertionError):
             check_case(c)
     assert calls, "the Gluon forward did not run"

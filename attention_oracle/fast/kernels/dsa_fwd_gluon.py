@@ -30,6 +30,7 @@ Gluon does not run under Triton's CPU interpreter: CI checks the Triton forward;
 checked on the GPU by ``tests/fast/test_fast_dsa_gluon.py``.
 """
 import functools
+import os
 
 import torch
 
@@ -52,8 +53,12 @@ from ..launch import DirectLauncher, on_device_of
 HEADS = 64        # heads per program (one wgmma M tile per consumer)
 LATENT = 512      # the latent (value) width the kernel takes
 ROPE = 64         # the rope width it takes (or none)
-SLOTS = 64        # slots per block
-HALF = LATENT // 2
+# (slots per block, pairs of blocks in shared memory at once): (64, 1) two 64-slot buffers,
+# (32, 2) four 32-slot ones (the next pair's rows load during the whole pair)
+CONFIGS = ((64, 1), (32, 2))
+_CONFIG_NAMES = {f"{b}x{st}": (b, st) for b, st in CONFIGS}
+# the tile of later launches: $ATTENTION_ORACLE_FAST_DSA_GLUON_TILE ("64x1" or "32x2") or 64x1
+CONFIG = _CONFIG_NAMES.get(os.environ.get("ATTENTION_ORACLE_FAST_DSA_GLUON_TILE", ""), CONFIGS[0])
 # registers per thread of the worker partitions (consumer 1, producer); the default partition
 # (consumer 0) gets the rest of the 64K-register file
 CONSUMER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
@@ -69,11 +74,11 @@ if GLUON_AVAILABLE:
     def _gather_part(kv_ptr, kr_ptr, idx_ptr, idx_off, stride_ik, n_slots, S, stride_kvs,
                      stride_krs, dst, col0, kr_buf, block, WITH_ROPE: gl.constexpr):
         """cp.async of one part of a slot block's key rows: latent columns [col0, col0 + 256)
-        into dst [64, 256], with WITH_ROPE the rope part into kr_buf [64, 64]; invalid slots
-        (past n_slots, index outside [0, S)) read nothing (zero fill). 8 threads a row, 2 rows
-        a thread."""
+        into dst [BLOCK, 256], with WITH_ROPE the rope part into kr_buf [BLOCK, 64]; invalid
+        slots (past n_slots, index outside [0, S)) read nothing (zero fill). 8 threads a row."""
+        BLOCK: gl.constexpr = dst.shape[0]
         lay: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
-        offs_k = block * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, lay))
+        offs_k = block * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, lay))
         in_range = offs_k < n_slots
         idx = gl.load(idx_ptr + idx_off + offs_k * stride_ik, mask=in_range, other=-1)
         idx = idx.to(gl.int64)
@@ -92,8 +97,14 @@ if GLUON_AVAILABLE:
                   idx_off, stride_ik, stride_kvs, stride_krs, n_slots, n_pairs, S,
                   q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free,
                   HAS_ROPE: gl.constexpr):
-        """4 warps: Q once, then every pair's two slot blocks as the consumers free the
-        buffers (a fresh barrier passes phase 1 at once)."""
+        """4 warps: Q once, then every pair's two slot blocks into the pair's stage as the
+        consumers free it (a fresh barrier passes phase 1 at once).
+
+        Buffer (stage st, block b of the pair) in two parts with barriers of their own (index
+        (2 st + b) * 2 + part): part 0 the latent half that consumer b's own P.V reads (freed
+        by it alone, mid-pair), part 1 the other half and the rope part (freed at the end of
+        the pair), so that the next pair's rows are in flight while this pair finishes."""
+        STAGES: gl.constexpr = kl_ring.shape[0] // 4
         lay: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
         heads = gl.arange(0, 64, layout=gl.SliceLayout(1, lay)).to(gl.int64)[:, None]
         cols = gl.arange(0, 256, layout=gl.SliceLayout(0, lay))[None, :]
@@ -105,21 +116,20 @@ if GLUON_AVAILABLE:
             async_copy.async_copy_global_to_shared(
                 qr_smem, qr_ptr + qr_off + heads * stride_qrh + cols_r)
         async_copy.mbarrier_arrive(q_bar.index(0), increment_count=False)
-        # each buffer b in two parts with barriers of their own (index 2 b + part): part 0 the
-        # latent half that consumer b's own P.V reads (freed by it alone, mid-pair), part 1
-        # the other half and the rope part (freed at the end of the pair), so that half of the
-        # next pair's rows are in flight while this pair finishes
         for i in range(n_pairs):
-            phase = (i & 1) ^ 1
+            st = i % STAGES
+            phase = ((i // STAGES) & 1) ^ 1
             for part in gl.static_range(2):
                 for b in gl.static_range(2):
-                    mbarrier.wait(free.index(2 * b + part), phase)
-                    half = b ^ part  # latent half: part 0 of buffer b is half b
+                    buf = 2 * st + b
+                    mbarrier.wait(free.index(2 * buf + part), phase)
+                    half = b ^ part  # latent half: part 0 of block b's buffer is half b
                     _gather_part(kv_ptr, kr_ptr, idx_ptr, idx_off, stride_ik, n_slots, S,
-                                 stride_kvs, stride_krs, kl_ring.index(2 * b + half),
-                                 half * 256, kr_ring.index(b), 2 * i + b,
+                                 stride_kvs, stride_krs, kl_ring.index(2 * buf + half),
+                                 half * 256, kr_ring.index(buf), 2 * i + b,
                                  HAS_ROPE and part == 1)
-                    async_copy.mbarrier_arrive(full.index(2 * b + part), increment_count=False)
+                    async_copy.mbarrier_arrive(full.index(2 * buf + part),
+                                               increment_count=False)
 
     @gluon.jit
     def _producer_rope(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh,
@@ -138,26 +148,27 @@ if GLUON_AVAILABLE:
                   qr_smem, kl_ring, kr_ring, q_bar, full, free, False)
 
     @gluon.jit
-    def _block_scores(q_smem, qr_smem, kl_ring, kr_buf, full, phase, ME: gl.constexpr, idx_ptr,
-                      idx_off, stride_ik, n_slots, S, block, c, s_layout: gl.constexpr,
-                      HAS_ROPE: gl.constexpr):
-        """Base-2 scores of consumer ME's slot block [64 heads, 64 slots] (fp32), -inf at
+    def _block_scores(q_smem, qr_smem, kl_ring, kr_buf, full, buf, phase, ME: gl.constexpr,
+                      idx_ptr, idx_off, stride_ik, n_slots, S, block, c,
+                      s_layout: gl.constexpr, HAS_ROPE: gl.constexpr):
+        """Base-2 scores of consumer ME's slot block [64 heads, BLOCK slots] (fp32), -inf at
         invalid slots: the part-0 half of its buffer as soon as it lands, then part 1."""
         OTHER: gl.constexpr = 1 - ME
-        mbarrier.wait(full.index(2 * ME), phase)
-        s = warpgroup_mma(q_smem.index(ME), kl_ring.index(3 * ME).permute((1, 0)),
-                          gl.zeros([64, 64], gl.float32, layout=s_layout), use_acc=False,
+        BLOCK: gl.constexpr = kl_ring.shape[1]
+        mbarrier.wait(full.index(2 * buf), phase)
+        s = warpgroup_mma(q_smem.index(ME), kl_ring.index(2 * buf + ME).permute((1, 0)),
+                          gl.zeros([64, BLOCK], gl.float32, layout=s_layout), use_acc=False,
                           is_async=True)
-        mbarrier.wait(full.index(2 * ME + 1), phase)
-        s = warpgroup_mma(q_smem.index(OTHER), kl_ring.index(2 * ME + OTHER).permute((1, 0)), s,
-                          is_async=True)
+        mbarrier.wait(full.index(2 * buf + 1), phase)
+        s = warpgroup_mma(q_smem.index(OTHER), kl_ring.index(2 * buf + OTHER).permute((1, 0)),
+                          s, is_async=True)
         if HAS_ROPE:
             s = warpgroup_mma(qr_smem, kr_buf.permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s, ))
-        # one load per slot (a [64] blocked tensor), moved to the score columns: loaded in
-        # the score layout, each thread would keep 16 index addresses live across the loop
+        # one load per slot (a [BLOCK] blocked tensor), moved to the score columns: loaded in
+        # the score layout, each thread would keep its columns' index addresses live
         flat: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        offs_k = block * 64 + gl.arange(0, 64, layout=flat)
+        offs_k = block * BLOCK + gl.arange(0, BLOCK, layout=flat)
         in_range = offs_k < n_slots
         idx = gl.load(idx_ptr + idx_off + offs_k * stride_ik, mask=in_range, other=-1)
         valid = gl.convert_layout(in_range & (idx >= 0) & (idx < S),
@@ -171,18 +182,25 @@ if GLUON_AVAILABLE:
         mbarrier.arrive(bar, count=1)
 
     @gluon.jit
-    def _consumer(q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free, m_smem, l_smem, sync,
-                  idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c, out_ptr, out_off,
+    def _consumer(q_smem, qr_smem, kl_ring, kr_ring, p_smem, q_bar, full, free, m_smem, l_smem,
+                  sync, idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c, out_ptr, out_off,
                   stride_oh, lse_ptr, lse_off, ME: gl.constexpr, HAS_ROPE: gl.constexpr):
-        """Consumer ME (0 or 1): the scores of block 2i + ME, value columns [256 ME, + 256).
+        """Consumer ME (0 or 1): the scores of block 2i + ME of each pair, value columns
+        [256 ME, + 256).
 
-        sync holds six count-1 barriers: 0 m0 ready, 1 m1 ready, 2 P of buffer 0 ready,
-        3 P of buffer 1 ready, 4 l0 ready, 5 l1 ready (m_smem [2, 64] and l_smem [2, 64]
-        carry the values)."""
+        P goes over in the rope part of the own buffer where a block has 64 slots (the same
+        [64, 64] tile), else in p_smem [2, 64, BLOCK] (its reuse is ordered by the max
+        exchange: each consumer writes its next P only after the other's next max, which the
+        other sends after its last read of the previous P). sync holds six count-1 barriers:
+        0 m0 ready, 1 m1 ready, 2 P of consumer 0 ready, 3 P of consumer 1 ready, 4 l0
+        ready, 5 l1 ready (m_smem [2, 64] and l_smem [2, 64] carry the values)."""
         OTHER: gl.constexpr = 1 - ME
+        BLOCK: gl.constexpr = kl_ring.shape[1]
+        STAGES: gl.constexpr = kl_ring.shape[0] // 4
+        P_IN_ROPE: gl.constexpr = BLOCK == 64
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout,
@@ -195,13 +213,16 @@ if GLUON_AVAILABLE:
         l_i = gl.zeros([64], gl.float32, layout=row_s)
         mbarrier.wait(q_bar.index(0), 0)
         for i in range(n_pairs):
-            phase = i & 1
-            s = _block_scores(q_smem, qr_smem, kl_ring, kr_ring.index(ME), full, phase, ME,
-                              idx_ptr, idx_off, stride_ik, n_slots, S, 2 * i + ME, c, s_layout,
-                              HAS_ROPE)
-            _signal(free.index(2 * ME + 1))  # own part 1: the scores are done with it
+            st = i % STAGES
+            phase = (i // STAGES) & 1
+            own = 2 * st + ME
+            other = 2 * st + OTHER
+            s = _block_scores(q_smem, qr_smem, kl_ring, kr_ring.index(own), full, own, phase,
+                              ME, idx_ptr, idx_off, stride_ik, n_slots, S, 2 * i + ME, c,
+                              s_layout, HAS_ROPE)
+            _signal(free.index(2 * own + 1))  # own part 1: the scores are done with it
             if ME == 1:  # the pair's max so far is consumer 0's
-                mbarrier.wait(sync.index(0), phase)
+                mbarrier.wait(sync.index(0), i & 1)
                 m_in = m_smem.index(0).load(row_s)
                 m_new = gl.maximum(m_in, gl.max(s, 1))
             else:
@@ -213,11 +234,11 @@ if GLUON_AVAILABLE:
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             m_smem.index(ME).store(m_new)
             _signal(sync.index(ME))
-            kl_own = kl_ring.index(3 * ME)  # own block's values, own columns (2 ME + ME)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-            acc = warpgroup_mma(p_op, kl_own, acc, is_async=True)
+            # own block's values, own columns (part 0 of the own buffer)
+            acc = warpgroup_mma(p_op, kl_ring.index(2 * own + ME), acc, is_async=True)
             if ME == 0:  # rescale to the pair's max (m1) before handing P over
-                mbarrier.wait(sync.index(1), phase)
+                mbarrier.wait(sync.index(1), i & 1)
                 m_pair = m_smem.index(1).load(row_s)
                 f = gl.exp2(m_new - gl.where(m_pair == float("-inf"), 0.0, m_pair))
                 p_out = (p * f[:, None]).to(dtype)
@@ -227,17 +248,23 @@ if GLUON_AVAILABLE:
                 p_out = p.to(dtype)
                 m_i = m_new
             acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-            _signal(free.index(2 * ME))  # own part 0: the own P.V is done with it
-            kr_ring.index(ME).store(p_out)  # the rope part of the own buffer, read no more
+            _signal(free.index(2 * own))  # own part 0: the own P.V is done with it
+            if P_IN_ROPE:  # the rope part of the own buffer, which the scores no longer read
+                kr_ring.index(own).store(p_out)
+            else:
+                p_smem.index(ME).store(p_out)
             fence_async_shared()
             _signal(sync.index(2 + ME))
             if ME == 0:
                 acc = acc * gl.convert_layout(f, row_o)[:, None]
-            mbarrier.wait(sync.index(2 + OTHER), phase)
-            acc = warpgroup_mma(kr_ring.index(OTHER), kl_ring.index(2 * OTHER + ME), acc,
-                                is_async=True)
+            mbarrier.wait(sync.index(2 + OTHER), i & 1)
+            if P_IN_ROPE:
+                p_other = kr_ring.index(other)
+            else:
+                p_other = p_smem.index(OTHER)
+            acc = warpgroup_mma(p_other, kl_ring.index(2 * other + ME), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
-            _signal(free.index(2 * OTHER + 1))  # the other's part 1 (its P and values half)
+            _signal(free.index(2 * other + 1))  # the other's part 1 (its P and values half)
 
         # the row sum over both consumers' blocks, at the same final max
         l_smem.index(ME).store(l_i)
@@ -263,19 +290,19 @@ if GLUON_AVAILABLE:
             gl.store(lse_ptr + lse_off + gl.arange(0, 64, layout=row_s), lse)
 
     @gluon.jit
-    def _consumer1_rope(q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free, m_smem, l_smem,
-                        sync, idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c, out_ptr,
-                        out_off, stride_oh, lse_ptr, lse_off):
-        _consumer(q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free, m_smem, l_smem, sync,
-                  idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c, out_ptr, out_off,
+    def _consumer1_rope(q_smem, qr_smem, kl_ring, kr_ring, p_smem, q_bar, full, free, m_smem,
+                        l_smem, sync, idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c,
+                        out_ptr, out_off, stride_oh, lse_ptr, lse_off):
+        _consumer(q_smem, qr_smem, kl_ring, kr_ring, p_smem, q_bar, full, free, m_smem, l_smem,
+                  sync, idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c, out_ptr, out_off,
                   stride_oh, lse_ptr, lse_off, 1, True)
 
     @gluon.jit
-    def _consumer1_nope(q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free, m_smem, l_smem,
-                        sync, idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c, out_ptr,
-                        out_off, stride_oh, lse_ptr, lse_off):
-        _consumer(q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free, m_smem, l_smem, sync,
-                  idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c, out_ptr, out_off,
+    def _consumer1_nope(q_smem, qr_smem, kl_ring, kr_ring, p_smem, q_bar, full, free, m_smem,
+                        l_smem, sync, idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c,
+                        out_ptr, out_off, stride_oh, lse_ptr, lse_off):
+        _consumer(q_smem, qr_smem, kl_ring, kr_ring, p_smem, q_bar, full, free, m_smem, l_smem,
+                  sync, idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c, out_ptr, out_off,
                   stride_oh, lse_ptr, lse_off, 1, False)
 
     @gluon.jit
@@ -283,10 +310,12 @@ if GLUON_AVAILABLE:
                              H, S, K, stride_qt, stride_qh, stride_qrt, stride_qrh, stride_kvs,
                              stride_krs, stride_it, stride_ik, stride_ot, stride_oh, c,
                              HAS_ROPE: gl.constexpr, HAS_LEN: gl.constexpr,
+                             BLOCK: gl.constexpr, STAGES: gl.constexpr,
                              num_warps: gl.constexpr):
-        """Grid (T * H / 64,): program p is token p // (H / 64), heads 64 (p % (H / 64)) on.
-        Unit channel strides throughout (q, q_rope, kv, k_rope, out); out [T, H, 512], lse
-        [T, H] fp32 contiguous."""
+        """Grid (T * H / 64,): program p is token p // (H / 64), heads 64 (p % (H / 64)) on;
+        slot blocks of BLOCK, STAGES pairs of blocks in shared memory at once. Unit channel
+        strides throughout (q, q_rope, kv, k_rope, out); out [T, H, 512], lse [T, H] fp32
+        contiguous."""
         n_hb = H // 64
         pid = gl.program_id(0)
         t = (pid // n_hb).to(gl.int64)
@@ -294,23 +323,29 @@ if GLUON_AVAILABLE:
         n_slots = K + pid * 0
         if HAS_LEN:
             n_slots = gl.minimum(gl.maximum(gl.load(len_ptr + t).to(gl.int32), 0), n_slots)
-        n_pairs = gl.maximum(gl.cdiv(n_slots, 128), 1)
+        n_pairs = gl.maximum(gl.cdiv(n_slots, 2 * BLOCK), 1)
         dtype: gl.constexpr = q_ptr.dtype.element_ty
-        half_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 256], dtype)
-        rope_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], dtype)
+        q_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 256], dtype)
+        qr_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], dtype)
+        kl_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, 256], dtype)
+        kr_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, 64], dtype)
+        p_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, BLOCK], dtype)
         flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-        q_smem = gl.allocate_shared_memory(dtype, [2, 64, 256], half_l)
-        qr_smem = gl.allocate_shared_memory(dtype, [64, 64], rope_l)
-        kl_ring = gl.allocate_shared_memory(dtype, [4, 64, 256], half_l)  # [2 buf + half]
-        kr_ring = gl.allocate_shared_memory(dtype, [2, 64, 64], rope_l)
+        q_smem = gl.allocate_shared_memory(dtype, [2, 64, 256], q_l)
+        qr_smem = gl.allocate_shared_memory(dtype, [64, 64], qr_l)
+        # [(2 stage + block) * 2 + latent half] and [2 stage + block]
+        kl_ring = gl.allocate_shared_memory(dtype, [4 * STAGES, BLOCK, 256], kl_l)
+        kr_ring = gl.allocate_shared_memory(dtype, [2 * STAGES, BLOCK, 64], kr_l)
+        # P travels in the rope parts at 64 slots (_consumer); a token [2, 64, 16] stands in
+        p_smem = gl.allocate_shared_memory(dtype, [2, 64, 16 if BLOCK == 64 else BLOCK], p_l)
         m_smem = gl.allocate_shared_memory(gl.float32, [2, 64], flat)
         l_smem = gl.allocate_shared_memory(gl.float32, [2, 64], flat)
         q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-        full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-        free = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        full = gl.allocate_shared_memory(gl.int64, [4 * STAGES, 1], mbarrier.MBarrierLayout())
+        free = gl.allocate_shared_memory(gl.int64, [4 * STAGES, 1], mbarrier.MBarrierLayout())
         sync = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar.index(0), count=128)
-        for b in gl.static_range(2):  # index 2 b + part (the producer's comment)
+        for b in gl.static_range(2 * STAGES):  # index 2 buffer + part (_producer)
             mbarrier.init(full.index(2 * b), count=128)
             mbarrier.init(full.index(2 * b + 1), count=128)
             mbarrier.init(free.index(2 * b), count=1)
@@ -324,9 +359,9 @@ if GLUON_AVAILABLE:
         idx_off = t * stride_it
         out_off = t * stride_ot + h0 * stride_oh
         lse_off = t * H + h0
-        consumer_args = (q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free, m_smem, l_smem,
-                         sync, idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c, out_ptr,
-                         out_off, stride_oh, lse_ptr, lse_off)
+        consumer_args = (q_smem, qr_smem, kl_ring, kr_ring, p_smem, q_bar, full, free, m_smem,
+                         l_smem, sync, idx_ptr, idx_off, stride_ik, n_slots, n_pairs, S, c,
+                         out_ptr, out_off, stride_oh, lse_ptr, lse_off)
         producer_args = (q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh,
                          stride_qrh, idx_off, stride_ik, stride_kvs, stride_krs, n_slots,
                          n_pairs, S, q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free)
@@ -389,7 +424,9 @@ def launch(q, q_rope, kv, k_rope, indices, topk_length, scale, out, lse):
             out, lse, H, kv.shape[0], indices.shape[1], q.stride(0), q.stride(1), qr.stride(0),
             qr.stride(1), kv.stride(0), kr.stride(0), indices.stride(0), indices.stride(1),
             out.stride(0), out.stride(1), scale * LOG2E)
-    meta = dict(HAS_ROPE=rope, HAS_LEN=topk_length is not None, num_warps=4)
+    block, stages = CONFIG
+    meta = dict(HAS_ROPE=rope, HAS_LEN=topk_length is not None, BLOCK=block, STAGES=stages,
+                num_warps=4)
     on_device_of(out, _LAUNCH, grid, args, meta)
 
 
