@@ -4,19 +4,19 @@
 The same function as :func:`fast.kernels.dsa_fwd.dsa_fwd_kernel` on its 16-bit path (base-2
 scores ``q.k * c`` with ``c = scale * log2(e)``, ``exp2``, out = acc / l, lse = (m + log2 l) *
 ln 2, an empty row giving out 0 and lse -inf), with the work split the way the tensor cores
-want it fed. Program (token t, block of 64 heads); slot blocks of 64, taken two at a time (a
-*pair*: blocks 2i and 2i + 1), three partitions:
+want it fed. Program (token t, block of 64 heads); slot blocks of BLOCK (64 by default),
+taken two at a time (a *pair*: blocks 2i and 2i + 1), three partitions:
 
 * the producer (4 warps) gathers each slot block's key rows with ``cp.async`` (16-byte
-  pieces; an invalid slot reads nothing and fills zeros) into one of two shared-memory
-  buffers (block 2i into buffer 0, 2i + 1 into buffer 1: latent [2, 64, 256] as two 256-wide
-  halves, rope [64, 64]), each completing on its own mbarrier, refilled once both consumers
-  have freed it;
+  pieces; an invalid slot reads nothing and fills zeros) into shared memory: per pair in
+  flight (STAGES, 1 by default) two buffers (block 2i into the first, 2i + 1 into the
+  second: latent [2, BLOCK, 256] as two 256-wide halves, rope [BLOCK, 64]), each in two parts
+  with mbarriers of their own (``_producer``), refilled as the consumers free the parts;
 * consumer 0 (the default partition, one warpgroup) computes the scores of block 2i and owns
   the output's value columns [0, 256); consumer 1 (a worker warpgroup) the scores of block
   2i + 1 and columns [256, 512). Each issues P.V of its own block from registers, hands its
-  P over (bf16, in the rope part of its buffer, which its scores no longer need) and takes
-  the other's P from shared memory for its half of the other block's values.
+  P over (bf16; at 64 slots in the rope part of its buffer, which its scores no longer
+  need) and takes the other's P from shared memory for its half of the other block's values.
 
 Both consumers keep one running row max. Per pair: consumer 0's max after its block (m0)
 goes to consumer 1, which takes max(m0, its block's) = m1 as the pair's max and sends it
@@ -329,15 +329,16 @@ if GLUON_AVAILABLE:
         qr_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], dtype)
         kl_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, 256], dtype)
         kr_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK, 64], dtype)
-        p_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, BLOCK], dtype)
+        # P travels in the rope parts at 64 slots (_consumer); a token [2, 64, 16] stands in
+        P_W: gl.constexpr = 16 if BLOCK == 64 else BLOCK
+        p_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, P_W], dtype)
         flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         q_smem = gl.allocate_shared_memory(dtype, [2, 64, 256], q_l)
         qr_smem = gl.allocate_shared_memory(dtype, [64, 64], qr_l)
         # [(2 stage + block) * 2 + latent half] and [2 stage + block]
         kl_ring = gl.allocate_shared_memory(dtype, [4 * STAGES, BLOCK, 256], kl_l)
         kr_ring = gl.allocate_shared_memory(dtype, [2 * STAGES, BLOCK, 64], kr_l)
-        # P travels in the rope parts at 64 slots (_consumer); a token [2, 64, 16] stands in
-        p_smem = gl.allocate_shared_memory(dtype, [2, 64, 16 if BLOCK == 64 else BLOCK], p_l)
+        p_smem = gl.allocate_shared_memory(dtype, [2, 64, P_W], p_l)
         m_smem = gl.allocate_shared_memory(gl.float32, [2, 64], flat)
         l_smem = gl.allocate_shared_memory(gl.float32, [2, 64], flat)
         q_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
