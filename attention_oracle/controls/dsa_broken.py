@@ -304,6 +304,16 @@ class Int64UnclearError(_Base):
         return super().attend(q_latent, q_rope, kv_latent, k_rope, indices, *rest)
 
 
+class TopkLengthNarrowedToInt32(_Base):
+    """Narrows topk_length to int32 before clamping it (fast's I32 slot count did, F30):
+    2**32 + 3 becomes 3 slots."""
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest):
+        if topk_length is not None:
+            topk_length = topk_length.to(torch.int32)
+        return super().attend(q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest)
+
+
 class WrongDefaultScale(_Base):
     """Declares the contract's default softmax_scale but uses FlashInfer's NoPE 1/16."""
 
@@ -320,6 +330,7 @@ MORE_CONTROLS += [
     ("Int64ReadAsInt32", "varlen_int64_indices"),
     ("Int64UnclearError", "int64_indices"),
     ("WrongDefaultScale", "default_scale"),
+    ("TopkLengthNarrowedToInt32", "int64_topk_length"),
 ]
 
 

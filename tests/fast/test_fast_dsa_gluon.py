@@ -85,6 +85,20 @@ def test_gluon_forward_agrees(name, dtype, config, monkeypatch):
 
 
 @gpu
+def test_gluon_forward_int64_topk_length_past_int32(monkeypatch):
+    """int64 lengths past int32 (docs/FINDINGS.md F30): clamped before they are narrowed."""
+    from attention_oracle.checks.dsa.edges import wide_lengths
+    c = make_case(T=8, H=64, DL=512, DR=64, S=400, K=200, dtype=torch.bfloat16, seed=9,
+                  with_len=True)
+    c = trainer_layout(c, torch.bfloat16)
+    c["topk_length"] = wide_lengths(c["topk_length"], 8, 200)
+    with gluon_forward(monkeypatch) as calls:
+        out, lse, grads = check_case(c)
+    assert calls, "the Gluon forward did not run"
+    assert_empty_rows_exact(c, out, lse, grads)
+
+
+@gpu
 def test_misaligned_rows_fall_back_to_triton(monkeypatch):
     """check_case's packed layout (a [S, 581] key buffer, q_rope at channel 7): no 16-element
     strides, so the Triton forward runs, and agrees."""

@@ -193,6 +193,20 @@ def test_small_shapes_agree(dtype, rope):
     assert_empty_rows_exact(c, out, lse, grads)
 
 
+@pytest.mark.parametrize("rope", [False, True])
+def test_int64_topk_length_past_int32(rope):
+    """int64 lengths past int32 with int32 indices (the 32-bit slot count's inputs): 2**32 + 3
+    is every slot, -(2**32) + K none, 2**31 every slot; narrowed before the clamp they were 3
+    slots, K slots and none (docs/FINDINGS.md F30)."""
+    from attention_oracle.checks.dsa.edges import wide_lengths
+    c = make_case(T=6, H=3, DL=40, DR=24 if rope else 0, S=23, K=37, dtype=torch.float32, seed=5,
+                  with_len=True)
+    c["topk_length"] = wide_lengths(c["topk_length"], 6, 37)
+    assert c["topk_length"].dtype == torch.int64 and c["topk_length"].max() > 2 ** 31
+    out, lse, grads = check_case(c)
+    assert_empty_rows_exact(c, out, lse, grads)
+
+
 @pytest.mark.parametrize("layout", ["head_major", "stride0"])
 def test_strided_dout_and_packed_keys(layout):
     c = make_case(T=4, H=17, DL=32, DR=16, S=19, K=20, dtype=torch.float32, seed=2)

@@ -7,6 +7,11 @@ int64_indices: int64 ``indices`` (the contract's are int32): the right result, o
     TypeError/ValueError/NotImplementedError naming ``indices``
     (``judge/beyond.py``); declared ``index_dtypes`` with int64: the right result.
 varlen_int64_indices: the same for the varlen form's ``gather_kv_indices``.
+int64_topk_length: int32 indices with an int64 ``topk_length`` whose values lie outside
+    [0, K] and past int32 (2**32 + K // 2 means every slot, -(2**32) + K none, 2**31 every
+    slot): the right result (the validation takes int64 lengths, so the contract's clamp
+    applies), or a clear error naming ``topk_length``. A kernel that narrows the length to
+    int32 before clamping sees K // 2, K and -2**31 (docs/FINDINGS.md F30).
 """
 from __future__ import annotations
 
@@ -69,3 +74,33 @@ def varlen_int64_indices(judge: Judge, case: DsaCase) -> None:
     if not case.varlen:
         raise ValueError("varlen_int64_indices runs on varlen cases")
     _int64_check(judge, case, "gather_kv_indices")
+
+
+def wide_lengths(lengths, T: int, K: int) -> torch.Tensor:
+    """int64 [T] lengths past int32, cycling over rows: 2**32 + K // 2 (every slot; narrowed:
+    K // 2), -(2**32) + K (no slot; narrowed: K), 2**31 (every slot; narrowed: -2**31), and
+    the case's own length (K where it has none)."""
+    own = torch.full((T,), K, dtype=torch.int64) if lengths is None else lengths.to(torch.int64)
+    picks = torch.tensor([2 ** 32 + K // 2, -(2 ** 32) + K, 2 ** 31], dtype=torch.int64)
+    rows = torch.arange(T)
+    wide = torch.where(rows % 4 < 3, picks[(rows % 4).clamp(max=2)], own.cpu())
+    return wide.to(own.device)
+
+
+@declare("dsa", beyond=True)
+def int64_topk_length(judge: Judge, case: DsaCase) -> None:
+    """int64 topk_length past int32 (beyond the contract): right, or a clear error naming it."""
+    if case.varlen:
+        raise ValueError("int64_topk_length runs on global-index cases")
+    target = judge.target
+    inp = build(case, target.device)
+    declared = torch.int64 in resolve(target, case.function).index_dtypes
+    wide = wide_lengths(inp.topk_length, case.T, case.K).to(inp.indices.device)
+    try:
+        out = attempt(lambda: base.call(target, inp, topk_length=wide), argument="topk_length",
+                      what="int64 topk_length", declared=declared, judge=judge)
+    except Declined:
+        return
+    wide_inp = dataclasses.replace(inp, topk_length=wide)
+    gold, lp = base.references(wide_inp, inp.dout.contiguous())
+    _forward_and_gradients(judge, inp, out, gold, lp)

@@ -20,11 +20,14 @@ from .accurate_math import exp_accurate, log_accurate  # noqa: F401  (re-exporte
 @triton.jit
 def row_slot_count(len_ptr, t, K, HAS_LEN: tl.constexpr, I32: tl.constexpr = False):
     """Number of leading slots of row t that may hold keys: min(max(topk_length[t], 0), K)
-    (int32 with I32, so that the slot loop counts in 32 bits, else int64)."""
+    (int32 with I32, so that the slot loop counts in 32 bits, else int64; the clamp comes
+    first either way)."""
     if I32:
         n = (t * 0).to(tl.int32) + K
         if HAS_LEN:
-            n = tl.minimum(tl.maximum(tl.load(len_ptr + t).to(tl.int32), 0), n)
+            # clamped in the length's own dtype, then narrowed: an int64 length past int32
+            # would wrap (2**32 + 3 to 3; docs/FINDINGS.md F30)
+            n = tl.minimum(tl.maximum(tl.load(len_ptr + t), 0), n).to(tl.int32)
     else:
         n = K + t * 0
         if HAS_LEN:

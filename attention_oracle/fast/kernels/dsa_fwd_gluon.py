@@ -322,7 +322,8 @@ if GLUON_AVAILABLE:
         h0 = (pid % n_hb) * 64
         n_slots = K + pid * 0
         if HAS_LEN:
-            n_slots = gl.minimum(gl.maximum(gl.load(len_ptr + t).to(gl.int32), 0), n_slots)
+            # clamped in the length's own dtype, then narrowed (docs/FINDINGS.md F30)
+            n_slots = gl.minimum(gl.maximum(gl.load(len_ptr + t), 0), n_slots).to(gl.int32)
         n_pairs = gl.maximum(gl.cdiv(n_slots, 2 * BLOCK), 1)
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         q_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 256], dtype)
