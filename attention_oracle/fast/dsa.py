@@ -72,7 +72,8 @@ def set_forward_backend(backend):
     sm_90, fp16/bf16, H a multiple of 64, a 512-wide latent and a 64-wide rope part or none,
     unit channel strides and other strides multiples of 16 elements, 16-byte aligned data;
     other calls keep the Triton kernel; H200: 1.21-1.29x the Triton forward on the
-    production problems, docs/PERFORMANCE.md "DSA, bf16"). Default:
+    production problems, docs/PERFORMANCE.md "DSA, bf16"; a forward tile put first by
+    ``set_configs`` keeps the Triton kernel, so tile sweeps time what they name). Default:
     $ATTENTION_ORACLE_FAST_DSA_FWD or "gluon". Returns the previous backend."""
     return _FWD_BACKEND.set(backend)
 
@@ -354,7 +355,8 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
         return out, lse
     if kv.shape[0] == 0 or indices.shape[1] == 0:  # no key: every row is empty
         return out.zero_(), lse.fill_(float("-inf"))
-    if (_FWD_BACKEND.value == "gluon"
+    # a Triton tile asked for (``config``, ``set_configs``) runs on the Triton forward
+    if (_FWD_BACKEND.value == "gluon" and config is None and _OVERRIDES["forward"] is None
             and dsa_fwd_gluon.applies(q, q_rope, kv, k_rope, indices)):
         dsa_fwd_gluon.launch(q, q_rope, kv, k_rope, indices, topk_length, scale, out, lse)
         return out, lse

@@ -161,3 +161,29 @@ def test_applies_only_where_the_kernel_can():
     for stride in (520, 515):  # 16-byte rows, but not a multiple of 16 elements; unaligned
         odd_rows = torch.zeros(10, stride, dtype=torch.bfloat16, device="cuda")[:, :512]
         assert not dsa_fwd_gluon.applies(q, qr, odd_rows, kr, idx)
+
+
+def test_dispatch_keeps_triton_for_an_asked_tile(monkeypatch):
+    """On every machine (the kernel stubbed): the "gluon" backend takes a call where the kernel
+    applies, "triton" never, and a Triton tile put first by ``set_configs`` keeps the Triton
+    forward (so tile sweeps time the tile they name)."""
+    calls = []
+    monkeypatch.setattr(dsa_fwd_gluon, "applies", lambda *args: True)
+    monkeypatch.setattr(dsa_fwd_gluon, "launch", lambda *args: calls.append(args[0].shape))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, qr, kv, kr, idx = _tensors(T=2, H=2, DL=16, DR=8, S=5, K=4, dtype=torch.float16,
+                                  device=device)
+    previous = fdsa.set_forward_backend("gluon")
+    try:
+        fdsa.dsa_sparse_attention(q, qr, kv, kr, idx)
+        assert len(calls) == 1
+        fdsa.set_configs(forward=fdsa.candidate_configs(2, 16, backward=False,
+                                                        device_type=device)[0])
+        fdsa.dsa_sparse_attention(q, qr, kv, kr, idx)
+        fdsa.set_configs()
+        fdsa.set_forward_backend("triton")
+        fdsa.dsa_sparse_attention(q, qr, kv, kr, idx)
+        assert len(calls) == 1
+    finally:
+        fdsa.set_configs()
+        fdsa.set_forward_backend(previous)
