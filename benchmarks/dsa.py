@@ -497,8 +497,9 @@ def fp32_problem(p):
                 kv_latent=kvbuf[:, :DL], k_rope=kvbuf[:, DL:], dout=dout)
 
 
-def _fp32_reference(p, lo, hi):
-    """(out, dq_latent) of tokens lo:hi in float64 (gather, softmax, autograd over q only)."""
+def float64_reference(p, lo, hi):
+    """(out, lse, dq_latent) of tokens lo:hi in float64 (gather, softmax, autograd over q
+    only)."""
     rows, n = p["rows"][lo:hi].long(), p["lengths"][lo:hi]
     valid = (torch.arange(TOPK, device=DEVICE)[None, :] < n[:, None]) & (rows >= 0)
     rows = torch.where(valid, rows, 0)
@@ -506,13 +507,14 @@ def _fp32_reference(p, lo, hi):
     kv, kr = p["kv_latent"].double()[rows], p["k_rope"].double()[rows]
     s = (torch.einsum("thd,tkd->thk", q, kv)
          + torch.einsum("thd,tkd->thk", p["q_rope"][lo:hi].double(), kr)) * SCALE
-    prob = torch.softmax(s.masked_fill(~valid[:, None, :], float("-inf")), -1)
-    out = torch.einsum("thk,tkd->thd", prob, kv)
+    s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    out = torch.einsum("thk,tkd->thd", torch.softmax(s, -1), kv)
     (dq,) = torch.autograd.grad(out, q, p["dout"][lo:hi].double())
-    return out.detach(), dq
+    return out.detach(), torch.logsumexp(s, -1).detach(), dq
 
 
-def _rel(x, ref):
+def rel_error(x, ref):
+    """Relative Frobenius error of x against the float64 ``ref``."""
     return float((x.double() - ref).norm() / ref.norm())
 
 
@@ -582,7 +584,7 @@ def sweep_fp32(p, reps, mode, fwd_cands, bwd_cands):
     errors of out (forward) / dq_latent (backward) on FP32_CHECK_TOKENS against float64."""
     q, qr, kv, kr = (p[k] for k in ("q_latent", "q_rope", "kv_latent", "k_rope"))
     lo, hi = FP32_CHECK_TOKENS
-    ref_out, ref_dq = _fp32_reference(p, lo, hi)
+    ref_out, _, ref_dq = float64_reference(p, lo, hi)
     table = {"forward": [], "backward": []}
     previous = fdsa.set_fp32_mode(mode)
     try:
@@ -597,7 +599,7 @@ def sweep_fp32(p, reps, mode, fwd_cands, bwd_cands):
                 try:
                     res = fn()
                     ms = synced_ms(fn, reps, warmup=0)
-                    err = _rel(res[0][lo:hi], ref_out if kind == "forward" else ref_dq)
+                    err = rel_error(res[0][lo:hi], ref_out if kind == "forward" else ref_dq)
                     flop = (FWD_FLOP if kind == "forward" else BWD_FLOP) * p["valid"]
                     table[kind].append(dict(config=cfg.__dict__, ms=ms, tflops=tflops(flop, ms),
                                             rel_err=err))

@@ -19,31 +19,26 @@ import torch
 import attention_oracle.fast.dsa as fdsa
 from attention_oracle.fast.kernels import dsa_fwd_gluon
 
-from .dsa import FWD_FLOP, PACKED_GLM_A, SCALE, fast_forward, leaves, make_problem, tflops
+from .dsa import (
+    FWD_FLOP,
+    PACKED_GLM_A,
+    SCALE,
+    fast_forward,
+    float64_reference,
+    leaves,
+    make_problem,
+    rel_error,
+    tflops,
+)
 from .timing import queued_ms, synced_ms
 
 PROBLEMS = {"doc_4096": ([0, 4096], [0, 4096]), "doc_16384": ([0, 16384], [0, 16384]),
             "packed_glm_a": PACKED_GLM_A}
 
 
-def float64_forward(p, n):
-    """out [n, H, 512] and lse [n, H] of the first n tokens in float64 (gather math)."""
-    rows, lengths = p["rows"][:n].long(), p["lengths"][:n].long()
-    K = rows.shape[1]
-    valid = (rows >= 0) & (torch.arange(K, device=rows.device)[None, :] < lengths[:, None])
-    safe = torch.where(valid, rows, 0)
-    kv, kr = p["kv_latent"].double()[safe], p["k_rope"].double()[safe]
-    s = (torch.einsum("thd,tkd->thk", p["q_latent"][:n].double(), kv)
-         + torch.einsum("thd,tkd->thk", p["q_rope"][:n].double(), kr)) * SCALE
-    s = s.masked_fill(~valid[:, None, :], float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    prob = torch.nan_to_num(torch.exp(s - lse[..., None]))
-    return torch.einsum("thk,tkd->thd", prob, kv), lse
-
-
 def measure(p, reps):
     xs = [x.detach() for x in leaves(p)]
-    gold_out, gold_lse = float64_forward(p, 64)
+    gold_out, gold_lse, _ = float64_reference(p, 0, 64)
     row = dict(T=p["T"], S=p["S"], valid_slots=p["valid"])
     flop = FWD_FLOP * p["valid"]
     runs = [("triton", "triton", None)] + [
@@ -60,7 +55,7 @@ def measure(p, reps):
                 return fast_forward(p, xs)
 
             queued, synced = queued_ms(fn, rep_ms=max(40, 10 * reps)), synced_ms(fn, reps)
-        err = (out[:64].double() - gold_out).norm() / gold_out.norm()
+        err = rel_error(out[:64], gold_out)
         finite = torch.isfinite(gold_lse)
         lse_err = (lse[:64].double() - gold_lse)[finite].abs().max()
         row[name] = dict(queued_ms=queued, synced_ms=synced,
