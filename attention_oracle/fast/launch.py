@@ -343,6 +343,13 @@ def on_device_of(tensor, launch, *args, **kwargs):
         return launch(*args, **kwargs)
 
 
+@functools.lru_cache(maxsize=16)
+def is_sm90(device):
+    """Whether ``device`` (a CUDA torch.device) is Hopper, compute capability 9.0: the Gluon
+    kernels' only target."""
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
 @functools.cache
 def _several_gpus():
     """Whether this process sees more than one CUDA device (fixed once CUDA is initialised);

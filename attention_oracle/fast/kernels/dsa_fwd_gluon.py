@@ -29,7 +29,6 @@ all-invalid one.
 Gluon does not run under Triton's CPU interpreter: CI checks the Triton forward; this one is
 checked on the GPU by ``tests/fast/test_fast_dsa_gluon.py``.
 """
-import functools
 import os
 
 import torch
@@ -48,7 +47,7 @@ try:  # Gluon is experimental: a Triton without it (or with another API) leaves 
 except ImportError:  # pragma: no cover - depends on the installed Triton
     GLUON_AVAILABLE = False
 
-from ..launch import DirectLauncher, on_device_of
+from ..launch import DirectLauncher, is_sm90, on_device_of
 
 HEADS = 64        # heads per program (one wgmma M tile per consumer)
 LATENT = 512      # the latent (value) width the kernel takes
@@ -380,11 +379,6 @@ if GLUON_AVAILABLE:
             ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-@functools.lru_cache(maxsize=16)
-def _is_sm90(device):
-    return torch.cuda.get_device_capability(device) == (9, 0)
-
-
 def _unit_rows(x, width):
     """x [N, ..., width] read as rows of `width` contiguous elements whose other strides are
     multiples of 16 elements: cp.async moves 16-byte pieces, and the compiler can prove a row
@@ -402,7 +396,7 @@ def applies(q, q_rope, kv, k_rope, indices):
     if not GLUON_AVAILABLE or q.device.type != "cuda" or q.dtype not in _DTYPES:
         return False
     T, H, DL = q.shape
-    if DL != LATENT or H % HEADS or H == 0 or T == 0 or not _is_sm90(q.device):
+    if DL != LATENT or H % HEADS or H == 0 or T == 0 or not is_sm90(q.device):
         return False
     if kv.shape[0] >= 2 ** 31 or indices.shape[1] >= 2 ** 31 - 128:
         return False

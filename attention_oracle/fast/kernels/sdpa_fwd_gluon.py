@@ -31,7 +31,7 @@ import functools
 
 import torch
 
-from ..launch import DirectLauncher, on_device_of
+from ..launch import DirectLauncher, is_sm90, on_device_of
 
 try:  # Gluon is experimental: a Triton without it (or with another API) leaves the path off
     from triton.experimental import gluon
@@ -464,11 +464,6 @@ def _shared_layout(rows, head_dim, dtype):
                                                 getattr(gl, _GL_DTYPES[dtype]))
 
 
-@functools.lru_cache(maxsize=16)
-def _is_sm90(device):
-    return torch.cuda.get_device_capability(device) == (9, 0)
-
-
 def _tma_strides(shape, stride, element_size):
     """Whether a rank-5 view can be a TMA source: unit channel stride, 16-byte strides, no
     broadcast (stride 0 over a dim longer than 1)."""
@@ -489,7 +484,7 @@ def plan(shapes, strides, dtype, device, is_causal, scale):
     qs, ks, vs = shapes
     if qs[-1] not in HEAD_DIMS or vs[-1] != qs[-1] or 0 in qs or 0 in ks:
         return None
-    if not _is_sm90(device):
+    if not is_sm90(device):
         return None
     element_size = _ELEMENT_SIZE[dtype]
     if not all(_tma_strides(sh, st, element_size) for sh, st in zip(shapes, strides)):
