@@ -60,8 +60,8 @@ _CONFIG_NAMES = {f"{b}x{st}": (b, st) for b, st in CONFIGS}
 CONFIG = _CONFIG_NAMES.get(os.environ.get("ATTENTION_ORACLE_FAST_DSA_GLUON_TILE", ""), CONFIGS[0])
 # registers per thread of the worker partitions (consumer 1, producer); the default partition
 # (consumer 0) gets the rest of the 64K-register file
-CONSUMER_REGS = gl.constexpr(224) if GLUON_AVAILABLE else 224
-PRODUCER_REGS = gl.constexpr(56) if GLUON_AVAILABLE else 56
+CONSUMER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
+PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
 LOG2E = 1.4426950408889634
 _DTYPES = (torch.bfloat16, torch.float16)
 
@@ -156,31 +156,45 @@ if GLUON_AVAILABLE:
                                          is_pure=False, pack=1)
 
     @gluon.jit
-    def _block_scores(q_smem, qr_smem, kl_ring, kr_buf, full, buf, phase, ME: gl.constexpr,
-                      idx_ptr, idx_off, stride_ik, n_slots, S, block, c,
-                      s_layout: gl.constexpr, HAS_ROPE: gl.constexpr, zero):
-        """Base-2 scores of consumer ME's slot block [64 heads, BLOCK slots] (fp32), -inf at
-        invalid slots: the part-0 half of its buffer as soon as it lands, then part 1."""
-        OTHER: gl.constexpr = 1 - ME
+    def _slot_indices(idx_ptr, idx_off, stride_ik, n_slots, block, BLOCK: gl.constexpr):
+        """The top-k entries of slot block `block` (-1 past n_slots), one load per slot in a
+        [BLOCK] blocked tensor: issued before the block's scores, used after them."""
+        flat: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        offs_k = block * BLOCK + gl.arange(0, BLOCK, layout=flat)
+        return gl.load(idx_ptr + idx_off + offs_k * stride_ik, mask=offs_k < n_slots, other=-1)
+
+    @gluon.jit
+    def _scores_first(q_smem, kl_ring, full, buf, phase, ME: gl.constexpr, zero,
+                      s_layout: gl.constexpr):
+        """Issue consumer ME's scores over the part-0 half of buffer `buf` as soon as it lands
+        (asynchronous; [64 heads, BLOCK slots] fp32)."""
         BLOCK: gl.constexpr = kl_ring.shape[1]
         mbarrier.wait(full.index(2 * buf), phase)
         k_own = kl_ring.index(2 * buf + ME).permute((1, 0))
-        s = warpgroup_mma(q_smem.index(ME + zero), k_own,
-                          gl.zeros([64, BLOCK], gl.float32, layout=s_layout), use_acc=False,
-                          is_async=True)
+        return warpgroup_mma(q_smem.index(ME + zero), k_own,
+                             gl.zeros([64, BLOCK], gl.float32, layout=s_layout), use_acc=False,
+                             is_async=True)
+
+    @gluon.jit
+    def _scores_rest(s, q_smem, qr_smem, kl_ring, kr_buf, full, buf, phase, ME: gl.constexpr,
+                     zero, HAS_ROPE: gl.constexpr):
+        """Issue the rest of the scores once part 1 lands: the other latent half, the rope."""
+        OTHER: gl.constexpr = 1 - ME
         mbarrier.wait(full.index(2 * buf + 1), phase)
         k_other = kl_ring.index(2 * buf + OTHER).permute((1, 0))
         s = warpgroup_mma(q_smem.index(OTHER + zero), k_other, s, is_async=True)
         if HAS_ROPE:
             s = warpgroup_mma(qr_smem, kr_buf.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s, ))
-        # one load per slot (a [BLOCK] blocked tensor), moved to the score columns: loaded in
-        # the score layout, each thread would keep its columns' index addresses live
-        flat: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        offs_k = block * BLOCK + gl.arange(0, BLOCK, layout=flat)
-        in_range = offs_k < n_slots
-        idx = gl.load(idx_ptr + idx_off + offs_k * stride_ik, mask=in_range, other=-1)
-        valid = gl.convert_layout(in_range & (idx >= 0) & (idx < S),
+        return s
+
+    @gluon.jit
+    def _masked(s, idx, n_slots, S, c, block, s_layout: gl.constexpr):
+        """Base-2 scores s * c, -inf at invalid slots (past n_slots, index outside [0, S)). The
+        validity moves to the score columns: indices loaded in the score layout would keep
+        each thread's column addresses live."""
+        BLOCK: gl.constexpr = idx.shape[0]
+        offs_k = block * BLOCK + gl.arange(0, BLOCK, layout=idx.type.layout)
+        valid = gl.convert_layout((offs_k < n_slots) & (idx >= 0) & (idx < S),
                                   gl.SliceLayout(0, s_layout))
         return gl.where(valid[None, :], s * c, float("-inf"))
 
@@ -221,15 +235,29 @@ if GLUON_AVAILABLE:
         m_i = gl.full([64], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.zeros([64], gl.float32, layout=row_s)
         mbarrier.wait(q_bar.index(0), 0)
+        if ME == 0:  # consumer 0 computes a pair's scores at the end of the pair before
+            z0 = _opaque_zero(n_pairs)
+            idx = _slot_indices(idx_ptr, idx_off, stride_ik, n_slots, 0, BLOCK)
+            s = _scores_first(q_smem, kl_ring, full, z0, 0, 0, z0, s_layout)
+            s = _scores_rest(s, q_smem, qr_smem, kl_ring, kr_ring.index(z0), full, z0, 0, 0,
+                             z0, HAS_ROPE)
+            s = warpgroup_mma_wait(0, deps=(s, ))
+            s = _masked(s, idx, n_slots, S, c, 0, s_layout)
+        else:
+            s = gl.zeros([64, BLOCK], gl.float32, layout=s_layout)
         for i in range(n_pairs):
             zero = _opaque_zero(i)
             st = i % STAGES + zero
             phase = (i // STAGES) & 1
             own = 2 * st + ME
             other = 2 * st + OTHER
-            s = _block_scores(q_smem, qr_smem, kl_ring, kr_ring.index(own), full, own, phase,
-                              ME, idx_ptr, idx_off, stride_ik, n_slots, S, 2 * i + ME, c,
-                              s_layout, HAS_ROPE, zero)
+            if ME == 1:
+                idx = _slot_indices(idx_ptr, idx_off, stride_ik, n_slots, 2 * i + 1, BLOCK)
+                s = _scores_first(q_smem, kl_ring, full, own, phase, ME, zero, s_layout)
+                s = _scores_rest(s, q_smem, qr_smem, kl_ring, kr_ring.index(own), full, own,
+                                 phase, ME, zero, HAS_ROPE)
+                s = warpgroup_mma_wait(0, deps=(s, ))
+                s = _masked(s, idx, n_slots, S, c, 2 * i + 1, s_layout)
             _signal(free.index(2 * own + 1))  # own part 1: the scores are done with it
             if ME == 1:  # the pair's max so far is consumer 0's
                 mbarrier.wait(sync.index(0), i & 1)
@@ -247,34 +275,56 @@ if GLUON_AVAILABLE:
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             # own block's values, own columns (part 0 of the own buffer)
             acc = warpgroup_mma(p_op, kl_ring.index(2 * own + ME), acc, is_async=True)
-            if ME == 0:  # rescale to the pair's max (m1) before handing P over
+            if P_IN_ROPE:  # the rope part of the own buffer, which the scores no longer read
+                p_mine = kr_ring.index(own)
+                p_other = kr_ring.index(other)
+            else:
+                p_mine = p_smem.index(ME)
+                p_other = p_smem.index(OTHER)
+            if ME == 0:
+                # rescale to the pair's max (m1) before handing P over
                 mbarrier.wait(sync.index(1), i & 1)
                 m_pair = m_smem.index(1).load(row_s)
                 f = gl.exp2(m_new - gl.where(m_pair == float("-inf"), 0.0, m_pair))
-                p_out = (p * f[:, None]).to(dtype)
+                p_mine.store((p * f[:, None]).to(dtype))
                 l_i = l_i * f
                 m_i = m_pair
-            else:
-                p_out = p.to(dtype)
-                m_i = m_new
-            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-            _signal(free.index(2 * own))  # own part 0: the own P.V is done with it
-            if P_IN_ROPE:  # the rope part of the own buffer, which the scores no longer read
-                kr_ring.index(own).store(p_out)
-            else:
-                p_smem.index(ME).store(p_out)
-            fence_async_shared()
-            _signal(sync.index(2 + ME))
-            if ME == 0:
+                acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+                _signal(free.index(2 * own))  # own part 0: the own P.V is done with it
+                fence_async_shared()
+                _signal(sync.index(2))
                 acc = acc * gl.convert_layout(f, row_o)[:, None]
-            mbarrier.wait(sync.index(2 + OTHER), i & 1)
-            if P_IN_ROPE:
-                p_other = kr_ring.index(other)
+                mbarrier.wait(sync.index(3), i & 1)
+                o_tok = warpgroup_mma(p_other, kl_ring.index(2 * other), acc, is_async=True)
+                if i + 1 < n_pairs:
+                    # the next pair's scores: part 0 of the own buffer was refilled once the
+                    # own P.V freed it, so its half runs behind this P.V on the tensor cores
+                    n_st = (i + 1) % STAGES + zero
+                    n_phase = ((i + 1) // STAGES) & 1
+                    idx = _slot_indices(idx_ptr, idx_off, stride_ik, n_slots, 2 * i + 2, BLOCK)
+                    s = _scores_first(q_smem, kl_ring, full, 2 * n_st, n_phase, 0, zero,
+                                      s_layout)
+                    acc = warpgroup_mma_wait(1, deps=(o_tok, ))
+                    _signal(free.index(2 * other + 1))  # the other's part 1
+                    s = _scores_rest(s, q_smem, qr_smem, kl_ring, kr_ring.index(2 * n_st), full,
+                                     2 * n_st, n_phase, 0, zero, HAS_ROPE)
+                    s = warpgroup_mma_wait(0, deps=(s, ))
+                    s = _masked(s, idx, n_slots, S, c, 2 * i + 2, s_layout)
+                else:
+                    acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+                    _signal(free.index(2 * other + 1))  # the other's part 1
             else:
-                p_other = p_smem.index(OTHER)
-            acc = warpgroup_mma(p_other, kl_ring.index(2 * other + ME), acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
-            _signal(free.index(2 * other + 1))  # the other's part 1 (its P and values half)
+                m_i = m_new
+                # P goes over while the own P.V runs (it reads neither P's place nor P)
+                p_mine.store(p.to(dtype))
+                fence_async_shared()
+                _signal(sync.index(3))
+                mbarrier.wait(sync.index(2), i & 1)
+                acc = warpgroup_mma(p_other, kl_ring.index(2 * other + 1), acc, is_async=True)
+                p_op = warpgroup_mma_wait(1, deps=(p_op, ))
+                _signal(free.index(2 * own))  # own part 0: the own P.V is done with it
+                acc = warpgroup_mma_wait(0, deps=(acc, ))
+                _signal(free.index(2 * other + 1))  # the other's part 1 (its P and values half)
 
         # the row sum over both consumers' blocks, at the same final max
         l_smem.index(ME).store(l_i)
