@@ -12,7 +12,7 @@ sdpa_fwd_fast / sdpa_fwd_cudnn (B 4, H 32, L 4096, D 128), sdpa_bwd_fast / sdpa_
 (the backward of the same), sdpa_bwd_fast_atomic / sdpa_bwd_fast_atomic_element (fast's backward
 under those dQ modes, ``set_dq_mode``), dsa_fwd_fast / dsa_bwd_fast (doc_16384, H 64, 512 + 64, top-k 2048;
 the default forward, Gluon on sm_90), dsa_fwd_fast_triton (the Triton forward; the backend stays
-"triton" for the workloads after it),
+"triton" for the workloads after it), dsa_fwd_fast_packed (the default forward on packed_glm_a),
 sdpa_fp32_fwd_{accurate,tf32x3} / sdpa_fp32_bwd_{accurate,tf32x3} / sdpa_fp32_bwd_torch
 (fp32, B 2, H 16, L 2048, D 128).
 """
@@ -64,13 +64,14 @@ def _sdpa(impl, backward, dtype=torch.bfloat16, shape=(4, 32, 4096, 128)):
     return run_backward
 
 
-def _dsa(backward, forward_backend=None):
+def _dsa(backward, forward_backend=None, problem="doc_16384"):
     from attention_oracle.fast import dsa as fast_dsa
     from benchmarks import dsa as bench
     if forward_backend is not None:
         fast_dsa.set_forward_backend(forward_backend)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    p = bench.make_problem("doc_16384", [0, 16384], [0, 16384], gen)
+    geometry = {"doc_16384": ([0, 16384], [0, 16384]), "packed_glm_a": bench.PACKED_GLM_A}
+    p = bench.make_problem(problem, *geometry[problem], gen)
     xs = bench.leaves(p)
     if not backward:
         def run():
@@ -94,6 +95,7 @@ WORKLOADS = {
     "sdpa_bwd_fast_atomic_element": lambda: _sdpa("fast", True),
     "dsa_fwd_fast": lambda: _dsa(False),
     "dsa_fwd_fast_triton": lambda: _dsa(False, "triton"),
+    "dsa_fwd_fast_packed": lambda: _dsa(False, problem="packed_glm_a"),
     "dsa_bwd_fast": lambda: _dsa(True),
     "sdpa_fp32_fwd_accurate": lambda: _sdpa("fast", False, **FP32),
     "sdpa_fp32_fwd_tf32x3": lambda: _sdpa("fast", False, **FP32),

@@ -26,6 +26,14 @@ at the same final max, are added at the end. A row with no valid slot yet keeps 
 shifts by 0 (``exp2(-inf - 0) = 0``, never inf - inf). An odd last block is paired with an
 all-invalid one.
 
+The schedule keeps the tensor cores fed across pairs (FlashMLA's sparse prefill kernel does
+the same): consumer 0 issues the next pair's scores right behind its last P.V of a pair (the
+latent half they start on was refilled once its own P.V freed it), so they run while the
+other half and the rope part still land; consumer 1 hands its P over while its own P.V runs
+and waits for both P.Vs only at the end of the pair. The slot indices that mask the scores
+are loaded before the scores are issued. Buffer indices go through an opaque zero so that
+the wgmma descriptors are not hoisted out of the loop into registers (``_opaque_zero``).
+
 Gluon does not run under Triton's CPU interpreter: CI checks the Triton forward; this one is
 checked on the GPU by ``tests/fast/test_fast_dsa_gluon.py``.
 """
