@@ -133,7 +133,7 @@ task_dsa() {
             > "$d/dsa_tune.log" 2>&1
         note "benchmarks.dsa_tune $TUNE: exit $?"; sed -n '/^doc_16384 (T/,$p' "$d/dsa_tune.log" | cut -c1-150
     fi
-    timeout "${DSA_S:-200}" "$PY" -m benchmarks.dsa --quick --budget-s "${DSA_BUDGET:-170}" \
+    timeout "${DSA_S:-360}" "$PY" -m benchmarks.dsa --quick --budget-s "${DSA_BUDGET:-170}" \
         --skip hole_sweep,backward_memory,torch_gather_baseline --out "$d/dsa.json" > "$d/dsa.log" 2>&1
     note "benchmarks.dsa --quick: exit $?"; tail -45 "$d/dsa.log"
     timeout 150 "$PY" -m benchmarks.dsa_gluon --out "$d/dsa_gluon.json" > "$d/dsa_gluon.log" 2>&1
