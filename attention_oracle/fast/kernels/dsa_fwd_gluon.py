@@ -160,8 +160,8 @@ if GLUON_AVAILABLE:
         """0, which the compiler cannot see through. Buffer indices offset by it make the wgmma
         descriptors of the shared-memory operands loop-variant: computed where they are used
         (uniform-register adds) instead of some seventy 64-bit descriptors hoisted out of the
-        consumer loop, which a worker partition's 224 registers cannot hold beside the
-        accumulator (ptxas spilled 292 bytes of them, reloaded before every wgmma)."""
+        consumer loop, which a worker partition's registers cannot hold beside the accumulator
+        (ptxas spilled 292 bytes of them at 224 registers, reloaded before every wgmma)."""
         return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [i], dtype=gl.int32,
                                          is_pure=False, pack=1)
 
@@ -209,6 +209,19 @@ if GLUON_AVAILABLE:
         return gl.where(valid[None, :], s * c, float("-inf"))
 
     @gluon.jit
+    def _block_scores(q_smem, qr_smem, kl_ring, kr_ring, full, buf, phase, ME: gl.constexpr,
+                      zero, idx_ptr, idx_off, stride_ik, n_slots, S, c, block,
+                      s_layout: gl.constexpr, HAS_ROPE: gl.constexpr):
+        """Consumer ME's masked base-2 scores of slot block `block` in buffer `buf`, waited
+        for (the pieces above in order, nothing else on the tensor cores in between)."""
+        idx = _slot_indices(idx_ptr, idx_off, stride_ik, n_slots, block, kl_ring.shape[1])
+        s = _scores_first(q_smem, kl_ring, full, buf, phase, ME, zero, s_layout)
+        s = _scores_rest(s, q_smem, qr_smem, kl_ring, kr_ring.index(buf), full, buf, phase, ME,
+                         zero, HAS_ROPE)
+        s = warpgroup_mma_wait(0, deps=(s, ))
+        return _masked(s, idx, n_slots, S, c, block, s_layout)
+
+    @gluon.jit
     def _signal(bar):
         """Every warp of this partition is past what came before; thread 0 arrives."""
         gl.thread_barrier()
@@ -247,12 +260,8 @@ if GLUON_AVAILABLE:
         mbarrier.wait(q_bar.index(0), 0)
         if ME == 0:  # consumer 0 computes a pair's scores at the end of the pair before
             z0 = _opaque_zero(n_pairs)
-            idx = _slot_indices(idx_ptr, idx_off, stride_ik, n_slots, 0, BLOCK)
-            s = _scores_first(q_smem, kl_ring, full, z0, 0, 0, z0, s_layout)
-            s = _scores_rest(s, q_smem, qr_smem, kl_ring, kr_ring.index(z0), full, z0, 0, 0,
-                             z0, HAS_ROPE)
-            s = warpgroup_mma_wait(0, deps=(s, ))
-            s = _masked(s, idx, n_slots, S, c, 0, s_layout)
+            s = _block_scores(q_smem, qr_smem, kl_ring, kr_ring, full, z0, 0, 0, z0, idx_ptr,
+                              idx_off, stride_ik, n_slots, S, c, 0, s_layout, HAS_ROPE)
         else:
             s = gl.zeros([64, BLOCK], gl.float32, layout=s_layout)
         for i in range(n_pairs):
@@ -262,12 +271,9 @@ if GLUON_AVAILABLE:
             own = 2 * st + ME
             other = 2 * st + OTHER
             if ME == 1:
-                idx = _slot_indices(idx_ptr, idx_off, stride_ik, n_slots, 2 * i + 1, BLOCK)
-                s = _scores_first(q_smem, kl_ring, full, own, phase, ME, zero, s_layout)
-                s = _scores_rest(s, q_smem, qr_smem, kl_ring, kr_ring.index(own), full, own,
-                                 phase, ME, zero, HAS_ROPE)
-                s = warpgroup_mma_wait(0, deps=(s, ))
-                s = _masked(s, idx, n_slots, S, c, 2 * i + 1, s_layout)
+                s = _block_scores(q_smem, qr_smem, kl_ring, kr_ring, full, own, phase, ME, zero,
+                                  idx_ptr, idx_off, stride_ik, n_slots, S, c, 2 * i + 1,
+                                  s_layout, HAS_ROPE)
             _signal(free.index(2 * own + 1))  # own part 1: the scores are done with it
             if ME == 1:  # the pair's max so far is consumer 0's
                 mbarrier.wait(sync.index(0), i & 1)
