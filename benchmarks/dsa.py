@@ -53,6 +53,9 @@ SCALE = 1.0 / math.sqrt(DQK)
 DEVICE = "cuda"  # a CPU dry run of the logic may set "cpu"
 PACKED_GLM_A = ([0, 1777, 3532, 5655, 7765, 9888, 11998, 14121, 16231],
                 [0, 1777, 58619, 60742, 128665, 130788, 198711, 200834, 268757])
+# the named problems' (cu_q, cu_k): one causal document each, and packed_glm_a
+GEOMETRY = {"doc_4096": ([0, 4096], [0, 4096]), "doc_16384": ([0, 16384], [0, 16384]),
+            "packed_glm_a": PACKED_GLM_A}
 
 
 # ----------------------------------------------------------------------------- timing
@@ -122,6 +125,11 @@ def make_problem(name, cu_q, cu_k, gen, causal=True, local=None):
                 q_rope=qbuf[:, :, 3 * DR:4 * DR], kv_latent=kvbuf[:, :DL], k_rope=kvbuf[:, DL:DQK],
                 dout=dout, cu_q=cu_q_t, cu_k=cu_k_t, local=local, rows=rows, lengths=lengths,
                 valid=int(lengths.sum()))
+
+
+def named_problem(name, gen):
+    """:func:`make_problem` of one of the named geometries (``GEOMETRY``)."""
+    return make_problem(name, *GEOMETRY[name], gen)
 
 
 def leaves(p):
@@ -649,7 +657,7 @@ def fp32_section(p4096, gen, reps, budget_s=3.0, modes=FP32_SECTION_MODES):
                        for m, c in pairs.items()}
     del p
     torch.cuda.empty_cache()
-    p = fp32_problem(make_problem("doc_16384", [0, 16384], [0, 16384], gen))
+    p = fp32_problem(named_problem("doc_16384", gen))
     res["doc_16384"] = {m: measure_fp32(p, c["forward"], c["backward"], reps, budget_s, mode=m)
                         for m, c in pairs.items()}
     return res
@@ -777,7 +785,7 @@ def main():
         save(section, run)
 
     save("host_overhead", lambda: host_overhead(gen))
-    problems = {"doc_4096": make_problem("doc_4096", [0, 4096], [0, 4096], gen)}
+    problems = {"doc_4096": named_problem("doc_4096", gen)}
     if args.sweep:
         table, best = sweep_configs(problems["doc_4096"], reps)
         save("config_sweep", table)
@@ -789,11 +797,11 @@ def main():
     tiny = make_problem("doc_256", [0, 256], [0, 256], gen)
     save_entry("pdl", "doc_256", lambda: pdl_compare(tiny, reps))
     if not only or only & {"fast", "index_prep"}:  # problems only these sections use
-        problems["doc_16384"] = make_problem("doc_16384", [0, 16384], [0, 16384], gen)
+        problems["doc_16384"] = named_problem("doc_16384", gen)
         save_entry("fast", "doc_16384", lambda: measure_fast(problems["doc_16384"], reps))
         save_entry("index_prep", "doc_16384", lambda: index_prep(problems["doc_16384"], reps))
         del problems["doc_16384"]
-        problems["packed_glm_a"] = make_problem("packed_glm_a", *PACKED_GLM_A, gen)
+        problems["packed_glm_a"] = named_problem("packed_glm_a", gen)
         save_entry("fast", "packed_glm_a", lambda: measure_fast(problems["packed_glm_a"], reps))
         del problems["packed_glm_a"]
     torch.cuda.empty_cache()

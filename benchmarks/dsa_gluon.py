@@ -21,19 +21,15 @@ from attention_oracle.fast.kernels import dsa_fwd_gluon
 
 from .dsa import (
     FWD_FLOP,
-    PACKED_GLM_A,
     SCALE,
     fast_forward,
     float64_reference,
     leaves,
-    make_problem,
+    named_problem,
     rel_error,
     tflops,
 )
 from .timing import queued_ms, synced_ms
-
-PROBLEMS = {"doc_4096": ([0, 4096], [0, 4096]), "doc_16384": ([0, 16384], [0, 16384]),
-            "packed_glm_a": PACKED_GLM_A}
 
 
 def measure(p, reps):
@@ -83,7 +79,7 @@ def main():
     results = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                    triton=__import__("triton").__version__)
     for name in filter(None, args.problems.split(",")):
-        p = make_problem(name, *PROBLEMS[name], gen)
+        p = named_problem(name, gen)
         results[name] = measure(p, args.reps)
         del p
         torch.cuda.empty_cache()

@@ -85,13 +85,9 @@ BF16_EPS = 2.0 ** -8
 
 
 def problem(name, gen):
-    if name == "doc_16384":
-        return B.make_problem(name, [0, 16384], [0, 16384], gen)
-    if name == "packed_glm_a":
-        return B.make_problem(name, *B.PACKED_GLM_A, gen)
-    if name == "doc_4096":
-        return B.make_problem(name, [0, 4096], [0, 4096], gen)
-    raise SystemExit(f"unknown problem {name}")
+    if name not in B.GEOMETRY:
+        raise SystemExit(f"unknown problem {name}")
+    return B.named_problem(name, gen)
 
 
 def inputs(p, t0=0, t1=None):

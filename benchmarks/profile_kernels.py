@@ -70,8 +70,7 @@ def _dsa(backward, forward_backend=None, problem="doc_16384"):
     if forward_backend is not None:
         fast_dsa.set_forward_backend(forward_backend)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    geometry = {"doc_16384": ([0, 16384], [0, 16384]), "packed_glm_a": bench.PACKED_GLM_A}
-    p = bench.make_problem(problem, *geometry[problem], gen)
+    p = bench.named_problem(problem, gen)
     xs = bench.leaves(p)
     if not backward:
         def run():

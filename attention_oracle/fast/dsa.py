@@ -71,7 +71,7 @@ def set_forward_backend(backend):
     Hopper warp-specialised kernel of :mod:`fast.kernels.dsa_fwd_gluon` wherever it applies:
     sm_90, fp16/bf16, H a multiple of 64, a 512-wide latent and a 64-wide rope part or none,
     unit channel strides and other strides multiples of 16 elements, 16-byte aligned data;
-    other calls keep the Triton kernel; H200: 1.21-1.29x the Triton forward on the
+    other calls keep the Triton kernel; H200: 1.35-1.49x the Triton forward on the
     production problems, docs/PERFORMANCE.md "DSA, bf16"; a forward tile put first by
     ``set_configs`` keeps the Triton kernel, so tile sweeps time what they name). Default:
     $ATTENTION_ORACLE_FAST_DSA_FWD or "gluon". Returns the previous backend."""
