@@ -1,6 +1,7 @@
 """The Gluon warp-specialised DSA forward against the Triton one, in the same run.
 
     python -m benchmarks.dsa_gluon [--problems doc_16384,packed_glm_a] [--out out/dsa_gluon.json]
+        [--kernel-file NAME=PATH ...] [--rounds N]
 
 Geometry and layouts of ``benchmarks.dsa`` (H 64, 512 + 64 / 512, top-k 2048, bf16, trainer
 layouts, compacted causal rows). Per problem: the forward (no grad) of the Triton backend and
@@ -9,8 +10,15 @@ pairs in flight), timed queued (do_bench) and synced (events and a sync per call
 over valid slots, each Gluon config's ratio to Triton under both methods; and every run's
 outputs against float64 on the first 64 tokens (relative Frobenius error of out; lse max abs
 error) so a fast wrong kernel cannot pass unnoticed.
+
+``--kernel-file NAME=PATH`` times another version of the Gluon kernel module in the same run
+(for example ``git show REV:attention_oracle/fast/kernels/dsa_fwd_gluon.py > old.py``; same
+kernel signature), on the default tile, through the same entry point; ``--rounds`` repeats
+every run that many times, interleaved, so that drift shows as spread rather than as a
+difference between versions.
 """
 import argparse
+import importlib.util
 import json
 import os
 
@@ -32,17 +40,32 @@ from .dsa import (
 from .timing import queued_ms, synced_ms
 
 
-def measure(p, reps):
+def load_kernel(name, path):
+    """The launcher of the Gluon kernel module at `path`, imported inside fast.kernels (its
+    relative imports resolve there) under a name of its own."""
+    spec = importlib.util.spec_from_file_location(
+        f"attention_oracle.fast.kernels._dsa_fwd_gluon_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._LAUNCH
+
+
+def measure(p, reps, variants=()):
+    """One row: Triton, the Gluon kernel under each tile config, and each of `variants`
+    ((name, launcher) pairs) on the default tile."""
     xs = [x.detach() for x in leaves(p)]
     gold_out, gold_lse, _ = float64_reference(p, 0, 64)
     row = dict(T=p["T"], S=p["S"], valid_slots=p["valid"])
     flop = FWD_FLOP * p["valid"]
-    runs = [("triton", "triton", None)] + [
-        (f"gluon_{b}x{st}", "gluon", (b, st)) for b, st in dsa_fwd_gluon.CONFIGS]
-    default_config = dsa_fwd_gluon.CONFIG
-    for name, backend, config in runs:
+    default_config, own_launch = dsa_fwd_gluon.CONFIG, dsa_fwd_gluon._LAUNCH
+    tile = "{}x{}".format(*default_config)
+    runs = [("triton", "triton", None, own_launch)] + [
+        (f"gluon_{b}x{st}", "gluon", (b, st), own_launch) for b, st in dsa_fwd_gluon.CONFIGS] + [
+        (f"{v}_{tile}", "gluon", default_config, launch) for v, launch in variants]
+    for name, backend, config, launch in runs:
         fdsa.set_forward_backend(backend)
         dsa_fwd_gluon.CONFIG = config or default_config
+        dsa_fwd_gluon._LAUNCH = launch
         with torch.no_grad():
             out, lse = fdsa.dsa_sparse_attention(*xs, p["rows"], topk_length=p["lengths"],
                                                  softmax_scale=SCALE, return_lse=True)
@@ -62,7 +85,7 @@ def measure(p, reps):
                 row[name][f"over_triton_{method}"] = (row["triton"][f"{method}_ms"]
                                                       / row[name][f"{method}_ms"])
     fdsa.set_forward_backend("gluon")
-    dsa_fwd_gluon.CONFIG = default_config
+    dsa_fwd_gluon.CONFIG, dsa_fwd_gluon._LAUNCH = default_config, own_launch
     return row
 
 
@@ -71,28 +94,35 @@ def main():
     ap.add_argument("--problems", default="doc_16384,packed_glm_a")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default="out/dsa_gluon.json")
+    ap.add_argument("--kernel-file", action="append", default=[], metavar="NAME=PATH",
+                    help="also time the Gluon kernel module at PATH, named NAME")
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.dsa_gluon needs a CUDA device")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    variants = [(v, load_kernel(v, path))
+                for v, path in (spec.split("=", 1) for spec in args.kernel_file)]
     gen = torch.Generator(device="cuda").manual_seed(0)
     results = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                    triton=__import__("triton").__version__)
     for name in filter(None, args.problems.split(",")):
         p = named_problem(name, gen)
-        results[name] = measure(p, args.reps)
+        for rnd in range(args.rounds):
+            key = name if rnd == 0 else f"{name}_round{rnd}"
+            results[key] = measure(p, args.reps, variants)
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1)
+            for run, r in results[key].items():
+                if not isinstance(r, dict):
+                    continue
+                ratio = (f"; / triton {r['over_triton_queued']:.2f} "
+                         f"({r['over_triton_synced']:.2f})" if "over_triton_queued" in r else "")
+                print(f"{key} {run}: TFLOP/s queued (synced) {r['queued_tflops']:.1f} "
+                      f"({r['synced_tflops']:.1f}){ratio}; out rel err {r['out_rel_err']:.2e}, "
+                      f"lse err {r['lse_max_err']:.2e}", flush=True)
         del p
         torch.cuda.empty_cache()
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
-        for run, r in results[name].items():
-            if not isinstance(r, dict):
-                continue
-            ratio = (f"; / triton {r['over_triton_queued']:.2f} ({r['over_triton_synced']:.2f})"
-                     if "over_triton_queued" in r else "")
-            print(f"{name} {run}: TFLOP/s queued (synced) {r['queued_tflops']:.1f} "
-                  f"({r['synced_tflops']:.1f}){ratio}; out rel err {r['out_rel_err']:.2e}, "
-                  f"lse err {r['lse_max_err']:.2e}", flush=True)
 
 
 if __name__ == "__main__":
