@@ -1,7 +1,7 @@
-"""The Gluon warp-specialised DSA forward against the Triton one, in the same run.
+"""The Gluon warp-specialised DSA kernels against the Triton ones, in the same run.
 
     python -m benchmarks.dsa_gluon [--problems doc_16384,packed_glm_a] [--out out/dsa_gluon.json]
-        [--kernel-file NAME=PATH ...] [--rounds N]
+        [--kernel-file NAME=PATH ...] [--rounds N] [--backward]
 
 Geometry and layouts of ``benchmarks.dsa`` (H 64, 512 + 64 / 512, top-k 2048, bf16, trainer
 layouts, compacted causal rows). Per problem: the forward (no grad) of the Triton backend and
@@ -16,6 +16,11 @@ error) so a fast wrong kernel cannot pass unnoticed.
 kernel signature), on the default tile, through the same entry point; ``--rounds`` repeats
 every run that many times, interleaved, so that drift shows as spread rather than as a
 difference between versions.
+
+``--backward`` times the backward instead (autograd.grad of the Gluon forward's output, the
+graph kept): the Triton backend and the Gluon one, queued and synced, TFLOP/s over valid slots,
+the Gluon / Triton ratio under both methods, dq of the first 64 tokens against float64 and
+the key gradients' relative difference between the two backends.
 """
 import argparse
 import importlib.util
@@ -28,6 +33,7 @@ import attention_oracle.fast.dsa as fdsa
 from attention_oracle.fast.kernels import dsa_fwd_gluon
 
 from .dsa import (
+    BWD_FLOP,
     FWD_FLOP,
     SCALE,
     fast_forward,
@@ -89,6 +95,35 @@ def measure(p, reps, variants=()):
     return row
 
 
+def measure_backward(p, reps):
+    """One row: the Triton backward and the Gluon one on the same forward graph."""
+    xs = leaves(p)
+    _, _, gold_dq = float64_reference(p, 0, 64)
+    row = dict(T=p["T"], S=p["S"], valid_slots=p["valid"])
+    flop = BWD_FLOP * p["valid"]
+    out = fast_forward(p, xs)
+    grads = {}
+    for backend in fdsa.BWD_BACKENDS:
+        fdsa.set_backward_backend(backend)
+        grads[backend] = torch.autograd.grad(out, xs, p["dout"], retain_graph=True)
+
+        def fn():
+            return torch.autograd.grad(out, xs, p["dout"], retain_graph=True)
+
+        queued, synced = queued_ms(fn, rep_ms=max(40, 10 * reps)), synced_ms(fn, reps)
+        row[backend] = dict(queued_ms=queued, synced_ms=synced,
+                            queued_tflops=tflops(flop, queued), synced_tflops=tflops(flop, synced),
+                            dq_rel_err=rel_error(grads[backend][0][:64], gold_dq))
+    for method in ("queued", "synced"):
+        row["gluon"][f"over_triton_{method}"] = (row["triton"][f"{method}_ms"]
+                                                 / row["gluon"][f"{method}_ms"])
+    for i, name in enumerate(("dq_rope", "dkv_latent", "dk_rope")):
+        ref = grads["triton"][i + 1].double()
+        row["gluon"][f"{name}_vs_triton"] = rel_error(grads["gluon"][i + 1], ref)
+    fdsa.set_backward_backend("triton")
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--problems", default="doc_16384,packed_glm_a")
@@ -97,6 +132,7 @@ def main():
     ap.add_argument("--kernel-file", action="append", default=[], metavar="NAME=PATH",
                     help="also time the Gluon kernel module at PATH, named NAME")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--backward", action="store_true", help="time the backward kernels")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.dsa_gluon needs a CUDA device")
@@ -110,7 +146,8 @@ def main():
         p = named_problem(name, gen)
         for rnd in range(args.rounds):
             key = name if rnd == 0 else f"{name}_round{rnd}"
-            results[key] = measure(p, args.reps, variants)
+            results[key] = (measure_backward(p, args.reps) if args.backward
+                            else measure(p, args.reps, variants))
             with open(args.out, "w") as f:
                 json.dump(results, f, indent=1)
             for run, r in results[key].items():
@@ -118,9 +155,9 @@ def main():
                     continue
                 ratio = (f"; / triton {r['over_triton_queued']:.2f} "
                          f"({r['over_triton_synced']:.2f})" if "over_triton_queued" in r else "")
+                errs = ", ".join(f"{k} {v:.2e}" for k, v in r.items() if "err" in k or "_vs_" in k)
                 print(f"{key} {run}: TFLOP/s queued (synced) {r['queued_tflops']:.1f} "
-                      f"({r['synced_tflops']:.1f}){ratio}; out rel err {r['out_rel_err']:.2e}, "
-                      f"lse err {r['lse_max_err']:.2e}", flush=True)
+                      f"({r['synced_tflops']:.1f}){ratio}; {errs}", flush=True)
         del p
         torch.cuda.empty_cache()
 

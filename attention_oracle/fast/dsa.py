@@ -50,7 +50,7 @@ from triton.runtime.errors import OutOfResources
 from ..validation import FLOAT_DTYPES, check_dsa_inputs, key_rows
 from .host import Choice, cdiv, check_device, next_pow2
 from .index import offset_rows, pdl_on
-from .kernels import dsa_fwd_gluon
+from .kernels import dsa_bwd_gluon, dsa_fwd_gluon
 from .kernels.dsa_bwd import (
     dsa_bwd_kernel,
     dsa_fp32_bwd_dq_kernel,
@@ -64,6 +64,8 @@ FP32_MODES = ("acc64", "tf32x3", "tf32x3_exp2", "bf16x6")
 _FP32 = Choice("ATTENTION_ORACLE_FAST_DSA_FP32", FP32_MODES, "bf16x6")
 FWD_BACKENDS = ("triton", "gluon")
 _FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_FWD", FWD_BACKENDS, "gluon")
+BWD_BACKENDS = ("triton", "gluon")
+_BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_BWD", BWD_BACKENDS, "triton")
 
 
 def set_forward_backend(backend):
@@ -76,6 +78,15 @@ def set_forward_backend(backend):
     ``set_configs`` keeps the Triton kernel, so tile sweeps time what they name). Default:
     $ATTENTION_ORACLE_FAST_DSA_FWD or "gluon". Returns the previous backend."""
     return _FWD_BACKEND.set(backend)
+
+
+def set_backward_backend(backend):
+    """The 16-bit backward kernel of later calls: "triton" (every input) or "gluon" (the
+    Hopper warp-specialised kernel of :mod:`fast.kernels.dsa_bwd_gluon` wherever it applies:
+    the forward's conditions, with out and dout as q); a backward tile put first by
+    ``set_configs`` keeps the Triton kernel. Default: $ATTENTION_ORACLE_FAST_DSA_BWD or
+    "triton". Returns the previous backend."""
+    return _BWD_BACKEND.set(backend)
 
 
 def set_fp32_mode(mode):
@@ -408,6 +419,11 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
     if nonempty and _bf16x6(q.dtype):
         _launch_bwd_bf16x6(q, q_rope, qr, sqr, DR, kv, k_rope, indices, topk_length, out, lse,
                            dout, scale, config, dq, dqr, dkv_acc, dkr_acc)
+    elif (nonempty and _BWD_BACKEND.value == "gluon" and config is None
+          and _OVERRIDES["backward"] is None
+          and dsa_bwd_gluon.applies(q, q_rope, kv, k_rope, indices, out, dout)):
+        dsa_bwd_gluon.launch(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale,
+                             dq, dqr, dkv_acc, dkr_acc)
     elif nonempty:
 
         def launch(cfg):

@@ -1,11 +1,12 @@
-"""The Gluon (Hopper) DSA forward (fast/kernels/dsa_fwd_gluon.py) against the float64 oracle.
+"""The Gluon (Hopper) DSA forward and backward (fast/kernels/dsa_fwd_gluon.py,
+dsa_bwd_gluon.py) against the float64 oracle.
 
 GPU-only: Gluon does not run under Triton's CPU interpreter, so CI skips the kernel cases
 (the launch rule, :func:`dsa_fwd_gluon.applies`, is checked everywhere). Every case goes
 through the DSA smoke tests' ``check_case``: the suite's agreement rule on out, lse and
-(through the Triton backward, which reads the Gluon forward's out and lse) every gradient.
-Each case asserts the Gluon kernel really ran; ``test_planted_wrong_scale_is_caught`` is the
-negative control.
+every gradient (through the Triton backward, or the Gluon one where a case names it). Each case
+asserts the Gluon kernel really ran; the ``test_planted_wrong_scale_*`` tests are the negative
+controls.
 """
 import contextlib
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 import attention_oracle.fast.dsa as fdsa
-from attention_oracle.fast.kernels import dsa_fwd_gluon
+from attention_oracle.fast.kernels import dsa_bwd_gluon, dsa_fwd_gluon
 from tests.fast.test_fast_dsa_smoke import assert_empty_rows_exact, check_case, make_case
 
 ON_SM90 = (torch.cuda.is_available() and dsa_fwd_gluon.GLUON_AVAILABLE
@@ -40,6 +41,26 @@ def gluon_forward(monkeypatch, scale_error=1.0, config=dsa_fwd_gluon.CONFIG):
         yield calls
     finally:
         fdsa.set_forward_backend(previous)
+
+
+@contextlib.contextmanager
+def gluon_backward(monkeypatch, scale_error=1.0):
+    """The "gluon" backward backend for the block, counting its launches; ``scale_error``
+    plants a wrong softmax scale in them (the negative control)."""
+    calls = []
+    launch = dsa_bwd_gluon.launch
+
+    def counted(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale, *grads):
+        calls.append(q.shape)
+        launch(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale * scale_error,
+               *grads)
+
+    monkeypatch.setattr(dsa_bwd_gluon, "launch", counted)
+    previous = fdsa.set_backward_backend("gluon")
+    try:
+        yield calls
+    finally:
+        fdsa.set_backward_backend(previous)
 
 
 CASES = {
@@ -133,6 +154,48 @@ def test_planted_wrong_scale_is_caught(config, monkeypatch):
     assert calls, "the Gluon forward did not run"
 
 
+@gpu
+@pytest.mark.parametrize("dout_layout", [None, "head_major"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_gluon_backward_agrees(name, dtype, dout_layout, monkeypatch):
+    """Both Gluon kernels, as production runs them: every gradient under the rule."""
+    T, H, DR, S, K, holes, with_len = CASES[name]
+    c = make_case(T=T, H=H, DL=512, DR=DR, S=S, K=K, dtype=dtype, seed=list(CASES).index(name),
+                  hole_rate=holes, with_len=with_len)
+    if DR:
+        c = trainer_layout(c, dtype)
+    with gluon_forward(monkeypatch), gluon_backward(monkeypatch) as calls:
+        out, lse, grads = check_case(c, dout_layout=dout_layout)
+    assert calls, "the Gluon backward did not run"
+    assert_empty_rows_exact(c, out, lse, grads)
+
+
+@gpu
+def test_gluon_backward_duplicates_int64_indices_and_broadcast_dout(monkeypatch):
+    """Every slot of a row naming one key (its gradient the sum of all of them), int64
+    indices and lengths past int32, a stride-0 dout."""
+    from attention_oracle.checks.dsa.edges import wide_lengths
+    c = make_case(T=6, H=64, DL=512, DR=64, S=300, K=200, dtype=torch.bfloat16, seed=5,
+                  with_len=True)
+    c = trainer_layout(c, torch.bfloat16)
+    c["idx"][2] = 17
+    c["topk_length"] = wide_lengths(c["topk_length"], 6, 200)
+    with gluon_backward(monkeypatch) as calls:
+        check_case(c, idx=c["idx"].long(), dout_layout="stride0")
+    assert calls, "the Gluon backward did not run"
+
+
+@gpu
+def test_planted_wrong_scale_in_the_backward_is_caught(monkeypatch):
+    """A backward that forgets log2(e) in its score scale."""
+    c = make_case(T=8, H=64, DL=512, DR=64, S=500, K=256, dtype=torch.bfloat16, seed=3)
+    with gluon_backward(monkeypatch, scale_error=1 / dsa_bwd_gluon.LOG2E) as calls:
+        with pytest.raises(AssertionError):
+            check_case(c)
+    assert calls, "the Gluon backward did not run"
+
+
 def _tensors(T=3, H=64, DL=512, DR=64, S=10, K=8, dtype=torch.bfloat16, device="cpu"):
     q = torch.zeros(T, H, DL, dtype=dtype, device=device)
     qr = torch.zeros(T, H, DR, dtype=dtype, device=device) if DR else None
@@ -187,3 +250,40 @@ def test_dispatch_keeps_triton_for_an_asked_tile(monkeypatch):
     finally:
         fdsa.set_configs()
         fdsa.set_forward_backend(previous)
+
+
+def test_backward_dispatch(monkeypatch):
+    """On every machine (the kernel stubbed): the "gluon" backward backend takes a call where
+    the kernel applies, "triton" never, and a Triton tile put first by ``set_configs`` keeps
+    the Triton backward."""
+    calls = []
+    monkeypatch.setattr(dsa_bwd_gluon, "applies", lambda *args: True)
+    monkeypatch.setattr(dsa_bwd_gluon, "launch", lambda *args: calls.append(args[0].shape))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, qr, kv, kr, idx = _tensors(T=2, H=2, DL=16, DR=8, S=5, K=4, dtype=torch.float16,
+                                  device=device)
+    leaves = [x.requires_grad_(True) for x in (q, qr, kv, kr)]
+
+    def step():
+        out = fdsa.dsa_sparse_attention(*leaves, idx)
+        torch.autograd.grad(out.float().sum(), leaves)
+
+    previous = fdsa.set_backward_backend("gluon")
+    try:
+        step()
+        assert len(calls) == 1
+        fdsa.set_configs(backward=fdsa.candidate_configs(2, 16, backward=True,
+                                                         device_type=device)[0])
+        step()
+        fdsa.set_configs()
+        fdsa.set_backward_backend("triton")
+        step()
+        assert len(calls) == 1
+    finally:
+        fdsa.set_configs()
+        fdsa.set_backward_backend(previous)
+
+
+def test_backward_applies_off_sm90_never():
+    q, qr, kv, kr, idx = _tensors()
+    assert not dsa_bwd_gluon.applies(q, qr, kv, kr, idx, q, q)
