@@ -18,6 +18,9 @@
 #                preparation, PDL), then benchmarks.dsa_gluon (the forward's Triton and Gluon
 #                backends side by side); FP32=1 adds the fp32 section, TUNE=a,b,... runs
 #                benchmarks.dsa_tune on those candidates first
+#   dsabwd       the opt-in Gluon DSA backward: its GPU tests (tests/fast/test_fast_dsa_gluon.py
+#                -k backward), then benchmarks.dsa_gluon --backward (Triton and Gluon backwards
+#                side by side, with their gradient errors), then the conformance DSA checks under it
 #   overhead     host time per call: fast and torch timed in turn (--pairs), direct vs Triton
 #                launches, and where a Python backward's time goes (benchmarks.host_threads)
 #   calibration  the calibration report on CUDA: negative controls, correct built-ins, the rule
@@ -251,8 +254,21 @@ task_profile() {
         "$d/ncu.txt" | cut -c1-160 | head -150
 }
 
+task_dsabwd() {
+    local d=$1
+    timeout 240 "$PY" -m pytest -q -p no:cacheprovider "$TESTS/test_fast_dsa_gluon.py" -k backward \
+        > "$d/tests.log" 2>&1
+    note "Gluon backward tests: exit $?"; tail -15 "$d/tests.log" | cut -c1-300
+    timeout 150 "$PY" -m benchmarks.dsa_gluon --backward --out "$d/dsa_gluon_bwd.json" \
+        > "$d/bench.log" 2>&1
+    note "benchmarks.dsa_gluon --backward: exit $?"; cut -c1-300 "$d/bench.log"
+    ATTENTION_ORACLE_FAST_DSA_BWD=gluon OUT=$d BUDGET=${BUDGET:-170} WORKERS=${WORKERS:-12} \
+        bash .ci/gpu conformance-dsa --impl fast -k dsa
+    note "conformance -k dsa under the Gluon backward; report $d/conformance-dsa.json"
+}
+
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,dsa,overhead,calibration,check,conformance,profile,optin,all} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,dsa,dsabwd,overhead,calibration,check,conformance,profile,optin,all} ..." >&2
     exit 2
 }
 
@@ -261,7 +277,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|dsa|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|dsa|dsabwd|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done

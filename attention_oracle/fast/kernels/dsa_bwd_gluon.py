@@ -157,7 +157,7 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _consumer(q_smem, qr_smem, do_smem, kl_buf, kr_buf, ds_t, p_t, q_bar, k_full, k_free,
-                  ds_ready, x_free, idx_ptr, idx_off, stride_ik, n_slots, n_blocks, S, c, scale,
+                  ds_ready, x_free, head_smem, idx_ptr, idx_off, stride_ik, n_slots, n_blocks, S, c, scale,
                   out_ptr, out_off, stride_oh, do_ptr, do_off, stride_doh, lse_ptr, lse_off,
                   dq_ptr, dq_off, dqr_ptr, dqr_off, dkv_ptr, dkr_ptr, ME: gl.constexpr,
                   HAS_ROPE: gl.constexpr):
@@ -180,6 +180,11 @@ if GLUON_AVAILABLE:
         lse = gl.load(lse_ptr + lse_off + h_own + gl.arange(0, 32, layout=heads_l))
         # an empty row (lse = -inf) gets P = exp2(s - inf) = 0
         lse2 = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+        # both per-head vectors wait in shared memory, read where used: held in registers
+        # across the loop they spilled
+        head_smem.index(2 * ME).store(lse2)
+        head_smem.index(2 * ME + 1).store(delta)
+        gl.thread_barrier()
         dq_lo = gl.zeros([256, 32], gl.float32, layout=s_layout)
         dq_hi = gl.zeros([256, 32], gl.float32, layout=s_layout)
         dq_r = gl.zeros([64, 32], gl.float32, layout=s_layout)
@@ -208,8 +213,8 @@ if GLUON_AVAILABLE:
             dp = warpgroup_mma(k_hi, do_hi, dp, is_async=True)
             s, dp = warpgroup_mma_wait(0, deps=(s, dp))
             s = gl.where(valid[:, None], s * c, float("-inf"))
-            p = gl.exp2(s - lse2[None, :])
-            ds = p * (dp - delta[None, :]) * scale
+            p = gl.exp2(s - head_smem.index(2 * ME + zero).load(heads_l)[None, :])
+            ds = p * (dp - head_smem.index(2 * ME + 1 + zero).load(heads_l)[None, :]) * scale
             mbarrier.wait(x_free.index(0), phase ^ 1)
             ds_t.index(ME).store(ds.to(dtype))
             p_t.index(ME).store(p.to(dtype))
@@ -255,23 +260,23 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _consumer1_rope(q_smem, qr_smem, do_smem, kl_buf, kr_buf, ds_t, p_t, q_bar, k_full,
-                        k_free, ds_ready, x_free, idx_ptr, idx_off, stride_ik, n_slots,
+                        k_free, ds_ready, x_free, head_smem, idx_ptr, idx_off, stride_ik, n_slots,
                         n_blocks, S, c, scale, out_ptr, out_off, stride_oh, do_ptr, do_off,
                         stride_doh, lse_ptr, lse_off, dq_ptr, dq_off, dqr_ptr, dqr_off, dkv_ptr,
                         dkr_ptr):
         _consumer(q_smem, qr_smem, do_smem, kl_buf, kr_buf, ds_t, p_t, q_bar, k_full, k_free,
-                  ds_ready, x_free, idx_ptr, idx_off, stride_ik, n_slots, n_blocks, S, c, scale,
+                  ds_ready, x_free, head_smem, idx_ptr, idx_off, stride_ik, n_slots, n_blocks, S, c, scale,
                   out_ptr, out_off, stride_oh, do_ptr, do_off, stride_doh, lse_ptr, lse_off,
                   dq_ptr, dq_off, dqr_ptr, dqr_off, dkv_ptr, dkr_ptr, 1, True)
 
     @gluon.jit
     def _consumer1_nope(q_smem, qr_smem, do_smem, kl_buf, kr_buf, ds_t, p_t, q_bar, k_full,
-                        k_free, ds_ready, x_free, idx_ptr, idx_off, stride_ik, n_slots,
+                        k_free, ds_ready, x_free, head_smem, idx_ptr, idx_off, stride_ik, n_slots,
                         n_blocks, S, c, scale, out_ptr, out_off, stride_oh, do_ptr, do_off,
                         stride_doh, lse_ptr, lse_off, dq_ptr, dq_off, dqr_ptr, dqr_off, dkv_ptr,
                         dkr_ptr):
         _consumer(q_smem, qr_smem, do_smem, kl_buf, kr_buf, ds_t, p_t, q_bar, k_full, k_free,
-                  ds_ready, x_free, idx_ptr, idx_off, stride_ik, n_slots, n_blocks, S, c, scale,
+                  ds_ready, x_free, head_smem, idx_ptr, idx_off, stride_ik, n_slots, n_blocks, S, c, scale,
                   out_ptr, out_off, stride_oh, do_ptr, do_off, stride_doh, lse_ptr, lse_off,
                   dq_ptr, dq_off, dqr_ptr, dqr_off, dkv_ptr, dkr_ptr, 1, False)
 
@@ -311,6 +316,9 @@ if GLUON_AVAILABLE:
         k_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         ds_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         x_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        # per consumer ME: [2 ME] its heads' lse * log2(e) (inf on an empty row), [2 ME + 1] Delta
+        head_smem = gl.allocate_shared_memory(gl.float32, [4, 32],
+                                              gl.SwizzledSharedLayout(1, 1, 1, [0]))
         mbarrier.init(q_bar.index(0), count=128)
         mbarrier.init(k_full.index(0), count=128)
         mbarrier.init(k_free.index(0), count=2)
@@ -327,7 +335,7 @@ if GLUON_AVAILABLE:
         dq_off = (t * H + h0) * 512
         dqr_off = (t * H + h0) * 64
         consumer_args = (q_smem, qr_smem, do_smem, kl_buf, kr_buf, ds_t, p_t, q_bar, k_full,
-                         k_free, ds_ready, x_free, idx_ptr, idx_off, stride_ik, n_slots,
+                         k_free, ds_ready, x_free, head_smem, idx_ptr, idx_off, stride_ik, n_slots,
                          n_blocks, S, c, scale, out_ptr, out_off, stride_oh, do_ptr, do_off,
                          stride_doh, lse_ptr, lse_off, dq_ptr, dq_off, dqr_ptr, dqr_off,
                          dkv_ptr, dkr_ptr)
