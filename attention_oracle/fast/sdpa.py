@@ -38,7 +38,7 @@ import torch
 
 from ..validation import FLOAT_DTYPES, check_sdpa_inputs
 from .host import Choice, cdiv, check_device, ensure_scratch_allocator, next_pow2
-from .kernels import sdpa_fwd_gluon
+from .kernels import sdpa_bwd_gluon, sdpa_fwd_gluon
 from .kernels.sdpa_bwd import (
     FUSE_DQ_MAX_S,
     sdpa_bwd_dkdv_kernel,
@@ -169,6 +169,8 @@ _FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_FWD", FWD_BACKENDS, "auto")
 # per backend: the Gluon forward takes a call its plan applies to ("gluon"), or where it is
 # also the faster one ("auto", sdpa_fwd_gluon.auto_takes), or never ("triton")
 _GLUON_ALWAYS, _GLUON_AUTO = frozenset(("gluon",)), frozenset(("gluon", "auto"))
+BWD_BACKENDS = ("triton", "gluon")
+_BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_BWD", BWD_BACKENDS, "triton")
 
 
 def set_forward_backend(backend):
@@ -179,6 +181,18 @@ def set_forward_backend(backend):
     faster with its host cost: head dim 128 and at least ``sdpa_fwd_gluon.AUTO_MIN_SCORES``
     scores). Default: $ATTENTION_ORACLE_FAST_SDPA_FWD or "auto". Returns the previous backend."""
     return _FWD_BACKEND.set(backend)
+
+
+def set_backward_backend(backend):
+    """The backward kernels of later calls: "triton" (every input: :func:`set_dq_mode`
+    applies) or "gluon" (the Hopper warp-specialised kernel of
+    :mod:`fast.kernels.sdpa_bwd_gluon` wherever the Gluon forward's plan applies and dout is
+    TMA-ready too: dK, dV and dQ in one launch, dQ added by fp32 atomics in an order that
+    varies between runs; other calls keep the Triton kernels). Default:
+    $ATTENTION_ORACLE_FAST_SDPA_BWD or "triton". Returns the previous backend."""
+    previous = _BWD_BACKEND.set(backend)
+    _options_key()
+    return previous
 
 
 def set_dq_mode(mode):
@@ -198,7 +212,7 @@ def set_dq_mode(mode):
 def deterministic():
     """Whether later calls give bitwise-equal outputs and gradients for equal inputs: in
     :func:`set_dq_mode`'s "kernel" mode."""
-    return _DQ_MODE.value == "kernel"
+    return _DQ_MODE.value == "kernel" and _BWD_BACKEND.value == "triton"
 
 
 def _gluon_backends(q_shape, k_shape, is_causal):
@@ -275,7 +289,8 @@ _OPTIONS_KEY = [None]
 
 
 def _options_key():
-    _OPTIONS_KEY[0] = (tuple(KERNEL_OPTIONS.values()), _FP32.value, _DQ_MODE.value)
+    _OPTIONS_KEY[0] = (tuple(KERNEL_OPTIONS.values()), _FP32.value, _DQ_MODE.value,
+                       _BWD_BACKEND.value)
 
 
 _options_key()
@@ -422,6 +437,13 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     _check_tile_offsets((("dout", dout),))
     # the forward's statistics say which path made them (the fp32 mode may have changed since)
     natural = lse_k.shape[0] == stats_rows(True)
+    if mask is None and not natural and _BWD_BACKEND.value == "gluon":
+        gluon_plan = sdpa_bwd_gluon.plan(
+            sdpa_fwd_gluon.plan((q.shape, k.shape, v.shape), (q.stride(), k.stride(), v.stride()),
+                                q.dtype, q.device, is_causal, scale), dout.stride(), q.dtype)
+        if gluon_plan is not None and dout.dtype == q.dtype and sdpa_fwd_gluon.aligned(
+                q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr()):
+            return _launch_bwd_gluon(dout, q, k, v, out, lse_k, dq, dk, dv, gluon_plan)
     prec = "ieee" if natural else _precision(q.dtype, max(E, v.shape[4]))
     fuse = _fuse_bwd(natural, prec, L, S, HQ // k.shape[2]) and out.is_contiguous()
     atomic = _atomic_dq(natural, prec, fuse, E, q.device)
@@ -450,6 +472,25 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     _DQ(key, grid_q, (q, k, v, mask_arg, dout, lse_k, delta, dq,
                       *common_strides, *dq.stride(), *scalars), sizes, meta_q)
     return dq, dk, dv
+
+
+def _launch_bwd_gluon(dout, q, k, v, out, lse_k, dq, dk, dv, gluon_plan, pre=None):
+    """The Gluon backward (:func:`set_backward_backend`): Delta by the preprocess kernel
+    (``pre``: a plan's bound launch of it, else a direct one), then dK, dV and dQ's fp32 sum
+    in one launch; dq, dk, dv contiguous as rank 5."""
+    (qs, _, vs), *_ = gluon_plan
+    Z1, Z2, HQ, L, EV = *qs[:4], vs[4]
+    delta = torch.empty((Z1 * Z2 * HQ, L), dtype=torch.float32, device=dq.device)
+    if pre is None:
+        pre_block = max(16, min(128, 8192 // _block(EV)))
+        _PRE((cdiv(L, pre_block), Z1 * Z2 * HQ),
+             (out, dout, delta, *out.stride(), *dout.stride(), Z2, HQ, L, EV),
+             {"BLOCK_M": pre_block, "BLOCK_EV": _block(EV)})
+    else:
+        pre(delta)
+    dq_sum = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
+    sdpa_bwd_gluon.launch(dout, q, k, v, lse_k, delta, dq_sum, dk, dv, gluon_plan)
+    return dq.copy_(dq_sum), dk, dv
 
 
 def _dq_sum(dq, atomic):
@@ -584,7 +625,7 @@ class _CallPlan:
     __slots__ = ("dtype", "device", "out_shape", "out5", "lse_shape", "fwd", "fwd_tail",
                  "bwd", "bwd_common", "bwd_scalars", "grad_shapes", "grad_tails", "pre_tail",
                  "rows", "gluon", "gluon_backends", "bound", "pre", "fuse", "atomic", "stacked",
-                 "lse_scratch", "bwd_rest")
+                 "lse_scratch", "bwd_rest", "gluon_bwd")
 
     def __init__(self, q5, k5, v5, out_shape, shapes, is_causal, scale):
         Z1, Z2, HQ, L, E = q5.shape
@@ -621,6 +662,7 @@ class _CallPlan:
         self.bwd_scalars = (lse_stride, *ints, scale * factor, scale, *tunes)
         # dout's strides last seen, its rank-5 strides, the dK/dV and dQ non-tensor arguments
         self.bwd_rest = (None, None, None)
+        self.gluon_bwd = (None, None)  # dout's strides last seen, the Gluon backward's plan
         self.pre_tail = (Z2, HQ, L, EV)
         self.pre = BoundLaunch(_PRE, pre_grid, {"BLOCK_M": pre_block, "BLOCK_EV": meta["BLOCK_EV"]})
         self.bound = [None, None, None]  # forward, dK/dV, dQ: BoundLaunch once tuned
@@ -663,7 +705,13 @@ class _CallPlan:
         else:
             dq, dk, dv = (torch.empty(x, dtype=self.dtype, device=self.device)
                           for _, x in self.grad_shapes)
-        if self.fuse:  # one launch: Delta and dQ inside the dK/dV kernel
+        gluon_plan = self._gluon_bwd_plan(dout, dst)
+        if gluon_plan is not None and sdpa_fwd_gluon.aligned(
+                query.data_ptr(), key.data_ptr(), value.data_ptr(), dout.data_ptr()):
+            _launch_bwd_gluon(dout, query, key, value, out, lse_k, dq, dk, dv, gluon_plan,
+                              lambda delta: self.pre((out, dout, delta, *self.out5, *dst,
+                                                      *self.pre_tail)))
+        elif self.fuse:  # one launch: Delta and dQ inside the dK/dV kernel
             self._launch(1, _DKDV, dkv_key, grid_kv, sizes, meta,
                          (query, key, value, query, dout, lse_k, query, dk, dv, out, dq), rest[0])
         else:
@@ -680,6 +728,17 @@ class _CallPlan:
                 self._launch(2, _DQ, dkey, grid_q, sizes, meta_q,
                              (query, key, value, query, dout, lse_k, delta, dq), rest[1])
         return tuple(_summed_to(g, *shapes) for g, shapes in zip((dq, dk, dv), self.grad_shapes))
+
+    def _gluon_bwd_plan(self, dout, dst):
+        """The Gluon backward's plan for a dout of rank-5 strides ``dst`` under the "gluon"
+        backward backend (None where it does not apply)."""
+        if _BWD_BACKEND.value != "gluon" or self.gluon is None or dout.dtype != self.dtype:
+            return None
+        seen, gluon_plan = self.gluon_bwd
+        if dst != seen:
+            gluon_plan = sdpa_bwd_gluon.plan(self.gluon, dst, self.dtype)
+            self.gluon_bwd = (dst, gluon_plan)
+        return gluon_plan
 
     def _launch(self, i, launcher, key, grid, sizes, meta, tensors, rest):
         """This plan's launch ``i`` through ``launcher`` (a CachedLauncher) of ``tensors`` and

@@ -1,12 +1,14 @@
-"""Which forward kernel fast SDPA's backends choose (fast/sdpa.py ``set_forward_backend``,
-fast/kernels/sdpa_fwd_gluon.py ``auto_takes``): shape logic only, so it runs on every machine;
+"""Which kernels fast SDPA's backends choose (fast/sdpa.py ``set_forward_backend``,
+``set_backward_backend``, fast/kernels/sdpa_fwd_gluon.py ``auto_takes``): shape logic and
+dispatch (the Gluon kernels stubbed), so it runs on every machine;
 the kernels themselves are checked by test_fast_sdpa_smoke.py and, on sm_90, by
 test_fast_sdpa_gluon.py (``test_auto_takes_gluon_where_faster`` there runs the same rule).
 """
 import pytest
+import torch
 
 from attention_oracle.fast import sdpa as fast_sdpa
-from attention_oracle.fast.kernels import sdpa_fwd_gluon
+from attention_oracle.fast.kernels import sdpa_bwd_gluon, sdpa_fwd_gluon
 
 MIN = sdpa_fwd_gluon.AUTO_MIN_SCORES
 
@@ -52,3 +54,40 @@ def test_default_backend_and_bad_value():
             fast_sdpa.set_forward_backend("cudnn")
     finally:
         fast_sdpa.set_forward_backend(previous)
+
+
+def test_backward_backend_dispatch(monkeypatch):
+    """Under "gluon" the backward of a call the Gluon plans take goes to the Gluon launch,
+    through the eager call plan and the general path, and the calls are no longer
+    deterministic; under "triton" it never does. The kernel is stubbed (its gradients are the
+    stub's zeros)."""
+    calls = []
+    monkeypatch.setattr(sdpa_fwd_gluon, "plan", lambda shapes, strides, dtype, device, causal,
+                        scale: (tuple(map(tuple, shapes)), tuple(map(tuple, strides)), causal,
+                                scale))
+    monkeypatch.setattr(sdpa_fwd_gluon, "aligned", lambda *ptrs: True)
+    monkeypatch.setattr(sdpa_bwd_gluon, "plan", lambda fwd, dst, dtype: fwd + (tuple(dst),))
+    monkeypatch.setattr(sdpa_bwd_gluon, "launch", lambda *args: calls.append(args[-1][0][0]))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16, device=device, requires_grad=True)
+
+    def steps():
+        for call in (fast_sdpa.scaled_dot_product_attention,
+                     fast_sdpa.scaled_dot_product_attention_with_lse):
+            out = call(q, q, q)
+            out = out[0] if isinstance(out, tuple) else out
+            torch.autograd.grad(out.float().sum(), q)
+
+    forward = fast_sdpa.set_forward_backend("triton")
+    backward = fast_sdpa.set_backward_backend("gluon")
+    try:
+        assert not fast_sdpa.deterministic()
+        steps()
+        assert calls == [(1, 1, 2, 16, 64)] * 2, calls
+        fast_sdpa.set_backward_backend("triton")
+        assert fast_sdpa.deterministic()
+        steps()
+        assert len(calls) == 2
+    finally:
+        fast_sdpa.set_forward_backend(forward)
+        fast_sdpa.set_backward_backend(backward)

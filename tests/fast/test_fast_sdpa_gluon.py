@@ -1,10 +1,12 @@
-"""The Gluon (Hopper) SDPA forward (fast/kernels/sdpa_fwd_gluon.py) against the float64 oracle.
+"""The Gluon (Hopper) SDPA forward and backward (fast/kernels/sdpa_fwd_gluon.py,
+sdpa_bwd_gluon.py) against the float64 oracle.
 
 GPU-only: Gluon does not run under Triton's CPU interpreter, so CI skips this file and checks
 the Triton forward instead. Every check goes through the smoke tests' ``check_case``: the
 suite's agreement rule on out, lse and (through the Triton backward, which reads the Gluon
-forward's saved row statistics) dq, dk, dv. Each case asserts the Gluon kernel really ran;
-``test_planted_wrong_scale_is_caught`` is the negative control.
+forward's saved row statistics, or the Gluon backward where a case names it) dq, dk, dv. Each
+case asserts the Gluon kernel really ran; the ``test_planted_wrong_scale*`` tests are the
+negative controls.
 """
 import contextlib
 import os
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 from attention_oracle.fast import sdpa as fast_sdpa
-from attention_oracle.fast.kernels import sdpa_fwd_gluon
+from attention_oracle.fast.kernels import sdpa_bwd_gluon, sdpa_fwd_gluon
 
 ON_SM90 = (torch.cuda.is_available() and sdpa_fwd_gluon.GLUON_AVAILABLE
            and torch.cuda.get_device_capability() == (9, 0))
@@ -42,6 +44,27 @@ def gluon_forward(monkeypatch, scale_error=1.0, backend="gluon"):
         yield calls
     finally:
         fast_sdpa.set_forward_backend(previous)
+
+
+@contextlib.contextmanager
+def gluon_backward(monkeypatch, scale_error=1.0):
+    """The "gluon" backward backend for the block, counting its launches; ``scale_error``
+    plants a wrong softmax scale in them (the negative control)."""
+    calls = []
+    launch = sdpa_bwd_gluon.launch
+
+    def counted(dout, query, key, value, stats, delta, dq_sum, dk, dv, plan):
+        calls.append(plan[0][0])
+        shapes, strides, causal, scale, dout_strides = plan
+        launch(dout, query, key, value, stats, delta, dq_sum, dk, dv,
+               (shapes, strides, causal, scale * scale_error, dout_strides))
+
+    monkeypatch.setattr(sdpa_bwd_gluon, "launch", counted)
+    previous = fast_sdpa.set_backward_backend("gluon")
+    try:
+        yield calls
+    finally:
+        fast_sdpa.set_backward_backend(previous)
 
 
 def randn(*shape, dtype, gen):
@@ -141,6 +164,58 @@ def test_planted_wrong_scale_is_caught(gen, monkeypatch):
     with gluon_forward(monkeypatch, scale_error=1 / sdpa_fwd_gluon.LOG2E) as calls:
         with pytest.raises(AssertionError):
             check_case(q, k, v, backward=False)
+    assert calls
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("L,S", [(128, 128), (1000, 1000), (300, 777), (777, 300), (1, 129)])
+@pytest.mark.parametrize("D", sdpa_bwd_gluon.HEAD_DIMS)
+def test_gluon_backward_agrees(dtype, is_causal, L, S, D, gen, monkeypatch):
+    """The Gluon backward on the default forward's statistics: rank 4, B 2, H 3, ragged
+    lengths (key blocks of 128, query blocks of 64), L != S both ways, a single query."""
+    q = randn(2, 3, L, D, dtype=dtype, gen=gen)
+    k = randn(2, 3, S, D, dtype=dtype, gen=gen)
+    v = randn(2, 3, S, D, dtype=dtype, gen=gen)
+    with gluon_backward(monkeypatch) as calls:
+        check_case(q, k, v, is_causal=is_causal)
+    assert calls, "the Gluon backward did not run"
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_gluon_backward_gqa_layouts_and_dout(is_causal, gen, monkeypatch):
+    """GQA (8 query heads on 2 kv heads: each program walks its group's heads), [B, L, H, D]
+    storage, an explicit scale, a head-major dout, both forwards' statistics; the general
+    path (a rank-3 call) too."""
+    q = randn(2, 700, 8, 128, dtype=torch.bfloat16, gen=gen).transpose(1, 2)
+    k = randn(2, 513, 2, 128, dtype=torch.bfloat16, gen=gen).transpose(1, 2)
+    v = randn(2, 513, 2, 128, dtype=torch.bfloat16, gen=gen).transpose(1, 2)
+    dout = randn(8, 2, 700, 128, dtype=torch.bfloat16, gen=gen).transpose(0, 1)
+    with gluon_backward(monkeypatch) as calls:
+        check_case(q, k, v, is_causal=is_causal, scale=0.05, enable_gqa=True, dout=dout)
+        with gluon_forward(monkeypatch):
+            check_case(q, k, v, is_causal=is_causal, enable_gqa=True)
+        check_case(q[0], k[0].repeat_interleave(4, 0), v[0].repeat_interleave(4, 0),
+                   is_causal=is_causal)
+    assert len(calls) == 3, calls
+
+
+def test_gluon_backward_falls_back_for_a_broadcast_dout(gen, monkeypatch):
+    """A stride-0 dout is no TMA source: the Triton backward runs, and agrees."""
+    q = randn(1, 2, 200, 64, dtype=torch.bfloat16, gen=gen)
+    dout = randn(1, 1, 1, 64, dtype=torch.bfloat16, gen=gen).expand(1, 2, 200, 64)
+    with gluon_backward(monkeypatch) as calls:
+        check_case(q, q, q, dout=dout)
+    assert not calls, calls
+
+
+def test_planted_wrong_scale_in_the_backward_is_caught(gen, monkeypatch):
+    """Negative control: the Gluon backward with the log2(e) factor of its exp2 scale left
+    out (P recomputed from natural-unit scores) fails the rule on the gradients."""
+    q = randn(2, 3, 300, 128, dtype=torch.bfloat16, gen=gen)
+    with gluon_backward(monkeypatch, scale_error=1 / sdpa_fwd_gluon.LOG2E) as calls:
+        with pytest.raises(AssertionError):
+            check_case(q, q.flip(2), q.flip(0))
     assert calls
 
 

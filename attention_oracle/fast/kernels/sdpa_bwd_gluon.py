@@ -1,0 +1,352 @@
+"""Hopper (sm_90) warp-specialised SDPA backward in Gluon for head dims 64 and 128, 16-bit
+inputs, no mask: dK and dV of a key block, with dQ added to an fp32 buffer by atomics (the
+order of the additions varies between runs, as in ``fast.sdpa``'s "atomic" dQ mode).
+
+The same function as the Triton backward's 16-bit path (:mod:`fast.kernels.sdpa_bwd`): with
+the forward's row statistics m (log2 units) and log2 l, and Delta = rowsum(dO * O) from the
+preprocess kernel, P = exp2((q.k * c - m) - log2 l) (c = scale * log2(e); m and log l apart,
+docs/FINDINGS.md F11), dP = dO V^T, dS = P (dP - Delta); dV = P^T dO, dK = scale dS^T Q and
+dQ = scale dS K. P and dS enter the products rounded to the input dtype.
+
+Program (key block of BLOCK_N = 128 rows, one kv head of one batch element): it walks every
+query head of the GQA group and every query block of 64 rows that can see the key block
+(under causal masking, top-left: from the block holding the key block's first row), FA3's
+roles:
+
+* a producer warp loads K and V once and each step's Q and dO tiles into a ring of STAGES by
+  TMA (5-d descriptors, zero-filled past L and S);
+* two consumer warpgroups own key rows [64 w, 64 w + 64) of the block (w = 0: the default
+  partition, 1: a worker): S^T = K_w Q^T and dP^T = V_w dO^T ([64 keys, 64 queries]), P^T and
+  dS^T in registers, dV_w += P^T dO and dK_w += dS^T Q with P^T and dS^T as register operands
+  (dK_w and dV_w [64, D] fp32 accumulate over the whole walk); each stores its dS^T (bf16)
+  into one [128 keys, 64 queries] tile, and once both halves are there consumer w forms
+  dQ's columns [w D / 2, (w + 1) D / 2) of the query block over all 128 keys (dS from that
+  tile, K's columns from shared memory) and adds them, times the scale, to the fp32 dQ
+  buffer.
+
+Masked out: keys past S, queries past L (their statistics read as m = +inf: P = 0) and, when
+causal, keys after the query. Gluon does not run under Triton's CPU interpreter: this kernel is
+checked on the GPU by ``tests/fast/test_fast_sdpa_gluon.py``.
+"""
+from ..launch import DirectLauncher, on_device_of
+from .sdpa_fwd_gluon import _ELEMENT_SIZE, GLUON_AVAILABLE, _tma_strides
+
+if GLUON_AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    from .dsa_fwd_gluon import _opaque_zero
+    from .sdpa_fwd_gluon import _descriptor, _release, _tile_view, _unchecked
+
+HEAD_DIMS = (64, 128)
+BLOCK_M = 64    # query rows a step
+BLOCK_N = 128   # key rows a program (64 per consumer)
+STAGES = gl.constexpr(2) if GLUON_AVAILABLE else 2  # Q / dO tiles in flight
+WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
+PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
+LOG2E = 1.4426950408889634
+
+
+if GLUON_AVAILABLE:
+
+    @gluon.jit
+    def _walk(j, n_m, m0, hk, GROUP):
+        """Step j of the walk: (query head, first query row)."""
+        return hk * GROUP + j // n_m, (m0 + j % n_m) * 64
+
+    @gluon.jit
+    def _producer(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_ring, do_ring, kv_bar,
+                  q_full, do_full, qd_empty, z1, z2, hk, GROUP, start_n, m0, n_m, n_steps):
+        """One warp: K and V once, then each step's Q and dO into the ring as both consumers
+        free a stage (a fresh barrier passes phase 1 at once)."""
+        NSTAGES: gl.constexpr = q_ring.shape[0]
+        mbarrier.expect(kv_bar.index(0), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [z1, z2, hk, start_n, 0], kv_bar.index(0),
+                                        k_smem.index(0))
+        tma.async_copy_global_to_shared(v_desc, [z1, z2, hk, start_n, 0], kv_bar.index(0),
+                                        v_smem.index(0))
+        for j in range(n_steps):
+            stage = j % NSTAGES
+            mbarrier.wait(qd_empty.index(stage), ((j // NSTAGES) & 1) ^ 1)
+            h, start_m = _walk(j, n_m, m0, hk, GROUP)
+            mbarrier.expect(q_full.index(stage), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [z1, z2, h, start_m, 0],
+                                            q_full.index(stage), q_ring.index(stage))
+            mbarrier.expect(do_full.index(stage), do_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(do_desc, [z1, z2, h, start_m, 0],
+                                            do_full.index(stage), do_ring.index(stage))
+
+    @gluon.jit
+    def _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
+                  ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP,
+                  L, S, start_n, m0, n_m, n_steps, qk_scale, scale, W: gl.constexpr,
+                  CAUSAL: gl.constexpr):
+        """Consumer W: key rows [start_n + 64 W, + 64); dQ columns [W D / 2, + D / 2).
+        ``bh_q0``: the row of the group's first query head in Stats / Delta (units of L
+        rows); dK, dV, DQ rank-5 contiguous."""
+        NSTAGES: gl.constexpr = q_ring.shape[0]
+        D: gl.constexpr = k_smem.shape[5]
+        # dQ columns per consumer: halves at D 128 (a 64-column slice is one 128-byte swizzle
+        # atom); all 64 at D 64, alternate steps
+        DQ_COLS: gl.constexpr = D // 2 if D == 128 else D
+        dtype: gl.constexpr = k_smem.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DQ_COLS, 16])
+        op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout,
+                                                      k_width=2)
+        keys_l: gl.constexpr = gl.SliceLayout(1, s_layout)
+        queries_l: gl.constexpr = gl.SliceLayout(0, s_layout)
+        offs_key = start_n + 64 * W + gl.arange(0, 64, layout=keys_l)
+        dk = gl.zeros([64, D], gl.float32, layout=acc_layout)
+        dv = gl.zeros([64, D], gl.float32, layout=acc_layout)
+        h, start_m = _walk(0, n_m, m0, 0, GROUP)
+        m, log_l, delta = _row_stats(Stats, s_stat, Delta, (bh_q0 + h).to(gl.int64) * L, start_m,
+                                     L, n_steps > 0)
+        mbarrier.wait(kv_bar.index(0), 0)
+        for j in range(n_steps):
+            stage = j % NSTAGES
+            phase = (j // NSTAGES) & 1
+            h, start_m = _walk(j, n_m, m0, 0, GROUP)
+            # shared-memory views through an opaque zero: descriptors computed where used, not
+            # hoisted out of the loop (dsa_fwd_gluon._opaque_zero)
+            zero = _opaque_zero(j)
+            k_all = _tile_view(k_smem, zero, 128, D)
+            k_w = k_all.slice(64 * W, 64)
+            v_w = _tile_view(v_smem, zero, 128, D).slice(64 * W, 64)
+            k_cols = k_all.slice(DQ_COLS * W % D, DQ_COLS, dim=1)
+            ds_all = ds_smem.index(zero).reshape([128, 64])
+            row = (bh_q0 + h).to(gl.int64) * L
+            # this step's row statistics into shared memory (read back where used: held in
+            # registers across the products, 48 of them spilled); the next step's loads issued
+            q_stats.index(3 * W).store(m)
+            q_stats.index(3 * W + 1).store(log_l)
+            q_stats.index(3 * W + 2).store(delta)
+            gl.thread_barrier()
+            h1, start_m1 = _walk(j + 1, n_m, m0, 0, GROUP)
+            m, log_l, delta = _row_stats(Stats, s_stat, Delta, (bh_q0 + h1).to(gl.int64) * L,
+                                         start_m1, L, j + 1 < n_steps)
+            q_t = _tile_view(q_ring, stage, 64, D)
+            do_t = _tile_view(do_ring, stage, 64, D)
+            mbarrier.wait(q_full.index(stage), phase)
+            s = warpgroup_mma(k_w, q_t.permute((1, 0)),
+                              gl.zeros([64, 64], gl.float32, layout=s_layout), use_acc=False,
+                              is_async=True)
+            mbarrier.wait(do_full.index(stage), phase)
+            dp = warpgroup_mma(v_w, do_t.permute((1, 0)),
+                               gl.zeros([64, 64], gl.float32, layout=s_layout), use_acc=False,
+                               is_async=True)
+            s, dp = warpgroup_mma_wait(0, deps=(s, dp))
+            offs_q = start_m + gl.arange(0, 64, layout=queries_l)
+            p = gl.exp2((s * qk_scale - q_stats.index(3 * W + zero).load(queries_l)[None, :])
+                        - q_stats.index(3 * W + 1 + zero).load(queries_l)[None, :])
+            keep = offs_key[:, None] < S
+            if CAUSAL:
+                keep = keep & (offs_key[:, None] <= offs_q[None, :])
+            p = gl.where(keep, p, 0.0)
+            ds = p * (dp - q_stats.index(3 * W + 2 + zero).load(queries_l)[None, :])
+            p_op = gl.convert_layout(p.to(dtype), op_layout)
+            ds_op = gl.convert_layout(ds.to(dtype), op_layout)
+            dv = warpgroup_mma(p_op, do_t, dv, is_async=True)
+            dk = warpgroup_mma(ds_op, q_t, dk, is_async=True)
+            # this half of dS^T for the dQ product, once both halves of the last step are read
+            mbarrier.wait(ds_free.index(0), (j & 1) ^ 1)
+            ds_all.slice(64 * W, 64).store(ds.to(dtype))
+            fence_async_shared()
+            _release(ds_ready, 0)
+            dv, dk = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+            _release(qd_empty, stage)
+            mbarrier.wait(ds_ready.index(0), j & 1)
+            if DQ_COLS < D:  # each consumer its half of dQ's columns
+                _add_dq(ds_all, k_cols, ds_free, DQ, row, start_m, L, scale, DQ_COLS * W, D,
+                        dq_layout)
+            elif j % 2 == W:  # D 64: the consumers take the steps' dQ in turn
+                _add_dq(ds_all, k_cols, ds_free, DQ, row, start_m, L, scale, 0, D, dq_layout)
+            else:
+                _release(ds_free, 0)
+
+        rows = start_n + 64 * W + gl.arange(0, 64, layout=gl.SliceLayout(1, acc_layout))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
+        offs = (pid_bh.to(gl.int64) * S + rows[:, None]) * D + cols[None, :]
+        in_keys = (rows < S)[:, None]
+        gl.store(DK + offs, (dk * scale).to(dtype), mask=in_keys)
+        gl.store(DV + offs, dv.to(dtype), mask=in_keys)
+
+    @gluon.jit
+    def _row_stats(Stats, s_stat, Delta, row, start_m, L, pred):
+        """(m, log2 l, Delta) of query rows [start_m, + 64) of the head whose first row is
+        ``row``, [64] in a compact layout (one value a thread); rows past L (or every row
+        unless ``pred``) read as m = +inf, log l = 0, Delta = 0 (P = 0)."""
+        flat: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        offs = start_m + gl.arange(0, 64, layout=flat)
+        ok = (offs < L) & pred
+        m = gl.load(Stats + row + offs, mask=ok, other=float("inf"))
+        log_l = gl.load(Stats + s_stat + row + offs, mask=ok, other=0.0)
+        delta = gl.load(Delta + row + offs, mask=ok, other=0.0)
+        return m, log_l, delta
+
+    @gluon.jit
+    def _add_dq(ds_smem, k_cols, ds_free, DQ, row, start_m, L, scale, col0, D,
+                dq_layout: gl.constexpr):
+        """DQ[row + start_m + i, col0 + c] (row stride D) += scale * dS . K[:, cols] over the
+        128 keys, dS the transposed view of ds_smem [128 keys, 64 queries], K[:, cols] =
+        k_cols [128, N]; frees ds_smem once read."""
+        N: gl.constexpr = k_cols.shape[1]
+        dq = warpgroup_mma(ds_smem.permute((1, 0)), k_cols,
+                           gl.zeros([64, N], gl.float32, layout=dq_layout), use_acc=False,
+                           is_async=True)
+        dq = warpgroup_mma_wait(0, deps=(dq, ))
+        _release(ds_free, 0)
+        rows = start_m + gl.arange(0, 64, layout=gl.SliceLayout(1, dq_layout))
+        cols = col0 + gl.arange(0, N, layout=gl.SliceLayout(0, dq_layout))
+        gl.atomic_add(DQ + (row + rows[:, None]) * D + cols[None, :], dq * scale,
+                      mask=(rows < L)[:, None], sem="relaxed")
+
+    @gluon.jit
+    def _consumer1(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
+                   ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L,
+                   S, start_n, m0, n_m, n_steps, qk_scale, scale):
+        _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
+                  ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L,
+                  S, start_n, m0, n_m, n_steps, qk_scale, scale, 1, False)
+
+    @gluon.jit
+    def _consumer1_causal(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full,
+                          qd_empty, ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0,
+                          pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale):
+        _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
+                  ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L,
+                  S, start_n, m0, n_m, n_steps, qk_scale, scale, 1, True)
+
+    @gluon.jit
+    def sdpa_bwd_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, Stats, s_stat, Delta, DQ, DK,
+                                 DV, Z2, HQ, GROUP, L, S, qk_scale, scale,
+                                 CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+        """Grid (cdiv(S, 128), Z1*Z2*HKV); descriptors over rank-5 q, dout (blocks [1, 1, 1, 64,
+        D]) and k, v (blocks [1, 1, 1, 128, D]); Stats rows m (log2 units) and log2 l (row
+        stride s_stat), Delta [Z1*Z2*HQ, L] fp32; DQ rank-5 contiguous fp32 (added to), DK
+        and DV rank-5 contiguous in the input dtype."""
+        dtype: gl.constexpr = q_desc.dtype
+        pid_n = gl.program_id(0)
+        pid_bh = gl.program_id(1)
+        HKV = HQ // GROUP
+        hk = pid_bh % HKV
+        z2 = (pid_bh // HKV) % Z2
+        z1 = pid_bh // (HKV * Z2)
+        start_n = pid_n * 128
+        n_mb = gl.cdiv(L, 64)
+        m0 = 0
+        if CAUSAL:  # top-left: a query sees the keys up to its own row
+            m0 = gl.minimum(start_n // 64, n_mb)
+        n_m = n_mb - m0
+        n_steps = GROUP * n_m
+        bh_q0 = (z1 * Z2 + z2) * HQ + hk * GROUP
+
+        # K and V as one-stage rings ([1] + block): views through an index (_consumer)
+        k_smem = gl.allocate_shared_memory(dtype, [1] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [1] + v_desc.block_type.shape, v_desc.layout)
+        q_ring = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape,
+                                           q_desc.layout)
+        do_ring = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape,
+                                            do_desc.layout)
+        ds_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([128, 64], dtype)
+        ds_smem = gl.allocate_shared_memory(dtype, [1, 128, 64], ds_l)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        qd_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ds_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        # per consumer W: [3 W + i] the step's m, log2 l, Delta (_consumer)
+        q_stats = gl.allocate_shared_memory(gl.float32, [6, 64],
+                                            gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        mbarrier.init(kv_bar.index(0), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_full.index(i), count=1)
+            mbarrier.init(do_full.index(i), count=1)
+            mbarrier.init(qd_empty.index(i), count=2)
+        mbarrier.init(ds_ready.index(0), count=2)
+        mbarrier.init(ds_free.index(0), count=2)
+        fence_async_shared()
+
+        consumer_args = (k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full,
+                         qd_empty, ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0,
+                         pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale)
+        producer_args = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_ring, do_ring,
+                         kv_bar, q_full, do_full, qd_empty, z1, z2, hk, GROUP, start_n, m0,
+                         n_m, n_steps)
+        if CAUSAL:
+            gl.warp_specialize([
+                (_consumer, consumer_args + (0, True)),
+                (_consumer1_causal, consumer_args),
+                (_producer, producer_args),
+            ], [4, 1], [WORKER_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_consumer, consumer_args + (0, False)),
+                (_consumer1, consumer_args),
+                (_producer, producer_args),
+            ], [4, 1], [WORKER_REGS, PRODUCER_REGS])
+
+
+def plan(gluon_fwd_plan, dout_stride, dtype):
+    """The Gluon backward's plan, or None where it does not apply: where the Gluon forward's
+    plan applies (``gluon_fwd_plan``, :func:`sdpa_fwd_gluon.plan`: sm_90, 16-bit, q, k and v
+    of one head dim in ``HEAD_DIMS``, TMA-ready strides) with a rank-5 dout of q's shape as
+    TMA-ready (no stride-0 broadcast). Data pointers are checked per call
+    (:func:`sdpa_fwd_gluon.aligned`)."""
+    if gluon_fwd_plan is None or not GLUON_AVAILABLE:
+        return None
+    if not _tma_strides(gluon_fwd_plan[0][0], dout_stride, _ELEMENT_SIZE[dtype]):
+        return None
+    return gluon_fwd_plan + (tuple(dout_stride),)
+
+
+# per (plan, dtype): the descriptors' fields, the grid, the int arguments, the constexprs
+_PREPARED = {}
+_MAX_PREPARED = 256
+
+
+def _prepare(dout, query, key, value, stats, bwd_plan):
+    (qs, ks, vs), (qst, kst, vst), is_causal, scale, dst = bwd_plan
+    Z1, Z2, HQ, L, _ = qs
+    HKV, S = ks[2], ks[3]
+    descs = (_descriptor(query, qs, qst, BLOCK_M), _descriptor(key, ks, kst, BLOCK_N),
+             _descriptor(value, vs, vst, BLOCK_N), _descriptor(dout, qs, dst, BLOCK_M))
+    fields = tuple({n: v for n, v in vars(d).items() if n != "base"} for d in descs)
+    ints = (Z2, HQ, HQ // HKV, L, S, scale * LOG2E, scale)
+    return fields, (-(-S // BLOCK_N), Z1 * Z2 * HKV), ints, dict(CAUSAL=is_causal, num_warps=4)
+
+
+def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan):
+    """Add dQ into ``dq_sum`` (fp32, zeroed by the caller) and fill dk and dv, all three
+    contiguous as rank-5 [Z1, Z2, H, rows, D], from query, key, value and dout read as the
+    plan's rank-5 shapes and strides; ``stats`` the forward's row statistics ([R, ...] float32,
+    rows m and log2 l), ``delta`` [Z1*Z2*HQ, L] float32 = rowsum(dO * O)."""
+    cache_key = (bwd_plan, query.dtype)
+    prepared = _PREPARED.get(cache_key)
+    if prepared is None:
+        prepared = _prepare(dout, query, key, value, stats, bwd_plan)
+        if len(_PREPARED) >= _MAX_PREPARED:
+            _PREPARED.clear()
+        _PREPARED[cache_key] = prepared
+    (fq, fk, fv, fd), grid, ints, meta = prepared
+    args = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
+            _unchecked(fd, dout), stats, stats.stride(0), delta, dq_sum, dk, dv, *ints)
+    on_device_of(dk, _LAUNCH, grid, args, meta)
+
+
+if GLUON_AVAILABLE:
+    _LAUNCH = DirectLauncher(sdpa_bwd_gluon_ws_kernel)
+else:  # pragma: no cover - depends on the installed Triton
+    _LAUNCH = None
