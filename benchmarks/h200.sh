@@ -21,6 +21,9 @@
 #   dsabwd       the opt-in Gluon DSA backward: its GPU tests (tests/fast/test_fast_dsa_gluon.py
 #                -k backward), then benchmarks.dsa_gluon --backward (Triton and Gluon backwards
 #                side by side, with their gradient errors), then the conformance DSA checks under it
+#   sdpabwd      the opt-in Gluon SDPA backward: its GPU tests (tests/fast/test_fast_sdpa_gluon.py
+#                -k backward), then benchmarks.sdpa_gluon_bwd (cuDNN, the Triton and the Gluon
+#                backwards side by side), then the conformance SDPA checks under it
 #   overhead     host time per call: fast and torch timed in turn (--pairs), direct vs Triton
 #                launches, and where a Python backward's time goes (benchmarks.host_threads)
 #   calibration  the calibration report on CUDA: negative controls, correct built-ins, the rule
@@ -267,8 +270,20 @@ task_dsabwd() {
     note "conformance -k dsa under the Gluon backward; report $d/conformance-dsa.json"
 }
 
+task_sdpabwd() {
+    local d=$1
+    timeout 240 "$PY" -m pytest -q -p no:cacheprovider "$TESTS/test_fast_sdpa_gluon.py" -k backward \
+        > "$d/tests.log" 2>&1
+    note "Gluon SDPA backward tests: exit $?"; tail -15 "$d/tests.log" | cut -c1-300
+    timeout 200 "$PY" -m benchmarks.sdpa_gluon_bwd --json "$d/sdpa_gluon_bwd.json" > "$d/bench.log" 2>&1
+    note "benchmarks.sdpa_gluon_bwd: exit $?"; cut -c1-400 "$d/bench.log"
+    ATTENTION_ORACLE_FAST_SDPA_BWD=gluon OUT=$d BUDGET=${BUDGET:-150} WORKERS=${WORKERS:-12} \
+        bash .ci/gpu conformance-sdpa --impl fast -k sdpa
+    note "conformance -k sdpa under the Gluon backward; report $d/conformance-sdpa.json"
+}
+
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,dsa,dsabwd,overhead,calibration,check,conformance,profile,optin,all} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,dsa,dsabwd,sdpabwd,overhead,calibration,check,conformance,profile,optin,all} ..." >&2
     exit 2
 }
 
@@ -277,7 +292,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|dsa|dsabwd|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|dsa|dsabwd|sdpabwd|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done

@@ -164,7 +164,7 @@ if GLUON_AVAILABLE:
             ds_all.slice(64 * W, 64).store(ds.to(dtype))
             fence_async_shared()
             _release(ds_ready, 0)
-            dv, dk = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
             _release(qd_empty, stage)
             mbarrier.wait(ds_ready.index(0), j & 1)
             if DQ_COLS < D:  # each consumer its half of dQ's columns

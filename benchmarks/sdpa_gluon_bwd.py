@@ -1,0 +1,101 @@
+"""The Gluon SDPA backward beside the Triton backward and cuDNN, in the same run (bf16).
+
+    python -m benchmarks.sdpa_gluon_bwd [--shapes 0,1,2] [--causal 0,1] [--dims 128,64]
+                                        [--json PATH]
+
+For each head dim, shape (B*L = 16k tokens, H 32: L 1k, 4k, 16k) and causal flag: the backward
+alone (autograd.grad of one forward's output, the graph kept) and the step (forward and
+backward) of cuDNN, fast with the Triton backward and fast with the Gluon backward (the
+forward is fast's default in both), TFLOP/s by both timing methods of :mod:`benchmarks.timing`
+(``queued_ms``: do_bench; ``synced_ms``: events and a sync per call) and each fast backend's
+ratio to cuDNN; then the largest difference of the Gluon backward's dq, dk, dv from the Triton
+backward's and from cuDNN's, over the largest magnitude (so that a fast wrong kernel shows).
+FLOPs: backward 10*B*H*L*S*D, step 14*B*H*L*S*D, halved when causal.
+"""
+import argparse
+import json
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attention_oracle.fast import sdpa as fast_sdpa
+from benchmarks.timing import queued_ms, synced_ms, tflops
+
+SHAPES = [(16, 32, 1024), (4, 32, 4096), (1, 32, 16384)]
+
+
+def _forward(backend, q, k, v, causal):
+    if backend == "cudnn":
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    fast_sdpa.set_backward_backend(backend)
+    return fast_sdpa.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def _spread(x, ref):
+    return float((x.float() - ref.float()).abs().max() / ref.float().abs().max())
+
+
+def measure(B, H, L, causal, D, dtype=torch.bfloat16):
+    """One shape: rows of TFLOP/s (backward, step) by both methods and the differences."""
+    gen = torch.Generator(device="cuda").manual_seed(L + causal + D)
+    q, k, v, dout = (torch.randn(B, H, L, D, device="cuda", dtype=dtype, generator=gen)
+                     for _ in range(4))
+    xs = [t.requires_grad_(True) for t in (q, k, v)]
+    scale = 0.5 if causal else 1.0
+    flop = {"bwd": 10 * B * H * L * L * D * scale, "step": 14 * B * H * L * L * D * scale}
+    row = dict(B=B, H=H, L=L, D=D, causal=causal)
+    grads = {}
+    for backend in ("cudnn", "triton", "gluon"):
+        out = _forward(backend, *xs, causal)
+        grads[backend] = torch.autograd.grad(out, xs, dout, retain_graph=True)
+        fns = {"bwd": lambda o=out: torch.autograd.grad(o, xs, dout, retain_graph=True),
+               "step": lambda b=backend: torch.autograd.grad(_forward(b, *xs, causal), xs, dout)}
+        for phase, fn in fns.items():
+            queued, synced = queued_ms(fn), synced_ms(fn)
+            row[f"{backend}_{phase}"] = (tflops(flop[phase], queued), tflops(flop[phase], synced))
+        del out, fns
+    for backend in ("triton", "gluon"):
+        for phase in ("bwd", "step"):
+            (fq, fs), (cq, cs) = row[f"{backend}_{phase}"], row[f"cudnn_{phase}"]
+            row[f"{backend}_{phase}_over_cudnn"] = (fq / cq, fs / cs)
+    for name, i in (("dq", 0), ("dk", 1), ("dv", 2)):
+        row[f"{name}_gluon_vs_triton"] = _spread(grads["gluon"][i], grads["triton"][i])
+        row[f"{name}_gluon_vs_cudnn"] = _spread(grads["gluon"][i], grads["cudnn"][i])
+        row[f"{name}_triton_vs_cudnn"] = _spread(grads["triton"][i], grads["cudnn"][i])
+    fast_sdpa.set_backward_backend("triton")
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="0,1,2", help="indices into SHAPES")
+    ap.add_argument("--causal", default="0,1")
+    ap.add_argument("--dims", default="128,64", help="head dims, comma-separated")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.sdpa_gluon_bwd needs a CUDA device")
+    rows = []
+    for D in map(int, args.dims.split(",")):
+        for i in map(int, args.shapes.split(",")):
+            for causal in map(int, args.causal.split(",")):
+                B, H, L = SHAPES[i]
+                r = measure(B, H, L, bool(causal), D)
+                rows.append(r)
+                cells = "; ".join(
+                    f"{b} {p} {r[f'{b}_{p}'][0]:.0f} ({r[f'{b}_{p}'][1]:.0f})"
+                    + (f" x{r[f'{b}_{p}_over_cudnn'][0]:.2f} ({r[f'{b}_{p}_over_cudnn'][1]:.2f})"
+                       if b != "cudnn" else "")
+                    for b in ("cudnn", "triton", "gluon") for p in ("bwd", "step"))
+                diffs = ", ".join(f"{k} {v:.1e}" for k, v in r.items() if "_vs_" in k)
+                print(f"D {D} L {L} causal {causal}: TFLOP/s queued (synced) {cells}; {diffs}",
+                      flush=True)
+                if args.json:
+                    with open(args.json, "w") as f:
+                        json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f,
+                                  indent=1)
+
+
+if __name__ == "__main__":
+    main()
