@@ -44,7 +44,8 @@ if GLUON_AVAILABLE:
         warpgroup_mma_wait,
     )
 
-    from .dsa_fwd_gluon import _gather_part, _opaque_zero, _signal
+    from .dsa_fwd_gluon import _gather_part, _signal
+    from .gluon_common import opaque_zero, partition_barrier
 
 HEADS = 64        # heads per program (two consumers of 32)
 LATENT = 512      # the latent (value) width the kernel takes
@@ -188,14 +189,14 @@ if GLUON_AVAILABLE:
         # across the loop they spilled
         head_smem.index(2 * ME).store(lse2)
         head_smem.index(2 * ME + 1).store(delta)
-        gl.thread_barrier()
+        partition_barrier()
         dq_lo = gl.zeros([256, 32], gl.float32, layout=s_layout)
         dq_hi = gl.zeros([256, 32], gl.float32, layout=s_layout)
         dq_r = gl.zeros([64, 32], gl.float32, layout=s_layout)
         kv_cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, kv_layout))[None, :]
         mbarrier.wait(q_bar.index(0), 0)
         for i in range(n_blocks):
-            zero = _opaque_zero(i)
+            zero = opaque_zero(i)
             phase = i & 1
             valid, _ = _block_rows(idx_ptr, idx_off, stride_ik, n_slots, S, i,
                                    gl.SliceLayout(1, s_layout))

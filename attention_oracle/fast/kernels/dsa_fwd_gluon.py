@@ -32,7 +32,7 @@ latent half they start on was refilled once its own P.V freed it), so they run w
 other half and the rope part still land; consumer 1 hands its P over while its own P.V runs
 and waits for both P.Vs only at the end of the pair. The slot indices that mask the scores
 are loaded before the scores are issued. Buffer indices go through an opaque zero so that
-the wgmma descriptors are not hoisted out of the loop into registers (``_opaque_zero``).
+the wgmma descriptors are not hoisted out of the loop into registers (``gluon_common.opaque_zero``).
 
 Gluon does not run under Triton's CPU interpreter: CI checks the Triton forward; this one is
 checked on the GPU by ``tests/fast/test_fast_dsa_gluon.py``.
@@ -51,6 +51,8 @@ try:  # Gluon is experimental: a Triton without it (or with another API) leaves 
         warpgroup_mma,
         warpgroup_mma_wait,
     )
+
+    from .gluon_common import opaque_zero, partition_barrier
     GLUON_AVAILABLE = True
 except ImportError:  # pragma: no cover - depends on the installed Triton
     GLUON_AVAILABLE = False
@@ -156,16 +158,6 @@ if GLUON_AVAILABLE:
                   qr_smem, kl_ring, kr_ring, q_bar, full, free, False)
 
     @gluon.jit
-    def _opaque_zero(i):
-        """0, which the compiler cannot see through. Buffer indices offset by it make the wgmma
-        descriptors of the shared-memory operands loop-variant: computed where they are used
-        (uniform-register adds) instead of some seventy 64-bit descriptors hoisted out of the
-        consumer loop, which a worker partition's registers cannot hold beside the accumulator
-        (ptxas spilled 292 bytes of them at 224 registers, reloaded before every wgmma)."""
-        return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [i], dtype=gl.int32,
-                                         is_pure=False, pack=1)
-
-    @gluon.jit
     def _slot_indices(idx_ptr, idx_off, stride_ik, n_slots, block, BLOCK: gl.constexpr):
         """The top-k entries of slot block `block` (-1 past n_slots), one load per slot in a
         [BLOCK] blocked tensor: issued before the block's scores, used after them."""
@@ -224,7 +216,7 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _signal(bar):
         """Every warp of this partition is past what came before; thread 0 arrives."""
-        gl.thread_barrier()
+        partition_barrier()
         mbarrier.arrive(bar, count=1)
 
     @gluon.jit
@@ -259,13 +251,13 @@ if GLUON_AVAILABLE:
         l_i = gl.zeros([64], gl.float32, layout=row_s)
         mbarrier.wait(q_bar.index(0), 0)
         if ME == 0:  # consumer 0 computes a pair's scores at the end of the pair before
-            z0 = _opaque_zero(n_pairs)
+            z0 = opaque_zero(n_pairs)
             s = _block_scores(q_smem, qr_smem, kl_ring, kr_ring, full, z0, 0, 0, z0, idx_ptr,
                               idx_off, stride_ik, n_slots, S, c, 0, s_layout, HAS_ROPE)
         else:
             s = gl.zeros([64, BLOCK], gl.float32, layout=s_layout)
         for i in range(n_pairs):
-            zero = _opaque_zero(i)
+            zero = opaque_zero(i)
             st = i % STAGES + zero
             phase = (i // STAGES) & 1
             own = 2 * st + ME
@@ -354,7 +346,7 @@ if GLUON_AVAILABLE:
         # takes the output tile, read back 16 bytes a thread for coalesced stores
         q_own = q_smem.index(ME)
         q_own.store(out.to(dtype))
-        gl.thread_barrier()
+        partition_barrier()
         lay: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
         heads = gl.arange(0, 64, layout=gl.SliceLayout(1, lay))
         cols = ME * 256 + gl.arange(0, 256, layout=gl.SliceLayout(0, lay))

@@ -42,7 +42,7 @@ if GLUON_AVAILABLE:
         warpgroup_mma_wait,
     )
 
-    from .dsa_fwd_gluon import _opaque_zero
+    from .gluon_common import opaque_zero, partition_barrier
     from .sdpa_fwd_gluon import _descriptor, _release, _tile_view, _unchecked
 
 HEAD_DIMS = (64, 128)
@@ -119,8 +119,8 @@ if GLUON_AVAILABLE:
             phase = (j // NSTAGES) & 1
             h, start_m = _walk(j, n_m, m0, 0, GROUP)
             # shared-memory views through an opaque zero: descriptors computed where used, not
-            # hoisted out of the loop (dsa_fwd_gluon._opaque_zero)
-            zero = _opaque_zero(j)
+            # hoisted out of the loop (gluon_common.opaque_zero)
+            zero = opaque_zero(j)
             k_all = _tile_view(k_smem, zero, 128, D)
             k_w = k_all.slice(64 * W, 64)
             v_w = _tile_view(v_smem, zero, 128, D).slice(64 * W, 64)
@@ -132,7 +132,7 @@ if GLUON_AVAILABLE:
             q_stats.index(3 * W).store(m)
             q_stats.index(3 * W + 1).store(log_l)
             q_stats.index(3 * W + 2).store(delta)
-            gl.thread_barrier()
+            partition_barrier()
             h1, start_m1 = _walk(j + 1, n_m, m0, 0, GROUP)
             m, log_l, delta = _row_stats(Stats, s_stat, Delta, (bh_q0 + h1).to(gl.int64) * L,
                                          start_m1, L, j + 1 < n_steps)

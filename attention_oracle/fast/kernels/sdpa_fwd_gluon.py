@@ -44,6 +44,8 @@ try:  # Gluon is experimental: a Triton without it (or with another API) leaves 
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .gluon_common import partition_barrier
     GLUON_AVAILABLE = True
 except ImportError:  # pragma: no cover - depends on the installed Triton
     GLUON_AVAILABLE = False
@@ -190,7 +192,7 @@ if GLUON_AVAILABLE:
         else:
             p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, 0, S, qk_scale, s_layout,
                                                True, CAUSAL, BLOCK_M, BLOCK_N)
-        gl.thread_barrier()  # both warpgroups are done with K stage 0
+        partition_barrier()  # both warpgroups are done with K stage 0
         _load_tile(k_desc, k_ring, k_bars, 0, z1, z2, hk, STAGES * BLOCK_N, STAGES < n_tiles)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         alpha_o = gl.convert_layout(alpha, row_o)
@@ -214,7 +216,7 @@ if GLUON_AVAILABLE:
                 p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, start_n, S, qk_scale,
                                                    s_layout, True, CAUSAL, BLOCK_M, BLOCK_N)
             acc = warpgroup_mma_wait(0, deps=(o_tok, ))
-            gl.thread_barrier()  # both warpgroups are done with K stage `stage`, V stage `prev`
+            partition_barrier()  # both warpgroups are done with K stage `stage`, V stage `prev`
             _load_tile(k_desc, k_ring, k_bars, stage, z1, z2, hk, (j + STAGES) * BLOCK_N,
                        j + STAGES < n_tiles)
             _load_tile(v_desc, v_ring, v_bars, prev, z1, z2, hk, (j - 1 + STAGES) * BLOCK_N,
@@ -237,10 +239,10 @@ if GLUON_AVAILABLE:
         l_o = gl.convert_layout(l_i, row_o)
         l_safe = gl.where(l_o == 0.0, 1.0, l_o)
         out = acc / l_safe[:, None]
-        gl.thread_barrier()  # every warpgroup's last Q read is done: Q's buffer holds out
+        partition_barrier()  # every warpgroup's last Q read is done: Q's buffer holds out
         q_tile.store(out.to(dtype))
         fence_async_shared()
-        gl.thread_barrier()
+        partition_barrier()
         tma.async_copy_shared_to_global(o_desc, [z1, z2, h, start_m, 0], q_smem)
 
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -346,10 +348,10 @@ if GLUON_AVAILABLE:
 
         l_o = gl.convert_layout(l_i, row_o)
         out = acc / gl.where(l_o == 0.0, 1.0, l_o)[:, None]
-        gl.thread_barrier()  # every warp of this warpgroup is past its last wgmma on Q
+        partition_barrier()  # every warp of this warpgroup is past its last wgmma on Q
         q_rows.store(out.to(dtype))  # this warpgroup's own Q rows, read by its wgmma only
         fence_async_shared()
-        gl.thread_barrier()
+        partition_barrier()
         tma.async_copy_shared_to_global(o_desc, [z1, z2, h, row_m, 0],
                                         q_smem.slice(ROW0, ROWS, dim=3))
         offs_m = row_m + gl.arange(0, ROWS, layout=row_s)
@@ -365,7 +367,7 @@ if GLUON_AVAILABLE:
     def _release(empty, stage):
         """Free one ring stage: every warp of this partition is past its wgmma wait, then
         thread 0 arrives (mbarrier.arrive is issued by thread 0 only)."""
-        gl.thread_barrier()
+        partition_barrier()
         mbarrier.arrive(empty.index(stage), count=1)
 
     @gluon.jit

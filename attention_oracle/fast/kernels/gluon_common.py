@@ -1,0 +1,43 @@
+"""Helpers of every Gluon kernel here.
+
+``partition_barrier()``: every warp of the calling partition has reached this point (a named
+barrier over the partition's warps inside ``gl.warp_specialize``; ``gl.thread_barrier`` in 3.6,
+renamed ``gl.barrier`` in 3.8, where the old name is gone and a kernel calling it fails to
+compile). Triton spells it differently between the releases the project runs on: 3.6 (the
+H200 machines) and 3.8 (CI's pins, constraints.txt).
+
+``opaque_zero(i)``: 0, which the compiler cannot see through, for shared-memory indices in
+loops (below).
+"""
+try:  # Gluon is experimental: a Triton without it leaves the Gluon paths off
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    GLUON_AVAILABLE = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    GLUON_AVAILABLE = False
+
+if GLUON_AVAILABLE and hasattr(gl, "thread_barrier"):
+
+    @gluon.jit
+    def partition_barrier():
+        gl.thread_barrier()
+
+elif GLUON_AVAILABLE:
+
+    @gluon.jit
+    def partition_barrier():
+        gl.barrier()
+
+
+if GLUON_AVAILABLE:
+
+    @gluon.jit
+    def opaque_zero(i):
+        """0, which the compiler cannot see through. Buffer indices offset by it make the wgmma
+        descriptors of the shared-memory operands loop-variant: computed where they are used
+        (uniform-register adds) instead of dozens of 64-bit descriptors hoisted out of a
+        consumer loop, which a worker partition's registers cannot hold beside its
+        accumulators (the DSA forward's worker spilled 292 bytes of them at 224 registers,
+        reloaded before every wgmma; docs/FINDINGS.md F31)."""
+        return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [i], dtype=gl.int32,
+                                         is_pure=False, pack=1)

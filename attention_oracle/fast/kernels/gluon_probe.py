@@ -1,0 +1,146 @@
+"""Offline probe: compile every Gluon kernel variant for sm_90a on a machine without a GPU.
+
+    python -m attention_oracle.fast.kernels.gluon_probe [NAME ...] [--wgmma]
+
+Names (all by default): ``dsa_fwd``, ``dsa_fwd_nope``, ``dsa_bwd``, ``dsa_bwd_nope``,
+``sdpa_fwd_d64``, ``sdpa_fwd_d128``, ``sdpa_fwd_d128_causal``, ``sdpa_bwd_d64``,
+``sdpa_bwd_d128``, ``sdpa_bwd_d128_causal``: the production configuration of each kernel in
+bf16 (DSA: H 64, 512 + 64 or 512, int32 indices and lengths; SDPA: the default tile), with
+pointer and stride arguments divisible by 16 as the launches specialise them. Prints the
+shared memory each needs (the H200 allows 232448 bytes) and, from the ptxas bundled with
+Triton, registers and spill bytes; ``--wgmma`` adds the count of each wgmma form in the PTX
+(shape and operand transposes). Figures come from the local Triton, which may differ from the
+device's (Triton 3.6 there): register and spill counts moved between 3.6 and 3.8
+(docs/FINDINGS.md F31), so a figure near a limit still needs the device.
+"""
+import re
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+from .dsa_probe import _ptxas_usage
+from .gluon_common import GLUON_AVAILABLE
+
+if GLUON_AVAILABLE:
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from . import dsa_bwd_gluon, dsa_fwd_gluon, sdpa_bwd_gluon, sdpa_fwd_gluon
+
+SHARED_LIMIT = 232448  # bytes of shared memory a block may use on the H100 / H200
+_BF16 = "*bf16"
+_DSA_POINTERS = dict(q_ptr=_BF16, qr_ptr=_BF16, kv_ptr=_BF16, kr_ptr=_BF16, idx_ptr="*i32",
+                     len_ptr="*i32", out_ptr=_BF16, lse_ptr="*fp32", do_ptr=_BF16, dq_ptr=_BF16,
+                     dqr_ptr=_BF16, dkv_ptr="*fp32", dkr_ptr="*fp32")
+_SDPA_SCALARS = dict(Stats="*fp32", Delta="*fp32", DQ="*fp32", DK=_BF16, DV=_BF16,
+                     qk_scale="fp32", scale="fp32")
+
+
+def _compile(kernel, signature, constexprs, divisible):
+    """The compiled kernel for sm_90 (``signature``: non-constexpr argument types)."""
+    names = kernel.arg_names
+    sig = {n: signature.get(n, "constexpr" if n in constexprs else "i32") for n in names}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n in divisible}
+    src = GluonASTSource(fn=kernel, signature=sig, attrs=attrs,
+                         constexprs={(names.index(n),): v for n, v in constexprs.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=constexprs["num_warps"]))
+
+
+def _dsa(kernel, constexprs):
+    names = kernel.arg_names
+    signature = {n: _DSA_POINTERS.get(n, "fp32" if n in ("c", "scale") else "i32")
+                 for n in names if n not in constexprs}
+    divisible = [n for n in names if n in _DSA_POINTERS or n.startswith("stride")]
+    return _compile(kernel, signature, constexprs, divisible)
+
+
+def _descriptor(rows, head_dim):
+    """Triton's type string of a bf16 TMA descriptor with block [1, 1, 1, rows, head_dim]."""
+    layout = gl.NVMMASharedLayout.get_default_for([1, 1, 1, rows, head_dim], gl.bfloat16)
+    return f"tensordesc<bf16[1, 1, 1, {rows}, {head_dim}],{layout!r}>"
+
+
+def _sdpa_fwd(head_dim, causal):
+    bm, bn, stages, warps, ws = sdpa_fwd_gluon.CONFIG
+    kernel = sdpa_fwd_gluon.sdpa_fwd_gluon_ws_kernel if ws else sdpa_fwd_gluon.sdpa_fwd_gluon_kernel
+    signature = dict(_SDPA_SCALARS, q_desc=_descriptor(bm, head_dim),
+                     k_desc=_descriptor(bn, head_dim), v_desc=_descriptor(bn, head_dim),
+                     o_desc=_descriptor(bm // 2 if ws else bm, head_dim))
+    return _compile(kernel, signature, dict(CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn,
+                                            HEAD_D=head_dim, STAGES=stages, num_warps=warps),
+                    ["Stats"])
+
+
+def _sdpa_bwd(head_dim, causal):
+    bm, bn = sdpa_bwd_gluon.BLOCK_M, sdpa_bwd_gluon.BLOCK_N
+    signature = dict(_SDPA_SCALARS, q_desc=_descriptor(bm, head_dim),
+                     k_desc=_descriptor(bn, head_dim), v_desc=_descriptor(bn, head_dim),
+                     do_desc=_descriptor(bm, head_dim))
+    return _compile(sdpa_bwd_gluon.sdpa_bwd_gluon_ws_kernel, signature,
+                    dict(CAUSAL=causal, num_warps=4), ["Stats", "Delta", "DQ", "DK", "DV"])
+
+
+def variants():
+    """{name: a function compiling that variant} (empty without Gluon)."""
+    if not GLUON_AVAILABLE:
+        return {}
+    block, stages = dsa_fwd_gluon.CONFIG
+    fwd = dict(HAS_LEN=True, BLOCK=block, STAGES=stages, num_warps=4)
+    return {
+        "dsa_fwd": lambda: _dsa(dsa_fwd_gluon.dsa_fwd_gluon_kernel, dict(fwd, HAS_ROPE=True)),
+        "dsa_fwd_nope": lambda: _dsa(dsa_fwd_gluon.dsa_fwd_gluon_kernel,
+                                     dict(fwd, HAS_ROPE=False)),
+        "dsa_bwd": lambda: _dsa(dsa_bwd_gluon.dsa_bwd_gluon_kernel,
+                                dict(HAS_ROPE=True, HAS_LEN=True, num_warps=4)),
+        "dsa_bwd_nope": lambda: _dsa(dsa_bwd_gluon.dsa_bwd_gluon_kernel,
+                                     dict(HAS_ROPE=False, HAS_LEN=True, num_warps=4)),
+        "sdpa_fwd_d64": lambda: _sdpa_fwd(64, False),
+        "sdpa_fwd_d128": lambda: _sdpa_fwd(128, False),
+        "sdpa_fwd_d128_causal": lambda: _sdpa_fwd(128, True),
+        "sdpa_bwd_d64": lambda: _sdpa_bwd(64, False),
+        "sdpa_bwd_d128": lambda: _sdpa_bwd(128, False),
+        "sdpa_bwd_d128_causal": lambda: _sdpa_bwd(128, True),
+    }
+
+
+def wgmma_forms(ptx):
+    """{form: count} of the PTX's wgmma instructions: shape, A from registers or shared
+    memory, and the transpose flags of the shared-memory operands."""
+    forms = {}
+    for m in re.finditer(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.\w+\.\w+\s+"
+                         r"\{[^}]*\},\s*(\{[^}]*\}|%rd\d+),\s*%rd\d+,\s*[^,]+,\s*1,\s*1"
+                         r"((?:,\s*[01])*);", ptx):
+        flags = re.findall(r"[01]", m.group(3))
+        a = "A regs" if m.group(2).startswith("{") else "A smem"
+        key = f"{m.group(1)} {a} trans {''.join(flags)}"
+        forms[key] = forms.get(key, 0) + 1
+    return forms
+
+
+def probe(name):
+    """(shared bytes, registers, spill-store bytes, {wgmma form: count}) of one variant."""
+    compiled = variants()[name]()
+    ptx = compiled.asm["ptx"]
+    return (compiled.metadata.shared,) + _ptxas_usage(ptx) + (wgmma_forms(ptx),)
+
+
+def main(argv):
+    forms = "--wgmma" in argv
+    names = [a for a in argv if a != "--wgmma"] or list(variants())
+    if not GLUON_AVAILABLE:
+        raise SystemExit("this Triton has no Gluon")
+    for name in names:
+        try:
+            shared, regs, spills, wgmma = probe(name)
+            line = f"{name}: shared {shared} B, {regs} registers, {spills} B spilled"
+            if forms:
+                line += "; " + ", ".join(f"{k} x{v}" for k, v in sorted(wgmma.items()))
+            print(line, flush=True)
+        except Exception as e:  # noqa: BLE001  (a variant the compiler rejects is reported)
+            print(f"{name}: error {e!r}"[:400], flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,51 @@
+"""Every Gluon kernel compiles for sm_90a with the installed Triton, on any machine
+(fast/kernels/gluon_probe.py): CI's Triton (3.8) is not the H200 machines' (3.6), and a
+Gluon API that changed between them (``thread_barrier``, renamed ``barrier`` in 3.8) once left
+every Gluon kernel uncompilable under CI's pin while the device runs passed
+(docs/FINDINGS.md F32). Each variant must fit the H200's shared memory and issue the wgmma
+forms its design names (the transposed operands of the backward products); register and spill
+counts differ between Triton releases and are only reported (``python -m
+attention_oracle.fast.kernels.gluon_probe``)."""
+import pytest
+
+from attention_oracle.fast.kernels import dsa_probe, gluon_probe
+
+pytestmark = [
+    pytest.mark.skipif(not gluon_probe.GLUON_AVAILABLE, reason="this Triton has no Gluon"),
+    pytest.mark.skipif(dsa_probe._bin("ptxas-blackwell", "ptxas") is None,
+                       reason="this Triton bundles no ptxas"),
+]
+
+# per variant, wgmma forms (gluon_probe.wgmma_forms) its products must show
+EXPECTED_FORMS = {
+    # scores (K-major Q and K from shared memory), P.V (P from registers, V N-major)
+    "dsa_fwd": {"m64n64k16 A smem trans 00", "m64n256k16 A regs trans 1"},
+    "dsa_fwd_nope": {"m64n64k16 A smem trans 00", "m64n256k16 A regs trans 1"},
+    # S^T and dP^T (00), dq^T = K^T dS^T (both transposed), key gradients dS^T Q (B N-major)
+    "dsa_bwd": {"m64n32k16 A smem trans 00", "m64n32k16 A smem trans 11",
+                "m64n64k16 A smem trans 01"},
+    "dsa_bwd_nope": {"m64n32k16 A smem trans 00", "m64n32k16 A smem trans 11",
+                     "m64n64k16 A smem trans 01"},
+    "sdpa_fwd_d64": {"m64n128k16 A smem trans 00", "m64n64k16 A regs trans 1"},
+    "sdpa_fwd_d128": {"m64n128k16 A smem trans 00", "m64n128k16 A regs trans 1"},
+    "sdpa_fwd_d128_causal": {"m64n128k16 A smem trans 00", "m64n128k16 A regs trans 1"},
+    # S^T, dP^T (00); dV, dK from register P^T, dS^T; dQ = dS K (dS^T and K transposed)
+    "sdpa_bwd_d64": {"m64n64k16 A smem trans 00", "m64n64k16 A regs trans 1",
+                     "m64n64k16 A smem trans 11"},
+    "sdpa_bwd_d128": {"m64n64k16 A smem trans 00", "m64n128k16 A regs trans 1",
+                      "m64n64k16 A smem trans 11"},
+    "sdpa_bwd_d128_causal": {"m64n64k16 A smem trans 00", "m64n128k16 A regs trans 1",
+                             "m64n64k16 A smem trans 11"},
+}
+
+
+def test_every_variant_is_checked():
+    assert set(gluon_probe.variants()) == set(EXPECTED_FORMS)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_FORMS))
+def test_gluon_kernel_compiles_for_sm90(name):
+    shared, regs, spills, forms = gluon_probe.probe(name)
+    assert shared <= gluon_probe.SHARED_LIMIT, f"{name}: {shared} B of shared memory"
+    missing = EXPECTED_FORMS[name] - set(forms)
+    assert not missing, f"{name}: no {sorted(missing)} among {forms}"
