@@ -28,9 +28,9 @@ block's rows are gathered while the key gradients of this one are computed.
 Gluon does not run under Triton's CPU interpreter: CI checks the Triton backward; this one is
 checked on the GPU by ``tests/fast/test_fast_dsa_gluon.py``.
 """
-import torch
 
-from ..launch import DirectLauncher, is_sm90, on_device_of
+from ..launch import DirectLauncher, on_device_of
+from . import dsa_fwd_gluon
 from .dsa_fwd_gluon import GLUON_AVAILABLE, _unit_rows
 
 if GLUON_AVAILABLE:
@@ -44,12 +44,11 @@ if GLUON_AVAILABLE:
         warpgroup_mma_wait,
     )
 
-    from .dsa_fwd_gluon import _gather_part, _signal
+    from .dsa_fwd_gluon import _gather_part, _signal, load_head_rows
     from .gluon_common import opaque_zero, partition_barrier
 
 HEADS = 64        # heads per program (two consumers of 32)
 LATENT = 512      # the latent (value) width the kernel takes
-ROPE = 64         # the rope width it takes (or none)
 BLOCK = 64        # slots per block (the M side of the transposed products)
 # key-gradient columns per product and atomic pass (the accumulator [64, CHUNK] fp32)
 CHUNK = gl.constexpr(64) if GLUON_AVAILABLE else 64
@@ -60,7 +59,6 @@ CHUNK = gl.constexpr(64) if GLUON_AVAILABLE else 64
 CONSUMER_REGS = gl.constexpr(216) if GLUON_AVAILABLE else 216
 PRODUCER_REGS = gl.constexpr(32) if GLUON_AVAILABLE else 32
 LOG2E = 1.4426950408889634
-_DTYPES = (torch.bfloat16, torch.float16)
 
 
 if GLUON_AVAILABLE:
@@ -72,19 +70,10 @@ if GLUON_AVAILABLE:
                   k_free, HAS_ROPE: gl.constexpr):
         """4 warps: Q, q_rope and dO once, then every slot block's key rows into the buffer as
         both consumers free it (a fresh barrier passes phase 1 at once)."""
-        lay: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
-        heads = gl.arange(0, 64, layout=gl.SliceLayout(1, lay)).to(gl.int64)[:, None]
-        cols = gl.arange(0, 256, layout=gl.SliceLayout(0, lay))[None, :]
-        q_rows = q_ptr + q_off + heads * stride_qh + cols
-        async_copy.async_copy_global_to_shared(q_smem.index(0), q_rows)
-        async_copy.async_copy_global_to_shared(q_smem.index(1), q_rows + 256)
-        do_rows = do_ptr + do_off + heads * stride_doh + cols
-        async_copy.async_copy_global_to_shared(do_smem.index(0), do_rows)
-        async_copy.async_copy_global_to_shared(do_smem.index(1), do_rows + 256)
+        load_head_rows(q_smem, q_ptr, q_off, stride_qh)
+        load_head_rows(do_smem, do_ptr, do_off, stride_doh)
         if HAS_ROPE:
-            cols_r = gl.arange(0, 64, layout=gl.SliceLayout(0, lay))[None, :]
-            async_copy.async_copy_global_to_shared(
-                qr_smem.index(0), qr_ptr + qr_off + heads * stride_qrh + cols_r)
+            load_head_rows(qr_smem.index(0), qr_ptr, qr_off, stride_qrh)
         async_copy.mbarrier_arrive(q_bar.index(0), increment_count=False)
         for i in range(n_blocks):
             mbarrier.wait(k_free.index(0), (i & 1) ^ 1)
@@ -363,25 +352,13 @@ if GLUON_AVAILABLE:
 
 
 def applies(q, q_rope, kv, k_rope, indices, out, dout):
-    """Whether this kernel takes the call: CUDA sm_90 with Gluon, fp16/bf16, H a multiple of
-    64, a 512-wide latent with unit channel stride and other strides multiples of 16 (q, kv,
-    out, dout), a 64-wide rope part likewise (or none), 16-byte aligned base pointers, S and
-    the slot count within int32. (kv and k_rope are the [S, D] views.)"""
-    if not GLUON_AVAILABLE or q.device.type != "cuda" or q.dtype not in _DTYPES:
-        return False
-    T, H, DL = q.shape
-    if DL != LATENT or H % HEADS or H == 0 or T == 0 or not is_sm90(q.device):
-        return False
-    if kv.shape[0] >= 2 ** 31 or indices.shape[1] >= 2 ** 31 - 128:
-        return False
-    tensors = [(q, LATENT), (kv, LATENT), (out, LATENT), (dout, LATENT)]
-    if dout.dtype != q.dtype:
-        return False
-    if q_rope is not None:
-        if q_rope.shape[2] != ROPE:
-            return False
-        tensors += [(q_rope, ROPE), (k_rope, ROPE)]
-    return all(_unit_rows(x, w) and x.data_ptr() % 16 == 0 for x, w in tensors)
+    """Whether this kernel takes the call: where the Gluon forward would
+    (:func:`dsa_fwd_gluon.applies`: sm_90, fp16/bf16, H a multiple of 64, the 512-wide latent
+    and 64-wide rope part or none with unit channel strides, other strides multiples of 16,
+    16-byte aligned), with out and dout [T, H, 512] of q's dtype laid out as q may be."""
+    return (dsa_fwd_gluon.applies(q, q_rope, kv, k_rope, indices) and dout.dtype == q.dtype
+            and out.dtype == q.dtype
+            and all(_unit_rows(x, LATENT) and x.data_ptr() % 16 == 0 for x in (out, dout)))
 
 
 def launch(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale, dq, dqr, dkv,

@@ -103,6 +103,20 @@ if GLUON_AVAILABLE:
                                                    mask=valid)
 
     @gluon.jit
+    def load_head_rows(dst, ptr, off, stride_h):
+        """cp.async of 64 heads' contiguous channels at ``ptr + off`` (head stride
+        ``stride_h``): into dst [2, 64, 256] (channels [0, 512) in two halves) or dst [64, W]."""
+        lay: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+        W: gl.constexpr = dst.shape[dst.rank - 1]
+        heads = gl.arange(0, 64, layout=gl.SliceLayout(1, lay)).to(gl.int64)[:, None]
+        rows = ptr + off + heads * stride_h + gl.arange(0, W, layout=gl.SliceLayout(0, lay))[None, :]
+        if dst.rank == 3:
+            async_copy.async_copy_global_to_shared(dst.index(0), rows)
+            async_copy.async_copy_global_to_shared(dst.index(1), rows + W)
+        else:
+            async_copy.async_copy_global_to_shared(dst, rows)
+
+    @gluon.jit
     def _producer(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh, stride_qrh,
                   idx_off, stride_ik, stride_kvs, stride_krs, n_slots, n_pairs, S,
                   q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free,
@@ -115,16 +129,9 @@ if GLUON_AVAILABLE:
         by it alone, mid-pair), part 1 the other half and the rope part (freed at the end of
         the pair), so that the next pair's rows are in flight while this pair finishes."""
         STAGES: gl.constexpr = kl_ring.shape[0] // 4
-        lay: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
-        heads = gl.arange(0, 64, layout=gl.SliceLayout(1, lay)).to(gl.int64)[:, None]
-        cols = gl.arange(0, 256, layout=gl.SliceLayout(0, lay))[None, :]
-        q_rows = q_ptr + q_off + heads * stride_qh + cols
-        async_copy.async_copy_global_to_shared(q_smem.index(0), q_rows)
-        async_copy.async_copy_global_to_shared(q_smem.index(1), q_rows + 256)
+        load_head_rows(q_smem, q_ptr, q_off, stride_qh)
         if HAS_ROPE:
-            cols_r = gl.arange(0, 64, layout=gl.SliceLayout(0, lay))[None, :]
-            async_copy.async_copy_global_to_shared(
-                qr_smem, qr_ptr + qr_off + heads * stride_qrh + cols_r)
+            load_head_rows(qr_smem, qr_ptr, qr_off, stride_qrh)
         async_copy.mbarrier_arrive(q_bar.index(0), increment_count=False)
         for i in range(n_pairs):
             st = i % STAGES
