@@ -1,6 +1,6 @@
 """Offline probe: compile every Gluon kernel variant for sm_90a on a machine without a GPU.
 
-    python -m attention_oracle.fast.kernels.gluon_probe [NAME ...] [--wgmma]
+    python -m attention_oracle.fast.kernels.gluon_probe [NAME ...] [--wgmma] [--json]
 
 Names (all by default): ``dsa_fwd``, ``dsa_fwd_nope``, ``dsa_bwd``, ``dsa_bwd_nope``,
 ``sdpa_fwd_d64``, ``sdpa_fwd_d128``, ``sdpa_fwd_d128_causal``, ``sdpa_bwd_d64``,
@@ -9,10 +9,13 @@ bf16 (DSA: H 64, 512 + 64 or 512, int32 indices and lengths; SDPA: the default t
 pointer and stride arguments divisible by 16 as the launches specialise them. Prints the
 shared memory each needs (the H200 allows 232448 bytes) and, from the ptxas bundled with
 Triton, registers and spill bytes; ``--wgmma`` adds the count of each wgmma form in the PTX
-(shape and operand transposes). Figures come from the local Triton, which may differ from the
+(shape and operand transposes); ``--json`` prints one JSON dict instead (name: shared, registers,
+spills, forms, or error). Run it outside Triton's CPU interpreter (``TRITON_INTERPRET`` unset):
+under it the standard library's jit functions cannot be compiled. Figures come from the local Triton, which may differ from the
 device's (Triton 3.6 there): register and spill counts moved between 3.6 and 3.8
 (docs/FINDINGS.md F31), so a figure near a limit still needs the device.
 """
+import json
 import re
 import sys
 
@@ -127,19 +130,25 @@ def probe(name):
 
 
 def main(argv):
-    forms = "--wgmma" in argv
-    names = [a for a in argv if a != "--wgmma"] or list(variants())
+    forms, as_json = "--wgmma" in argv, "--json" in argv
+    names = [a for a in argv if a not in ("--wgmma", "--json")] or list(variants())
     if not GLUON_AVAILABLE:
         raise SystemExit("this Triton has no Gluon")
+    results = {}
     for name in names:
         try:
             shared, regs, spills, wgmma = probe(name)
+            results[name] = dict(shared=shared, registers=regs, spills=spills, forms=wgmma)
             line = f"{name}: shared {shared} B, {regs} registers, {spills} B spilled"
             if forms:
                 line += "; " + ", ".join(f"{k} x{v}" for k, v in sorted(wgmma.items()))
-            print(line, flush=True)
         except Exception as e:  # noqa: BLE001  (a variant the compiler rejects is reported)
-            print(f"{name}: error {e!r}"[:400], flush=True)
+            results[name] = dict(error=repr(e)[:2000])
+            line = f"{name}: error {e!r}"[:400]
+        if not as_json:
+            print(line, flush=True)
+    if as_json:
+        print(json.dumps(results))
 
 
 if __name__ == "__main__":
