@@ -24,6 +24,8 @@
 #   sdpabwd      the opt-in Gluon SDPA backward: its GPU tests (tests/fast/test_fast_sdpa_gluon.py
 #                -k backward), then benchmarks.sdpa_gluon_bwd (cuDNN, the Triton and the Gluon
 #                backwards side by side), then the conformance SDPA checks under it
+#   newbwd       both opt-in Gluon backwards in one call: a small case of each (90 s each at most),
+#                then benchmarks.dsa_gluon --backward and benchmarks.sdpa_gluon_bwd at L 4k
 #   overhead     host time per call: fast and torch timed in turn (--pairs), direct vs Triton
 #                launches, and where a Python backward's time goes (benchmarks.host_threads)
 #   calibration  the calibration report on CUDA: negative controls, correct built-ins, the rule
@@ -295,8 +297,30 @@ task_sdpabwd() {
     note "conformance -k sdpa under the Gluon backward; report $d/conformance-sdpa.json"
 }
 
+task_newbwd() {
+    local d=$1 rc
+    timeout 90 "$PY" -m pytest -q -x -p no:cacheprovider \
+        "$TESTS/test_fast_dsa_gluon.py::test_gluon_backward_agrees[odd_block_count-bf16-None]" \
+        > "$d/dsa_first.log" 2>&1
+    rc=$?; note "Gluon DSA backward, first case: exit $rc"; tail -12 "$d/dsa_first.log" | cut -c1-300
+    if [ "$rc" = 0 ]; then
+        timeout 150 "$PY" -m benchmarks.dsa_gluon --backward --reps 5 \
+            --out "$d/dsa_gluon_bwd.json" > "$d/dsa_bench.log" 2>&1
+        note "benchmarks.dsa_gluon --backward: exit $?"; cut -c1-300 "$d/dsa_bench.log"
+    fi
+    timeout 90 "$PY" -m pytest -q -x -p no:cacheprovider \
+        "$TESTS/test_fast_sdpa_gluon.py::test_gluon_backward_agrees[128-300-777-True-bf16]" \
+        > "$d/sdpa_first.log" 2>&1
+    rc=$?; note "Gluon SDPA backward, first case: exit $rc"; tail -12 "$d/sdpa_first.log" | cut -c1-300
+    if [ "$rc" = 0 ]; then
+        timeout 150 "$PY" -m benchmarks.sdpa_gluon_bwd --shapes 1 --json "$d/sdpa_gluon_bwd.json" \
+            > "$d/sdpa_bench.log" 2>&1
+        note "benchmarks.sdpa_gluon_bwd --shapes 1: exit $?"; cut -c1-400 "$d/sdpa_bench.log"
+    fi
+}
+
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,dsa,dsabwd,sdpabwd,overhead,calibration,check,conformance,profile,optin,all} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,dsa,dsabwd,sdpabwd,newbwd,overhead,calibration,check,conformance,profile,optin,all} ..." >&2
     exit 2
 }
 
@@ -305,7 +329,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|dsa|dsabwd|sdpabwd|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|dsa|dsabwd|sdpabwd|newbwd|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done
