@@ -58,7 +58,7 @@ from .kernels.dsa_bwd import (
     dsa_fp32_delta_kernel,
 )
 from .kernels.dsa_fwd import dsa_fp32_pv_kernel, dsa_fp32_scores_kernel, dsa_fwd_kernel
-from .launch import DirectLauncher
+from .launch import BuildGuard, DirectLauncher
 
 FP32_MODES = ("acc64", "tf32x3", "tf32x3_exp2", "bf16x6")
 _FP32 = Choice("ATTENTION_ORACLE_FAST_DSA_FP32", FP32_MODES, "bf16x6")
@@ -66,6 +66,9 @@ FWD_BACKENDS = ("triton", "gluon")
 _FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_FWD", FWD_BACKENDS, "gluon")
 BWD_BACKENDS = ("triton", "gluon")
 _BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_BWD", BWD_BACKENDS, "triton")
+# the Gluon kernels, turned off for the process if they fail to build on this Triton
+GLUON_FWD = BuildGuard("fast.dsa's Gluon forward (kernels/dsa_fwd_gluon.py)")
+GLUON_BWD = BuildGuard("fast.dsa's Gluon backward (kernels/dsa_bwd_gluon.py)")
 
 
 def set_forward_backend(backend):
@@ -368,8 +371,9 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
         return out.zero_(), lse.fill_(float("-inf"))
     # a Triton tile asked for (``config``, ``set_configs``) runs on the Triton forward
     if (_FWD_BACKEND.value == "gluon" and config is None and _OVERRIDES["forward"] is None
-            and dsa_fwd_gluon.applies(q, q_rope, kv, k_rope, indices)):
-        dsa_fwd_gluon.launch(q, q_rope, kv, k_rope, indices, topk_length, scale, out, lse)
+            and dsa_fwd_gluon.applies(q, q_rope, kv, k_rope, indices)
+            and GLUON_FWD(dsa_fwd_gluon.launch, q, q_rope, kv, k_rope, indices, topk_length,
+                          scale, out, lse)):
         return out, lse
     qr, kr, DR, sqr, skr = _rope_args(q_rope, k_rope, q)
     use_pdl = pdl_on(q.device)
@@ -421,9 +425,10 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
                            dout, scale, config, dq, dqr, dkv_acc, dkr_acc)
     elif (nonempty and _BWD_BACKEND.value == "gluon" and config is None
           and _OVERRIDES["backward"] is None
-          and dsa_bwd_gluon.applies(q, q_rope, kv, k_rope, indices, out, dout)):
-        dsa_bwd_gluon.launch(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale,
-                             dq, dqr, dkv_acc, dkr_acc)
+          and dsa_bwd_gluon.applies(q, q_rope, kv, k_rope, indices, out, dout)
+          and GLUON_BWD(dsa_bwd_gluon.launch, q, q_rope, kv, k_rope, indices, topk_length, out,
+                        lse, dout, scale, dq, dqr, dkv_acc, dkr_acc)):
+        pass  # the Gluon kernel filled dq and added the key gradients
     elif nonempty:
 
         def launch(cfg):

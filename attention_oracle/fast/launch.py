@@ -36,6 +36,8 @@ import inspect
 import warnings
 
 import torch
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import OutOfResources
 
 from .host import Choice
 
@@ -319,6 +321,33 @@ class BoundLaunch:
         entry = self.launcher(self.grid, tensors + rest, self.kwargs)
         if entry is not None and other_device(tensors[0]) is None:
             self.bound = (entry, rest, tensor_keys(tensors), rest + entry.tail)
+
+
+class BuildGuard:
+    """A kernel path that may fail to build on the installed Triton: the Gluon kernels use an
+    experimental API that changes between releases (docs/FINDINGS.md F32). ``guard(launch,
+    *args)`` runs the launch and returns True; a build failure (``CompilationError``, or
+    ``OutOfResources`` for shared memory or registers, raised before the kernel runs) turns
+    the path off for the process with one ``RuntimeWarning`` naming the kernel and the
+    error, and returns False, so that the caller runs its Triton kernel instead; so do later
+    calls. ``failure`` holds the error (None while the path works): the Gluon tests assert it
+    stays None, so a fallback cannot pass them as the Gluon kernel."""
+
+    def __init__(self, name):
+        self.name = name
+        self.failure = None
+
+    def __call__(self, launch, *args):
+        if self.failure is not None:
+            return False
+        try:
+            launch(*args)
+        except (CompilationError, OutOfResources) as exc:
+            self.failure = f"{type(exc).__name__}: {exc}"[-1500:]
+            warnings.warn(f"{self.name} failed to build on this Triton; the Triton kernel runs "
+                          f"instead from now on: {self.failure}", RuntimeWarning, stacklevel=2)
+            return False
+        return True
 
 
 def other_device(tensor):

@@ -58,7 +58,7 @@ from .kernels.sdpa_common import (
     tune_bucket,
 )
 from .kernels.sdpa_fwd import sdpa_fwd_kernel
-from .launch import BoundLaunch, DirectLauncher
+from .launch import BoundLaunch, BuildGuard, DirectLauncher
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_with_lse"]
 
@@ -171,6 +171,9 @@ _FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_FWD", FWD_BACKENDS, "auto")
 _GLUON_ALWAYS, _GLUON_AUTO = frozenset(("gluon",)), frozenset(("gluon", "auto"))
 BWD_BACKENDS = ("triton", "gluon")
 _BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_BWD", BWD_BACKENDS, "triton")
+# the Gluon kernels, turned off for the process if they fail to build on this Triton
+GLUON_FWD = BuildGuard("fast.sdpa's Gluon forward (kernels/sdpa_fwd_gluon.py)")
+GLUON_BWD = BuildGuard("fast.sdpa's Gluon backward (kernels/sdpa_bwd_gluon.py)")
 
 
 def set_forward_backend(backend):
@@ -382,9 +385,9 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
         gluon_plan = sdpa_fwd_gluon.plan((q.shape, k.shape, v.shape),
                                          (q.stride(), k.stride(), v.stride()), q.dtype, q.device,
                                          is_causal, scale)
-        if gluon_plan is not None and sdpa_fwd_gluon.aligned(q.data_ptr(), k.data_ptr(),
-                                                             v.data_ptr()):
-            sdpa_fwd_gluon.launch(q, k, v, out, lse_k, gluon_plan)
+        if (gluon_plan is not None
+                and sdpa_fwd_gluon.aligned(q.data_ptr(), k.data_ptr(), v.data_ptr())
+                and GLUON_FWD(sdpa_fwd_gluon.launch, q, k, v, out, lse_k, gluon_plan)):
             return out, lse_k
     natural = _natural(q.dtype, width)
     kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
@@ -443,7 +446,9 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
                                 q.dtype, q.device, is_causal, scale), dout.stride(), q.dtype)
         if gluon_plan is not None and dout.dtype == q.dtype and sdpa_fwd_gluon.aligned(
                 q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr()):
-            return _launch_bwd_gluon(dout, q, k, v, out, lse_k, dq, dk, dv, gluon_plan)
+            grads = _launch_bwd_gluon(dout, q, k, v, out, lse_k, dq, dk, dv, gluon_plan)
+            if grads is not None:
+                return grads
     prec = "ieee" if natural else _precision(q.dtype, max(E, v.shape[4]))
     fuse = _fuse_bwd(natural, prec, L, S, HQ // k.shape[2]) and out.is_contiguous()
     atomic = _atomic_dq(natural, prec, fuse, E, q.device)
@@ -477,7 +482,10 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
 def _launch_bwd_gluon(dout, q, k, v, out, lse_k, dq, dk, dv, gluon_plan, pre=None):
     """The Gluon backward (:func:`set_backward_backend`): Delta by the preprocess kernel
     (``pre``: a plan's bound launch of it, else a direct one), then dK, dV and dQ's fp32 sum
-    in one launch; dq, dk, dv contiguous as rank 5."""
+    in one launch; dq, dk, dv contiguous as rank 5. None where the kernel does not build on
+    this Triton (``GLUON_BWD``): the caller runs the Triton backward."""
+    if GLUON_BWD.failure is not None:
+        return None
     (qs, _, vs), *_ = gluon_plan
     Z1, Z2, HQ, L, EV = *qs[:4], vs[4]
     delta = torch.empty((Z1 * Z2 * HQ, L), dtype=torch.float32, device=dq.device)
@@ -489,7 +497,9 @@ def _launch_bwd_gluon(dout, q, k, v, out, lse_k, dq, dk, dv, gluon_plan, pre=Non
     else:
         pre(delta)
     dq_sum = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
-    sdpa_bwd_gluon.launch(dout, q, k, v, lse_k, delta, dq_sum, dk, dv, gluon_plan)
+    if not GLUON_BWD(sdpa_bwd_gluon.launch, dout, q, k, v, lse_k, delta, dq_sum, dk, dv,
+                     gluon_plan):
+        return None
     return dq.copy_(dq_sum), dk, dv
 
 
@@ -682,8 +692,9 @@ class _CallPlan:
         if need_lse or lse_k is None:
             lse_k = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
         if (_FWD_BACKEND.value in self.gluon_backends
-                and (query.data_ptr() | key.data_ptr() | value.data_ptr()) & 15 == 0):
-            sdpa_fwd_gluon.launch(query, key, value, out, lse_k, self.gluon)
+                and (query.data_ptr() | key.data_ptr() | value.data_ptr()) & 15 == 0
+                and GLUON_FWD(sdpa_fwd_gluon.launch, query, key, value, out, lse_k,
+                              self.gluon)):
             return out, lse_k
         key_, grid, sizes, meta = self.fwd
         self._launch(0, _FWD, key_, grid, sizes, meta,
@@ -706,11 +717,14 @@ class _CallPlan:
             dq, dk, dv = (torch.empty(x, dtype=self.dtype, device=self.device)
                           for _, x in self.grad_shapes)
         gluon_plan = self._gluon_bwd_plan(dout, dst)
-        if gluon_plan is not None and sdpa_fwd_gluon.aligned(
-                query.data_ptr(), key.data_ptr(), value.data_ptr(), dout.data_ptr()):
-            _launch_bwd_gluon(dout, query, key, value, out, lse_k, dq, dk, dv, gluon_plan,
-                              lambda delta: self.pre((out, dout, delta, *self.out5, *dst,
-                                                      *self.pre_tail)))
+        if (gluon_plan is not None
+                and sdpa_fwd_gluon.aligned(query.data_ptr(), key.data_ptr(), value.data_ptr(),
+                                           dout.data_ptr())
+                and _launch_bwd_gluon(dout, query, key, value, out, lse_k, dq, dk, dv,
+                                      gluon_plan,
+                                      lambda delta: self.pre((out, dout, delta, *self.out5, *dst,
+                                                              *self.pre_tail))) is not None):
+            pass  # the Gluon kernel filled dq, dk, dv
         elif self.fuse:  # one launch: Delta and dQ inside the dK/dV kernel
             self._launch(1, _DKDV, dkv_key, grid_kv, sizes, meta,
                          (query, key, value, query, dout, lse_k, query, dk, dv, out, dq), rest[0])

@@ -41,6 +41,7 @@ def gluon_forward(monkeypatch, scale_error=1.0, config=dsa_fwd_gluon.CONFIG):
         yield calls
     finally:
         fdsa.set_forward_backend(previous)
+    assert fdsa.GLUON_FWD.failure is None, fdsa.GLUON_FWD.failure
 
 
 @contextlib.contextmanager
@@ -61,6 +62,7 @@ def gluon_backward(monkeypatch, scale_error=1.0):
         yield calls
     finally:
         fdsa.set_backward_backend(previous)
+    assert fdsa.GLUON_BWD.failure is None, fdsa.GLUON_BWD.failure
 
 
 CASES = {
@@ -287,3 +289,34 @@ def test_backward_dispatch(monkeypatch):
 def test_backward_applies_off_sm90_never():
     q, qr, kv, kr, idx = _tensors()
     assert not dsa_bwd_gluon.applies(q, qr, kv, kr, idx, q, q)
+
+
+def test_a_gluon_forward_that_does_not_build_falls_back(monkeypatch):
+    """On every machine (the kernel stubbed to fail as a build does): the call returns the
+    Triton forward's result, with one warning, and later calls skip the Gluon kernel."""
+    from triton.runtime.errors import OutOfResources
+    attempts = []
+
+    def fails(*args):
+        attempts.append(args[0].shape)
+        raise OutOfResources(300000, 232448, "shared memory")
+
+    monkeypatch.setattr(dsa_fwd_gluon, "applies", lambda *args: True)
+    monkeypatch.setattr(dsa_fwd_gluon, "launch", fails)
+    monkeypatch.setattr(fdsa, "GLUON_FWD", fdsa.BuildGuard("the stub"))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, qr, kv, kr, idx = _tensors(T=2, H=2, DL=16, DR=8, S=5, K=4, dtype=torch.float16,
+                                  device=device)
+    q.normal_()
+    kv.normal_()
+    previous = fdsa.set_forward_backend("triton")
+    try:
+        want = fdsa.dsa_sparse_attention(q, qr, kv, kr, idx)
+        fdsa.set_forward_backend("gluon")
+        with pytest.warns(RuntimeWarning, match="the stub failed to build"):
+            got = fdsa.dsa_sparse_attention(q, qr, kv, kr, idx)
+        again = fdsa.dsa_sparse_attention(q, qr, kv, kr, idx)
+    finally:
+        fdsa.set_forward_backend(previous)
+    assert len(attempts) == 1
+    assert torch.equal(got, want) and torch.equal(again, want)

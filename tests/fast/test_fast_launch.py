@@ -531,3 +531,27 @@ def test_direct_dsa_and_index_launches_match_tritons_on_gpu(rope):
         assert sum(la.direct_launches for la in launchers) > before, "no direct launch"
     finally:
         set_launch_mode("direct")
+
+
+def test_build_guard_falls_back_once_and_says_why():
+    """A launch that fails to build (OutOfResources, CompilationError) turns its path off with
+    one warning naming the error; a launch error of any other kind is not a build failure and
+    propagates; a working launch returns True."""
+    from triton.runtime.errors import OutOfResources
+    ran = []
+    guard = launch.BuildGuard("a Gluon kernel")
+    assert guard(lambda *args: ran.append(args), 1, 2) and ran == [(1, 2)]
+    with pytest.raises(ZeroDivisionError):
+        guard(lambda: 1 / 0)
+    assert guard.failure is None
+
+    def too_big():
+        raise OutOfResources(300000, 232448, "shared memory")
+
+    with pytest.warns(RuntimeWarning, match="a Gluon kernel failed to build.*shared memory"):
+        assert not guard(too_big)
+    assert "OutOfResources" in guard.failure
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not guard(lambda *args: ran.append(args), 3)  # off: not run, no second warning
+    assert ran == [(1, 2)]

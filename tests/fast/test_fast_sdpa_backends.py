@@ -91,3 +91,43 @@ def test_backward_backend_dispatch(monkeypatch):
     finally:
         fast_sdpa.set_forward_backend(forward)
         fast_sdpa.set_backward_backend(backward)
+
+
+def test_a_gluon_backward_that_does_not_build_falls_back(monkeypatch):
+    """The stubbed Gluon backward fails as a build does: the call's gradients are the Triton
+    backward's, with one warning; later calls do not try the Gluon kernel again."""
+    from triton.runtime.errors import OutOfResources
+    attempts = []
+
+    def fails(*args):
+        attempts.append(args)
+        raise OutOfResources(300000, 232448, "shared memory")
+
+    monkeypatch.setattr(sdpa_fwd_gluon, "plan", lambda shapes, strides, dtype, device, causal,
+                        scale: (tuple(map(tuple, shapes)), tuple(map(tuple, strides)), causal,
+                                scale))
+    monkeypatch.setattr(sdpa_fwd_gluon, "aligned", lambda *ptrs: True)
+    monkeypatch.setattr(sdpa_bwd_gluon, "plan", lambda fwd, dst, dtype: fwd + (tuple(dst),))
+    monkeypatch.setattr(sdpa_bwd_gluon, "launch", fails)
+    monkeypatch.setattr(fast_sdpa, "GLUON_BWD", fast_sdpa.BuildGuard("the stub"))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 16, 64, generator=gen).to(device, torch.float16).requires_grad_(True)
+
+    def grad():
+        return torch.autograd.grad(fast_sdpa.scaled_dot_product_attention(q, q, q).float().sum(),
+                                   q)[0]
+
+    forward = fast_sdpa.set_forward_backend("triton")
+    backward = fast_sdpa.set_backward_backend("triton")
+    try:
+        want = grad()
+        fast_sdpa.set_backward_backend("gluon")
+        with pytest.warns(RuntimeWarning, match="the stub failed to build"):
+            got = grad()
+        again = grad()
+    finally:
+        fast_sdpa.set_forward_backend(forward)
+        fast_sdpa.set_backward_backend(backward)
+    assert len(attempts) == 1
+    assert torch.equal(got, want) and torch.equal(again, want)

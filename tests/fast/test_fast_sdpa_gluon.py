@@ -44,6 +44,7 @@ def gluon_forward(monkeypatch, scale_error=1.0, backend="gluon"):
         yield calls
     finally:
         fast_sdpa.set_forward_backend(previous)
+    assert fast_sdpa.GLUON_FWD.failure is None, fast_sdpa.GLUON_FWD.failure
 
 
 @contextlib.contextmanager
@@ -65,6 +66,7 @@ def gluon_backward(monkeypatch, scale_error=1.0):
         yield calls
     finally:
         fast_sdpa.set_backward_backend(previous)
+    assert fast_sdpa.GLUON_BWD.failure is None, fast_sdpa.GLUON_BWD.failure
 
 
 def randn(*shape, dtype, gen):
