@@ -150,6 +150,66 @@ if GLUON_AVAILABLE:
         return warpgroup_mma_wait(0, deps=(acc, ))
 
     @gluon.jit
+    def _scores_and_dp_t(q_smem, qr_smem, do_smem, kl_buf, kr_buf, h_own: gl.constexpr, zero,
+                         s_layout: gl.constexpr, HAS_ROPE: gl.constexpr):
+        """S^T = K . Q^T (latent and rope) and dP^T = V . dO^T of heads [h_own, + 32) over the
+        buffer's slot block, [64 slots, 32 heads] fp32 each, waited for."""
+        k_lo = kl_buf.index(0 + zero)
+        k_hi = kl_buf.index(1 + zero)
+        q_lo = q_smem.index(0 + zero).slice(h_own, 32, dim=0).permute((1, 0))
+        q_hi = q_smem.index(1 + zero).slice(h_own, 32, dim=0).permute((1, 0))
+        s = warpgroup_mma(k_lo, q_lo, gl.zeros([64, 32], gl.float32, layout=s_layout),
+                          use_acc=False, is_async=True)
+        s = warpgroup_mma(k_hi, q_hi, s, is_async=True)
+        if HAS_ROPE:
+            qr_own = qr_smem.index(zero).slice(h_own, 32, dim=0).permute((1, 0))
+            s = warpgroup_mma(kr_buf.index(zero), qr_own, s, is_async=True)
+        do_lo = do_smem.index(0 + zero).slice(h_own, 32, dim=0).permute((1, 0))
+        do_hi = do_smem.index(1 + zero).slice(h_own, 32, dim=0).permute((1, 0))
+        dp = warpgroup_mma(k_lo, do_lo, gl.zeros([64, 32], gl.float32, layout=s_layout),
+                           use_acc=False, is_async=True)
+        dp = warpgroup_mma(k_hi, do_hi, dp, is_async=True)
+        return warpgroup_mma_wait(0, deps=(s, dp))
+
+    @gluon.jit
+    def _dq_t_products(kl_buf, kr_buf, ds_own, zero, dq_lo, dq_hi, dq_r,
+                       HAS_ROPE: gl.constexpr):
+        """dq^T += K^T . dS^T over the own heads (ds_own [64 slots, 32 heads]): the latent
+        halves and the rope part, waited for (the key buffer is free after it)."""
+        dq_lo = warpgroup_mma(kl_buf.index(0 + zero).permute((1, 0)), ds_own, dq_lo,
+                              is_async=True)
+        dq_hi = warpgroup_mma(kl_buf.index(1 + zero).permute((1, 0)), ds_own, dq_hi,
+                              is_async=True)
+        if HAS_ROPE:
+            dq_r = warpgroup_mma(kr_buf.index(zero).permute((1, 0)), ds_own, dq_r,
+                                 is_async=True)
+        return warpgroup_mma_wait(0, deps=(dq_lo, dq_hi, dq_r))
+
+    @gluon.jit
+    def _key_gradients(ds_t, p_t, q_smem, qr_smem, do_smem, x_free, dkv_ptr, dkr_ptr, rows,
+                       valid, zero, ME: gl.constexpr, kv_layout: gl.constexpr,
+                       HAS_ROPE: gl.constexpr):
+        """The block's key-gradient columns [256 ME, + 256) (and with ME 0 the rope part) over
+        all 64 heads, chunk by chunk, each added to the rows (valid [64, 1]); x_free arrives
+        once the last product has read dS^T and P^T."""
+        kv_cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, kv_layout))[None, :]
+        N_LAT: gl.constexpr = 256 // CHUNK
+        for j in gl.static_range(N_LAT):
+            acc = _kv_chunk(ds_t, p_t, q_smem, do_smem, ME, CHUNK * j, zero, kv_layout)
+            if j == N_LAT - 1 and (ME == 1 or not HAS_ROPE):
+                _signal(x_free.index(0))
+            gl.atomic_add(dkv_ptr + rows[:, None] * 512 + (ME * 256 + CHUNK * j + kv_cols),
+                          acc, mask=valid, sem="relaxed")
+        if ME == 0 and HAS_ROPE:
+            N_ROPE: gl.constexpr = 64 // CHUNK
+            for j in gl.static_range(N_ROPE):
+                acc = _rope_chunk(ds_t, qr_smem, CHUNK * j, zero, kv_layout)
+                if j == N_ROPE - 1:
+                    _signal(x_free.index(0))
+                gl.atomic_add(dkr_ptr + rows[:, None] * 64 + (CHUNK * j + kv_cols), acc,
+                              mask=valid, sem="relaxed")
+
+    @gluon.jit
     def _consumer(q_smem, qr_smem, do_smem, kl_buf, kr_buf, ds_t, p_t, q_bar, k_full, k_free,
                   ds_ready, x_free, head_smem, idx_ptr, idx_off, stride_ik, n_slots, n_blocks, S, c, scale,
                   out_ptr, out_off, stride_oh, do_ptr, do_off, stride_doh, lse_ptr, lse_off,
@@ -182,7 +242,6 @@ if GLUON_AVAILABLE:
         dq_lo = gl.zeros([256, 32], gl.float32, layout=s_layout)
         dq_hi = gl.zeros([256, 32], gl.float32, layout=s_layout)
         dq_r = gl.zeros([64, 32], gl.float32, layout=s_layout)
-        kv_cols = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, kv_layout))[None, :]
         mbarrier.wait(q_bar.index(0), 0)
         for i in range(n_blocks):
             zero = opaque_zero(i)
@@ -190,22 +249,8 @@ if GLUON_AVAILABLE:
             valid, _ = _block_rows(idx_ptr, idx_off, stride_ik, n_slots, S, i,
                                    gl.SliceLayout(1, s_layout))
             mbarrier.wait(k_full.index(0), phase)
-            k_lo = kl_buf.index(0 + zero)
-            k_hi = kl_buf.index(1 + zero)
-            q_lo = q_smem.index(0 + zero).slice(h_own, 32, dim=0).permute((1, 0))
-            q_hi = q_smem.index(1 + zero).slice(h_own, 32, dim=0).permute((1, 0))
-            s = warpgroup_mma(k_lo, q_lo, gl.zeros([64, 32], gl.float32, layout=s_layout),
-                              use_acc=False, is_async=True)
-            s = warpgroup_mma(k_hi, q_hi, s, is_async=True)
-            if HAS_ROPE:
-                qr_own = qr_smem.index(zero).slice(h_own, 32, dim=0).permute((1, 0))
-                s = warpgroup_mma(kr_buf.index(zero), qr_own, s, is_async=True)
-            do_lo = do_smem.index(0 + zero).slice(h_own, 32, dim=0).permute((1, 0))
-            do_hi = do_smem.index(1 + zero).slice(h_own, 32, dim=0).permute((1, 0))
-            dp = warpgroup_mma(k_lo, do_lo, gl.zeros([64, 32], gl.float32, layout=s_layout),
-                               use_acc=False, is_async=True)
-            dp = warpgroup_mma(k_hi, do_hi, dp, is_async=True)
-            s, dp = warpgroup_mma_wait(0, deps=(s, dp))
+            s, dp = _scores_and_dp_t(q_smem, qr_smem, do_smem, kl_buf, kr_buf, h_own, zero,
+                                     s_layout, HAS_ROPE)
             s = gl.where(valid[:, None], s * c, float("-inf"))
             p = gl.exp2(s - head_smem.index(2 * ME + zero).load(heads_l)[None, :])
             ds = p * (dp - head_smem.index(2 * ME + 1 + zero).load(heads_l)[None, :]) * scale
@@ -214,34 +259,14 @@ if GLUON_AVAILABLE:
             p_t.index(ME).store(p.to(dtype))
             fence_async_shared()
             _signal(ds_ready.index(0))
-            # dq^T += K^T . dS^T over the own heads
-            ds_own = ds_t.index(ME + zero)
-            dq_lo = warpgroup_mma(k_lo.permute((1, 0)), ds_own, dq_lo, is_async=True)
-            dq_hi = warpgroup_mma(k_hi.permute((1, 0)), ds_own, dq_hi, is_async=True)
-            if HAS_ROPE:
-                dq_r = warpgroup_mma(kr_buf.index(zero).permute((1, 0)), ds_own, dq_r,
-                                     is_async=True)
-            dq_lo, dq_hi, dq_r = warpgroup_mma_wait(0, deps=(dq_lo, dq_hi, dq_r))
+            dq_lo, dq_hi, dq_r = _dq_t_products(kl_buf, kr_buf, ds_t.index(ME + zero), zero,
+                                                dq_lo, dq_hi, dq_r, HAS_ROPE)
             _signal(k_free.index(0))
             kv_valid, rows = _block_rows(idx_ptr, idx_off, stride_ik, n_slots, S, i,
                                          gl.SliceLayout(1, kv_layout))
-            kv_valid = kv_valid[:, None]
             mbarrier.wait(ds_ready.index(0), phase)
-            N_LAT: gl.constexpr = 256 // CHUNK
-            for j in gl.static_range(N_LAT):
-                acc = _kv_chunk(ds_t, p_t, q_smem, do_smem, ME, CHUNK * j, zero, kv_layout)
-                if j == N_LAT - 1 and (ME == 1 or not HAS_ROPE):
-                    _signal(x_free.index(0))
-                gl.atomic_add(dkv_ptr + rows[:, None] * 512 + (ME * 256 + CHUNK * j + kv_cols),
-                              acc, mask=kv_valid, sem="relaxed")
-            if ME == 0 and HAS_ROPE:
-                N_ROPE: gl.constexpr = 64 // CHUNK
-                for j in gl.static_range(N_ROPE):
-                    acc = _rope_chunk(ds_t, qr_smem, CHUNK * j, zero, kv_layout)
-                    if j == N_ROPE - 1:
-                        _signal(x_free.index(0))
-                    gl.atomic_add(dkr_ptr + rows[:, None] * 64 + (CHUNK * j + kv_cols), acc,
-                                  mask=kv_valid, sem="relaxed")
+            _key_gradients(ds_t, p_t, q_smem, qr_smem, do_smem, x_free, dkv_ptr, dkr_ptr, rows,
+                           kv_valid[:, None], zero, ME, kv_layout, HAS_ROPE)
 
         # dq [t, heads, c] from dq^T [c, own heads]
         cols = gl.arange(0, 256, layout=gl.SliceLayout(1, s_layout))[:, None]
