@@ -16,11 +16,9 @@ import pytest
 
 from attention_oracle.fast.kernels import dsa_probe, gluon_probe
 
-pytestmark = [
-    pytest.mark.skipif(not gluon_probe.GLUON_AVAILABLE, reason="this Triton has no Gluon"),
-    pytest.mark.skipif(dsa_probe._bin("ptxas-blackwell", "ptxas") is None,
-                       reason="this Triton bundles no ptxas"),
-]
+needs_gluon = pytest.mark.skipif(
+    not gluon_probe.GLUON_AVAILABLE or dsa_probe._bin("ptxas-blackwell", "ptxas") is None,
+    reason="this Triton has no Gluon or bundles no ptxas")
 
 # per variant, wgmma forms (gluon_probe.wgmma_forms) its products must show
 EXPECTED_FORMS = {
@@ -58,10 +56,12 @@ def probed():
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+@needs_gluon
 def test_every_variant_is_checked(probed):
     assert set(probed) == set(EXPECTED_FORMS)
 
 
+@needs_gluon
 @pytest.mark.parametrize("name", sorted(EXPECTED_FORMS))
 def test_gluon_kernel_compiles_for_sm90(name, probed):
     result = probed[name]
@@ -70,3 +70,37 @@ def test_gluon_kernel_compiles_for_sm90(name, probed):
     assert shared <= gluon_probe.SHARED_LIMIT, f"{name}: {shared} B of shared memory"
     missing = EXPECTED_FORMS[name] - set(forms)
     assert not missing, f"{name}: no {sorted(missing)} among {forms}"
+
+
+def mismatched_waits(source):
+    """(line, targets, deps) of each ``a, b = warpgroup_mma_wait(n, deps=(...))`` in ``source``
+    whose targets do not match its deps one for one: Triton's code generator (3.6 and 3.8)
+    unpacks a tuple into fewer names without an error where Python raises (docs/FINDINGS.md
+    F33), so a dropped or shifted accumulator would compile."""
+    import ast
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+            continue
+        func = node.value.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        deps = [k.value for k in node.value.keywords if k.arg == "deps"]
+        if name != "warpgroup_mma_wait" or not deps or not isinstance(deps[0], ast.Tuple):
+            continue
+        target = node.targets[0]
+        names = len(target.elts) if isinstance(target, ast.Tuple) else 1
+        if names != len(deps[0].elts) and not (names == 1 and len(deps[0].elts) == 1):
+            bad.append((node.lineno, names, len(deps[0].elts)))
+    return bad
+
+
+def test_every_wgmma_wait_unpacks_each_dependency():
+    """Over every Gluon kernel module; the control is the form an early SDPA backward had."""
+    control = "dv, dk = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))\n"
+    assert mismatched_waits(control) == [(1, 2, 4)]
+    kernels = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "attention_oracle", "fast", "kernels")
+    for name in sorted(os.listdir(kernels)):
+        if name.endswith("_gluon.py"):
+            with open(os.path.join(kernels, name)) as f:
+                assert not mismatched_waits(f.read()), name
