@@ -211,9 +211,9 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _consumer(q_smem, qr_smem, do_smem, kl_buf, kr_buf, ds_t, p_t, q_bar, k_full, k_free,
-                  ds_ready, x_free, head_smem, idx_ptr, idx_off, stride_ik, n_slots, n_blocks, S, c, scale,
-                  out_ptr, out_off, stride_oh, do_ptr, do_off, stride_doh, lse_ptr, lse_off,
-                  dq_ptr, dq_off, dqr_ptr, dqr_off, dkv_ptr, dkr_ptr, ME: gl.constexpr,
+                  ds_ready, x_free, head_smem, idx_ptr, idx_off, stride_ik, n_slots, n_blocks,
+                  S, c, scale, out_ptr, out_off, stride_oh, do_ptr, do_off, stride_doh, lse_ptr,
+                  lse_off, dq_ptr, dq_off, dqr_ptr, dqr_off, dkv_ptr, dkr_ptr, ME: gl.constexpr,
                   HAS_ROPE: gl.constexpr):
         """Consumer ME: heads [32 ME, + 32) of the scores, dS and dq; key-gradient columns
         [256 ME, + 256) (and with ME 0 the rope part).
@@ -284,9 +284,9 @@ if GLUON_AVAILABLE:
                         stride_doh, lse_ptr, lse_off, dq_ptr, dq_off, dqr_ptr, dqr_off, dkv_ptr,
                         dkr_ptr):
         _consumer(q_smem, qr_smem, do_smem, kl_buf, kr_buf, ds_t, p_t, q_bar, k_full, k_free,
-                  ds_ready, x_free, head_smem, idx_ptr, idx_off, stride_ik, n_slots, n_blocks, S, c, scale,
-                  out_ptr, out_off, stride_oh, do_ptr, do_off, stride_doh, lse_ptr, lse_off,
-                  dq_ptr, dq_off, dqr_ptr, dqr_off, dkv_ptr, dkr_ptr, 1, True)
+                  ds_ready, x_free, head_smem, idx_ptr, idx_off, stride_ik, n_slots, n_blocks,
+                  S, c, scale, out_ptr, out_off, stride_oh, do_ptr, do_off, stride_doh, lse_ptr,
+                  lse_off, dq_ptr, dq_off, dqr_ptr, dqr_off, dkv_ptr, dkr_ptr, 1, True)
 
     @gluon.jit
     def _consumer1_nope(q_smem, qr_smem, do_smem, kl_buf, kr_buf, ds_t, p_t, q_bar, k_full,
@@ -295,9 +295,9 @@ if GLUON_AVAILABLE:
                         stride_doh, lse_ptr, lse_off, dq_ptr, dq_off, dqr_ptr, dqr_off, dkv_ptr,
                         dkr_ptr):
         _consumer(q_smem, qr_smem, do_smem, kl_buf, kr_buf, ds_t, p_t, q_bar, k_full, k_free,
-                  ds_ready, x_free, head_smem, idx_ptr, idx_off, stride_ik, n_slots, n_blocks, S, c, scale,
-                  out_ptr, out_off, stride_oh, do_ptr, do_off, stride_doh, lse_ptr, lse_off,
-                  dq_ptr, dq_off, dqr_ptr, dqr_off, dkv_ptr, dkr_ptr, 1, False)
+                  ds_ready, x_free, head_smem, idx_ptr, idx_off, stride_ik, n_slots, n_blocks,
+                  S, c, scale, out_ptr, out_off, stride_oh, do_ptr, do_off, stride_doh, lse_ptr,
+                  lse_off, dq_ptr, dq_off, dqr_ptr, dqr_off, dkv_ptr, dkr_ptr, 1, False)
 
     @gluon.jit
     def dsa_bwd_gluon_kernel(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, len_ptr, out_ptr, do_ptr,
@@ -394,9 +394,9 @@ def launch(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale, d
     rope = q_rope is not None
     qr, kr = (q_rope, k_rope) if rope else (q, kv)
     grid = (T * (H // HEADS),)
-    args = (q, qr, kv, kr, indices, topk_length if topk_length is not None else indices,
-            out, dout, lse.contiguous(), dq, dqr, dkv, dkr, H, kv.shape[0], indices.shape[1], q.stride(0),
-            q.stride(1), qr.stride(0), qr.stride(1), kv.stride(0), kr.stride(0),
+    args = (q, qr, kv, kr, indices, topk_length if topk_length is not None else indices, out,
+            dout, lse.contiguous(), dq, dqr, dkv, dkr, H, kv.shape[0], indices.shape[1],
+            q.stride(0), q.stride(1), qr.stride(0), qr.stride(1), kv.stride(0), kr.stride(0),
             indices.stride(0), indices.stride(1), out.stride(0), out.stride(1), dout.stride(0),
             dout.stride(1), scale * LOG2E, scale)
     meta = dict(HAS_ROPE=rope, HAS_LEN=topk_length is not None, num_warps=4)

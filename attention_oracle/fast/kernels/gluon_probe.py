@@ -9,11 +9,12 @@ bf16 (DSA: H 64, 512 + 64 or 512, int32 indices and lengths; SDPA: the default t
 pointer and stride arguments divisible by 16 as the launches specialise them. Prints the
 shared memory each needs (the H200 allows 232448 bytes) and, from the ptxas bundled with
 Triton, registers and spill bytes; ``--wgmma`` adds the count of each wgmma form in the PTX
-(shape and operand transposes); ``--json`` prints one JSON dict instead (name: shared, registers,
-spills, forms, or error). Run it outside Triton's CPU interpreter (``TRITON_INTERPRET`` unset):
-under it the standard library's jit functions cannot be compiled. Figures come from the local Triton, which may differ from the
-device's (Triton 3.6 there): register and spill counts moved between 3.6 and 3.8
-(docs/FINDINGS.md F31), so a figure near a limit still needs the device.
+(shape and operand transposes); ``--json`` prints one JSON dict instead (name: shared,
+registers, spills, forms, or error). Run it outside Triton's CPU interpreter
+(``TRITON_INTERPRET`` unset): under it the standard library's jit functions cannot be
+compiled. Figures come from the local Triton, which may differ from the device's (Triton 3.6
+there): register and spill counts moved between 3.6 and 3.8 (docs/FINDINGS.md F31), so a
+figure near a limit still needs the device.
 """
 import json
 import re

@@ -85,8 +85,8 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
-                  ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP,
-                  L, S, start_n, m0, n_m, n_steps, qk_scale, scale, W: gl.constexpr,
+                  ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh,
+                  GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale, W: gl.constexpr,
                   CAUSAL: gl.constexpr):
         """Consumer W: key rows [start_n + 64 W, + 64); dQ columns [W D / 2, + D / 2).
         ``bh_q0``: the row of the group's first query head in Stats / Delta (units of L
@@ -214,19 +214,20 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _consumer1(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
-                   ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L,
-                   S, start_n, m0, n_m, n_steps, qk_scale, scale):
+                   ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh,
+                   GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale):
         _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
-                  ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L,
-                  S, start_n, m0, n_m, n_steps, qk_scale, scale, 1, False)
+                  ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh,
+                  GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale, 1, False)
 
     @gluon.jit
     def _consumer1_causal(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full,
-                          qd_empty, ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0,
-                          pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale):
+                          qd_empty, ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK,
+                          DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale,
+                          scale):
         _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
-                  ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L,
-                  S, start_n, m0, n_m, n_steps, qk_scale, scale, 1, True)
+                  ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh,
+                  GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale, 1, True)
 
     @gluon.jit
     def sdpa_bwd_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, Stats, s_stat, Delta, DQ, DK,
@@ -280,8 +281,8 @@ if GLUON_AVAILABLE:
         fence_async_shared()
 
         consumer_args = (k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full,
-                         qd_empty, ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0,
-                         pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale)
+                         qd_empty, ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV,
+                         bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale)
         producer_args = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_ring, do_ring,
                          kv_bar, q_full, do_full, qd_empty, z1, z2, hk, GROUP, start_n, m0,
                          n_m, n_steps)
