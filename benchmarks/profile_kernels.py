@@ -13,6 +13,8 @@ sdpa_fwd_fast / sdpa_fwd_cudnn (B 4, H 32, L 4096, D 128), sdpa_bwd_fast / sdpa_
 under those dQ modes, ``set_dq_mode``), dsa_fwd_fast / dsa_bwd_fast (doc_16384, H 64, 512 + 64, top-k 2048;
 the default forward, Gluon on sm_90), dsa_fwd_fast_triton (the Triton forward; the backend stays
 "triton" for the workloads after it), dsa_fwd_fast_packed (the default forward on packed_glm_a),
+sdpa_bwd_gluon / dsa_bwd_gluon (the opt-in Gluon backwards, ``set_backward_backend("gluon")``,
+on the sdpa_bwd / dsa_bwd workloads),
 sdpa_fp32_fwd_{accurate,tf32x3} / sdpa_fp32_bwd_{accurate,tf32x3} / sdpa_fp32_bwd_torch
 (fp32, B 2, H 16, L 2048, D 128).
 """
@@ -84,6 +86,24 @@ def _dsa(backward, forward_backend=None, problem="doc_16384"):
     return run_backward
 
 
+def _gluon_backward(module, make):
+    """The workload ``make()`` with ``module``'s backward backend "gluon" during its calls."""
+    run = make()
+
+    def run_gluon():
+        previous = module.set_backward_backend("gluon")
+        try:
+            run()
+        finally:
+            module.set_backward_backend(previous)
+    return run_gluon
+
+
+def _dsa_module():
+    from attention_oracle.fast import dsa as fast_dsa
+    return fast_dsa
+
+
 FP32 = dict(dtype=torch.float32, shape=(2, 16, 2048, 128))
 WORKLOADS = {
     "sdpa_fwd_fast": lambda: _sdpa("fast", False),
@@ -96,6 +116,8 @@ WORKLOADS = {
     "dsa_fwd_fast_triton": lambda: _dsa(False, "triton"),
     "dsa_fwd_fast_packed": lambda: _dsa(False, problem="packed_glm_a"),
     "dsa_bwd_fast": lambda: _dsa(True),
+    "sdpa_bwd_gluon": lambda: _gluon_backward(fast_sdpa, lambda: _sdpa("fast", True)),
+    "dsa_bwd_gluon": lambda: _gluon_backward(_dsa_module(), lambda: _dsa(True)),
     "sdpa_fp32_fwd_accurate": lambda: _sdpa("fast", False, **FP32),
     "sdpa_fp32_fwd_tf32x3": lambda: _sdpa("fast", False, **FP32),
     "sdpa_fp32_fwd_torch": lambda: _sdpa("torch", False, **FP32),
