@@ -90,13 +90,21 @@ def _config(text):
 
 def host_overhead(D=128):
     """Host microseconds per forward call at a tiny shape (B 1, H 1, L 128: the device is idle
-    most of the time), fast-triton and fast-gluon in turn."""
+    most of the time), fast-triton and fast-gluon in turn, then fast-gluon with the opt-in
+    TMA descriptor cache (``fast.launch.set_tma_descriptor_cache``)."""
+    from attention_oracle.fast.launch import set_tma_descriptor_cache
     q = torch.randn(1, 1, 128, D, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         row = {b: host_us(lambda b=b: _run(b, q, q, q, False)) for b in ("triton", "gluon")}
+        set_tma_descriptor_cache(True)
+        try:
+            row["gluon_tma_cache"] = host_us(lambda: _run("gluon", q, q, q, False))
+        finally:
+            set_tma_descriptor_cache(False)
     fast_sdpa.set_forward_backend("triton")
     print(f"host us per call at L 128 D {D}: triton {row['triton']:.1f}, "
-          f"gluon {row['gluon']:.1f}", flush=True)
+          f"gluon {row['gluon']:.1f}, gluon with the TMA descriptor cache "
+          f"{row['gluon_tma_cache']:.1f}", flush=True)
     return dict(row, D=D)
 
 

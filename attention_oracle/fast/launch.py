@@ -350,6 +350,63 @@ class BuildGuard:
         return True
 
 
+class CachedEncoder:
+    """A TMA descriptor encoder whose results are kept: a ``CUtensorMap`` is a function of the
+    encoder's arguments alone (base address, swizzle, element size and type, box, shape,
+    strides, padding), so a call with equal arguments gets the object encoded before (at
+    most ``size`` kept; lists compared as tuples)."""
+
+    def __init__(self, encode, size=256):
+        self.encode = encode
+        self.size = size
+        self.kept = {}
+        self.hits = 0
+
+    def __call__(self, *args):
+        key = tuple(tuple(a) if isinstance(a, list) else a for a in args)
+        tensor_map = self.kept.get(key)
+        if tensor_map is None:
+            tensor_map = self.encode(*args)
+            if len(self.kept) >= self.size:
+                self.kept.clear()
+            self.kept[key] = tensor_map
+        else:
+            self.hits += 1
+        return tensor_map
+
+
+# the encoders Triton's launcher calls for each host TensorDescriptor argument, by release
+_TMA_ENCODERS = ("fill_tma_descriptor", "fill_tma_descriptor_tiled")
+
+
+def set_tma_descriptor_cache(on, utils=None):
+    """Whether Triton's kernel launcher keeps the TMA descriptors it encodes for host
+    ``TensorDescriptor`` arguments (the Gluon SDPA kernels pass four a call, and Triton
+    encodes each on every launch: ~10 us of the Gluon forward's host time,
+    docs/PERFORMANCE.md "Gluon forward"). Off by default (opt-in until measured); it changes
+    the driver's encoder process-wide, for every Triton kernel with such arguments, exactly
+    (a descriptor depends on its arguments alone). ``utils``: the driver's utility module
+    (the active CUDA driver's by default). Returns whether it was on; False (and nothing
+    changes) without a CUDA driver."""
+    if utils is None:
+        try:
+            from triton.runtime.driver import driver
+            utils = driver.active.utils
+        except Exception:  # noqa: BLE001 - no CUDA driver here: nothing to cache
+            return False
+    was_on = False
+    for name in _TMA_ENCODERS:
+        encode = getattr(utils, name, None)
+        if encode is None:
+            continue
+        was_on = was_on or isinstance(encode, CachedEncoder)
+        if on and not isinstance(encode, CachedEncoder):
+            setattr(utils, name, CachedEncoder(encode))
+        elif not on and isinstance(encode, CachedEncoder):
+            setattr(utils, name, encode.encode)
+    return was_on
+
+
 def other_device(tensor):
     """The index of ``tensor``'s CUDA device when it is not the current one, else None (also
     for a CPU tensor or another argument). Triton launches on the current device and its

@@ -555,3 +555,23 @@ def test_build_guard_falls_back_once_and_says_why():
         warnings.simplefilter("error")
         assert not guard(lambda *args: ran.append(args), 3)  # off: not run, no second warning
     assert ran == [(1, 2)]
+
+
+def test_tma_descriptor_cache_keeps_equal_encodings():
+    """The opt-in cache (a stand-in driver module): equal arguments (lists as tuples) return the
+    first encoding, other arguments encode anew, and turning it off restores the encoder."""
+    encoded = []
+
+    def fill_tma_descriptor(ptr, swizzle, elem, dtype, block, shape, strides, padding):
+        encoded.append(ptr)
+        return object()
+
+    utils = types.SimpleNamespace(fill_tma_descriptor=fill_tma_descriptor)
+    assert not launch.set_tma_descriptor_cache(True, utils)
+    args = (4096, 3, 2, 10, [1, 1, 1, 64, 128], [1, 1, 2, 128, 128], [1, 1, 16384, 128, 1], 0)
+    first = utils.fill_tma_descriptor(*args)
+    assert utils.fill_tma_descriptor(*args) is first
+    other = utils.fill_tma_descriptor(8192, *args[1:])
+    assert other is not first and encoded == [4096, 8192]
+    assert launch.set_tma_descriptor_cache(False, utils)
+    assert utils.fill_tma_descriptor is fill_tma_descriptor
