@@ -24,8 +24,9 @@
 #   sdpabwd      the opt-in Gluon SDPA backward: its GPU tests (tests/fast/test_fast_sdpa_gluon.py
 #                -k backward), then benchmarks.sdpa_gluon_bwd (cuDNN, the Triton and the Gluon
 #                backwards side by side), then the conformance SDPA checks under it
-#   newbwd       both opt-in Gluon backwards in one call: a small case of each (90 s each at most),
-#                then benchmarks.dsa_gluon --backward and benchmarks.sdpa_gluon_bwd at L 4k
+#   newbwd       both opt-in Gluon backwards in one call: every Gluon kernel's registers and spills
+#                under this Triton (gluon_probe), a small case of each backward (90 s each at
+#                most), then benchmarks.dsa_gluon --backward and benchmarks.sdpa_gluon_bwd at L 4k
 #   overhead     host time per call: fast and torch timed in turn (--pairs), direct vs Triton
 #                launches, and where a Python backward's time goes (benchmarks.host_threads)
 #   calibration  the calibration report on CUDA: negative controls, correct built-ins, the rule
@@ -299,6 +300,8 @@ task_sdpabwd() {
 
 task_newbwd() {
     local d=$1 rc
+    timeout 120 "$PY" -m attention_oracle.fast.kernels.gluon_probe > "$d/probe.log" 2>&1
+    note "gluon_probe (this machine's Triton): exit $?"; cut -c1-200 "$d/probe.log"
     timeout 90 "$PY" -m pytest -q -x -p no:cacheprovider \
         "$TESTS/test_fast_dsa_gluon.py::test_gluon_backward_agrees[odd_block_count-bf16-None]" \
         > "$d/dsa_first.log" 2>&1
