@@ -401,6 +401,11 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
     return out, lse_k
 
 
+def _pre_block(block_ev, interpreted):
+    """The Delta kernel's query rows a program (its tile [rows, block_ev] at most 8192)."""
+    return 64 if interpreted else max(16, min(128, 8192 // block_ev))
+
+
 @functools.lru_cache(maxsize=1024)
 def _bwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, dout_dtype, is_causal, natural,
               prec, interpreted, fold, fuse, atomic):
@@ -412,7 +417,7 @@ def _bwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, dout_dtype, is_causa
     HKV, S, EV = k_shape[2], k_shape[3], v_shape[4]
     kind = MASK_NONE if mask_dtype is None else MASK_BOOL if mask_dtype == torch.uint8 else MASK_ADD
     block_e, block_ev = _block(E), _block(EV)
-    pre_block = 64 if interpreted else max(16, min(128, 8192 // block_ev))
+    pre_block = _pre_block(block_ev, interpreted)
     meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=prec, NATURAL=natural,
                 CHUNK_E=chunk_of(block_e), CHUNK_EV=chunk_of(block_ev), BLOCK_E=block_e,
                 BLOCK_EV=block_ev, FOLD=fold, FUSE_DQ=fuse, ATOMIC_DQ=atomic)
@@ -490,7 +495,7 @@ def _launch_bwd_gluon(dout, q, k, v, out, lse_k, dq, dk, dv, gluon_plan, pre=Non
     Z1, Z2, HQ, L, EV = *qs[:4], vs[4]
     delta = torch.empty((Z1 * Z2 * HQ, L), dtype=torch.float32, device=dq.device)
     if pre is None:
-        pre_block = max(16, min(128, 8192 // _block(EV)))
+        pre_block = _pre_block(_block(EV), interpreting())
         _PRE((cdiv(L, pre_block), Z1 * Z2 * HQ),
              (out, dout, delta, *out.stride(), *dout.stride(), Z2, HQ, L, EV),
              {"BLOCK_M": pre_block, "BLOCK_EV": _block(EV)})

@@ -43,7 +43,15 @@ if GLUON_AVAILABLE:
     )
 
     from .gluon_common import opaque_zero, partition_barrier
-    from .sdpa_fwd_gluon import _descriptor, _release, _tile_view, _unchecked
+    from .sdpa_fwd_gluon import (
+        _PREPARED,
+        _descriptor,
+        _release,
+        _tile_view,
+        _unchecked,
+        descriptor_fields,
+        keep_prepared,
+    )
 
 HEAD_DIMS = (64, 128)
 BLOCK_M = 64    # query rows a step
@@ -313,20 +321,15 @@ def plan(gluon_fwd_plan, dout_stride, dtype):
     return gluon_fwd_plan + (tuple(dout_stride),)
 
 
-# per (plan, dtype): the descriptors' fields, the grid, the int arguments, the constexprs
-_PREPARED = {}
-_MAX_PREPARED = 256
-
-
 def _prepare(dout, query, key, value, stats, bwd_plan):
+    """The descriptors' fields, the grid, the int arguments and the constexprs of one plan."""
     (qs, ks, vs), (qst, kst, vst), is_causal, scale, dst = bwd_plan
     Z1, Z2, HQ, L, _ = qs
     HKV, S = ks[2], ks[3]
     descs = (_descriptor(query, qs, qst, BLOCK_M), _descriptor(key, ks, kst, BLOCK_N),
              _descriptor(value, vs, vst, BLOCK_N), _descriptor(dout, qs, dst, BLOCK_M))
-    fields = tuple({n: v for n, v in vars(d).items() if n != "base"} for d in descs)
     ints = (Z2, HQ, HQ // HKV, L, S, scale * LOG2E, scale)
-    return fields, (-(-S // BLOCK_N), Z1 * Z2 * HKV), ints, dict(CAUSAL=is_causal, num_warps=4)
+    return descriptor_fields(descs), (-(-S // BLOCK_N), Z1 * Z2 * HKV), ints, dict(CAUSAL=is_causal, num_warps=4)
 
 
 def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan):
@@ -334,13 +337,9 @@ def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan):
     contiguous as rank-5 [Z1, Z2, H, rows, D], from query, key, value and dout read as the
     plan's rank-5 shapes and strides; ``stats`` the forward's row statistics ([R, ...] float32,
     rows m and log2 l), ``delta`` [Z1*Z2*HQ, L] float32 = rowsum(dO * O)."""
-    cache_key = (bwd_plan, query.dtype)
-    prepared = _PREPARED.get(cache_key)
-    if prepared is None:
-        prepared = _prepare(dout, query, key, value, stats, bwd_plan)
-        if len(_PREPARED) >= _MAX_PREPARED:
-            _PREPARED.clear()
-        _PREPARED[cache_key] = prepared
+    cache_key = (bwd_plan, query.dtype)  # a 5-tuple plan: never a forward's key
+    prepared = _PREPARED.get(cache_key) or keep_prepared(
+        cache_key, _prepare(dout, query, key, value, stats, bwd_plan))
     (fq, fk, fv, fd), grid, ints, meta = prepared
     args = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
             _unchecked(fd, dout), stats, stats.stride(0), delta, dq_sum, dk, dv, *ints)

@@ -532,10 +532,24 @@ def _unchecked(fields, t):
     return desc
 
 
-# per (plan, dtype, CONFIG): the descriptors' fields, the grid, the non-descriptor arguments
-# and the constexprs, made once from a first call's tensors (descriptors checked then)
+# per (plan, dtype, CONFIG) of the forward and (backward plan, dtype) of the backward
+# (sdpa_bwd_gluon): the descriptors' fields, the grid, the non-descriptor arguments and the
+# constexprs, made once from a first call's tensors (descriptors checked then)
 _PREPARED = {}
 _MAX_PREPARED = 256
+
+
+def descriptor_fields(descs):
+    """Each checked descriptor's fields but its base (what :func:`_unchecked` takes)."""
+    return tuple({n: v for n, v in vars(d).items() if n != "base"} for d in descs)
+
+
+def keep_prepared(key, prepared):
+    """``prepared`` kept under ``key`` in ``_PREPARED`` (at most ``_MAX_PREPARED`` entries)."""
+    if len(_PREPARED) >= _MAX_PREPARED:
+        _PREPARED.clear()
+    _PREPARED[key] = prepared
+    return prepared
 
 
 def _prepare(query, key, value, out, stats, gluon_plan):
@@ -547,7 +561,7 @@ def _prepare(query, key, value, out, stats, gluon_plan):
     descs = (_descriptor(query, qs, qst, block_m), _descriptor(key, ks, kst, block_n),
              _descriptor(value, vs, vst, block_n),
              _descriptor(out, os_, ost, block_m // 2 if ws else block_m))
-    fields = tuple({n: v for n, v in vars(d).items() if n != "base"} for d in descs)
+    fields = descriptor_fields(descs)
     grid = (-(-L // block_m), Z1 * Z2 * HQ)
     ints = (stats.stride(0), Z2, HQ, HQ // ks[2], L, ks[3], scale * LOG2E)
     meta = dict(CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
@@ -562,12 +576,8 @@ def launch(query, key, value, out, stats, gluon_plan):
     tensors can be passed as they are). Launched through :class:`fast.launch.DirectLauncher`
     (Triton's own path for the first launch of each specialization)."""
     cache_key = (gluon_plan, query.dtype, CONFIG)
-    prepared = _PREPARED.get(cache_key)
-    if prepared is None:
-        prepared = _prepare(query, key, value, out, stats, gluon_plan)
-        if len(_PREPARED) >= _MAX_PREPARED:
-            _PREPARED.clear()
-        _PREPARED[cache_key] = prepared
+    prepared = _PREPARED.get(cache_key) or keep_prepared(
+        cache_key, _prepare(query, key, value, out, stats, gluon_plan))
     (fq, fk, fv, fo), grid, ints, meta, launcher = prepared
     args = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
             _unchecked(fo, out), stats, *ints)
