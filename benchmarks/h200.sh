@@ -260,15 +260,21 @@ task_profile() {
         "$d/ncu.txt" | cut -c1-160 | head -150
 }
 
+# one small case of a new kernel before the rest: one that hangs (its barriers) or fails costs
+# 90 s, not the whole device call. first_case DIR NAME TEST (NAME dsa or sdpa): its exit status
+DSA_FIRST="$TESTS/test_fast_dsa_gluon.py::test_gluon_backward_agrees[odd_block_count-bf16-None]"
+SDPA_FIRST="$TESTS/test_fast_sdpa_gluon.py::test_gluon_backward_agrees[128-300-777-True-bf16]"
+first_case() {
+    local d=$1 name=$2 rc
+    timeout 90 "$PY" -m pytest -q -x -p no:cacheprovider "$3" > "$d/$name-first.log" 2>&1
+    rc=$?
+    note "the Gluon $name backward, first case: exit $rc"; tail -15 "$d/$name-first.log" | cut -c1-300
+    return $rc
+}
+
 task_dsabwd() {
     local d=$1
-    # one small case first: a kernel that hangs (its barriers) or fails costs 90 s, not the call
-    timeout 90 "$PY" -m pytest -q -x -p no:cacheprovider \
-        "$TESTS/test_fast_dsa_gluon.py::test_gluon_backward_agrees[odd_block_count-bf16-None]" \
-        > "$d/first.log" 2>&1
-    local rc=$?
-    note "Gluon DSA backward, first case: exit $rc"; tail -15 "$d/first.log" | cut -c1-300
-    [ "$rc" = 0 ] || return 1
+    first_case "$d" dsa "$DSA_FIRST" || return 1
     timeout 240 "$PY" -m pytest -q -p no:cacheprovider "$TESTS/test_fast_dsa_gluon.py" -k backward \
         > "$d/tests.log" 2>&1
     note "Gluon backward tests: exit $?"; tail -15 "$d/tests.log" | cut -c1-300
@@ -282,12 +288,7 @@ task_dsabwd() {
 
 task_sdpabwd() {
     local d=$1
-    timeout 90 "$PY" -m pytest -q -x -p no:cacheprovider \
-        "$TESTS/test_fast_sdpa_gluon.py::test_gluon_backward_agrees[128-300-777-True-bf16]" \
-        > "$d/first.log" 2>&1
-    local rc=$?
-    note "Gluon SDPA backward, first case: exit $rc"; tail -15 "$d/first.log" | cut -c1-300
-    [ "$rc" = 0 ] || return 1
+    first_case "$d" sdpa "$SDPA_FIRST" || return 1
     timeout 240 "$PY" -m pytest -q -p no:cacheprovider "$TESTS/test_fast_sdpa_gluon.py" -k backward \
         > "$d/tests.log" 2>&1
     note "Gluon SDPA backward tests: exit $?"; tail -15 "$d/tests.log" | cut -c1-300
@@ -299,23 +300,15 @@ task_sdpabwd() {
 }
 
 task_newbwd() {
-    local d=$1 rc
+    local d=$1
     timeout 120 "$PY" -m attention_oracle.fast.kernels.gluon_probe > "$d/probe.log" 2>&1
     note "gluon_probe (this machine's Triton): exit $?"; cut -c1-200 "$d/probe.log"
-    timeout 90 "$PY" -m pytest -q -x -p no:cacheprovider \
-        "$TESTS/test_fast_dsa_gluon.py::test_gluon_backward_agrees[odd_block_count-bf16-None]" \
-        > "$d/dsa_first.log" 2>&1
-    rc=$?; note "Gluon DSA backward, first case: exit $rc"; tail -12 "$d/dsa_first.log" | cut -c1-300
-    if [ "$rc" = 0 ]; then
+    if first_case "$d" dsa "$DSA_FIRST"; then
         timeout 150 "$PY" -m benchmarks.dsa_gluon --backward --reps 5 \
             --out "$d/dsa_gluon_bwd.json" > "$d/dsa_bench.log" 2>&1
         note "benchmarks.dsa_gluon --backward: exit $?"; cut -c1-300 "$d/dsa_bench.log"
     fi
-    timeout 90 "$PY" -m pytest -q -x -p no:cacheprovider \
-        "$TESTS/test_fast_sdpa_gluon.py::test_gluon_backward_agrees[128-300-777-True-bf16]" \
-        > "$d/sdpa_first.log" 2>&1
-    rc=$?; note "Gluon SDPA backward, first case: exit $rc"; tail -12 "$d/sdpa_first.log" | cut -c1-300
-    if [ "$rc" = 0 ]; then
+    if first_case "$d" sdpa "$SDPA_FIRST"; then
         timeout 150 "$PY" -m benchmarks.sdpa_gluon_bwd --shapes 1 --json "$d/sdpa_gluon_bwd.json" \
             > "$d/sdpa_bench.log" 2>&1
         note "benchmarks.sdpa_gluon_bwd --shapes 1: exit $?"; cut -c1-400 "$d/sdpa_bench.log"
