@@ -43,7 +43,7 @@ import torch
 import attention_oracle.fast.dsa as fdsa
 from attention_oracle.fast.index import offset_gather_kv_indices, set_pdl
 
-from .timing import host_us, plot_panels, queued_ms, synced_ms
+from .timing import fast_settings, host_us, plot_panels, queued_ms, synced_ms
 
 H, DL, DR, TOPK = 64, 512, 64, 2048
 DQK, DV = DL + DR, DL
@@ -757,6 +757,7 @@ def main():
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     results = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                    triton=__import__("triton").__version__, quick=args.quick,
+                   fast_settings=fast_settings(),
                    geometry=dict(H=H, Dl=DL, Dr=DR, Dv=DV, topk=TOPK, dtype="bfloat16"))
 
     def save(section, value):

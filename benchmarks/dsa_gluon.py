@@ -43,7 +43,7 @@ from .dsa import (
     rel_error,
     tflops,
 )
-from .timing import queued_ms, synced_ms
+from .timing import fast_settings, queued_ms, synced_ms
 
 
 def load_kernel(name, path):
@@ -141,7 +141,7 @@ def main():
                 for v, path in (spec.split("=", 1) for spec in args.kernel_file)]
     gen = torch.Generator(device="cuda").manual_seed(0)
     results = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                   triton=__import__("triton").__version__)
+                   triton=__import__("triton").__version__, fast_settings=fast_settings())
     for name in filter(None, args.problems.split(",")):
         p = named_problem(name, gen)
         for rnd in range(args.rounds):

@@ -40,7 +40,9 @@
 #   all          check conformance overhead sdpa dsa calibration, in that order (several calls' worth)
 #
 # Everything is written under $OUT/TASK/ (default ./out, which git ignores): logs, JSON reports,
-# $OUT/TASK/summary.txt with the lines that matter. Nothing is written into the tree.
+# $OUT/TASK/summary.txt with the lines that matter; then benchmarks.targets judges the speed
+# targets from every benchmark JSON under $OUT ($OUT/targets.txt: one verdict line each, the
+# cells in $OUT/targets.json). Nothing is written into the tree.
 # Knobs (environment): OUT, PY (python3), BUDGET (conformance seconds), WORKERS (conformance
 # xdist workers, 12), IMPLS (conformance implementations, "fast"), GLUON, FP32, TUNE; the
 # calibration budgets B_CONTROLS B_TORCH B_RULE B_NARROW B_FAST (120 60 80 60 40 s), GRACE (30),
@@ -341,5 +343,7 @@ for t in "${tasks[@]}"; do
     } 2>&1 | tee "$d/summary.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
 done
-note "done; results under $OUT/{$(IFS=,; echo "${tasks[*]}")}/"
+# the speed targets judged from every benchmark JSON under $OUT so far (this call's and earlier)
+"$PY" -m benchmarks.targets "$OUT" --json "$OUT/targets.json" 2>&1 | grep -v "^ " | tee "$OUT/targets.txt"
+note "done; results under $OUT/{$(IFS=,; echo "${tasks[*]}")}/, the targets in $OUT/targets.{txt,json}"
 exit $status

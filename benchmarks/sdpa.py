@@ -39,7 +39,7 @@ from attention_oracle.fast.sdpa import FP32_MODES, set_dq_mode, set_fp32_mode
 from attention_oracle.fast.sdpa import scaled_dot_product_attention as fast_sdpa
 from attention_oracle.oracle.sdpa import sdpa_reference
 
-from .timing import host_us, plot_panels, queued_ms, synced_ms, write_json
+from .timing import fast_settings, host_us, plot_panels, queued_ms, synced_ms, write_json
 
 N_FORCED_CONFIGS = 4  # the most configs any kernel keeps after pruning (bf16, D <= 128)
 N_FORCED_ATOMIC = 8  # the same with the atomic-dQ mode's own dK/dV tiles
@@ -459,6 +459,7 @@ def main(argv=None):
                else [int(x) for x in args.lengths.split(",")])
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": triton.__version__, "cudnn": torch.backends.cudnn.version(),
+              "fast_settings": fast_settings(),
               "dtype": "bfloat16", "heads": args.heads, "tokens": args.tokens,
               "rep_ms": args.rep, "synced_reps": args.synced_reps, "points": []}
 

@@ -19,7 +19,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention_oracle.fast import sdpa as fast_sdpa
-from benchmarks.timing import queued_ms, synced_ms, tflops
+from benchmarks.timing import fast_settings, queued_ms, synced_ms, tflops
 
 SHAPES = [(16, 32, 1024), (4, 32, 4096), (1, 32, 16384)]
 
@@ -93,7 +93,8 @@ def main():
                       flush=True)
                 if args.json:
                     with open(args.json, "w") as f:
-                        json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f,
+                        json.dump(dict(device=torch.cuda.get_device_name(), rows=rows,
+                                       fast_settings=fast_settings()), f,
                                   indent=1)
 
 

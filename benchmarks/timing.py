@@ -77,6 +77,14 @@ def tflops(flop, ms):
     return flop / (ms * 1e-3) / 1e12 if ms and ms > 0 else float("nan")
 
 
+def fast_settings():
+    """fast's process-wide options now (its defaults unless the environment or a setter
+    changed them): what a benchmark's JSON records beside its figures, so that a figure says
+    which backend and mode it measured (benchmarks.targets reads the fp32 modes from it)."""
+    from attention_oracle.fast import dsa, sdpa
+    return {"sdpa": sdpa.settings(), "dsa": dsa.settings()}
+
+
 def write_json(path, obj):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as fh:

@@ -98,6 +98,13 @@ def set_fp32_mode(mode):
     return _FP32.set(mode)
 
 
+def settings():
+    """The process-wide options later calls run under, by name (what a benchmark records
+    beside its figures)."""
+    return {"forward_backend": _FWD_BACKEND.value, "backward_backend": _BWD_BACKEND.value,
+            "fp32_mode": _FP32.value}
+
+
 def _bf16x6(dtype):
     """Whether inputs of this dtype take the "bf16x6" launches."""
     return dtype == torch.float32 and _FP32.value == "bf16x6"

@@ -212,6 +212,13 @@ def set_dq_mode(mode):
     return previous
 
 
+def settings():
+    """The process-wide options later calls run under, by name (what a benchmark records
+    beside its figures)."""
+    return {"forward_backend": _FWD_BACKEND.value, "backward_backend": _BWD_BACKEND.value,
+            "dq_mode": _DQ_MODE.value, "fp32_mode": _FP32.value}
+
+
 def deterministic():
     """Whether later calls give bitwise-equal outputs and gradients for equal inputs: in
     :func:`set_dq_mode`'s "kernel" mode."""
