@@ -56,6 +56,20 @@ def test_default_backend_and_bad_value():
         fast_sdpa.set_forward_backend(previous)
 
 
+def test_settings_name_the_options_later_calls_run_under():
+    from attention_oracle.fast import dsa as fast_dsa
+    previous = fast_sdpa.set_backward_backend("gluon"), fast_dsa.set_fp32_mode("acc64")
+    try:
+        assert fast_sdpa.settings()["backward_backend"] == "gluon"
+        assert set(fast_sdpa.settings()) == {"forward_backend", "backward_backend", "dq_mode",
+                                             "fp32_mode"}
+        assert fast_dsa.settings()["fp32_mode"] == "acc64"
+    finally:
+        fast_sdpa.set_backward_backend(previous[0])
+        fast_dsa.set_fp32_mode(previous[1])
+    assert fast_sdpa.settings()["backward_backend"] == previous[0]
+
+
 def test_backward_backend_dispatch(monkeypatch):
     """Under "gluon" the backward of a call the Gluon plans take goes to the Gluon launch,
     through the eager call plan and the general path, and the calls are no longer
