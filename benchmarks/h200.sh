@@ -12,7 +12,8 @@
 #                .ci/gpu; BUDGET (500 s) is enough for the full-size DSA fixtures
 #   sdpa         benchmarks.sdpa at L 1k/4k/16k, D 64/128 (fast vs cuDNN, FA2, default dispatch;
 #                fp32 rows included), benchmarks.compare fast vs torch, and with GLUON=1 the
-#                opt-in Gluon forward (benchmarks.sdpa_gluon, D 64 and 128, and where its host time goes);
+#                Gluon WS forward beside its ping-pong form (benchmarks.sdpa_gluon, D 64 and 128, and
+#                where its host time goes);
 #                ATOMIC_DQ=1 adds forward+backward under the atomic-dQ mode, SDPA_LENGTHS the lengths
 #   dsa          benchmarks.dsa --quick (doc_4096, doc_16384, packed_glm_a, NoPE rows, index
 #                preparation, PDL), then benchmarks.dsa_gluon (the forward's Triton and Gluon
@@ -128,7 +129,7 @@ task_sdpa() {
         --areas sdpa --out "$d/compare.json" > "$d/compare.log" 2>&1
     note "benchmarks.compare fast torch: exit $?"; tail -20 "$d/compare.log"
     if [ "${GLUON:-0}" = 1 ]; then
-        timeout 200 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,1 128,128,2,8 --shapes 0,1,2 \
+        timeout 200 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,1 128,128,2,4,2 --shapes 0,1,2 \
             --dims 64,128 --json "$d/gluon.json" > "$d/gluon.log" 2>&1
         note "benchmarks.sdpa_gluon: exit $?"; grep -v "^{" "$d/gluon.log" | tail -28
         timeout 60 "$PY" -m benchmarks.sdpa_gluon --host-parts --dims 64,128 \

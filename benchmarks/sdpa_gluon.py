@@ -83,9 +83,10 @@ def measure(cfgs, B, H, L, causal, D=128, dtype=torch.bfloat16):
 
 def _config(text):
     """"BLOCK_M,BLOCK_N,STAGES,num_warps[,WS]" -> sdpa_fwd_gluon.CONFIG (WS 1: the
-    warp-specialized kernel)."""
+    warp-specialized kernel; 2: its ping-pong form, sdpa_fwd_gluon.PINGPONG)."""
     c = [int(x) for x in text.split(",")]
-    return (*c[:4], bool(c[4]) if len(c) > 4 else False)
+    ws = c[4] if len(c) > 4 else 0
+    return (*c[:4], ws if ws == sdpa_fwd_gluon.PINGPONG else bool(ws))
 
 
 def host_overhead(D=128):

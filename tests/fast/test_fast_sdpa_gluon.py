@@ -227,7 +227,9 @@ def test_planted_wrong_scale_in_the_backward_is_caught(gen, monkeypatch):
                     reason="set ATTENTION_ORACLE_GLUON_VARIANTS=1 to check the other Gluon configs")
 # (config, head dim): the 128 x 256 tile fits shared memory at head dim 64 only
 @pytest.mark.parametrize("config,D", [((64, 64, 2, 4, False), 128), ((128, 128, 2, 8, False), 128),
-                                      ((128, 64, 3, 4, True), 128), ((128, 256, 2, 4, True), 64)],
+                                      ((128, 64, 3, 4, True), 128), ((128, 256, 2, 4, True), 64),
+                                      ((128, 128, 2, 4, sdpa_fwd_gluon.PINGPONG), 128),
+                                      ((128, 128, 2, 4, sdpa_fwd_gluon.PINGPONG), 64)],
                          ids=str)
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_other_configs_agree(config, D, is_causal, gen, monkeypatch):

@@ -3,7 +3,8 @@
     python -m attention_oracle.fast.kernels.gluon_probe [NAME ...] [--wgmma] [--json]
 
 Names (all by default): ``dsa_fwd``, ``dsa_fwd_nope``, ``dsa_bwd``, ``dsa_bwd_nope``,
-``sdpa_fwd_d64``, ``sdpa_fwd_d128``, ``sdpa_fwd_d128_causal``, ``sdpa_bwd_d64``,
+``sdpa_fwd_d64``, ``sdpa_fwd_d128``, ``sdpa_fwd_d128_causal``, ``sdpa_fwd_d128_pingpong``,
+``sdpa_fwd_d128_causal_pingpong`` (the forward's opt-in ping-pong form), ``sdpa_bwd_d64``,
 ``sdpa_bwd_d128``, ``sdpa_bwd_d128_causal``: the production configuration of each kernel in
 bf16 (DSA: H 64, 512 + 64 or 512, int32 indices and lengths; SDPA: the default tile), with
 pointer and stride arguments divisible by 16 as the launches specialise them. Prints the
@@ -66,15 +67,17 @@ def _descriptor(rows, head_dim):
     return f"tensordesc<bf16[1, 1, 1, {rows}, {head_dim}],{layout!r}>"
 
 
-def _sdpa_fwd(head_dim, causal):
+def _sdpa_fwd(head_dim, causal, pingpong=False):
     bm, bn, stages, warps, ws = sdpa_fwd_gluon.CONFIG
     kernel = sdpa_fwd_gluon.sdpa_fwd_gluon_ws_kernel if ws else sdpa_fwd_gluon.sdpa_fwd_gluon_kernel
     signature = dict(_SDPA_SCALARS, q_desc=_descriptor(bm, head_dim),
                      k_desc=_descriptor(bn, head_dim), v_desc=_descriptor(bn, head_dim),
                      o_desc=_descriptor(bm // 2 if ws else bm, head_dim))
-    return _compile(kernel, signature, dict(CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn,
-                                            HEAD_D=head_dim, STAGES=stages, num_warps=warps),
-                    ["Stats"])
+    constexprs = dict(CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=head_dim, STAGES=stages,
+                      num_warps=warps)
+    if ws:
+        constexprs["PINGPONG"] = pingpong
+    return _compile(kernel, signature, constexprs, ["Stats"])
 
 
 def _sdpa_bwd(head_dim, causal):
@@ -103,6 +106,8 @@ def variants():
         "sdpa_fwd_d64": lambda: _sdpa_fwd(64, False),
         "sdpa_fwd_d128": lambda: _sdpa_fwd(128, False),
         "sdpa_fwd_d128_causal": lambda: _sdpa_fwd(128, True),
+        "sdpa_fwd_d128_pingpong": lambda: _sdpa_fwd(128, False, pingpong=True),
+        "sdpa_fwd_d128_causal_pingpong": lambda: _sdpa_fwd(128, True, pingpong=True),
         "sdpa_bwd_d64": lambda: _sdpa_bwd(64, False),
         "sdpa_bwd_d128": lambda: _sdpa_bwd(128, False),
         "sdpa_bwd_d128_causal": lambda: _sdpa_bwd(128, True),

@@ -59,9 +59,11 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # (BLOCK_M, BLOCK_N, STAGES, num_warps, WS): WS=False is sdpa_fwd_gluon_kernel (num_warps 8:
 # two warpgroups of 64 query rows in lockstep); WS=True is sdpa_fwd_gluon_ws_kernel (num_warps
-# 4 for the first consumer; a second consumer and a producer warp as workers). H200, bf16
+# 4 for the first consumer; a second consumer and a producer warp as workers), WS=PINGPONG the
+# same with the consumers taking turns to issue their products (not yet timed). H200, bf16
 # L 4096 D 128: 631 / 586 TFLOP/s queued / synced against 520 / 462 for WS=False (docs/PERFORMANCE.md,
 # "Gluon forward (opt-in), D 128").
+PINGPONG = 2
 CONFIG = (128, 128, 2, 4, True)
 # fast.sdpa's default forward backend ("auto") takes this kernel where it measured faster than
 # the Triton forward on the H200, its host cost included (docs/PERFORMANCE.md "Gluon forward"):
@@ -276,14 +278,17 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _ws_consumer(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
-                     k_empty, v_empty, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
+                     k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
                      qk_scale, ROW0: gl.constexpr, CAUSAL: gl.constexpr,
                      ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                      STAGES: gl.constexpr):
         """One warpgroup: query rows [start_m + ROW0, + ROWS) against every key tile, the
         intra-warpgroup overlap of :func:`sdpa_fwd_gluon_kernel`; frees each K stage after its
         S and each V stage after its P.V (thread 0 of the partition arrives: a partition
-        barrier first)."""
+        barrier first). With two ``turn`` barriers (PINGPONG) the two consumers take turns to
+        issue their products, FA3's ping-pong: a round's wgmmas (S_j, and P_{j-1} V_{j-1})
+        wait for ``turn[ME]`` and pass the turn on once issued, so one warpgroup's softmax
+        runs while the other's products hold the tensor cores."""
         dtype: gl.constexpr = q_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -294,6 +299,8 @@ if GLUON_AVAILABLE:
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         q_rows = q_smem.reshape([2 * ROWS, HEAD_D]).slice(ROW0, ROWS)
         row_m = start_m + ROW0
+        PINGPONG: gl.constexpr = turn.shape[0] == 2
+        ME: gl.constexpr = ROW0 // ROWS
 
         s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
         acc = gl.zeros([ROWS, HEAD_D], gl.float32, layout=o_layout)
@@ -302,8 +309,12 @@ if GLUON_AVAILABLE:
         mbarrier.wait(q_bar.index(0), 0)
 
         mbarrier.wait(k_full.index(0), 0)
+        if PINGPONG:
+            _take_turn(turn, ME, 0)
         s_tok = warpgroup_mma(q_rows, _tile_view(k_ring, 0, BLOCK_N, HEAD_D).permute((1, 0)),
                               s_zero, use_acc=False, is_async=True)
+        if PINGPONG:
+            _release(turn, 1 - ME)
         s = warpgroup_mma_wait(0, deps=(s_tok, ))
         _release(k_empty, 0)
         if free_hi > 0:
@@ -320,11 +331,15 @@ if GLUON_AVAILABLE:
             prev = (j - 1) % STAGES
             mbarrier.wait(k_full.index(stage), (j // STAGES) & 1)
             k_t = _tile_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0))
+            if PINGPONG:
+                _take_turn(turn, ME, j)
             s_tok = warpgroup_mma(q_rows, k_t, s_zero, use_acc=False, is_async=True)
             acc = acc * alpha_o[:, None]
             mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
             o_tok = warpgroup_mma(p_op, _tile_view(v_ring, prev, BLOCK_N, HEAD_D), acc,
                                   is_async=True)
+            if PINGPONG:
+                _release(turn, 1 - ME)
             s = warpgroup_mma_wait(1, deps=(s_tok, ))
             _release(k_empty, stage)
             start_n = j * BLOCK_N
@@ -342,8 +357,12 @@ if GLUON_AVAILABLE:
         last = (n_tiles - 1) % STAGES
         acc = acc * alpha_o[:, None]
         mbarrier.wait(v_full.index(last), ((n_tiles - 1) // STAGES) & 1)
+        if PINGPONG:
+            _take_turn(turn, ME, n_tiles)
         o_tok = warpgroup_mma(p_op, _tile_view(v_ring, last, BLOCK_N, HEAD_D), acc,
                               is_async=True)
+        if PINGPONG:
+            _release(turn, 1 - ME)
         acc = warpgroup_mma_wait(0, deps=(o_tok, ))
 
         l_o = gl.convert_layout(l_i, row_o)
@@ -364,6 +383,13 @@ if GLUON_AVAILABLE:
         tma.store_wait(pendings=0)
 
     @gluon.jit
+    def _take_turn(turn, me, rnd):
+        """Wait until consumer ``me`` may issue the products of its round ``rnd`` (0, 1, ...):
+        consumer 0 goes first (a fresh barrier passes phase 1 at once), then each waits for
+        the other's pass of the round before (consumer 1: of the same round)."""
+        mbarrier.wait(turn.index(me), (rnd & 1) ^ (1 - me))
+
+    @gluon.jit
     def _release(empty, stage):
         """Free one ring stage: every warp of this partition is past its wgmma wait, then
         thread 0 arrives (mbarrier.arrive is issued by thread 0 only)."""
@@ -372,23 +398,23 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _ws_consumer_hi(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
-                        k_empty, v_empty, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
-                        qk_scale):
+                        k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L,
+                        S, qk_scale):
         """The second consumer (a worker partition), not causal."""
         ROWS: gl.constexpr = o_desc.block_type.shape[3]
         _ws_consumer(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
-                     k_empty, v_empty, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
+                     k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
                      qk_scale, ROWS, False, ROWS, k_ring.shape[4], k_ring.shape[5],
                      k_ring.shape[0])
 
     @gluon.jit
     def _ws_consumer_hi_causal(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full,
-                               v_full, k_empty, v_empty, z1, z2, h, pid_bh, start_m, free_hi,
-                               n_tiles, L, S, qk_scale):
+                               v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m,
+                               free_hi, n_tiles, L, S, qk_scale):
         """The second consumer (a worker partition), causal."""
         ROWS: gl.constexpr = o_desc.block_type.shape[3]
         _ws_consumer(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
-                     k_empty, v_empty, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
+                     k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
                      qk_scale, ROWS, True, ROWS, k_ring.shape[4], k_ring.shape[5],
                      k_ring.shape[0])
 
@@ -397,11 +423,13 @@ if GLUON_AVAILABLE:
                                  Z2, HQ, GROUP, L, S, qk_scale,
                                  CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                                  BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                                 STAGES: gl.constexpr, num_warps: gl.constexpr):
+                                 STAGES: gl.constexpr, num_warps: gl.constexpr,
+                                 PINGPONG: gl.constexpr = False):
         """Warp-specialized form of :func:`sdpa_fwd_gluon_kernel` (FA3's roles): a producer
         warp loads Q and the K/V rings by TMA; two consumer warpgroups (the default
-        partition: rows [0, BLOCK_M/2); a worker: the rest) run independently on their halves,
-        freeing each stage through an empty barrier of count 2. ``num_warps`` = 4; o_desc's
+        partition: rows [0, BLOCK_M/2); a worker: the rest) run on their halves, freeing each
+        stage through an empty barrier of count 2; independently, or with PINGPONG taking
+        turns to issue their products (:func:`_ws_consumer`). ``num_warps`` = 4; o_desc's
         block has BLOCK_M/2 rows."""
         ROWS: gl.constexpr = BLOCK_M // 2
         pid_m = gl.program_id(0)
@@ -424,12 +452,18 @@ if GLUON_AVAILABLE:
         v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        # the consumers' turns: two barriers under PINGPONG, else one unused (the consumers
+        # read the mode from this shape: worker arguments carry no constexprs)
+        turn = gl.allocate_shared_memory(gl.int64, [2 if PINGPONG else 1, 1],
+                                         mbarrier.MBarrierLayout())
         mbarrier.init(q_bar.index(0), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_full.index(i), count=1)
             mbarrier.init(v_full.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)
             mbarrier.init(v_empty.index(i), count=2)
+        for i in gl.static_range(2 if PINGPONG else 1):
+            mbarrier.init(turn.index(i), count=1)
         fence_async_shared()
         if CAUSAL:
             hi = gl.minimum(start_m + BLOCK_M, S)
@@ -441,8 +475,8 @@ if GLUON_AVAILABLE:
             free_hi = (S // BLOCK_N) * BLOCK_N
         n_tiles = gl.cdiv(hi, BLOCK_N)
         consumer_args = (o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
-                         k_empty, v_empty, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
-                         qk_scale)
+                         k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles,
+                         L, S, qk_scale)
         producer_args = (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
                          k_empty, v_empty, z1, z2, h, hk, start_m, n_tiles)
         if CAUSAL:
@@ -566,6 +600,8 @@ def _prepare(query, key, value, out, stats, gluon_plan):
     ints = (stats.stride(0), Z2, HQ, HQ // ks[2], L, ks[3], scale * LOG2E)
     meta = dict(CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
                 STAGES=stages, num_warps=warps)
+    if ws:
+        meta["PINGPONG"] = ws == PINGPONG
     return fields, grid, ints, meta, _WS_LAUNCH if ws else _LAUNCH
 
 
