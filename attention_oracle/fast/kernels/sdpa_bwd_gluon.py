@@ -257,8 +257,10 @@ if GLUON_AVAILABLE:
         m0 = 0
         if CAUSAL:  # top-left: a query sees the keys up to its own row
             m0 = gl.minimum(start_n // 64, n_mb)
-        n_m = n_mb - m0
-        n_steps = GROUP * n_m
+        n_steps = GROUP * (n_mb - m0)
+        # query blocks per head for the walk's division: at least 1, so that a program with no
+        # step (causal keys past every query) divides by 1, not 0 (its walk results are unused)
+        n_m = gl.maximum(n_mb - m0, 1)
         bh_q0 = (z1 * Z2 + z2) * HQ + hk * GROUP
 
         # K and V as one-stage rings ([1] + block): views through an index (_consumer)
