@@ -13,6 +13,7 @@ import torch
 import attention_oracle.oracle.dsa as dsa
 from attention_oracle.controls.index_broken import CausalUnseenRowsSeeKeyZero as _UnseenRowsIndex
 from attention_oracle.controls.index_broken import DocumentLeak as _LeakyIndex
+from attention_oracle.controls.index_broken import read_as_contiguous
 from attention_oracle.oracle.dsa import dsa_reference, without_duplicates
 from attention_oracle.oracle.index import offset_gather_kv_indices
 
@@ -376,4 +377,27 @@ MORE_CONTROLS += [
     ("TopkLengthTileReadsOneMore", "forward_agreement"),
     ("CausalUnseenRowsSeeKeyZero", "varlen_agreement"),
     ("NanAfterEmptyFirstChunk", "forward_agreement"),
+]
+
+
+class TopkLengthStrideIgnored(_Base):
+    """Reads topk_length from its data pointer as if contiguous (fast's kernels did, F34)."""
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest):
+        if topk_length is not None:
+            topk_length = read_as_contiguous(topk_length)
+        return super().attend(q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest)
+
+
+class IndexStridesIgnored(_Base):
+    """Reads indices from their data pointer as if contiguous [T, K]."""
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, *rest):
+        return super().attend(q_latent, q_rope, kv_latent, k_rope, read_as_contiguous(indices),
+                              *rest)
+
+
+MORE_CONTROLS += [
+    ("TopkLengthStrideIgnored", "strided_index_inputs"),
+    ("IndexStridesIgnored", "strided_index_inputs"),
 ]

@@ -141,3 +141,23 @@ class CausalUnseenRowsSeeKeyZero(_Prepare):
 
 
 MORE_CONTROLS += [("CausalUnseenRowsSeeKeyZero", "offset_equals_oracle")]
+
+
+def read_as_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s storage from its first element read as a contiguous tensor of its shape (a
+    kernel that takes a data pointer and ignores the strides)."""
+    return torch.as_strided(t, t.shape, torch.empty(t.shape, device="meta").stride(),
+                            t.storage_offset())
+
+
+class StridesIgnored(_Prepare):
+    """Reads gather_kv_indices and topk_length from their data pointers as if contiguous (the
+    fast kernels did with topk_length, docs/FINDINGS.md F34)."""
+
+    def offset_gather_kv_indices(self, gather_kv_indices, *args, topk_length=None, **kwargs):
+        lengths = None if topk_length is None else read_as_contiguous(topk_length)
+        return super().offset_gather_kv_indices(read_as_contiguous(gather_kv_indices), *args,
+                                                topk_length=lengths, **kwargs)
+
+
+MORE_CONTROLS += [("StridesIgnored", "strided_inputs")]

@@ -608,9 +608,23 @@ def _launch_bwd_bf16x6(q, q_rope, qr, sqr, DR, kv, k_rope, indices, topk_length,
             I32=i32, **kw)
 
 
+def slot_offsets_fit(indices):
+    """``indices`` [T, K], or a contiguous copy where a slot's offset in a row, slot * stride,
+    passes int32: the kernels compute it in int32 (a K-major [T, K] view has stride T)."""
+    K = indices.shape[1]
+    if K > 1 and (K - 1) * abs(indices.stride(1)) >= 2 ** 31:
+        return indices.contiguous()
+    return indices
+
+
 def _attend(q, q_rope, kv, k_rope, indices, topk_length, scale):
     """(out, lse): through autograd only where a gradient is needed (no Function node, and its
-    cost, on the inference path)."""
+    cost, on the inference path). The kernels read topk_length by its data pointer alone: a
+    strided one is copied first (docs/FINDINGS.md F34); so are indices whose slot offsets
+    pass int32 (F35)."""
+    if topk_length is not None:
+        topk_length = topk_length.contiguous()
+    indices = slot_offsets_fit(indices)
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad
                                        for x in (q, q_rope, kv, k_rope)):
         return _DsaFunction.apply(q, q_rope, kv, k_rope, indices, topk_length, scale)

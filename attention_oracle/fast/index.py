@@ -98,8 +98,8 @@ def _needs_scratch(out, idx, compact, K):
     its whole row before writing it, except multi-block compaction, which scatters into
     blocks it has not read yet. Any other overlap goes through a scratch buffer.
     """
-    if out is None:
-        return True
+    if out is None or (K > 1 and (K - 1) * abs(out.stride(1)) >= _INT32_MAX):
+        return True  # none given, or slot offsets past int32 (the kernel's are int32)
     if out.untyped_storage().data_ptr() != idx.untyped_storage().data_ptr():
         return False
     same_view = out.data_ptr() == idx.data_ptr() and out.stride() == idx.stride()
@@ -134,6 +134,11 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
     """:func:`offset_gather_kv_indices` returning (rows, lengths); ``key_rows`` (the S of the
     keys the rows will index, named ``key_rows_name`` in errors) also bounds cu_seqlens_k[-1]."""
     T, K = check_index_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, out)
+    if topk_length is not None:  # the kernel reads it by its data pointer alone (FINDINGS F34)
+        topk_length = topk_length.contiguous()
+    # slot offsets (slot * stride) are int32 in the kernel (FINDINGS F35)
+    if K > 1 and (K - 1) * abs(gather_kv_indices.stride(1)) >= _INT32_MAX:
+        gather_kv_indices = gather_kv_indices.contiguous()
     device = gather_kv_indices.device
     check_device(device)
     result = out

@@ -207,6 +207,96 @@ def test_int64_topk_length_past_int32(rope):
     assert_empty_rows_exact(c, out, lse, grads)
 
 
+@pytest.mark.parametrize("rope", [False, True])
+def test_strided_topk_length_and_indices(rope):
+    """topk_length as a stride-2 column and K-major indices: the kernels read the lengths by
+    their data pointer, so a strided one is copied first (docs/FINDINGS.md F34)."""
+    from attention_oracle.checks.dsa.edges import strided_indices, strided_lengths
+    c = make_case(T=6, H=3, DL=40, DR=24 if rope else 0, S=23, K=37, dtype=torch.float32, seed=6,
+                  with_len=True)
+    c["topk_length"] = strided_lengths(c["topk_length"])
+    assert c["topk_length"].stride() == (2,)
+    check_case(c, idx=strided_indices(c["idx"])["transposed"])
+
+
+HEAD_OFFSETS_PAST_INT32 = """
+import sys
+import torch
+from attention_oracle import fast
+from attention_oracle.oracle import dsa as odsa
+T, H, D, S, K = 1, 128, 16, 8, 4
+device = sys.argv[1]
+g = torch.Generator().manual_seed(0)
+stride_h = 2 ** 24 + 2 ** 23  # 127 heads of it pass 2**31 elements
+
+def head_major(values):
+    try:  # 4.3 GB, untouched but the values' pages on the CPU
+        buf = torch.empty((H - 1) * stride_h + D, dtype=torch.float16, device=device)
+    except (RuntimeError, MemoryError) as exc:
+        print("allocation refused:", exc)
+        sys.exit(3)
+    view = torch.as_strided(buf, (T, H, D), (D, stride_h, 1))
+    view.copy_(values)
+    return view
+
+vals = torch.randn(T, H, D, generator=g).half()
+dvals = torch.randn(T, H, D, generator=g).half()
+q = head_major(vals.to(device)).requires_grad_()
+dout = head_major(dvals.to(device))
+kv = torch.randn(S, D, generator=g).half().to(device).requires_grad_()
+idx = torch.randint(0, S, (T, K), generator=g, dtype=torch.int32).to(device)
+out = fast.dsa_sparse_attention_nope(q, kv, idx)
+gq, gk = torch.autograd.grad(out, (q, kv), dout)
+vq = vals.double().requires_grad_()
+vk = kv.detach().cpu().double().requires_grad_()
+ref = odsa.dsa_sparse_attention_nope(vq, vk, idx.cpu())
+rq, rk = torch.autograd.grad(ref, (vq, vk), dvals.double())
+errs = [float((a.detach().cpu().double() - b.detach()).abs().max())
+        for a, b in ((out, ref), (gq, rq), (gk, rk))]
+print("max |fast - float64| of out, dq, dkv:", errs)
+sys.exit(0 if max(errs) < 0.05 else 1)
+"""
+
+
+def test_head_offsets_past_int32():
+    """Head-major q and dout (H 128, head stride 1.5 * 2**24 elements): head 127's offset passes
+    2**31, which the kernels' int32 head offsets wrapped (a read 4 GB before the tensor: a
+    segfault under the interpreter, an illegal address on the GPU; docs/FINDINGS.md F35). Run in
+    a subprocess, so that a fault fails this test alone."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", HEAD_OFFSETS_PAST_INT32, DEVICE], cwd=root,
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode == 3:
+        pytest.skip(f"this machine refuses a 4.3 GB virtual allocation: {r.stdout.strip()}")
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1000:]} {r.stderr[-2000:]}"
+
+
+def test_indices_whose_slot_offsets_pass_int32_are_copied():
+    """The kernels form slot * stride in int32: K-major indices of T >= 2**31 / K tokens are
+    copied contiguous first (docs/FINDINGS.md F35); others pass through as they are."""
+    wide = torch.empty_strided((3, 2048), (1, 2 ** 21), device="meta", dtype=torch.int32)
+    assert fdsa.slot_offsets_fit(wide).stride() == (2048, 1)
+    narrow = torch.empty_strided((3, 2048), (1, 2 ** 20), device="meta", dtype=torch.int32)
+    assert fdsa.slot_offsets_fit(narrow) is narrow
+
+
+def test_index_preparation_reads_a_strided_topk_length():
+    gen = torch.Generator().manual_seed(7)
+    local = torch.randint(-1, 9, (10, 12), generator=gen, dtype=torch.int32).to(DEVICE)
+    lengths = torch.randint(0, 13, (10,), generator=gen, dtype=torch.int32).to(DEVICE)
+    cu_q = torch.tensor([0, 4, 10], dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0, 9, 18], dtype=torch.int32, device=DEVICE)
+    column = torch.stack([lengths, torch.zeros_like(lengths)], dim=1)[:, 0]
+    for compact in (False, True):
+        want = offset_gather_kv_indices(local, cu_q, cu_k, topk_length=lengths, compact=compact,
+                                        return_topk_length=True)
+        got = offset_gather_kv_indices(local, cu_q, cu_k, topk_length=column, compact=compact,
+                                       return_topk_length=True)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("layout", ["head_major", "stride0"])
 def test_strided_dout_and_packed_keys(layout):
     c = make_case(T=4, H=17, DL=32, DR=16, S=19, K=20, dtype=torch.float32, seed=2)

@@ -12,6 +12,12 @@ int64_topk_length: int32 indices with an int64 ``topk_length`` whose values lie 
     slot): the right result (the validation takes int64 lengths, so the contract's clamp
     applies), or a clear error naming ``topk_length``. A kernel that narrows the length to
     int32 before clamping sees K // 2, K and -2**31 (docs/FINDINGS.md F30).
+strided_index_inputs: ``indices`` and ``topk_length`` as strided views (the contract promises
+    strided ``dout`` only): ``topk_length`` a column of a ``[T, 2]`` buffer whose other column
+    is 0, ``indices`` a window of a larger buffer poisoned with invalid indices, and
+    K-major (transposed) ``indices``; each the right result (forward and gradients), or a
+    clear error naming the argument. A kernel that reads either as contiguous gets other
+    rows' lengths or slots (docs/FINDINGS.md F34).
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from attention_oracle.checks.dsa.cases import DsaCase, build
 from attention_oracle.judge.beyond import Declined, attempt
 from attention_oracle.judge.capabilities import resolve
 from attention_oracle.judge.judge import Judge
+from attention_oracle.judge.layouts import lay_out
 from attention_oracle.judge.registry import declare
 
 
@@ -104,3 +111,37 @@ def int64_topk_length(judge: Judge, case: DsaCase) -> None:
     wide_inp = dataclasses.replace(inp, topk_length=wide)
     gold, lp = base.references(wide_inp, inp.dout.contiguous())
     _forward_and_gradients(judge, inp, out, gold, lp)
+
+
+def strided_lengths(lengths: torch.Tensor) -> torch.Tensor:
+    """``lengths`` [T] as column 0 of a ``[T, 2]`` buffer whose column 1 is 0 (stride 2)."""
+    return torch.stack([lengths, torch.zeros_like(lengths)], dim=1)[:, 0]
+
+
+def strided_indices(indices: torch.Tensor) -> dict:
+    """{layout: ``indices`` [T, K] in it}: ``sliced`` (a window of a larger buffer poisoned
+    with invalid indices, judge/layouts.py) and ``transposed`` (stored K-major)."""
+    return {layout: lay_out(indices, layout, dims=(0, 1)) for layout in ("sliced", "transposed")}
+
+
+@declare("dsa", cases=dict(topk="random"), beyond=True)
+def strided_index_inputs(judge: Judge, case: DsaCase) -> None:
+    """indices and topk_length as strided views (beyond the contract): right, or a clear error
+    naming the argument."""
+    if case.varlen:
+        raise ValueError("strided_index_inputs runs on global-index cases")
+    target = judge.target
+    inp = build(case, target.device)
+    gold, lp = base.references(inp, inp.dout.contiguous())
+    views = [("topk_length", "a stride-2 column", dict(topk_length=strided_lengths(inp.topk_length)))]
+    views += [("indices", f"{layout} (strides {tuple(v.stride())})", dict(indices=v))
+              for layout, v in strided_indices(inp.indices).items()]
+    for argument, layout, kwargs in views:
+        what = f"{argument} as {layout}"
+        try:
+            out = attempt(lambda kw=kwargs: base.call(target, inp, **kw), argument=argument,
+                          what=what, declared=False, judge=judge)
+        except Declined:
+            continue
+        with judge.noted(f"{what}; the same values contiguous are the gold's"):
+            _forward_and_gradients(judge, inp, out, gold, lp)

@@ -4,16 +4,21 @@ int64_indices: ``offset_gather_kv_indices`` on int64 ``gather_kv_indices`` (the 
     are int32): the oracle's int32 rows and lengths exactly, or a clear TypeError/ValueError/
     NotImplementedError naming ``gather_kv_indices`` (``judge/beyond.py``);
     an implementation declaring int64 in ``index_dtypes`` must give the right rows.
+strided_inputs: ``topk_length`` as a column of a ``[T, 2]`` buffer whose other column is 0 (a
+    random one where the case has none) and ``gather_kv_indices`` as a window of a larger
+    buffer poisoned with invalid indices: the oracle's rows and lengths exactly, or a clear
+    error naming the argument (docs/FINDINGS.md F34).
 """
 from __future__ import annotations
 
 import torch
 
 from attention_oracle.checks.index import checks as base
-from attention_oracle.checks.index.cases import IndexCase, build_index
+from attention_oracle.checks.index.cases import IndexCase, build_index, topk_lengths
 from attention_oracle.judge.beyond import Declined, attempt
 from attention_oracle.judge.capabilities import resolve
 from attention_oracle.judge.judge import Judge
+from attention_oracle.judge.layouts import lay_out
 from attention_oracle.judge.registry import declare
 from attention_oracle.oracle.index import offset_gather_kv_indices as oracle_offset
 
@@ -38,3 +43,34 @@ def int64_indices(judge: Judge, case: IndexCase) -> None:
     rows, lengths = base._split(judge, result, True)
     judge.exact("rows", rows, expected[0], what="global rows from int64 indices")
     judge.exact("lengths", lengths, expected[1], what="lengths from int64 indices")
+
+
+@declare("index", cases=dict(out_modes=("none",)), beyond=True)
+def strided_inputs(judge: Judge, case: IndexCase) -> None:
+    """topk_length and gather_kv_indices as strided views (beyond the contract): the oracle's
+    rows, or a clear error naming the argument."""
+    target = judge.target
+    inp = build_index(case, target.device)
+    lengths = inp.topk_length
+    if lengths is None:
+        lengths = topk_lengths(case.T, case.K, "random", torch.Generator().manual_seed(case.seed))
+        lengths = lengths.to(target.device)
+    expected = oracle_offset(inp.gather_kv_indices, inp.cu_seqlens_q, inp.cu_seqlens_k,
+                             causal=case.causal, return_topk_length=True, compact=case.compact,
+                             topk_length=lengths)
+    column = torch.stack([lengths, torch.zeros_like(lengths)], dim=1)[:, 0]
+    window = lay_out(inp.gather_kv_indices, "sliced", dims=(0, 1))
+    views = (("topk_length", "a stride-2 column", dict(topk_length=column)),
+             (ARGUMENT, f"a window of a larger buffer (strides {tuple(window.stride())})",
+              dict(indices=window, topk_length=lengths)))
+    for argument, layout, kwargs in views:
+        what = f"{argument} as {layout}"
+        try:
+            result = attempt(lambda kw=kwargs: base._call(target, inp, case, return_topk_length=True,
+                                                          **kw),
+                             argument=argument, what=what, declared=False, judge=judge)
+        except Declined:
+            continue
+        rows, got_lengths = base._split(judge, result, True)
+        judge.exact("rows", rows, expected[0], what=f"global rows with {what}")
+        judge.exact("lengths", got_lengths, expected[1], what=f"lengths with {what}")

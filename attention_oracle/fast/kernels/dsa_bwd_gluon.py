@@ -104,11 +104,12 @@ if GLUON_AVAILABLE:
                   k_free, False)
 
     @gluon.jit
-    def _head_delta(out_ptr, out_off, stride_oh, do_ptr, do_off, stride_doh,
+    def _head_delta(out_ptr, out_off, stride_oh, do_ptr, do_off, stride_doh, first,
                     layout: gl.constexpr):
-        """Delta [32] = rowsum(dO * O) over the 512 latent columns of 32 heads, in fp32."""
+        """Delta [32] = rowsum(dO * O) over the 512 latent columns of heads [first, first + 32)
+        (offsets from the block's first head), in fp32."""
         lay: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        heads = gl.arange(0, 32, layout=gl.SliceLayout(1, lay)).to(gl.int64)[:, None]
+        heads = (first + gl.arange(0, 32, layout=gl.SliceLayout(1, lay))).to(gl.int64)[:, None]
         cols = gl.arange(0, 64, layout=gl.SliceLayout(0, lay))[None, :]
         delta = gl.zeros([32], gl.float32, layout=gl.SliceLayout(1, lay))
         for c0 in gl.static_range(0, 512, 64):
@@ -229,8 +230,8 @@ if GLUON_AVAILABLE:
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, CHUNK, 16])
         heads_l: gl.constexpr = gl.SliceLayout(0, s_layout)
         h_own: gl.constexpr = ME * 32
-        delta = _head_delta(out_ptr, out_off + h_own * stride_oh, stride_oh, do_ptr,
-                            do_off + h_own * stride_doh, stride_doh, heads_l)
+        delta = _head_delta(out_ptr, out_off, stride_oh, do_ptr, do_off, stride_doh, h_own,
+                            heads_l)
         lse = gl.load(lse_ptr + lse_off + h_own + gl.arange(0, 32, layout=heads_l))
         # an empty row (lse = -inf) gets P = exp2(s - inf) = 0
         lse2 = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
@@ -313,7 +314,7 @@ if GLUON_AVAILABLE:
         n_hb = H // 64
         pid = gl.program_id(0)
         t = (pid // n_hb).to(gl.int64)
-        h0 = (pid % n_hb) * 64
+        h0 = ((pid % n_hb) * 64).to(gl.int64)  # head offsets past 2**31 (FINDINGS F35)
         n_slots = K + pid * 0
         if HAS_LEN:
             # clamped in the length's own dtype, then narrowed (docs/FINDINGS.md F30)

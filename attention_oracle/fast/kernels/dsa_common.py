@@ -65,8 +65,11 @@ def gather_rows(base_ptr, rows, stride_s, stride_d, offs_d, d_lim, valid,
 
 @triton.jit
 def load_heads(base_ptr, row_offset, offs_h, stride_h, h_lim, offs_d, stride_d, d_lim):
-    """Loads a [BLOCK_H, BLOCK_D] tile of one token's heads, 0 outside."""
-    ptrs = base_ptr + row_offset + offs_h[:, None] * stride_h + offs_d[None, :] * stride_d
+    """Loads a [BLOCK_H, BLOCK_D] tile of one token's heads, 0 outside. Head offsets in int64:
+    a head-major view's head stride (T * D) times a head index passes 2**31 from T * D * H of
+    2**31 on (docs/FINDINGS.md F35)."""
+    ptrs = (base_ptr + row_offset + offs_h[:, None].to(tl.int64) * stride_h
+            + offs_d[None, :] * stride_d)
     return tl.load(ptrs, mask=(offs_h[:, None] < h_lim) & (offs_d[None, :] < d_lim), other=0.0)
 
 

@@ -394,7 +394,7 @@ if GLUON_AVAILABLE:
         n_hb = H // 64
         pid = gl.program_id(0)
         t = (pid // n_hb).to(gl.int64)
-        h0 = (pid % n_hb) * 64
+        h0 = ((pid % n_hb) * 64).to(gl.int64)  # head offsets past 2**31 (FINDINGS F35)
         n_slots = K + pid * 0
         if HAS_LEN:
             # clamped in the length's own dtype, then narrowed (docs/FINDINGS.md F30)
