@@ -151,13 +151,25 @@ def read_as_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 class StridesIgnored(_Prepare):
-    """Reads gather_kv_indices and topk_length from their data pointers as if contiguous (the
-    fast kernels did with topk_length, docs/FINDINGS.md F34)."""
+    """Reads its tensors from their data pointers as if contiguous (the fast kernel did with
+    topk_length and the cu_seqlens, docs/FINDINGS.md F34)."""
 
-    def offset_gather_kv_indices(self, gather_kv_indices, *args, topk_length=None, **kwargs):
+    def offset_gather_kv_indices(self, gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *,
+                                 topk_length=None, **kwargs):
         lengths = None if topk_length is None else read_as_contiguous(topk_length)
-        return super().offset_gather_kv_indices(read_as_contiguous(gather_kv_indices), *args,
-                                                topk_length=lengths, **kwargs)
+        return super().offset_gather_kv_indices(
+            read_as_contiguous(gather_kv_indices), read_as_contiguous(cu_seqlens_q),
+            read_as_contiguous(cu_seqlens_k), topk_length=lengths, **kwargs)
 
 
-MORE_CONTROLS += [("StridesIgnored", "strided_inputs")]
+class SegmentStartsStrideIgnored(_Prepare):
+    """Reads cu_seqlens_k from its data pointer as if contiguous (as fast did, F34): a strided
+    one gives other documents' key offsets."""
+
+    def offset_gather_kv_indices(self, gather_kv_indices, cu_seqlens_q, cu_seqlens_k, **kwargs):
+        return super().offset_gather_kv_indices(gather_kv_indices, cu_seqlens_q,
+                                                read_as_contiguous(cu_seqlens_k), **kwargs)
+
+
+MORE_CONTROLS += [("StridesIgnored", "strided_inputs"),
+                  ("SegmentStartsStrideIgnored", "strided_inputs")]

@@ -134,7 +134,9 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
     """:func:`offset_gather_kv_indices` returning (rows, lengths); ``key_rows`` (the S of the
     keys the rows will index, named ``key_rows_name`` in errors) also bounds cu_seqlens_k[-1]."""
     T, K = check_index_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, out)
-    if topk_length is not None:  # the kernel reads it by its data pointer alone (FINDINGS F34)
+    # the kernel reads these by their data pointers alone (FINDINGS F34)
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    if topk_length is not None:
         topk_length = topk_length.contiguous()
     # slot offsets (slot * stride) are int32 in the kernel (FINDINGS F35)
     if K > 1 and (K - 1) * abs(gather_kv_indices.stride(1)) >= _INT32_MAX:

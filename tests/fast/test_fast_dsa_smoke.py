@@ -282,18 +282,22 @@ def test_indices_whose_slot_offsets_pass_int32_are_copied():
     assert fdsa.slot_offsets_fit(narrow) is narrow
 
 
-def test_index_preparation_reads_a_strided_topk_length():
+def test_index_preparation_reads_strided_lengths_and_segment_starts():
+    """topk_length, cu_seqlens_q and cu_seqlens_k as stride-2 columns (F34): the same rows."""
     gen = torch.Generator().manual_seed(7)
     local = torch.randint(-1, 9, (10, 12), generator=gen, dtype=torch.int32).to(DEVICE)
     lengths = torch.randint(0, 13, (10,), generator=gen, dtype=torch.int32).to(DEVICE)
     cu_q = torch.tensor([0, 4, 10], dtype=torch.int32, device=DEVICE)
     cu_k = torch.tensor([0, 9, 18], dtype=torch.int32, device=DEVICE)
     column = torch.stack([lengths, torch.zeros_like(lengths)], dim=1)[:, 0]
+
+    def strided(cu):
+        return torch.stack([cu, torch.full_like(cu, 3)], dim=1)[:, 0]
     for compact in (False, True):
         want = offset_gather_kv_indices(local, cu_q, cu_k, topk_length=lengths, compact=compact,
                                         return_topk_length=True)
-        got = offset_gather_kv_indices(local, cu_q, cu_k, topk_length=column, compact=compact,
-                                       return_topk_length=True)
+        got = offset_gather_kv_indices(local, strided(cu_q), strided(cu_k), topk_length=column,
+                                       compact=compact, return_topk_length=True)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 

@@ -33,10 +33,11 @@ ATTN_FN = ATTENTION_FN
 
 
 def _call(target, inp: IndexInputs, case: IndexCase, *, compact=None, return_topk_length=None,
-          out=None, indices=None, topk_length="same"):
+          out=None, indices=None, topk_length="same", cu_seqlens_q=None, cu_seqlens_k=None):
     result = target.call(
-        FN, inp.gather_kv_indices if indices is None else indices, inp.cu_seqlens_q,
-        inp.cu_seqlens_k, causal=case.causal, out=out,
+        FN, inp.gather_kv_indices if indices is None else indices,
+        inp.cu_seqlens_q if cu_seqlens_q is None else cu_seqlens_q,
+        inp.cu_seqlens_k if cu_seqlens_k is None else cu_seqlens_k, causal=case.causal, out=out,
         return_topk_length=case.return_topk_length if return_topk_length is None else return_topk_length,
         compact=case.compact if compact is None else compact,
         topk_length=inp.topk_length if isinstance(topk_length, str) else topk_length)

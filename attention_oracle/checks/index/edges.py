@@ -4,10 +4,11 @@ int64_indices: ``offset_gather_kv_indices`` on int64 ``gather_kv_indices`` (the 
     are int32): the oracle's int32 rows and lengths exactly, or a clear TypeError/ValueError/
     NotImplementedError naming ``gather_kv_indices`` (``judge/beyond.py``);
     an implementation declaring int64 in ``index_dtypes`` must give the right rows.
-strided_inputs: ``topk_length`` as a column of a ``[T, 2]`` buffer whose other column is 0 (a
-    random one where the case has none) and ``gather_kv_indices`` as a window of a larger
-    buffer poisoned with invalid indices: the oracle's rows and lengths exactly, or a clear
-    error naming the argument (docs/FINDINGS.md F34).
+strided_inputs: ``topk_length`` (a random one where the case has none), ``cu_seqlens_q`` and
+    ``cu_seqlens_k`` each as column 0 of a two-column buffer whose other column is 0, and
+    ``gather_kv_indices`` as a window of a larger buffer poisoned with invalid indices: the
+    oracle's rows and lengths exactly, or a clear error naming the argument
+    (docs/FINDINGS.md F34).
 """
 from __future__ import annotations
 
@@ -45,6 +46,12 @@ def int64_indices(judge: Judge, case: IndexCase) -> None:
     judge.exact("lengths", lengths, expected[1], what="lengths from int64 indices")
 
 
+def column(values: torch.Tensor) -> torch.Tensor:
+    """``values`` [n] as column 0 of an ``[n, 2]`` buffer (stride 2) whose column 1 is 0 (a
+    length or segment start that changes the answer where it is read instead)."""
+    return torch.stack([values, torch.zeros_like(values)], dim=1)[:, 0]
+
+
 @declare("index", cases=dict(out_modes=("none",)), beyond=True)
 def strided_inputs(judge: Judge, case: IndexCase) -> None:
     """topk_length and gather_kv_indices as strided views (beyond the contract): the oracle's
@@ -58,11 +65,14 @@ def strided_inputs(judge: Judge, case: IndexCase) -> None:
     expected = oracle_offset(inp.gather_kv_indices, inp.cu_seqlens_q, inp.cu_seqlens_k,
                              causal=case.causal, return_topk_length=True, compact=case.compact,
                              topk_length=lengths)
-    column = torch.stack([lengths, torch.zeros_like(lengths)], dim=1)[:, 0]
     window = lay_out(inp.gather_kv_indices, "sliced", dims=(0, 1))
-    views = (("topk_length", "a stride-2 column", dict(topk_length=column)),
+    views = (("topk_length", "a stride-2 column", dict(topk_length=column(lengths))),
              (ARGUMENT, f"a window of a larger buffer (strides {tuple(window.stride())})",
-              dict(indices=window, topk_length=lengths)))
+              dict(indices=window, topk_length=lengths)),
+             ("cu_seqlens_q", "a stride-2 column", dict(cu_seqlens_q=column(inp.cu_seqlens_q),
+                                                        topk_length=lengths)),
+             ("cu_seqlens_k", "a stride-2 column", dict(cu_seqlens_k=column(inp.cu_seqlens_k),
+                                                        topk_length=lengths)))
     for argument, layout, kwargs in views:
         what = f"{argument} as {layout}"
         try:
