@@ -397,7 +397,16 @@ class IndexStridesIgnored(_Base):
                               *rest)
 
 
+class VarlenSegmentStartsStrideIgnored(_Base):
+    """The varlen forms read cu_seqlens_k from its data pointer as if contiguous (fast's index
+    preparation did, F34)."""
+
+    def _varlen(self, ql, qr, kv, kr, gather, cu_q, cu_k, *rest):
+        return super()._varlen(ql, qr, kv, kr, gather, cu_q, read_as_contiguous(cu_k), *rest)
+
+
 MORE_CONTROLS += [
     ("TopkLengthStrideIgnored", "strided_index_inputs"),
     ("IndexStridesIgnored", "strided_index_inputs"),
+    ("VarlenSegmentStartsStrideIgnored", "varlen_strided_index_inputs"),
 ]

@@ -18,6 +18,8 @@ strided_index_inputs: ``indices`` and ``topk_length`` as strided views (the cont
     K-major (transposed) ``indices``; each the right result (forward and gradients), or a
     clear error naming the argument. A kernel that reads either as contiguous gets other
     rows' lengths or slots (docs/FINDINGS.md F34).
+varlen_strided_index_inputs: the same for the varlen forms: ``gather_kv_indices`` (a window,
+    K-major), ``topk_length``, ``cu_seqlens_q`` and ``cu_seqlens_k`` (stride-2 columns).
 """
 from __future__ import annotations
 
@@ -136,11 +138,34 @@ def strided_index_inputs(judge: Judge, case: DsaCase) -> None:
     views = [("topk_length", "a stride-2 column", dict(topk_length=strided_lengths(inp.topk_length)))]
     views += [("indices", f"{layout} (strides {tuple(v.stride())})", dict(indices=v))
               for layout, v in strided_indices(inp.indices).items()]
+    _judge_views(judge, inp, views, gold, lp)
+
+
+@declare("dsa", cases=dict(varlen=True, topk="random"), beyond=True)
+def varlen_strided_index_inputs(judge: Judge, case: DsaCase) -> None:
+    """gather_kv_indices, topk_length and the cu_seqlens as strided views in the varlen forms
+    (beyond the contract): right, or a clear error naming the argument."""
+    if not case.varlen:
+        raise ValueError("varlen_strided_index_inputs runs on varlen cases")
+    target = judge.target
+    inp = build(case, target.device)
+    gold, lp = base.references(inp, inp.dout.contiguous())
+    views = [("gather_kv_indices", f"{layout} (strides {tuple(v.stride())})", dict(indices=v))
+             for layout, v in strided_indices(inp.indices).items()]
+    views += [(name, "a stride-2 column", dict(inputs={name: strided_lengths(getattr(inp, name))}))
+              for name in ("topk_length", "cu_seqlens_q", "cu_seqlens_k")]
+    _judge_views(judge, inp, views, gold, lp)
+
+
+def _judge_views(judge: Judge, inp, views, gold, lp) -> None:
+    """Each (argument, layout, call keywords) of ``views`` (``inputs``: fields of ``inp``
+    replaced) called and judged against the gold of the contiguous inputs."""
     for argument, layout, kwargs in views:
         what = f"{argument} as {layout}"
+        view_inp = dataclasses.replace(inp, **kwargs.pop("inputs", {}))
         try:
-            out = attempt(lambda kw=kwargs: base.call(target, inp, **kw), argument=argument,
-                          what=what, declared=False, judge=judge)
+            out = attempt(lambda kw=kwargs, vi=view_inp: base.call(judge.target, vi, **kw),
+                          argument=argument, what=what, declared=False, judge=judge)
         except Declined:
             continue
         with judge.noted(f"{what}; the same values contiguous are the gold's"):
