@@ -11,10 +11,11 @@
 #   conformance  the conformance suite on fast under the gpu profile (bf16 included) through
 #                .ci/gpu; BUDGET (500 s) is enough for the full-size DSA fixtures
 #   sdpa         benchmarks.sdpa at L 1k/4k/16k, D 64/128 (fast vs cuDNN, FA2, default dispatch;
-#                fp32 rows included), benchmarks.compare fast vs torch, and with GLUON=1 the
-#                Gluon WS forward beside its ping-pong form (benchmarks.sdpa_gluon, D 64 and 128, and
-#                where its host time goes);
-#                ATOMIC_DQ=1 adds forward+backward under the atomic-dQ mode, SDPA_LENGTHS the lengths
+#                fp32 rows included), benchmarks.compare fast vs torch; ATOMIC_DQ=1 adds
+#                forward+backward under the atomic-dQ mode, SDPA_LENGTHS the lengths
+#   gluonfwd     the Gluon forward's tiles: their GPU tests (ATTENTION_ORACLE_GLUON_VARIANTS=1),
+#                then benchmarks.sdpa_gluon: the WS default beside its ping-pong form (D 64, 128),
+#                the three-consumer tile and its ping-pong form (D 64), and where its host time goes
 #   dsa          benchmarks.dsa --quick (doc_4096, doc_16384, packed_glm_a, NoPE rows, index
 #                preparation, PDL), then benchmarks.dsa_gluon (the forward's Triton and Gluon
 #                backends side by side); FP32=1 adds the fp32 section, TUNE=a,b,... runs
@@ -45,7 +46,7 @@
 # targets from every benchmark JSON under $OUT ($OUT/targets.txt: one verdict line each, the
 # cells in $OUT/targets.json). Nothing is written into the tree.
 # Knobs (environment): OUT, PY (python3), BUDGET (conformance seconds), WORKERS (conformance
-# xdist workers, 12), IMPLS (conformance implementations, "fast"), GLUON, FP32, TUNE; the
+# xdist workers, 12), IMPLS (conformance implementations, "fast"), FP32, TUNE; the
 # calibration budgets B_CONTROLS B_TORCH B_RULE B_NARROW B_FAST (120 60 80 60 40 s), GRACE (30),
 # SIZES (large), NARROW_PROFILE (gpu), EXAMPLES CONTROL_EXAMPLES FAST_EXAMPLES (10 40 4), STEPS
 # ("1 2 3 4 5"), DEVICE (cuda). The fast kernels' own switches pass through, e.g.
@@ -128,14 +129,25 @@ task_sdpa() {
     timeout 60 "$PY" -m benchmarks.compare --impl fast --impl torch --lengths 1024,4096 --reps 5 \
         --areas sdpa --out "$d/compare.json" > "$d/compare.log" 2>&1
     note "benchmarks.compare fast torch: exit $?"; tail -20 "$d/compare.log"
-    if [ "${GLUON:-0}" = 1 ]; then
-        timeout 200 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,1 128,128,2,4,2 --shapes 0,1,2 \
-            --dims 64,128 --json "$d/gluon.json" > "$d/gluon.log" 2>&1
-        note "benchmarks.sdpa_gluon: exit $?"; grep -v "^{" "$d/gluon.log" | tail -28
-        timeout 60 "$PY" -m benchmarks.sdpa_gluon --host-parts --dims 64,128 \
-            --json "$d/gluon_host.json" > "$d/gluon_host.log" 2>&1
-        note "benchmarks.sdpa_gluon --host-parts: exit $?"; tail -2 "$d/gluon_host.log"
-    fi
+}
+
+# the Gluon forward's tiles side by side (cuDNN and the Triton forward in the same run): the
+# warp-specialised default and its ping-pong form at D 64 and 128, the three-consumer tile
+# (FA3's for head dim 64) and its ping-pong form at D 64; then where its host time goes
+task_gluonfwd() {
+    local d=$1
+    ATTENTION_ORACLE_GLUON_VARIANTS=1 timeout 150 "$PY" -m pytest -p no:cacheprovider -q -n 8 -rfE \
+        --tb=line "$TESTS"/test_fast_sdpa_gluon.py -k other_configs > "$d/variant_tests.log" 2>&1
+    note "Gluon forward variant tests: exit $?"; grep -E "passed|failed|FAILED|ERROR" "$d/variant_tests.log" | cut -c1-300 | tail -8
+    timeout 200 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,1 128,128,2,4,2 --shapes 0,1,2 \
+        --dims 64,128 --json "$d/gluon.json" > "$d/gluon.log" 2>&1
+    note "benchmarks.sdpa_gluon (WS, ping-pong): exit $?"; grep -v "^{" "$d/gluon.log" | tail -28
+    timeout 120 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,1 192,128,2,4,1 192,128,2,4,2 \
+        --shapes 0,1,2 --dims 64 --json "$d/gluon_d64.json" > "$d/gluon_d64.log" 2>&1
+    note "benchmarks.sdpa_gluon D 64 (two and three consumers): exit $?"; grep -v "^{" "$d/gluon_d64.log" | tail -20
+    timeout 60 "$PY" -m benchmarks.sdpa_gluon --host-parts --dims 64,128 \
+        --json "$d/gluon_host.json" > "$d/gluon_host.log" 2>&1
+    note "benchmarks.sdpa_gluon --host-parts: exit $?"; tail -2 "$d/gluon_host.log"
 }
 
 task_dsa() {
@@ -319,7 +331,7 @@ task_newbwd() {
 }
 
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,dsa,dsabwd,sdpabwd,newbwd,overhead,calibration,check,conformance,profile,optin,all} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,dsa,dsabwd,sdpabwd,newbwd,overhead,calibration,check,conformance,profile,optin,all} ..." >&2
     exit 2
 }
 
@@ -328,7 +340,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|dsa|dsabwd|sdpabwd|newbwd|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|dsa|dsabwd|sdpabwd|newbwd|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done

@@ -36,6 +36,9 @@ EXPECTED_FORMS = {
     "sdpa_fwd_d128_pingpong": {"m64n128k16 A smem trans 00", "m64n128k16 A regs trans 1"},
     "sdpa_fwd_d128_causal_pingpong": {"m64n128k16 A smem trans 00",
                                       "m64n128k16 A regs trans 1"},
+    "sdpa_fwd_d64_three": {"m64n128k16 A smem trans 00", "m64n64k16 A regs trans 1"},
+    "sdpa_fwd_d64_three_causal_pingpong": {"m64n128k16 A smem trans 00",
+                                           "m64n64k16 A regs trans 1"},
     # S^T, dP^T (00); dV, dK from register P^T, dS^T; dQ = dS K (dS^T and K transposed)
     "sdpa_bwd_d64": {"m64n64k16 A smem trans 00", "m64n64k16 A regs trans 1",
                      "m64n64k16 A smem trans 11"},

@@ -229,7 +229,9 @@ def test_planted_wrong_scale_in_the_backward_is_caught(gen, monkeypatch):
 @pytest.mark.parametrize("config,D", [((64, 64, 2, 4, False), 128), ((128, 128, 2, 8, False), 128),
                                       ((128, 64, 3, 4, True), 128), ((128, 256, 2, 4, True), 64),
                                       ((128, 128, 2, 4, sdpa_fwd_gluon.PINGPONG), 128),
-                                      ((128, 128, 2, 4, sdpa_fwd_gluon.PINGPONG), 64)],
+                                      ((128, 128, 2, 4, sdpa_fwd_gluon.PINGPONG), 64),
+                                      ((192, 128, 2, 4, True), 64),
+                                      ((192, 128, 2, 4, sdpa_fwd_gluon.PINGPONG), 64)],
                          ids=str)
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_other_configs_agree(config, D, is_causal, gen, monkeypatch):

@@ -723,3 +723,22 @@ def test_fp32_tf32x3_dropped_term_is_caught(gen, monkeypatch):
             check_case(q, k, v, mask=mask, is_causal=causal, enable_gqa=gqa)
     finally:
         fast_sdpa.set_fp32_mode(previous)
+
+
+@pytest.mark.parametrize("mode,row_stride", [("fp16", 2 ** 30 + 128), ("fp32acc", 715827904)])
+def test_statistics_rows_past_int32(mode, row_stride):
+    """Calls with 2**30 query rows in all put the saved lse row (row 2) past 2**31 elements, and
+    with 715,827,883 the fp32 "accurate" path's fourth row: the kernels formed 2 * stride and
+    3 * stride in int32 and wrote 8 GiB before the buffer (docs/FINDINGS.md F36). The forward
+    kernel runs in a subprocess on a buffer with that row stride (tests/fast/stats_offsets_past_int32.py)."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = os.path.join(root, "tests", "fast", "stats_offsets_past_int32.py")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    r = subprocess.run([sys.executable, script, device, mode, str(row_stride)], cwd=root,
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=root))
+    if r.returncode == 3:
+        pytest.skip(f"this machine refuses a 4.3 GB allocation: {r.stdout.strip()}")
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1500:]} {r.stderr[-2000:]}"

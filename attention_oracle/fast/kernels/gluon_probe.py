@@ -67,12 +67,12 @@ def _descriptor(rows, head_dim):
     return f"tensordesc<bf16[1, 1, 1, {rows}, {head_dim}],{layout!r}>"
 
 
-def _sdpa_fwd(head_dim, causal, pingpong=False):
-    bm, bn, stages, warps, ws = sdpa_fwd_gluon.CONFIG
+def _sdpa_fwd(head_dim, causal, pingpong=False, config=None):
+    bm, bn, stages, warps, ws = config or sdpa_fwd_gluon.CONFIG
     kernel = sdpa_fwd_gluon.sdpa_fwd_gluon_ws_kernel if ws else sdpa_fwd_gluon.sdpa_fwd_gluon_kernel
-    signature = dict(_SDPA_SCALARS, q_desc=_descriptor(bm, head_dim),
+    signature = dict(_SDPA_SCALARS, q_desc=_descriptor(64 if ws and bm == 192 else bm, head_dim),
                      k_desc=_descriptor(bn, head_dim), v_desc=_descriptor(bn, head_dim),
-                     o_desc=_descriptor(bm // 2 if ws else bm, head_dim))
+                     o_desc=_descriptor(64 if ws else bm, head_dim))
     constexprs = dict(CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=head_dim, STAGES=stages,
                       num_warps=warps)
     if ws:
@@ -87,6 +87,10 @@ def _sdpa_bwd(head_dim, causal):
                      do_desc=_descriptor(bm, head_dim))
     return _compile(sdpa_bwd_gluon.sdpa_bwd_gluon_ws_kernel, signature,
                     dict(CAUSAL=causal, num_warps=4), ["Stats", "Delta", "DQ", "DK", "DV"])
+
+
+# FA3's head-dim-64 tile: 192 query rows, three consumer warpgroups
+THREE_CONSUMERS = (192, 128, 2, 4, True)
 
 
 def variants():
@@ -108,6 +112,9 @@ def variants():
         "sdpa_fwd_d128_causal": lambda: _sdpa_fwd(128, True),
         "sdpa_fwd_d128_pingpong": lambda: _sdpa_fwd(128, False, pingpong=True),
         "sdpa_fwd_d128_causal_pingpong": lambda: _sdpa_fwd(128, True, pingpong=True),
+        "sdpa_fwd_d64_three": lambda: _sdpa_fwd(64, False, config=THREE_CONSUMERS),
+        "sdpa_fwd_d64_three_causal_pingpong": lambda: _sdpa_fwd(64, True, pingpong=True,
+                                                                config=THREE_CONSUMERS),
         "sdpa_bwd_d64": lambda: _sdpa_bwd(64, False),
         "sdpa_bwd_d128": lambda: _sdpa_bwd(128, False),
         "sdpa_bwd_d128_causal": lambda: _sdpa_bwd(128, True),

@@ -154,9 +154,9 @@ def load_row_stats(stats_row, s_stat, offs, n, CHECK: tl.constexpr, NATURAL: tl.
     log_l_lo = tl.zeros_like(log_l)
     if NATURAL:
         if CHECK:
-            log_l_lo = tl.load(stats_row + 3 * s_stat + offs, mask=offs < n, other=0.0)
+            log_l_lo = tl.load(stats_row + s_stat + s_stat + s_stat + offs, mask=offs < n, other=0.0)
         else:
-            log_l_lo = tl.load(stats_row + 3 * s_stat + offs)
+            log_l_lo = tl.load(stats_row + s_stat + s_stat + s_stat + offs)
     return m, log_l, log_l_lo
 
 

@@ -211,8 +211,8 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
     stats_ptrs = Stats + pid_bh.to(tl.int64) * L + offs_m
     store_row_stat(stats_ptrs, tl.where(empty, float("inf"), m_i), offs_m < L, CHECK_M)
     store_row_stat(stats_ptrs + s_stat, log_l, offs_m < L, CHECK_M)
-    store_row_stat(stats_ptrs + 2 * s_stat, tl.where(empty, float("-inf"), lse), offs_m < L,
+    store_row_stat(stats_ptrs + s_stat + s_stat, tl.where(empty, float("-inf"), lse), offs_m < L,
                    CHECK_M)
     if NATURAL:
-        store_row_stat(stats_ptrs + 3 * s_stat, log_l_lo, offs_m < L, CHECK_M)
+        store_row_stat(stats_ptrs + s_stat + s_stat + s_stat, log_l_lo, offs_m < L, CHECK_M)
 

@@ -54,13 +54,18 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 HEAD_DIMS = (64, 128)
 # registers per thread requested for the warp-specialized kernel's workers (consumer, producer)
 WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
+# the same with three consumers (BLOCK_M 192, FA3's head-dim-64 tile; not yet timed): the
+# default partition gets the rest; offline sm_90a spills (Triton 3.6) 136: 384 bytes, 144: 192,
+# 152: 64, 160: 32, 168: 192 (the default partition's)
+WORKER_REGS_3 = gl.constexpr(160) if GLUON_AVAILABLE else 160
 PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # (BLOCK_M, BLOCK_N, STAGES, num_warps, WS): WS=False is sdpa_fwd_gluon_kernel (num_warps 8:
 # two warpgroups of 64 query rows in lockstep); WS=True is sdpa_fwd_gluon_ws_kernel (num_warps
 # 4 for the first consumer; a second consumer and a producer warp as workers), WS=PINGPONG the
-# same with the consumers taking turns to issue their products (not yet timed). H200, bf16
+# same with the consumers taking turns to issue their products (not yet timed); BLOCK_M 192
+# (WS) gives three consumer warpgroups of 64 rows (not yet timed). H200, bf16
 # L 4096 D 128: 631 / 586 TFLOP/s queued / synced against 520 / 462 for WS=False (docs/PERFORMANCE.md,
 # "Gluon forward (opt-in), D 128").
 PINGPONG = 2
@@ -254,7 +259,7 @@ if GLUON_AVAILABLE:
         ptrs = Stats + pid_bh.to(gl.int64) * L + offs_m
         gl.store(ptrs, m_i, mask=in_rows)
         gl.store(ptrs + s_stat, log_l, mask=in_rows)
-        gl.store(ptrs + 2 * s_stat, (m_i + log_l) * 0.6931471805599453, mask=in_rows)
+        gl.store(ptrs + s_stat + s_stat, (m_i + log_l) * 0.6931471805599453, mask=in_rows)
         tma.store_wait(pendings=0)
 
     # ------------------------------------------------------------------ warp-specialized form
@@ -262,12 +267,22 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _ws_producer(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
                      k_empty, v_empty, z1, z2, h, hk, start_m, n_tiles):
-        """One warp: Q once, then K_j and V_j into the rings as the consumers free stages.
+        """One warp: Q once (one tile, or one 64-row tile per consumer where q_smem has a
+        leading tile dim), then K_j and V_j into the rings as the consumers free stages.
         (Worker arguments carry no constexprs: sizes come from the ring's shape.)"""
         STAGES: gl.constexpr = k_ring.shape[0]
         BLOCK_N: gl.constexpr = k_ring.shape[4]
-        mbarrier.expect(q_bar.index(0), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [z1, z2, h, start_m, 0], q_bar.index(0), q_smem)
+        if len(q_smem.shape) == 6:
+            TILES: gl.constexpr = q_smem.shape[0]
+            ROWS: gl.constexpr = q_smem.shape[4]
+            mbarrier.expect(q_bar.index(0), TILES * q_desc.block_type.nbytes)
+            for i in gl.static_range(TILES):
+                tma.async_copy_global_to_shared(q_desc, [z1, z2, h, start_m + i * ROWS, 0],
+                                                q_bar.index(0), q_smem.index(i))
+        else:
+            mbarrier.expect(q_bar.index(0), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [z1, z2, h, start_m, 0], q_bar.index(0),
+                                            q_smem)
         for j in range(n_tiles):
             stage = j % STAGES
             free_phase = ((j // STAGES) & 1) ^ 1  # a fresh barrier passes phase 1 at once
@@ -297,10 +312,18 @@ if GLUON_AVAILABLE:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        q_rows = q_smem.reshape([2 * ROWS, HEAD_D]).slice(ROW0, ROWS)
-        row_m = start_m + ROW0
-        PINGPONG: gl.constexpr = turn.shape[0] == 2
         ME: gl.constexpr = ROW0 // ROWS
+        if len(q_smem.shape) == 6:  # one 64-row Q tile per consumer (three consumers)
+            CONSUMERS: gl.constexpr = q_smem.shape[0]
+            q_tile = q_smem.index(ME)
+            q_rows = q_tile.reshape([ROWS, HEAD_D])
+        else:  # one Q tile of both consumers' rows
+            CONSUMERS: gl.constexpr = q_smem.shape[3] // ROWS
+            q_tile = q_smem.slice(ROW0, ROWS, dim=3)
+            q_rows = q_smem.reshape([q_smem.shape[3], HEAD_D]).slice(ROW0, ROWS)
+        row_m = start_m + ROW0
+        PINGPONG: gl.constexpr = turn.shape[0] > 1
+        NEXT: gl.constexpr = (ME + 1) % CONSUMERS  # the consumer whose turn comes next
 
         s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
         acc = gl.zeros([ROWS, HEAD_D], gl.float32, layout=o_layout)
@@ -314,7 +337,7 @@ if GLUON_AVAILABLE:
         s_tok = warpgroup_mma(q_rows, _tile_view(k_ring, 0, BLOCK_N, HEAD_D).permute((1, 0)),
                               s_zero, use_acc=False, is_async=True)
         if PINGPONG:
-            _release(turn, 1 - ME)
+            _release(turn, NEXT)
         s = warpgroup_mma_wait(0, deps=(s_tok, ))
         _release(k_empty, 0)
         if free_hi > 0:
@@ -339,7 +362,7 @@ if GLUON_AVAILABLE:
             o_tok = warpgroup_mma(p_op, _tile_view(v_ring, prev, BLOCK_N, HEAD_D), acc,
                                   is_async=True)
             if PINGPONG:
-                _release(turn, 1 - ME)
+                _release(turn, NEXT)
             s = warpgroup_mma_wait(1, deps=(s_tok, ))
             _release(k_empty, stage)
             start_n = j * BLOCK_N
@@ -362,7 +385,7 @@ if GLUON_AVAILABLE:
         o_tok = warpgroup_mma(p_op, _tile_view(v_ring, last, BLOCK_N, HEAD_D), acc,
                               is_async=True)
         if PINGPONG:
-            _release(turn, 1 - ME)
+            _release(turn, NEXT)
         acc = warpgroup_mma_wait(0, deps=(o_tok, ))
 
         l_o = gl.convert_layout(l_i, row_o)
@@ -371,23 +394,23 @@ if GLUON_AVAILABLE:
         q_rows.store(out.to(dtype))  # this warpgroup's own Q rows, read by its wgmma only
         fence_async_shared()
         partition_barrier()
-        tma.async_copy_shared_to_global(o_desc, [z1, z2, h, row_m, 0],
-                                        q_smem.slice(ROW0, ROWS, dim=3))
+        tma.async_copy_shared_to_global(o_desc, [z1, z2, h, row_m, 0], q_tile)
         offs_m = row_m + gl.arange(0, ROWS, layout=row_s)
         in_rows = offs_m < L
         log_l = gl.log2(gl.where(l_i == 0.0, 1.0, l_i))
         ptrs = Stats + pid_bh.to(gl.int64) * L + offs_m
         gl.store(ptrs, m_i, mask=in_rows)
         gl.store(ptrs + s_stat, log_l, mask=in_rows)
-        gl.store(ptrs + 2 * s_stat, (m_i + log_l) * 0.6931471805599453, mask=in_rows)
+        gl.store(ptrs + s_stat + s_stat, (m_i + log_l) * 0.6931471805599453, mask=in_rows)
         tma.store_wait(pendings=0)
 
     @gluon.jit
     def _take_turn(turn, me, rnd):
         """Wait until consumer ``me`` may issue the products of its round ``rnd`` (0, 1, ...):
-        consumer 0 goes first (a fresh barrier passes phase 1 at once), then each waits for
-        the other's pass of the round before (consumer 1: of the same round)."""
-        mbarrier.wait(turn.index(me), (rnd & 1) ^ (1 - me))
+        the consumers take turns in order, consumer 0 first (a fresh barrier passes phase 1 at
+        once), each after the one before it passed the turn on (consumer 0: the last one's
+        pass of the round before, the others: their predecessor's pass of this round)."""
+        mbarrier.wait(turn.index(me), (rnd & 1) ^ (me == 0))
 
     @gluon.jit
     def _release(empty, stage):
@@ -419,6 +442,28 @@ if GLUON_AVAILABLE:
                      k_ring.shape[0])
 
     @gluon.jit
+    def _ws_consumer_third(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
+                           k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles,
+                           L, S, qk_scale):
+        """The third consumer (BLOCK_M 192), not causal."""
+        ROWS: gl.constexpr = o_desc.block_type.shape[3]
+        _ws_consumer(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
+                     k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
+                     qk_scale, 2 * ROWS, False, ROWS, k_ring.shape[4], k_ring.shape[5],
+                     k_ring.shape[0])
+
+    @gluon.jit
+    def _ws_consumer_third_causal(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full,
+                                  v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m,
+                                  free_hi, n_tiles, L, S, qk_scale):
+        """The third consumer (BLOCK_M 192), causal."""
+        ROWS: gl.constexpr = o_desc.block_type.shape[3]
+        _ws_consumer(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
+                     k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
+                     qk_scale, 2 * ROWS, True, ROWS, k_ring.shape[4], k_ring.shape[5],
+                     k_ring.shape[0])
+
+    @gluon.jit
     def sdpa_fwd_gluon_ws_kernel(q_desc, k_desc, v_desc, o_desc, Stats, s_stat,
                                  Z2, HQ, GROUP, L, S, qk_scale,
                                  CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -426,12 +471,13 @@ if GLUON_AVAILABLE:
                                  STAGES: gl.constexpr, num_warps: gl.constexpr,
                                  PINGPONG: gl.constexpr = False):
         """Warp-specialized form of :func:`sdpa_fwd_gluon_kernel` (FA3's roles): a producer
-        warp loads Q and the K/V rings by TMA; two consumer warpgroups (the default
-        partition: rows [0, BLOCK_M/2); a worker: the rest) run on their halves, freeing each
-        stage through an empty barrier of count 2; independently, or with PINGPONG taking
-        turns to issue their products (:func:`_ws_consumer`). ``num_warps`` = 4; o_desc's
-        block has BLOCK_M/2 rows."""
-        ROWS: gl.constexpr = BLOCK_M // 2
+        warp loads Q and the K/V rings by TMA; BLOCK_M / 64 consumer warpgroups (2 or 3; the
+        default partition: rows [0, 64); workers: the rest) run on their 64 rows each, freeing
+        each stage through an empty barrier counting them; independently, or with PINGPONG
+        taking turns to issue their products (:func:`_ws_consumer`). ``num_warps`` = 4;
+        o_desc's block has 64 rows."""
+        ROWS: gl.constexpr = 64
+        CONSUMERS: gl.constexpr = BLOCK_M // ROWS
         pid_m = gl.program_id(0)
         if CAUSAL:
             pid_m = gl.num_programs(0) - 1 - pid_m
@@ -442,7 +488,11 @@ if GLUON_AVAILABLE:
         hk = h // GROUP
         start_m = pid_m * BLOCK_M
         dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+        if CONSUMERS == 3:  # 192 rows: one 64-row tile each (a block of 192 is no power of 2)
+            q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape,
+                                               q_desc.layout)
+        else:
+            q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
         k_ring = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape,
                                            k_desc.layout)
         v_ring = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape,
@@ -454,15 +504,15 @@ if GLUON_AVAILABLE:
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         # the consumers' turns: two barriers under PINGPONG, else one unused (the consumers
         # read the mode from this shape: worker arguments carry no constexprs)
-        turn = gl.allocate_shared_memory(gl.int64, [2 if PINGPONG else 1, 1],
+        turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS if PINGPONG else 1, 1],
                                          mbarrier.MBarrierLayout())
         mbarrier.init(q_bar.index(0), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_full.index(i), count=1)
             mbarrier.init(v_full.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=2)
-            mbarrier.init(v_empty.index(i), count=2)
-        for i in gl.static_range(2 if PINGPONG else 1):
+            mbarrier.init(k_empty.index(i), count=CONSUMERS)
+            mbarrier.init(v_empty.index(i), count=CONSUMERS)
+        for i in gl.static_range(CONSUMERS if PINGPONG else 1):
             mbarrier.init(turn.index(i), count=1)
         fence_async_shared()
         if CAUSAL:
@@ -479,16 +529,25 @@ if GLUON_AVAILABLE:
                          L, S, qk_scale)
         producer_args = (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
                          k_empty, v_empty, z1, z2, h, hk, start_m, n_tiles)
-        if CAUSAL:
+        if CONSUMERS == 3:
+            if CAUSAL:
+                gl.warp_specialize([
+                    (_ws_consumer, consumer_args + (0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES)), (_ws_consumer_hi_causal, consumer_args),
+                    (_ws_consumer_third_causal, consumer_args), (_ws_producer, producer_args),
+                ], [4, 4, 1], [WORKER_REGS_3, WORKER_REGS_3, PRODUCER_REGS])
+            else:
+                gl.warp_specialize([
+                    (_ws_consumer, consumer_args + (0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES)), (_ws_consumer_hi, consumer_args),
+                    (_ws_consumer_third, consumer_args), (_ws_producer, producer_args),
+                ], [4, 4, 1], [WORKER_REGS_3, WORKER_REGS_3, PRODUCER_REGS])
+        elif CAUSAL:
             gl.warp_specialize([
-                (_ws_consumer, consumer_args + (0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES)),
-                (_ws_consumer_hi_causal, consumer_args),
+                (_ws_consumer, consumer_args + (0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES)), (_ws_consumer_hi_causal, consumer_args),
                 (_ws_producer, producer_args),
             ], [4, 1], [WORKER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
-                (_ws_consumer, consumer_args + (0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES)),
-                (_ws_consumer_hi, consumer_args),
+                (_ws_consumer, consumer_args + (0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES)), (_ws_consumer_hi, consumer_args),
                 (_ws_producer, producer_args),
             ], [4, 1], [WORKER_REGS, PRODUCER_REGS])
 
@@ -592,9 +651,10 @@ def _prepare(query, key, value, out, stats, gluon_plan):
     block_m, block_n, stages, warps, ws = CONFIG
     os_ = (Z1, Z2, HQ, L, D)
     ost = (Z2 * HQ * L * D, HQ * L * D, L * D, D, 1)
-    descs = (_descriptor(query, qs, qst, block_m), _descriptor(key, ks, kst, block_n),
+    q_rows = 64 if ws and block_m == 192 else block_m  # three consumers: a 64-row tile each
+    descs = (_descriptor(query, qs, qst, q_rows), _descriptor(key, ks, kst, block_n),
              _descriptor(value, vs, vst, block_n),
-             _descriptor(out, os_, ost, block_m // 2 if ws else block_m))
+             _descriptor(out, os_, ost, 64 if ws else block_m))
     fields = descriptor_fields(descs)
     grid = (-(-L // block_m), Z1 * Z2 * HQ)
     ints = (stats.stride(0), Z2, HQ, HQ // ks[2], L, ks[3], scale * LOG2E)
