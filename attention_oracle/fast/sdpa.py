@@ -112,6 +112,19 @@ def _to_rank5(t, name):
                                   f"merged without a copy") from exc
 
 
+def _mergeable(dout):
+    """``dout``, or a contiguous copy of it where it has more than five dims and its leading
+    batch dims cannot be merged into one without a copy: autograd, not the caller, chooses
+    dout's layout (``out.permute(...).contiguous()`` downstream gives such a view), so it is
+    copied, not refused."""
+    if dout.dim() > 5:
+        try:
+            dout.view((-1,) + tuple(dout.shape[-4:]))
+        except RuntimeError:
+            return dout.contiguous()
+    return dout
+
+
 def _from_rank5(t5, shape):
     if len(shape) == 3:
         return t5.squeeze(1).squeeze(0)
@@ -600,8 +613,8 @@ class _EagerSdpa(torch.autograd.Function):
         q, k, v, mask, out, lse_k = ctx.saved_tensors
         if dout is None:
             return None, None, None, None, None, None, None
-        grads = _launch_bwd(_to_rank5(dout, "dout"), q, k, v, mask, out, lse_k, ctx.is_causal,
-                            ctx.scale)
+        grads = _launch_bwd(_to_rank5(_mergeable(dout), "dout"), q, k, v, mask, out, lse_k,
+                            ctx.is_causal, ctx.scale)
         return (*(_grad_of_input(g, *shapes) for g, shapes in zip(grads, ctx.shapes)),
                 None, None, None, None)
 
@@ -905,7 +918,7 @@ class _PlannedSdpa(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         if dout is None:
             return None, None, None, None
-        return (*ctx.plan.backward(dout, *ctx.saved_tensors), None)
+        return (*ctx.plan.backward(_mergeable(dout), *ctx.saved_tensors), None)
 
 
 # autograd.Function's C apply, which Function.apply reaches after its Python steps (default

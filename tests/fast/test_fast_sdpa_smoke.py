@@ -337,6 +337,25 @@ def test_head_broadcast_and_rank6(gen):
     check_case(q6, k6, v6, is_causal=True)
 
 
+@pytest.mark.parametrize("planned", [False, True], ids=["masked", "cached_plan"])
+def test_rank6_dout_whose_batch_dims_do_not_merge(planned, gen):
+    """A rank-6 dout whose leading batch dims cannot be merged without a copy (what autograd
+    passes when the output is permuted downstream): copied, not refused, through the masked
+    path and the cached unmasked plan; the gradients equal those for dout.contiguous()."""
+    q, k, v = (randn(2, 2, 2, 3, 8, 16, dtype=torch.float32, gen=gen).requires_grad_()
+               for _ in range(3))
+    mask = None if planned else torch.ones(8, 8, dtype=torch.bool, device=q.device).tril()
+    dout = randn(2, 2, 2, 3, 8, 16, dtype=torch.float32, gen=gen)
+    dout = dout.permute(2, 1, 0, 3, 4, 5).contiguous().permute(2, 1, 0, 3, 4, 5)
+    with pytest.raises(RuntimeError):
+        dout.view(-1, 3, 8, 16)
+    got = torch.autograd.grad(scaled_dot_product_attention(q, k, v, attn_mask=mask), (q, k, v), dout)
+    want = torch.autograd.grad(scaled_dot_product_attention(q, k, v, attn_mask=mask), (q, k, v),
+                               dout.contiguous())
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
 def test_refuses_int32_overflowing_head_span():
     from attention_oracle.fast.sdpa import _check_tile_offsets
     huge = torch.empty_strided((1, 1, 2, 16), (0, 0, 2**31, 1), device="meta")  # never allocated
