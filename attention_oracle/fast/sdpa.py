@@ -893,7 +893,7 @@ def _call_plan(query, key, value, dropout_p, is_causal, scale, enable_gqa):
         out_shape = tuple(batch) + (hq, L, value.shape[-1])
         (q5, k5, v5), shapes = _rank5_operands(query, key, value,
                                                (tuple(batch), hq, hkv, out_shape))
-        _check_row_span(L, S, query.shape[-1], value.shape[-1])
+        _check_row_span(L, S, query.shape[-1], value.shape[-1], batch, hq)
         plan = _CallPlan(q5, k5, v5, out_shape, shapes, is_causal, scale)
     if len(_CALL_PLANS) >= _MAX_CALL_PLANS:
         _CALL_PLANS.clear()
@@ -950,10 +950,20 @@ def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dro
     return out, _lse_view(lse_k, out_shape)
 
 
-def _check_row_span(L, S, E, EV):
+# CUDA's limit on a grid's second dim, where the kernels put the flattened batch and heads
+_MAX_GRID_Y = 65535
+
+
+def _check_row_span(L, S, E, EV, batch, hq):
     if max(L, S) * max(E, EV) > _INT32_MAX:  # the outputs/gradients are contiguous
         raise NotImplementedError(f"query/key: {max(L, S)} rows x head dim overflow the kernels' "
                                   f"int32 in-head addressing")
+    heads = hq
+    for n in batch:
+        heads *= n
+    if heads > _MAX_GRID_Y:  # refused on every device, so the verdict does not depend on one
+        raise NotImplementedError(f"query: {heads} batch x head rows exceed the {_MAX_GRID_Y} "
+                                  f"programs a CUDA grid dim takes (the kernels' second grid dim)")
 
 
 def _needs_grad(query, key, value):
@@ -990,7 +1000,7 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     if attn_mask is not None:
         mask5 = _to_rank5(attn_mask.expand(batch + (hq, L, S)), "attn_mask")
         _check_tile_offsets((("attn_mask", mask5),))
-    _check_row_span(L, S, E, value.shape[-1])
+    _check_row_span(L, S, E, value.shape[-1], batch, hq)
     out_shape = tuple(batch) + (hq, L, value.shape[-1])
     geometry = (tuple(batch), hq, hkv, out_shape)
     if not compiling and _needs_grad(query, key, value):

@@ -356,6 +356,20 @@ def test_rank6_dout_whose_batch_dims_do_not_merge(planned, gen):
         assert torch.equal(g, w)
 
 
+def test_refuses_more_batch_heads_than_a_grid_dim_takes():
+    """The kernels put batch x heads on the grid's second dim, which CUDA caps at 65535: more is
+    refused by name (NotImplementedError) on every device, not left to fail at launch."""
+    from attention_oracle.fast.sdpa import _check_row_span
+    q = torch.zeros(65536, 1, 2, 16, device=DEVICE)
+    for is_causal in (False, True):
+        with pytest.raises(NotImplementedError, match="65535"):
+            scaled_dot_product_attention(q, q, q, is_causal=is_causal)
+    with pytest.raises(NotImplementedError, match="65535"):  # the masked path
+        scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(2, 2, dtype=torch.bool,
+                                                                   device=DEVICE))
+    _check_row_span(2, 2, 16, 16, (5, 13107), 1)  # 65535: taken
+
+
 def test_refuses_int32_overflowing_head_span():
     from attention_oracle.fast.sdpa import _check_tile_offsets
     huge = torch.empty_strided((1, 1, 2, 16), (0, 0, 2**31, 1), device="meta")  # never allocated
