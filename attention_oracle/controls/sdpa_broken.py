@@ -428,3 +428,19 @@ CONTROLS.update({
     "LastKeyDroppedAtTailTile": "forward_agreement",
     "NanDqOnUnderflowAtHalfTile": "gradient_agreement",
 })
+
+
+class BroadcastMaskFirstBatch(_Base):
+    """A mask with one head ([*batch, 1, L, S] or a key-padding [*batch, 1, 1, S]) is read for
+    the first batch entry only: every sequence gets sequence 0's padding (a kernel that takes
+    the mask's batch stride as 0 whenever its head stride is)."""
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        if attn_mask is not None and attn_mask.dim() >= 4 and attn_mask.shape[-3] == 1:
+            attn_mask = attn_mask[tuple(slice(0, 1) for _ in attn_mask.shape[:-3])]
+        return oracle.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                   is_causal, scale, enable_gqa)
+
+
+CONTROLS["BroadcastMaskFirstBatch"] = "forward_agreement"

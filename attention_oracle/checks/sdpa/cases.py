@@ -3,7 +3,11 @@
 Values come from a seeded ``torch.Generator`` (Hypothesis' own array strategies give
 mostly-constant tensors, useless for attention).
 
-Masks (``mask`` is ``<kind>_<shape>``, shape ``full`` [*batch, Hq, L, S] or ``bcast`` [L, S]):
+Masks (``mask`` is ``<kind>_<shape>``; shapes: ``full`` [*batch, Hq, L, S], ``bcast`` [L, S],
+``heads`` [*batch, 1, L, S] (one mask for every head), ``keys`` [*batch, 1, 1, S] (a key-padding
+mask, Hugging Face's: each sequence keeps a prefix of its keys, at least one key off where S >
+1; padding-like kinds only, no empty rows), ``expanded`` (``heads`` expanded to [*batch, Hq, L,
+S] by stride 0: PyTorch's own broadcast view):
 - ``bool``: True = take part; ``float``: randn where kept, -inf where masked;
 - ``finfo_min``: Hugging Face padding: 0 where kept, ``torch.finfo(dtype).min`` where masked
   (-65504 in fp16); ``neg1e4``: -1e4 where masked (randn where kept);
@@ -38,7 +42,11 @@ from attention_oracle.judge.case import CaseMixin, dtype_name
 from attention_oracle.judge.layouts import fresh, lay_out
 
 MASK_KINDS = ("bool", "float", "finfo_min", "neg1e4", "mixed_inf", "row_bias", "alibi")
-MASKS = ("none",) + tuple(f"{k}_{s}" for k in MASK_KINDS for s in ("full", "bcast"))
+MASK_SHAPES = ("full", "bcast", "heads", "keys", "expanded")
+# kinds a key-padding mask ([*batch, 1, 1, S]) takes: the same keys for every query row
+KEY_KINDS = ("bool", "float", "finfo_min", "neg1e4", "mixed_inf")
+MASKS = ("none",) + tuple(f"{k}_{s}" for k in MASK_KINDS for s in MASK_SHAPES
+                          if s != "keys" or k in KEY_KINDS)
 # kinds whose empty rows are really empty (no key takes part): what fully_masked_rows draws
 EMPTYING_KINDS = ("bool", "float", "mixed_inf", "row_bias")
 HEAD_DIMS = (1, 3, 8, 16, 24, 40, 64, 72, 96, 128, 200, 256)
@@ -87,6 +95,10 @@ class SdpaCase(CaseMixin):
         return self.mask.rsplit("_", 1)[0] if self.mask != "none" else "none"
 
     @property
+    def mask_shape(self) -> str:
+        return self.mask.rsplit("_", 1)[1] if self.mask != "none" else "none"
+
+    @property
     def effective_scale(self) -> float:
         return self.scale if self.scale is not None else 1.0 / math.sqrt(self.E)
 
@@ -110,22 +122,34 @@ def _finite_min(case: SdpaCase) -> float:
 
 
 def _alibi(case: SdpaCase, shape) -> torch.Tensor:
-    """``-slope_h * |i - j|`` broadcast to ``shape`` (one slope for a [L, S] mask)."""
-    heads = case.hq if len(shape) > 2 else 1
+    """``-slope_h * |i - j|`` broadcast to ``shape`` (one slope where the mask has no head dim
+    or a head dim of 1)."""
+    heads = shape[-3] if len(shape) > 2 else 1
     slopes = 2.0 ** (-8.0 * torch.arange(1, heads + 1, dtype=torch.float64) / heads)
     dist = (torch.arange(case.L)[:, None] - torch.arange(case.S)[None, :]).abs().double()
     bias = -(slopes[:, None, None] * dist)
     return (bias if len(shape) > 2 else bias[0]).expand(shape).float()
 
 
+def mask_shape(case: SdpaCase) -> tuple:
+    """The shape of the case's mask as drawn (``expanded`` is ``heads`` before its expand)."""
+    lead = tuple(case.batch)
+    return {"full": lead + (case.hq, case.L, case.S), "bcast": (case.L, case.S),
+            "heads": lead + (1, case.L, case.S), "expanded": lead + (1, case.L, case.S),
+            "keys": lead + (1, 1, case.S)}[case.mask_shape]
+
+
 def _mask(case: SdpaCase, g: torch.Generator) -> torch.Tensor | None:
     if case.mask == "none":
         return None
     kind = case.mask_kind
-    full = case.mask.endswith("full")
-    shape = (tuple(case.batch) + (case.hq,) if full else ()) + (case.L, case.S)
+    shape = mask_shape(case)
     keep = torch.rand(shape, generator=g) < 0.75
-    if case.empty_rows:
+    if case.mask_shape == "keys":  # padding: each sequence keeps a prefix, at least one key off
+        lengths = torch.randint(1, max(1, case.S - 1) + 1, shape[:-1] + (1,), generator=g)
+        keep = torch.arange(case.S) < lengths
+    emptied = case.empty_rows and shape[-2] == case.L  # a key-padding mask has no rows
+    if emptied:
         rows = torch.randperm(case.L, generator=g)[: case.empty_rows]
         keep[..., rows, :] = False
     if kind == "bool":
@@ -140,7 +164,7 @@ def _mask(case: SdpaCase, g: torch.Generator) -> torch.Tensor | None:
     if kind == "mixed_inf":
         fills = torch.tensor([float("-inf"), _finite_min(case), -1e4])
         which = torch.randint(0, 3, shape, generator=g)
-        if case.empty_rows:  # empty rows really empty: -inf only
+        if emptied:  # empty rows really empty: -inf only
             which[..., rows, :] = 0
         return torch.where(keep, add, fills[which])
     if kind == "row_bias":
@@ -181,12 +205,16 @@ def build(case: SdpaCase, device: torch.device, requires_grad: bool = True) -> S
     mask = _mask(case, g)
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(dt)
+    if mask is not None:
+        mask = mask.to(device)
+        if case.mask_shape == "expanded":  # after the copies: .to() would materialise it
+            mask = mask.expand(tuple(case.batch) + (case.hq, case.L, case.S))
     to = dict(device=device, dtype=dt)
     return SdpaInputs(
         q=fresh(q.to(**to), case.layout_q, requires_grad=requires_grad),
         k=fresh(k.to(**to), case.layout_k, requires_grad=requires_grad),
         v=fresh(v.to(**to), case.layout_v, requires_grad=requires_grad),
-        attn_mask=None if mask is None else mask.to(device),
+        attn_mask=mask,
         dout=lay_out(dout.to(**to), case.layout_dout),
         kwargs=case.kwargs(),
     )
@@ -220,8 +248,9 @@ def _mask_choices(caps: Capabilities, causal: bool, empty_rows) -> tuple:
     if causal:
         return ("none",) if "none" in caps.masks else ()
     kinds = EMPTYING_KINDS if empty_rows else MASK_KINDS
-    masks = tuple(f"{k}_{s}" for k in kinds for s in ("full", "bcast")
-                  if ("bool" if k == "bool" else "float") in caps.masks)
+    masks = tuple(m for m in MASKS[1:] if m.rsplit("_", 1)[0] in kinds
+                  and not (empty_rows and m.endswith("_keys"))
+                  and ("bool" if m.startswith("bool") else "float") in caps.masks)
     if not empty_rows and "none" in caps.masks:
         masks = ("none",) + masks
     return masks
@@ -311,7 +340,8 @@ def sdpa_cases(draw, dtypes_or_caps, *, rank=None, empty_rows=None, layouts=True
         S = L
     mask = draw(st.sampled_from(_mask_choices(caps, causal, empty_rows)))
     n_empty = 0
-    if mask != "none" and empty_rows is not False and not mask.startswith("alibi"):
+    if (mask != "none" and empty_rows is not False and not mask.startswith("alibi")
+            and not mask.endswith("_keys")):
         # padding kinds exist for their all-minimum rows: always draw some
         padding = mask.startswith(("finfo_min", "neg1e4"))
         n_empty = draw(st.integers(1 if (empty_rows or padding) else 0, max(1, L // 2)))

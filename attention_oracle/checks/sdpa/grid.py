@@ -9,7 +9,9 @@ Dimensions:
 - ``mask``: ``none``, ``causal`` (square or rectangular, from the shape), ``bool``, ``float``
   (randn, -inf where masked), ``alibi``, ``row_bias`` (half the rows biased down by 100..140:
   their lse is below float32's exp range), ``finfo_min`` (Hugging Face padding);
-  ``mask_shape``: ``full`` (per batch and head) or ``bcast`` ([L, S]);
+  ``mask_shape``: ``full`` (per batch and head), ``bcast`` ([L, S]), ``heads`` ([*batch, 1, L,
+  S]), ``keys`` ([*batch, 1, 1, S], key padding: bool, float and finfo_min masks, no empty
+  rows) or ``expanded`` (``heads`` expanded over the heads by stride 0);
 - ``regime``: ``plain``, ``sharp`` (q spread 30: nearly one-hot rows), ``saturating`` (largest
   |score| 1e4);
 - ``dtype``, ``E`` (with ``Ev``: the same or another head dim), ``group`` (GQA group size 1, 2,
@@ -19,7 +21,8 @@ Dimensions:
 A check's declared case parameters narrow the dimensions (``rank=3``, ``empty_rows=True``: masks
 whose empty rows really take no key, ``layouts=False``, ``dout_layouts``). Interpreted kernels
 (Triton's CPU interpreter) get fewer values: three shapes at the small tile edges (1, 15, 16,
-17, 33), four masks, two head dims, two group sizes, two dout layouts (about 12 rows). Long rows with many
+17, 33), four masks, three mask shapes, two head dims, two group sizes, two dout layouts
+(about 17 rows). Long rows with many
 heads and wide heads are left out (``MAX_ROWS_X_HEADS``, ``MAX_ROWS_X_DIM``), so the grid of a check stays at a few seconds
 on a CPU.
 """
@@ -38,6 +41,9 @@ MASKS = ("none", "causal", "bool", "float", "alibi", "row_bias", "finfo_min")
 SMALL_MASKS = ("none", "causal", "bool", "row_bias")
 SMALL_SHAPES = ((1, 17), (16, 16), (33, 15))
 SMALL_DOUTS = ("contiguous", "transposed")
+MASK_SHAPES = ("full", "bcast", "heads", "keys", "expanded")
+SMALL_MASK_SHAPES = ("full", "bcast", "keys")
+KEY_MASKS = ("bool", "float", "finfo_min")  # the grid's masks a key-padding shape takes
 EMPTYING = ("bool", "float", "row_bias")   # masks whose empty rows take no key at all
 REGIMES = {"plain": (1.0, 0.0), "sharp": (30.0, 0.0), "saturating": (1.0, 1e4)}  # value_scale, score
 HEAD_DIMS = {"native": (8, 40, 64, 128, 256), "interpreted": (16, 64)}
@@ -92,7 +98,8 @@ def _factors(caps, params: dict) -> dict:
         "group": tuple(g for g in GROUPS[size] if (g == 1 or caps.gqa) and _heads(caps, g)),
         "layout": tuple(layouts if params.get("layouts", True) and layouts else ["contiguous"]),
         "rank": tuple(ranks),
-        "mask_shape": ("full", "bcast"),
+        "mask_shape": tuple(m for m in (SMALL_MASK_SHAPES if small else MASK_SHAPES)
+                            if not (m == "keys" and params.get("empty_rows"))),
         "scale": ("default", "explicit"),
         "dout": tuple(params.get("dout_layouts")
                       or (SMALL_DOUTS if small else ("contiguous", "transposed", "sliced", "broadcast"))),
@@ -135,7 +142,11 @@ def _constraints(caps, dims: tuple) -> tuple:
         batch = math.prod(BATCH[row["rank"]])
         return not caps.interpreted or batch * _heads(caps, row["group"])[0] <= MAX_PROGRAMS_INTERPRETED
 
+    def keys_ok(row):  # a key-padding mask: one of the padding-like kinds (or no mask)
+        return row["mask_shape"] != "keys" or row["mask"] in KEY_MASKS + ("none", "causal")
+
     return ((("shape",), shape_ok), (("shape", "mask"), causal_ok),
+            (("mask", "mask_shape"), keys_ok),
             (("shape", "group"), few_heads), (("shape", "E", "Ev"), narrow),
             (("group", "rank"), few_programs),
             (("regime", "scale"), lambda r: not (r["regime"] == "saturating" and r["scale"] == "default")))
@@ -150,8 +161,8 @@ def _build(dims: tuple, caps, params: dict):
         empty = 0
         if params.get("empty_rows"):
             empty = max(1, L // 4)
-        elif mask == "finfo_min":  # padding rows: every key at the finite minimum
-            empty = max(1, L // 8)
+        elif mask == "finfo_min" and row["mask_shape"] != "keys":  # padding rows: every key at
+            empty = max(1, L // 8)                                      # the finite minimum
         return SdpaCase(
             batch=BATCH[row["rank"]], hq=hq, hkv=hkv, L=L, S=S, E=row["E"],
             Ev=_ev(dims, row["E"], row["Ev"]), dtype=row["dtype"], causal=mask == "causal",

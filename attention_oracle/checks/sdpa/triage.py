@@ -17,9 +17,14 @@ def _masks(case, target):
     if case.causal:
         return []  # PyTorch takes a mask or is_causal, not both
     out = []
+    # the kind at this shape and the shape of this kind, one at a time (and no mask)
+    shape, kind = case.mask_shape, case.mask_kind
     for m in MASKS:
-        if m != case.mask:
-            out.append((m, {"mask": m, "empty_rows": 0 if m == "none" else case.empty_rows}))
+        same_shape = m.rsplit("_", 1)[-1] == (shape if shape != "none" else "full")
+        same_kind = m.rsplit("_", 1)[0] == kind
+        if m != case.mask and (m == "none" or same_shape or same_kind):
+            keys = m.endswith("_keys")
+            out.append((m, {"mask": m, "empty_rows": 0 if m == "none" or keys else case.empty_rows}))
     return out
 
 
