@@ -258,6 +258,8 @@ def check_dsa_inputs(q, q_rope, kv, k_rope, indices, topk_length=None, softmax_s
     if q.dim() != 3:
         raise ValueError(f"{q_name} must be [T, H, D], got shape {tuple(q.shape)}")
     T, H, DL = q.shape
+    if DL == 0:  # the values are the latent rows: a zero-width latent attends to nothing
+        raise ValueError(f"{q_name} has 0 channels: the latent width must be at least 1")
     kv2 = key_rows(kv_name, kv)
     if kv2.shape[1] != DL:
         raise ValueError(f"{kv_name} has {kv2.shape[1]} channels but {q_name} has {DL}")

@@ -144,7 +144,9 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
     device = gather_kv_indices.device
     check_device(device)
     result = out
-    if _needs_scratch(out, gather_kv_indices, compact, K):
+    # on the CPU the metadata check comes after the kernel: a scratch buffer keeps out (which may
+    # be the caller's input) untouched when it fails
+    if _needs_scratch(out, gather_kv_indices, compact, K) or device.type != "cuda":
         result = torch.empty((T, K), dtype=torch.int32, device=device)
     n_docs = cu_seqlens_q.shape[0] - 1
     on_cuda = device.type == "cuda"

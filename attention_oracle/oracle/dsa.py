@@ -494,7 +494,8 @@ def _attend(ops: _Operands, dout: torch.Tensor | None, *, compute_dtype: torch.d
         dkv_acc.index_add_(0, route, g.dkv_slots.reshape(-1, Dl).to(dkv_acc.dtype))
         if dkr_acc is not None:
             result["dq_rope"][start:stop] = g.dq_rope
-            dkr_acc.index_add_(0, route, g.dkr_slots.reshape(-1, Dr).to(dkr_acc.dtype))
+            # the row count spelled out: reshape(-1, 0) of no elements is ambiguous (Dr 0)
+            dkr_acc.index_add_(0, route, g.dkr_slots.reshape(route.numel(), Dr).to(dkr_acc.dtype))
         if tally is not None:
             tally.add_backward(ch, g, dout_c, ops.scale)
         if bounds is not None:

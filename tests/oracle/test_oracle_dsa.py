@@ -627,3 +627,20 @@ def test_flash_keeps_float32_softmax_for_16_bit(dtype):
 def test_algorithm_arguments_are_checked(kwargs, word):
     with pytest.raises(ValueError, match=word):
         dsa_reference(*_make(), **kwargs)
+
+
+def test_zero_width_rope_part_gives_zero_rope_gradients():
+    """Dr = 0 is NoPE under the RoPE names: the backward once failed reshaping no elements
+    into [-1, 0]."""
+    g = torch.Generator().manual_seed(3)
+    T, H, Dl, S, K = 3, 2, 8, 6, 4
+    ql = torch.randn(T, H, Dl, generator=g, dtype=torch.float64, requires_grad=True)
+    qr = torch.zeros(T, H, 0, dtype=torch.float64, requires_grad=True)
+    kl = torch.randn(S, Dl, generator=g, dtype=torch.float64, requires_grad=True)
+    kr = torch.zeros(S, 0, dtype=torch.float64, requires_grad=True)
+    idx = torch.randint(-1, S, (T, K), generator=g, dtype=torch.int32)
+    out = dsa_sparse_attention(ql, qr, kl, kr, idx, softmax_scale=0.5)
+    nope = dsa_sparse_attention_nope(ql.detach(), kl.detach(), idx, softmax_scale=0.5)
+    assert torch.equal(out.detach(), nope)
+    grads = torch.autograd.grad(out, (ql, qr, kl, kr), torch.ones_like(out))
+    assert grads[1].shape == (T, H, 0) and grads[3].shape == (S, 0)

@@ -212,3 +212,20 @@ def _call(**overrides):
 def test_validation_names_the_argument(overrides, error, name):
     with pytest.raises(error, match=name.replace("[", r"\[").replace("]", r"\]")):
         _call(**overrides)
+
+
+def test_fast_leaves_an_aliased_input_untouched_when_the_metadata_is_bad():
+    """fast checks the metadata in its kernel, after the rows are formed: on the CPU (flags) it
+    works in a scratch buffer, so that an ``out`` aliasing the input is left as it was when the
+    call fails (the oracle checks first)."""
+    import os
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        pytest.skip("fast runs on the CPU under Triton's interpreter only")
+    from attention_oracle import fast
+    local, cu_q, cu_k = _table()
+    bad_q = torch.tensor([0, 2, 4], dtype=cu_q.dtype)  # ends before T
+    for impl in (offset_gather_kv_indices, fast.offset_gather_kv_indices):
+        in_place = local.clone()
+        with pytest.raises(ValueError, match="cu_seqlens_q"):
+            impl(in_place, bad_q, cu_k, compact=True, out=in_place)
+        assert torch.equal(in_place, local), impl

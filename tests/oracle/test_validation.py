@@ -143,6 +143,11 @@ DSA_ROWS = [
      lambda: _rope(k_rope=_randn(S, DR, dtype=torch.float16)), TypeError, "k_rope"),
     ("kv_latent_channels", "dsa_sparse_attention", lambda: _rope(kv_latent=(S, D - 1)), ValueError, "kv_latent"),
     ("q_latent_not_tensor", "dsa_sparse_attention", lambda: _rope(q_latent=1.0), TypeError, "q_latent"),
+    # a zero-width latent leaves no values (fast returned an unwritten lse and dq_rope)
+    ("q_latent_zero_width", "dsa_sparse_attention",
+     lambda: _rope(q_latent=(T, H, 0), kv_latent=(S, 0)), ValueError, "q_latent"),
+    ("q_zero_width", "dsa_sparse_attention_nope", lambda: _nope(q=(T, H, 0), kv=(S, 0)),
+     ValueError, "q"),
 ]
 
 CU_Q, CU_K = (0, 2, 5), (0, 3, 7)
