@@ -223,7 +223,7 @@ def test_fast_leaves_an_aliased_input_untouched_when_the_metadata_is_bad():
         pytest.skip("fast runs on the CPU under Triton's interpreter only")
     from attention_oracle import fast
     local, cu_q, cu_k = _table()
-    bad_q = torch.tensor([0, 2, 4], dtype=cu_q.dtype)  # ends before T
+    bad_q = torch.tensor([0, 2, 2, 2, 4], dtype=cu_q.dtype)  # ends before T = 5
     for impl in (offset_gather_kv_indices, fast.offset_gather_kv_indices):
         in_place = local.clone()
         with pytest.raises(ValueError, match="cu_seqlens_q"):
