@@ -316,8 +316,9 @@ task_sdpabwd() {
 
 task_newbwd() {
     local d=$1
-    timeout 120 "$PY" -m attention_oracle.fast.kernels.gluon_probe > "$d/probe.log" 2>&1
-    note "gluon_probe (this machine's Triton): exit $?"; cut -c1-200 "$d/probe.log"
+    timeout 90 "$PY" -m attention_oracle.fast.kernels.gluon_probe dsa_bwd sdpa_bwd_d128 sdpa_bwd_d64 \
+        > "$d/probe.log" 2>&1
+    note "gluon_probe of the backwards (this machine's Triton): exit $?"; cut -c1-200 "$d/probe.log"
     if first_case "$d" dsa "$DSA_FIRST"; then
         timeout 150 "$PY" -m benchmarks.dsa_gluon --backward --reps 5 \
             --out "$d/dsa_gluon_bwd.json" > "$d/dsa_bench.log" 2>&1
