@@ -26,8 +26,8 @@
 #   sdpabwd      the opt-in Gluon SDPA backward: its GPU tests (tests/fast/test_fast_sdpa_gluon.py
 #                -k backward), then benchmarks.sdpa_gluon_bwd (cuDNN, the Triton and the Gluon
 #                backwards side by side), then the conformance SDPA checks under it
-#   newbwd       both opt-in Gluon backwards in one call: every Gluon kernel's registers and spills
-#                under this Triton (gluon_probe of the backwards), a small case of each backward (90 s each at
+#   newbwd       both opt-in Gluon backwards in one call: the backwards' registers and spills
+#                under this Triton (gluon_probe), a small case of each backward (90 s each at
 #                most), then benchmarks.dsa_gluon --backward and benchmarks.sdpa_gluon_bwd at L 4k
 #   overhead     host time per call: fast and torch timed in turn (--pairs), direct vs Triton
 #                launches, and where a Python backward's time goes (benchmarks.host_threads)
