@@ -48,7 +48,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from ..validation import FLOAT_DTYPES, check_dsa_inputs, key_rows
-from .host import Choice, cdiv, check_device, next_pow2
+from .host import Choice, cdiv, check_device, next_pow2, slot_offsets_pass_int32
 from .index import offset_rows, pdl_on
 from .kernels import dsa_bwd_gluon, dsa_fwd_gluon
 from .kernels.dsa_bwd import (
@@ -611,10 +611,7 @@ def _launch_bwd_bf16x6(q, q_rope, qr, sqr, DR, kv, k_rope, indices, topk_length,
 def slot_offsets_fit(indices):
     """``indices`` [T, K], or a contiguous copy where a slot's offset in a row, slot * stride,
     passes int32: the kernels compute it in int32 (a K-major [T, K] view has stride T)."""
-    K = indices.shape[1]
-    if K > 1 and (K - 1) * abs(indices.stride(1)) >= 2 ** 31:
-        return indices.contiguous()
-    return indices
+    return indices.contiguous() if slot_offsets_pass_int32(indices) else indices
 
 
 def _attend(q, q_rope, kv, k_rope, indices, topk_length, scale):

@@ -19,6 +19,13 @@ def next_pow2(n):
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def slot_offsets_pass_int32(rows):
+    """Whether a [T, K] index tensor's in-row offsets, slot * stride, can pass 2**31: the DSA
+    and index-preparation kernels form them in int32 (docs/FINDINGS.md F35)."""
+    K = rows.shape[1]
+    return K > 1 and (K - 1) * abs(rows.stride(1)) >= 2 ** 31 - 1
+
+
 # Triton chooses its interpreter when a kernel is defined (at import), so this is read once too:
 # the environment lookup would be ~0.7 us of every call
 _INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -19,7 +19,7 @@ arguments, allocates the rows and the lengths, and launches once.
 import torch
 
 from ..validation import check_index_inputs
-from .host import check_device, next_pow2
+from .host import check_device, next_pow2, slot_offsets_pass_int32
 from .kernels import pdl
 from .kernels.index_offset import BAD_BITS, CHECK_BLOCK, offset_gather_kernel
 from .launch import BoundLaunch, DirectLauncher
@@ -98,7 +98,7 @@ def _needs_scratch(out, idx, compact, K):
     its whole row before writing it, except multi-block compaction, which scatters into
     blocks it has not read yet. Any other overlap goes through a scratch buffer.
     """
-    if out is None or (K > 1 and (K - 1) * abs(out.stride(1)) >= _INT32_MAX):
+    if out is None or slot_offsets_pass_int32(out):
         return True  # none given, or slot offsets past int32 (the kernel's are int32)
     if out.untyped_storage().data_ptr() != idx.untyped_storage().data_ptr():
         return False
@@ -139,7 +139,7 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
     if topk_length is not None:
         topk_length = topk_length.contiguous()
     # slot offsets (slot * stride) are int32 in the kernel (FINDINGS F35)
-    if K > 1 and (K - 1) * abs(gather_kv_indices.stride(1)) >= _INT32_MAX:
+    if slot_offsets_pass_int32(gather_kv_indices):
         gather_kv_indices = gather_kv_indices.contiguous()
     device = gather_kv_indices.device
     check_device(device)

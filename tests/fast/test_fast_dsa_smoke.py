@@ -211,10 +211,11 @@ def test_int64_topk_length_past_int32(rope):
 def test_strided_topk_length_and_indices(rope):
     """topk_length as a stride-2 column and K-major indices: the kernels read the lengths by
     their data pointer, so a strided one is copied first (docs/FINDINGS.md F34)."""
-    from attention_oracle.checks.dsa.edges import strided_indices, strided_lengths
+    from attention_oracle.checks.dsa.edges import strided_indices
+    from attention_oracle.checks.index.edges import column
     c = make_case(T=6, H=3, DL=40, DR=24 if rope else 0, S=23, K=37, dtype=torch.float32, seed=6,
                   with_len=True)
-    c["topk_length"] = strided_lengths(c["topk_length"])
+    c["topk_length"] = column(c["topk_length"])
     assert c["topk_length"].stride() == (2,)
     check_case(c, idx=strided_indices(c["idx"])["transposed"])
 

@@ -30,6 +30,7 @@ import torch
 
 from attention_oracle.checks.dsa import checks as base
 from attention_oracle.checks.dsa.cases import DsaCase, build
+from attention_oracle.checks.index.edges import column
 from attention_oracle.judge.beyond import Declined, attempt
 from attention_oracle.judge.capabilities import resolve
 from attention_oracle.judge.judge import Judge
@@ -115,11 +116,6 @@ def int64_topk_length(judge: Judge, case: DsaCase) -> None:
     _forward_and_gradients(judge, inp, out, gold, lp)
 
 
-def strided_lengths(lengths: torch.Tensor) -> torch.Tensor:
-    """``lengths`` [T] as column 0 of a ``[T, 2]`` buffer whose column 1 is 0 (stride 2)."""
-    return torch.stack([lengths, torch.zeros_like(lengths)], dim=1)[:, 0]
-
-
 def strided_indices(indices: torch.Tensor) -> dict:
     """{layout: ``indices`` [T, K] in it}: ``sliced`` (a window of a larger buffer poisoned
     with invalid indices, judge/layouts.py) and ``transposed`` (stored K-major)."""
@@ -135,7 +131,7 @@ def strided_index_inputs(judge: Judge, case: DsaCase) -> None:
     target = judge.target
     inp = build(case, target.device)
     gold, lp = base.references(inp, inp.dout.contiguous())
-    views = [("topk_length", "a stride-2 column", dict(topk_length=strided_lengths(inp.topk_length)))]
+    views = [("topk_length", "a stride-2 column", dict(topk_length=column(inp.topk_length)))]
     views += [("indices", f"{layout} (strides {tuple(v.stride())})", dict(indices=v))
               for layout, v in strided_indices(inp.indices).items()]
     _judge_views(judge, inp, views, gold, lp)
@@ -152,7 +148,7 @@ def varlen_strided_index_inputs(judge: Judge, case: DsaCase) -> None:
     gold, lp = base.references(inp, inp.dout.contiguous())
     views = [("gather_kv_indices", f"{layout} (strides {tuple(v.stride())})", dict(indices=v))
              for layout, v in strided_indices(inp.indices).items()]
-    views += [(name, "a stride-2 column", dict(inputs={name: strided_lengths(getattr(inp, name))}))
+    views += [(name, "a stride-2 column", dict(inputs={name: column(getattr(inp, name))}))
               for name in ("topk_length", "cu_seqlens_q", "cu_seqlens_k")]
     _judge_views(judge, inp, views, gold, lp)
 
