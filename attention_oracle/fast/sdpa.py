@@ -945,8 +945,12 @@ def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dro
     """Like :func:`scaled_dot_product_attention`, also returning ``lse [..., Hq, L]`` (float32,
     natural log of the row sum of exp(scaled, masked scores), -inf for a row with no key).
     lse is not differentiable."""
-    out, lse_k, out_shape = _attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                       enable_gqa)
+    try:
+        out, lse_k, out_shape = _attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                           scale, enable_gqa)
+    except _RowsPastGrid as past:
+        return _in_batch_chunks(scaled_dot_product_attention_with_lse, past, query, key, value,
+                                attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return out, _lse_view(lse_k, out_shape)
 
 
@@ -954,16 +958,71 @@ def scaled_dot_product_attention_with_lse(query, key, value, attn_mask=None, dro
 _MAX_GRID_Y = 65535
 
 
+class _RowsPastGrid(NotImplementedError):
+    """More batch x head rows than one launch's grid takes: the public functions split the
+    call along its batch dims (:func:`_in_batch_chunks`). ``batch``: the broadcast batch
+    shape; ``hq``: the query heads."""
+
+    def __init__(self, rows, batch, hq):
+        super().__init__(f"query: {rows} batch x head rows exceed the {_MAX_GRID_Y} programs a "
+                         f"CUDA grid dim takes (the kernels' second grid dim)")
+        self.batch, self.hq = tuple(batch), hq
+
+
 def _check_row_span(L, S, E, EV, batch, hq):
     if max(L, S) * max(E, EV) > _INT32_MAX:  # the outputs/gradients are contiguous
         raise NotImplementedError(f"query/key: {max(L, S)} rows x head dim overflow the kernels' "
                                   f"int32 in-head addressing")
-    heads = hq
+    rows = hq
     for n in batch:
-        heads *= n
-    if heads > _MAX_GRID_Y:  # refused on every device, so the verdict does not depend on one
-        raise NotImplementedError(f"query: {heads} batch x head rows exceed the {_MAX_GRID_Y} "
-                                  f"programs a CUDA grid dim takes (the kernels' second grid dim)")
+        rows *= n
+    if rows > _MAX_GRID_Y:  # checked on every device, so the result does not depend on one
+        raise _RowsPastGrid(rows, batch, hq)
+
+
+def _batch_chunk_plan(batch, hq):
+    """Where to split a call with more rows than a grid dim takes: ``(dim, size)``, the first
+    batch dim longer than 1 and the chunk length along it that keeps a chunk's rows within
+    :data:`_MAX_GRID_Y` (1 when even one index is too many: the chunk splits again further in).
+    None when no batch dim is left to split (the query heads alone are too many)."""
+    for dim, n in enumerate(batch):
+        if n > 1:
+            inner = hq
+            for m in batch[dim + 1:]:
+                inner *= m
+            return dim, max(1, _MAX_GRID_Y // inner)
+    return None
+
+
+def _batch_slice(t, dim, start, length, rank):
+    """``t`` narrowed to ``[start, start + length)`` along broadcast batch dim ``dim`` of a
+    call whose broadcast operands have ``rank`` dims (t aligns from the right); a dim t lacks
+    or broadcasts (size 1) is kept whole."""
+    if t is None:
+        return None
+    d = dim - (rank - t.dim())
+    if d < 0 or t.shape[d] == 1:
+        return t
+    return t.narrow(d, start, length)
+
+
+def _in_batch_chunks(attention, past, query, key, value, attn_mask, *args):
+    """``attention`` (a public function) over chunks of the batch that each fit one launch's
+    grid, concatenated along the split dim; out (and lse) as one call would give them.
+    Autograd sees the slices and the concatenation, so gradients flow to every input."""
+    split = _batch_chunk_plan(past.batch, past.hq)
+    if split is None:
+        raise NotImplementedError(str(past))
+    dim, size = split
+    rank = len(past.batch) + 3
+    pieces = []
+    for start in range(0, past.batch[dim], size):
+        length = min(size, past.batch[dim] - start)
+        pieces.append(attention(*(_batch_slice(t, dim, start, length, rank)
+                                  for t in (query, key, value, attn_mask)), *args))
+    if isinstance(pieces[0], tuple):
+        return tuple(torch.cat(parts, dim) for parts in zip(*pieces))
+    return torch.cat(pieces, dim)
 
 
 def _needs_grad(query, key, value):
@@ -1031,6 +1090,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     query [..., Hq, L, E], key [..., Hkv, S, E], value [..., Hkv, S, Ev] -> out [..., Hq, L, Ev].
     See the module docstring for masks, GQA, causal alignment and empty-row conventions."""
-    out, _, _ = _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                           need_lse=False)
+    try:
+        out, _, _ = _attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                               enable_gqa, need_lse=False)
+    except _RowsPastGrid as past:
+        return _in_batch_chunks(scaled_dot_product_attention, past, query, key, value, attn_mask,
+                                dropout_p, is_causal, scale, enable_gqa)
     return out

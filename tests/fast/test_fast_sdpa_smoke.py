@@ -356,18 +356,83 @@ def test_rank6_dout_whose_batch_dims_do_not_merge(planned, gen):
         assert torch.equal(g, w)
 
 
-def test_refuses_more_batch_heads_than_a_grid_dim_takes():
-    """The kernels put batch x heads on the grid's second dim, which CUDA caps at 65535: more is
-    refused by name (NotImplementedError) on every device, not left to fail at launch."""
+@pytest.fixture
+def grid_dim_of(monkeypatch):
+    """Sets the batch x head rows one launch takes (CUDA's 65535 made small enough for the
+    interpreter), with an empty plan cache so no plan made under the real limit serves a call;
+    returns the calls the split path made, counted by the public function."""
+    from attention_oracle.fast import sdpa
+    calls = []
+    real = sdpa._in_batch_chunks
+
+    def counted(*args):
+        calls.append(args[1].batch)
+        return real(*args)
+
+    def set_limit(rows):
+        monkeypatch.setattr(sdpa, "_MAX_GRID_Y", rows)
+        monkeypatch.setattr(sdpa, "_CALL_PLANS", {})
+        monkeypatch.setattr(sdpa, "_in_batch_chunks", counted)
+        return calls
+    return set_limit
+
+
+@pytest.mark.parametrize("case", ["rank4", "rank5_inner_split", "gqa_masked_broadcast_key"])
+def test_more_batch_heads_than_a_grid_dim_split_along_the_batch(case, grid_dim_of, gen):
+    """The kernels put batch x heads on the grid's second dim, which CUDA caps at 65535 (F37):
+    a call with more is split along its batch dims (each chunk within the cap; an outer dim
+    split one index at a time when an inner dim alone is past it), and out, lse and every
+    gradient still agree with the float64 gold: masks, broadcast keys and GQA included."""
+    f32 = dict(dtype=torch.float32, gen=gen)
+    mask, gqa = None, False
+    if case == "rank4":  # 5 x 3 rows, 4 a launch: chunks of one batch index
+        limit, q, k, v = 4, randn(5, 3, 9, 16, **f32), randn(5, 3, 7, 16, **f32), randn(5, 3, 7, 8, **f32)
+    elif case == "rank5_inner_split":  # 3 x 4 x 2 rows, 5 a launch: dim 0 one by one, dim 1 by 2
+        limit = 5
+        q, k, v = randn(3, 4, 2, 6, 16, **f32), randn(3, 4, 2, 6, 16, **f32), randn(3, 4, 2, 6, 16, **f32)
+    else:  # 6 x 4 query heads on 2 kv heads; key/value broadcast over the batch; masks of both kinds
+        limit, gqa = 9, True
+        q = randn(6, 4, 8, 16, **f32)
+        k, v = randn(1, 2, 11, 16, **f32), randn(1, 2, 11, 16, **f32)
+        mask = torch.rand(6, 1, 8, 11, generator=gen).to(DEVICE) > 0.3
+    calls = grid_dim_of(limit)
+    if mask is None:
+        for is_causal in (False, True):
+            check_case(q, k, v, is_causal=is_causal)
+    else:
+        check_case(q, k, v, mask=mask, enable_gqa=gqa)
+        check_case(q, k, v, mask=torch.randn(1, 4, 8, 11, generator=gen).to(DEVICE), enable_gqa=gqa)
+        check_case(q, k, v, is_causal=True, enable_gqa=gqa)
+    assert calls, "the split path never ran"
+
+
+def test_heads_alone_past_a_grid_dim_are_refused(grid_dim_of, gen):
+    """Query heads alone past the cap leave no batch dim to split: refused by name
+    (NotImplementedError), on every device, not left to fail at launch."""
+    grid_dim_of(4)
+    q = randn(2, 5, 3, 16, dtype=torch.float32, gen=gen)
+    for mask in (None, torch.ones(3, 3, dtype=torch.bool, device=DEVICE)):
+        with pytest.raises(NotImplementedError, match="query: 5 batch x head rows exceed"):
+            scaled_dot_product_attention(q[:1], q[:1], q[:1], attn_mask=mask)
     from attention_oracle.fast.sdpa import _check_row_span
-    q = torch.zeros(65536, 1, 2, 16, device=DEVICE)
-    for is_causal in (False, True):
-        with pytest.raises(NotImplementedError, match="65535"):
-            scaled_dot_product_attention(q, q, q, is_causal=is_causal)
-    with pytest.raises(NotImplementedError, match="65535"):  # the masked path
-        scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(2, 2, dtype=torch.bool,
-                                                                   device=DEVICE))
-    _check_row_span(2, 2, 16, 16, (5, 13107), 1)  # 65535: taken
+    _check_row_span(2, 2, 16, 16, (2, 2), 1)  # 4: taken
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA's own grid cap; the interpreter has none")
+def test_past_the_cuda_grid_dim_on_the_gpu(gen):
+    """4100 sequences x 16 heads (65600 rows, past CUDA's 65535) launch on CUDA itself, and
+    every row equals the same row from a call within the cap (rows are independent)."""
+    q, k, v = (randn(4100, 16, 4, 64, dtype=torch.bfloat16, gen=gen).requires_grad_()
+               for _ in range(3))
+    out = scaled_dot_product_attention(q, k, v, is_causal=True)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    for part in (slice(0, 1000), slice(3100, 4100)):
+        some = [t[part].detach().requires_grad_() for t in (q, k, v)]
+        want = scaled_dot_product_attention(*some, is_causal=True)
+        assert torch.equal(out[part], want), "out"
+        for name, g, w in zip("qkv", grads, torch.autograd.grad(want, some, dout[part])):
+            assert torch.equal(g[part], w), f"d{name}"
 
 
 def test_refuses_int32_overflowing_head_span():
