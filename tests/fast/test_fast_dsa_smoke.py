@@ -274,6 +274,67 @@ def test_head_offsets_past_int32():
     assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1000:]} {r.stderr[-2000:]}"
 
 
+CHANNEL_OFFSETS_PAST_INT32 = """
+import sys
+import torch
+from attention_oracle import fast
+from attention_oracle.oracle import dsa as odsa
+T, H, D, S, K = 1, 2, 5, 6, 4
+device = sys.argv[1]
+stride_d = 2 ** 29 + 16  # channel 4's offset passes 2**31 elements
+
+def channel_major(values):
+    try:  # up to 8.6 GB, untouched but the values' pages on the CPU
+        buf = torch.empty((D - 1) * stride_d + values.numel() // D, dtype=values.dtype,
+                          device=device)
+    except (RuntimeError, MemoryError) as exc:
+        print("allocation refused:", exc)
+        sys.exit(3)
+    inner = values.shape[1] if values.dim() == 3 else 1
+    strides = ((inner, 1) if values.dim() == 3 else (1,)) + (stride_d,)
+    view = torch.as_strided(buf, values.shape, strides)
+    view.copy_(values)
+    return view
+
+errs = {}
+for dtype in (torch.float16, torch.float32):
+    for which in ("q", "kv", "dout"):
+        g = torch.Generator().manual_seed(0)
+        vals = {"q": torch.randn(T, H, D, generator=g), "kv": torch.randn(S, D, generator=g),
+                "dout": torch.randn(T, H, D, generator=g)}
+        idx = torch.randint(0, S, (T, K), generator=g, dtype=torch.int32).to(device)
+        ins = {n: (channel_major if n == which else torch.Tensor.clone)(v.to(dtype).to(device))
+               for n, v in vals.items()}
+        q, kv = ins["q"].requires_grad_(), ins["kv"].requires_grad_()
+        out = fast.dsa_sparse_attention_nope(q, kv, idx)
+        gq, gk = torch.autograd.grad(out, (q, kv), ins["dout"])
+        ref = [vals[n].to(dtype).double().requires_grad_() for n in ("q", "kv")]
+        rout = odsa.dsa_sparse_attention_nope(*ref, idx.cpu())
+        rq, rk = torch.autograd.grad(rout, ref, vals["dout"].to(dtype).double())
+        errs[f"{dtype} {which}"] = max(float((a.detach().cpu().double() - b.detach()).abs().max())
+                                       for a, b in ((out, rout), (gq, rq), (gk, rk)))
+        del q, kv, ins, out, gq, gk
+print("max |fast - float64| of out, dq, dkv:", errs)
+sys.exit(0 if max(errs.values()) < 0.05 else 1)
+"""
+
+
+def test_channel_offsets_past_int32():
+    """Channel-major q, kv and dout (D 5, channel stride 2**29 + 16 elements; a dout whose
+    layout puts the channels outermost, of 2**31 elements or more, is such a view): channel 4's
+    offset passes 2**31, which the kernels formed in int32 (a read 4 GB before the tensor: a
+    segfault under the interpreter; docs/FINDINGS.md F40). Run in a subprocess, so that a fault
+    fails this test alone."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", CHANNEL_OFFSETS_PAST_INT32, DEVICE], cwd=root,
+                       capture_output=True, text=True, timeout=600)
+    if r.returncode == 3:
+        pytest.skip(f"this machine refuses an 8.6 GB virtual allocation: {r.stdout.strip()}")
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1000:]} {r.stderr[-2000:]}"
+
+
 def test_indices_whose_slot_offsets_pass_int32_are_copied():
     """The kernels form slot * stride in int32: K-major indices of T >= 2**31 / K tokens are
     copied contiguous first (docs/FINDINGS.md F35); others pass through as they are."""

@@ -55,9 +55,12 @@ def gather_rows(base_ptr, rows, stride_s, stride_d, offs_d, d_lim, valid,
                 EVEN: tl.constexpr = False):
     """Gathers key rows: [BLOCK_K, BLOCK_D] tile of base[rows, offs_d], 0 outside.
 
+    Column offsets in the rows' integer type: int64, or int32 where the host set I32 (its
+    check counts the columns' offsets too); a channel-major view's column stride times a
+    column passes 2**31 from 2**31 elements on (docs/FINDINGS.md F40).
     EVEN: every offs_d is below d_lim (the host's EVEN_D: the tiles divide the widths), so
     the mask is the slot validity alone (no compare and AND per column vector)."""
-    ptrs = base_ptr + rows[:, None] * stride_s + offs_d[None, :] * stride_d
+    ptrs = base_ptr + rows[:, None] * stride_s + offs_d[None, :].to(rows.dtype) * stride_d
     if EVEN:
         return tl.load(ptrs, mask=valid[:, None], other=0.0)
     return tl.load(ptrs, mask=valid[:, None] & (offs_d[None, :] < d_lim), other=0.0)
@@ -65,11 +68,12 @@ def gather_rows(base_ptr, rows, stride_s, stride_d, offs_d, d_lim, valid,
 
 @triton.jit
 def load_heads(base_ptr, row_offset, offs_h, stride_h, h_lim, offs_d, stride_d, d_lim):
-    """Loads a [BLOCK_H, BLOCK_D] tile of one token's heads, 0 outside. Head offsets in int64:
-    a head-major view's head stride (T * D) times a head index passes 2**31 from T * D * H of
-    2**31 on (docs/FINDINGS.md F35)."""
+    """Loads a [BLOCK_H, BLOCK_D] tile of one token's heads, 0 outside. Head and channel
+    offsets in int64: a head-major view's head stride (T * D) times a head index passes 2**31
+    from T * D * H of 2**31 on (docs/FINDINGS.md F35), a channel-major view's channel stride
+    (T * H) times a channel likewise (F40)."""
     ptrs = (base_ptr + row_offset + offs_h[:, None].to(tl.int64) * stride_h
-            + offs_d[None, :] * stride_d)
+            + offs_d[None, :].to(tl.int64) * stride_d)
     return tl.load(ptrs, mask=(offs_h[:, None] < h_lim) & (offs_d[None, :] < d_lim), other=0.0)
 
 
