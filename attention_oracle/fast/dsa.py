@@ -644,9 +644,38 @@ class _DsaFunction(torch.autograd.Function):
         q, q_rope, kv, k_rope, indices, topk_length, out, lse = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dqr, dkv, dkr = _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse,
-                                      dout, ctx.scale)
-        return dq, dqr, dkv, dkr, None, None, None
+        grads = _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, ctx.scale)
+        if torch.is_grad_enabled():  # create_graph=True: the gradients may be differentiated
+            grads = _first_order_only(grads, (q, q_rope, kv, k_rope, dout))
+        return (*grads, None, None, None)
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """The identity on the gradients (the first ``n`` tensors), tied to what they depend on (the
+    rest), with a backward that refuses."""
+
+    @staticmethod
+    def forward(ctx, n, *tensors):
+        return tensors[:n]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            "fast DSA: trying to differentiate twice: its backward kernels compute no second "
+            "derivatives (gradients taken with create_graph=True cannot be differentiated again)")
+
+
+def _first_order_only(grads, depends_on):
+    """The kernels' gradients do not require grad, so under create_graph=True they would enter
+    the graph as constants and a loss built on them (a gradient penalty) would lose its share
+    silently; tied to the inputs and dout by :class:`_FirstOrderOnly`, differentiating them
+    raises instead (docs/FINDINGS.md F41). Nothing to tie where nothing requires grad."""
+    deps = [x for x in depends_on if x is not None and x.requires_grad]
+    if not deps:
+        return grads
+    present = [g for g in grads if g is not None]
+    tied = iter(_FirstOrderOnly.apply(len(present), *present, *deps))
+    return tuple(None if g is None else next(tied) for g in grads)
 
 
 def dsa_sparse_attention_nope(q, kv, indices, *, topk_length=None, softmax_scale=None,

@@ -379,6 +379,29 @@ def test_wide_latent_uses_chunked_path():
     check_case(c)
 
 
+@pytest.mark.parametrize("rope", [False, True])
+def test_double_backward_is_refused(rope):
+    """The backward's kernels are not differentiable: gradients taken with create_graph=True
+    and differentiated again (a gradient penalty in the loss) must raise, as the oracle's do,
+    instead of leaving the penalty's share out of the result (docs/FINDINGS.md F41)."""
+    c = make_case(T=3, H=2, DL=16, DR=8 if rope else 0, S=7, K=5, dtype=torch.float32, seed=9)
+    ins = [c["q"], c["qr"], c["kv"], c["kr"]] if rope else [c["q"], c["kv"]]
+    leaves = [x.detach().requires_grad_(True) for x in ins]
+    fn = fdsa.dsa_sparse_attention if rope else fdsa.dsa_sparse_attention_nope
+    out = fn(*leaves, c["idx"], softmax_scale=c["scale"])
+    grads = torch.autograd.grad(out, leaves, c["dout"], create_graph=True)
+    loss = (out * c["dout"]).sum() + sum((g ** 2).sum() for g in grads)
+    with pytest.raises(NotImplementedError, match="differentiate twice"):
+        torch.autograd.grad(loss, leaves, retain_graph=True)
+    with pytest.raises(NotImplementedError, match="differentiate twice"):
+        loss.backward()
+    # a plain second backward of the same graph (retain_graph) gives the same gradients
+    out = fn(*leaves, c["idx"], softmax_scale=c["scale"])
+    first = torch.autograd.grad(out, leaves, c["dout"], retain_graph=True)
+    second = torch.autograd.grad(out, leaves, c["dout"])
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
 def test_zero_tokens():
     q = torch.randn(0, 4, 16, device=DEVICE, requires_grad=True)
     kv = torch.randn(5, 16, device=DEVICE, requires_grad=True)
