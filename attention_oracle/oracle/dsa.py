@@ -366,7 +366,8 @@ class _Magnitudes:
         if dkr is not None:
             self._raise("dq_rope", torch.matmul(weights, rows.kr).mul_(scale), table)
             slots = torch.matmul(w_t, rows.qr).mul_(scale)
-            dkr.index_add_(0, route, slots.reshape(-1, slots.shape[2]))
+            # the row count spelled out: reshape(-1, 0) of no elements is ambiguous (Dr 0)
+            dkr.index_add_(0, route, slots.reshape(route.numel(), slots.shape[2]))
 
     def key_rows(self) -> dict:
         """Per-element magnitudes of the key gradients (float64 ``[S, D]``): a caller that runs
@@ -439,7 +440,7 @@ class _Apriori:
         if self.rope:
             self._peak("dq_rope", b["dq"][..., Dl:])
             dr = b["dk"][..., Dl:]
-            self.dkr.index_add_(0, route, dr.reshape(-1, dr.shape[-1]).double())
+            self.dkr.index_add_(0, route, dr.reshape(route.numel(), dr.shape[-1]).double())  # Dr 0
 
     def finish(self) -> dict:
         if self.dkv is not None:
@@ -449,7 +450,7 @@ class _Apriori:
         return dict(self.max)
 
     def _peak_rows(self, name: str, acc: torch.Tensor) -> None:
-        self.max[name] = float(acc[:-1].max()) if acc.shape[0] > 1 else 0.0
+        self.max[name] = float(acc[:-1].max()) if acc[:-1].numel() else 0.0  # S 0 or Dr 0
 
 
 def _attend(ops: _Operands, dout: torch.Tensor | None, *, compute_dtype: torch.dtype,

@@ -644,3 +644,24 @@ def test_zero_width_rope_part_gives_zero_rope_gradients():
     assert torch.equal(out.detach(), nope)
     grads = torch.autograd.grad(out, (ql, qr, kl, kr), torch.ones_like(out))
     assert grads[1].shape == (T, H, 0) and grads[3].shape == (S, 0)
+
+
+def test_zero_width_rope_part_magnitudes_and_bounds():
+    """dsa_reference's magnitudes (its default, the rule's floor) and a-priori bounds with
+    Dr = 0: they failed reshaping no elements into [-1, 0] and taking the max of no rows, so no
+    zero-width rope case could be judged (docs/FINDINGS.md F42). The latent terms equal
+    NoPE's; the rope ones are 0."""
+    g = torch.Generator().manual_seed(4)
+    T, H, Dl, S, K = 3, 2, 8, 6, 4
+    ql = torch.randn(T, H, Dl, generator=g, dtype=torch.float64)
+    kl = torch.randn(S, Dl, generator=g, dtype=torch.float64)
+    idx = torch.randint(-1, S, (T, K), generator=g, dtype=torch.int32)
+    dout = torch.randn(T, H, Dl, generator=g, dtype=torch.float64)
+    rope = dsa_reference(ql, torch.zeros(T, H, 0, dtype=torch.float64), kl,
+                         torch.zeros(S, 0, dtype=torch.float64), idx, dout, softmax_scale=0.5,
+                         apriori=True)
+    nope = dsa_reference(ql, None, kl, None, idx, dout, softmax_scale=0.5, apriori=True)
+    for key in ("magnitude", "magnitude_acc", "apriori"):
+        assert {n: v for n, v in rope[key].items() if n in nope[key]} == nope[key]
+        assert rope[key]["dq_rope"] == 0.0 and rope[key]["dk_rope"] == 0.0
+    assert rope["magnitude_rows"]["dk_rope"].shape == (S, 0)
