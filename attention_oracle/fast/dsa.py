@@ -347,10 +347,11 @@ def _int32_rows(indices, kv, k_rope, dl, dr):
     return rows * max(strides) + max(cols) < 2 ** 31
 
 
-def _even_d(dl, dr, *blocks, block_dr):
+def _even_d(dl, dr, *blocks, block_dr, rope=False):
     """Whether every latent tile width in ``blocks`` divides dl and the rope tile is dr (or
-    there is no rope), so no gathered column lies past the widths (the kernels' EVEN_D)."""
-    return all(dl % b == 0 for b in blocks) and dr in (0, block_dr)
+    there is no rope), so no gathered column lies past the widths (the kernels' EVEN_D). A rope
+    part of width 0 is rope: its tile gathers block_dr columns of none (docs/FINDINGS.md F43)."""
+    return all(dl % b == 0 for b in blocks) and (dr == block_dr or not rope and dr == 0)
 
 
 # the compiled kernels' own launchers after Triton's first launch (fast/launch.py); n_tensors:
@@ -402,7 +403,8 @@ def _forward(q, q_rope, kv, k_rope, indices, topk_length, scale, config=None):
             I32=cfg.int32_rows and _int32_rows(indices, kv, k_rope, DL, DR),
             NO_ZERO_TRIP=cfg.no_zero_trip,
             EVEN_D=cfg.even_d and _even_d(DL, DR, min(cfg.block_d, _pow2(DL)),
-                                          min(cfg.block_dv, _pow2(DL)), block_dr=_pow2(DR)),
+                                          min(cfg.block_dv, _pow2(DL)), block_dr=_pow2(DR),
+                                          rope=q_rope is not None),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kw,
         )
 
@@ -458,7 +460,8 @@ def _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale
                 I32=cfg.int32_rows and _int32_rows(indices, kv, k_rope, DL, DR),
                 TOKEN_MAJOR=cfg.token_major, ROPE_OWNER=cfg.rope_owner,
                 EVEN_D=cfg.even_d and _even_d(DL, DR, min(cfg.block_d, _pow2(DL)),
-                                              min(cfg.block_dv, _pow2(DL)), block_dr=_pow2(DR)),
+                                              min(cfg.block_dv, _pow2(DL)), block_dr=_pow2(DR),
+                                              rope=q_rope is not None),
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )
 

@@ -594,6 +594,42 @@ def test_even_d_only_where_tiles_divide():
     assert fdsa._even_d(64, 0, 16, 32, block_dr=16)
     assert not fdsa._even_d(40, 8, 16, 32, block_dr=8)
     assert not fdsa._even_d(512, 60, 512, 512, block_dr=64)
+    assert not fdsa._even_d(64, 0, 16, 32, block_dr=16, rope=True)  # a zero-width rope part
+
+
+ZERO_WIDTH_ROPE_EVEN_D = """
+import sys
+import torch
+import attention_oracle.fast.dsa as fdsa
+from tests.fast.test_fast_dsa_smoke import DEVICE, assert_empty_rows_exact, check_case, make_case
+fwd = fdsa.KernelConfig(16, 16, 64, 64, 4, 1, even_d=True)
+bwd = fdsa.KernelConfig(16, 16, 32, 32, 4, 1, True, int32_rows=True, token_major=True,
+                        rope_owner=True, even_d=True)
+fdsa.set_configs(forward=fwd, backward=bwd)
+for mode in ("acc64", "tf32x3"):
+    fdsa.set_fp32_mode(mode)
+    for dtype in (torch.float16, torch.float32):
+        c = make_case(T=4, H=3, DL=64, DR=0, S=9, K=12, dtype=dtype, seed=16)
+        c["qr"] = torch.zeros(4, 3, 0, device=DEVICE)
+        c["kr"] = torch.zeros(9, 0, device=DEVICE)
+        out, lse, grads = check_case(c)
+        assert_empty_rows_exact(c, out, lse, grads)
+        print(mode, dtype, "agrees", flush=True)
+"""
+
+
+def test_even_d_tiles_with_a_zero_width_rope_part():
+    """RoPE with Dr = 0 under ``even_d`` tiles (64-wide latent tiles that divide Dl 64): the
+    rope tile (16 wide) does not divide 0, yet ``_even_d`` took Dr 0 for "no rope" and the
+    kernels gathered 16 rope columns under the slot mask alone, from k_rope's data pointer,
+    which torch gives as 0 for a tensor of no elements (a segfault under the interpreter;
+    docs/FINDINGS.md F43). In a subprocess, so that a fault fails this test alone."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", ZERO_WIDTH_ROPE_EVEN_D], cwd=root,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1000:]} {r.stderr[-2000:]}"
 
 
 def test_int32_rows_only_where_offsets_fit():
