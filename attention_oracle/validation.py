@@ -110,9 +110,13 @@ def resolve_scale(name: str, value, width: int) -> float:
         return 1.0 / math.sqrt(width) if width > 0 else 1.0
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a float or None, got {type(value).__name__}")
+    try:
+        value = float(value)
+    except OverflowError:  # an int past float's range (docs/FINDINGS.md F44)
+        raise ValueError(f"{name} must be finite, got an int beyond float's range") from None
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
-    return float(value)
+    return value
 
 
 def _flag(name: str, value) -> None:

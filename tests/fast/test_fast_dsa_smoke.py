@@ -425,6 +425,27 @@ def test_compacted_rows_equal_holey_rows():
     torch.testing.assert_close(compact, holey, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_scale_beyond_float32_is_refused_by_name(dtype):
+    """A finite softmax_scale beyond float32's range reaches the kernels as inf (out NaN on the
+    CPU) and an int past float's range raised OverflowError naming nothing (docs/FINDINGS.md
+    F44): fast refuses the first, the shared validation the second, naming softmax_scale. The
+    largest scale fast takes still runs."""
+    q = torch.randn(2, 2, 8, device=DEVICE, dtype=dtype)
+    kv = torch.randn(4, 8, device=DEVICE, dtype=dtype)
+    idx = torch.zeros(2, 3, dtype=torch.int32, device=DEVICE)
+    for scale in (1e39, -3e38, 2.4e38):
+        with pytest.raises(NotImplementedError, match="softmax_scale"):
+            fdsa.dsa_sparse_attention_nope(q, kv, idx, softmax_scale=scale)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        fdsa.dsa_sparse_attention_nope(q, kv, idx, softmax_scale=10 ** 400)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        fdsa.dsa_sparse_attention(q, q, kv, kv, idx, softmax_scale=-(10 ** 400))
+    biggest = torch.finfo(torch.float32).max / 1.4426950408889634 * (1 - 1e-6)
+    out = fdsa.dsa_sparse_attention_nope(q * 0, kv, idx, softmax_scale=biggest)
+    torch.testing.assert_close(out, kv[:1].expand_as(out))  # zero scores; every slot names row 0
+
+
 def test_bad_inputs_are_named():
     q = torch.randn(2, 2, 8, device=DEVICE)
     kv = torch.randn(4, 8, device=DEVICE)
