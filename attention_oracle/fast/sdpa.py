@@ -960,13 +960,12 @@ _MAX_GRID_Y = 65535
 
 class _RowsPastGrid(NotImplementedError):
     """More batch x head rows than one launch's grid takes: the public functions split the
-    call along its batch dims (:func:`_in_batch_chunks`). ``batch``: the broadcast batch
-    shape; ``hq``: the query heads."""
+    call along its batch dims (:func:`_in_batch_chunks`). ``args``: (the message, the
+    broadcast batch shape, the query heads); no ``__init__`` of its own, which torch.compile
+    would not trace."""
 
-    def __init__(self, rows, batch, hq):
-        super().__init__(f"query: {rows} batch x head rows exceed the {_MAX_GRID_Y} programs a "
-                         f"CUDA grid dim takes (the kernels' second grid dim)")
-        self.batch, self.hq = tuple(batch), hq
+    def __str__(self):
+        return self.args[0]
 
 
 def _check_row_span(L, S, E, EV, batch, hq):
@@ -977,7 +976,9 @@ def _check_row_span(L, S, E, EV, batch, hq):
     for n in batch:
         rows *= n
     if rows > _MAX_GRID_Y:  # checked on every device, so the result does not depend on one
-        raise _RowsPastGrid(rows, batch, hq)
+        raise _RowsPastGrid(f"query: {rows} batch x head rows exceed the {_MAX_GRID_Y} programs "
+                            f"a CUDA grid dim takes (the kernels' second grid dim)",
+                            tuple(batch), hq)
 
 
 def _batch_chunk_plan(batch, hq):
@@ -1010,14 +1011,15 @@ def _in_batch_chunks(attention, past, query, key, value, attn_mask, *args):
     """``attention`` (a public function) over chunks of the batch that each fit one launch's
     grid, concatenated along the split dim; out (and lse) as one call would give them.
     Autograd sees the slices and the concatenation, so gradients flow to every input."""
-    split = _batch_chunk_plan(past.batch, past.hq)
+    message, batch, hq = past.args
+    split = _batch_chunk_plan(batch, hq)
     if split is None:
-        raise NotImplementedError(str(past))
+        raise NotImplementedError(message)
     dim, size = split
-    rank = len(past.batch) + 3
+    rank = len(batch) + 3
     pieces = []
-    for start in range(0, past.batch[dim], size):
-        length = min(size, past.batch[dim] - start)
+    for start in range(0, batch[dim], size):
+        length = min(size, batch[dim] - start)
         pieces.append(attention(*(_batch_slice(t, dim, start, length, rank)
                                   for t in (query, key, value, attn_mask)), *args))
     if isinstance(pieces[0], tuple):

@@ -366,7 +366,7 @@ def grid_dim_of(monkeypatch):
     real = sdpa._in_batch_chunks
 
     def counted(*args):
-        calls.append(args[1].batch)
+        calls.append(args[1].args[1])
         return real(*args)
 
     def set_limit(rows):
@@ -404,6 +404,19 @@ def test_more_batch_heads_than_a_grid_dim_split_along_the_batch(case, grid_dim_o
         check_case(q, k, v, mask=torch.randn(1, 4, 8, 11, generator=gen).to(DEVICE), enable_gqa=gqa)
         check_case(q, k, v, is_causal=True, enable_gqa=gqa)
     assert calls, "the split path never ran"
+
+
+def test_split_call_traces_under_compile(grid_dim_of, gen):
+    """torch.compile (fullgraph) traces a call that is split along its batch: the same out as
+    the eager split, and gradients."""
+    grid_dim_of(4)
+    q, k, v = (randn(3, 2, 16, 16, dtype=torch.float32, gen=gen).requires_grad_() for _ in range(3))
+    fn = torch.compile(lambda a, b, c: scaled_dot_product_attention(a, b, c, is_causal=True),
+                       backend="aot_eager", fullgraph=True)
+    out = fn(q, k, v)
+    assert torch.equal(out, scaled_dot_product_attention(q, k, v, is_causal=True))
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
 def test_heads_alone_past_a_grid_dim_are_refused(grid_dim_of, gen):
