@@ -463,6 +463,10 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     if L == 0 or S == 0 or Z1 * Z2 * HQ == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     _check_tile_offsets((("dout", dout),))
+    # the kernels address the statistics as [R, Z1*Z2*Hq*L] rows; saved-tensor hooks may give
+    # them back in another layout (docs/FINDINGS.md F50)
+    if not lse_k.is_contiguous():
+        lse_k = lse_k.contiguous()
     # the forward's statistics say which path made them (the fp32 mode may have changed since)
     natural = lse_k.shape[0] == stats_rows(True)
     if mask is None and not natural and _BWD_BACKEND.value == "gluon":
@@ -660,9 +664,9 @@ class _CallPlan:
     __slots__ = ("dtype", "device", "out_shape", "out5", "lse_shape", "fwd", "fwd_tail",
                  "bwd", "bwd_common", "bwd_scalars", "grad_shapes", "grad_tails", "pre_tail",
                  "rows", "gluon", "gluon_backends", "bound", "pre", "fuse", "atomic", "stacked",
-                 "lse_scratch", "bwd_rest", "gluon_bwd")
+                 "lse_scratch", "bwd_rest", "gluon_bwd", "strides", "geometry", "flags")
 
-    def __init__(self, q5, k5, v5, out_shape, shapes, is_causal, scale):
+    def __init__(self, q5, k5, v5, out_shape, shapes, is_causal, scale, strides, geometry):
         Z1, Z2, HQ, L, E = q5.shape
         EV = v5.shape[4]
         dtype = q5.dtype
@@ -708,6 +712,9 @@ class _CallPlan:
         self.grad_tails = tuple(_contiguous_strides(t.shape) for t in (q5, k5, v5))
         # equal gradient shapes (self-attention): one allocation, unbound into the three
         self.stacked = (3,) + shapes[0][1] if shapes[0][1] == shapes[1][1] == shapes[2][1] else None
+        # the user's query, key and value strides (the signature's) and what the general
+        # backward takes, for saved tensors that come back in another layout (:meth:`saved_as_made`)
+        self.strides, self.geometry, self.flags = strides, geometry, (is_causal, scale)
 
     def forward(self, query, key, value, need_lse=True):
         """(out, row statistics); ``need_lse=False`` (nothing reads the statistics: a no_grad
@@ -767,6 +774,22 @@ class _CallPlan:
                 self._launch(2, _DQ, dkey, grid_q, sizes, meta_q,
                              (query, key, value, query, dout, lse_k, delta, dq), rest[1])
         return tuple(_summed_to(g, *shapes) for g, shapes in zip((dq, dk, dv), self.grad_shapes))
+
+    def saved_as_made(self, query, key, value, out, lse_k):
+        """Whether the tensors autograd saved come back in the layout the forward made them:
+        saved-tensor hooks may return copies in another one (``save_on_cpu(pin_memory=True)``
+        copies each contiguous), whose strides this plan's launch arguments do not describe
+        (docs/FINDINGS.md F50)."""
+        return ((query.stride(), key.stride(), value.stride()) == self.strides
+                and out.is_contiguous() and lse_k.is_contiguous())
+
+    def backward_relaid(self, dout, query, key, value, out, lse_k):
+        """:meth:`backward` for saved tensors in another layout (:meth:`saved_as_made`): the
+        general launcher, which reads every tensor through its own strides."""
+        (q5, k5, v5), shapes = _rank5_operands(query, key, value, self.geometry)
+        grads = _launch_bwd(_to_rank5(dout, "dout"), q5, k5, v5, None, _to_rank5(out, "out"),
+                            lse_k, *self.flags)
+        return tuple(_grad_of_input(g, *s) for g, s in zip(grads, shapes))
 
     def _gluon_bwd_plan(self, dout, dst):
         """The Gluon backward's plan for a dout of rank-5 strides ``dst`` under the "gluon"
@@ -894,7 +917,8 @@ def _call_plan(query, key, value, dropout_p, is_causal, scale, enable_gqa):
         (q5, k5, v5), shapes = _rank5_operands(query, key, value,
                                                (tuple(batch), hq, hkv, out_shape))
         _check_row_span(L, S, query.shape[-1], value.shape[-1], batch, hq)
-        plan = _CallPlan(q5, k5, v5, out_shape, shapes, is_causal, scale)
+        plan = _CallPlan(q5, k5, v5, out_shape, shapes, is_causal, scale, sig[3:6],
+                         (tuple(batch), hq, hkv, out_shape))
     if len(_CALL_PLANS) >= _MAX_CALL_PLANS:
         _CALL_PLANS.clear()
     _CALL_PLANS[sig] = plan
@@ -918,7 +942,10 @@ class _PlannedSdpa(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         if dout is None:
             return None, None, None, None
-        return (*ctx.plan.backward(_mergeable(dout), *ctx.saved_tensors), None)
+        plan, saved = ctx.plan, ctx.saved_tensors
+        if not plan.saved_as_made(*saved):
+            return (*plan.backward_relaid(_mergeable(dout), *saved), None)
+        return (*plan.backward(_mergeable(dout), *saved), None)
 
 
 # autograd.Function's C apply, which Function.apply reaches after its Python steps (default

@@ -1,0 +1,60 @@
+"""Edge cases of fast SDPA's host layer (fast/sdpa.py) around autograd and tensor metadata:
+tensors saved for the backward that come back in another layout (docs/FINDINGS.md F50).
+
+On CPU the kernels run under Triton's interpreter (small shapes)."""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from attention_oracle.fast.sdpa import scaled_dot_product_attention  # noqa: E402
+from tests.fast.test_fast_sdpa_smoke import DEVICE, randn  # noqa: E402
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(1234)
+
+
+def _fused_qkv(gen, dtype=torch.float32, B=1, L=6, H=2, E=16):
+    """q, k, v as head-major slices of one [B, L, H, 3E] projection (non-contiguous views, as
+    a fused QKV projection gives them), and the leaf they come from."""
+    qkv = randn(B, L, H, 3 * E, dtype=dtype, gen=gen).requires_grad_()
+    return qkv, lambda: qkv.transpose(1, 2).split(E, -1)
+
+
+def _column_major(t):
+    """A saved-tensor pack hook that keeps a copy of ``t`` with its last two dims column-major
+    (the values unchanged, every stride changed)."""
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2) if t.dim() >= 2 else t.clone()
+
+
+def _grads_of(qkv, views, dout, mask, hooks):
+    q, k, v = views()
+    if hooks == "save_on_cpu":
+        ctx = torch.autograd.graph.save_on_cpu(pin_memory=True)
+    elif hooks == "column_major":
+        ctx = torch.autograd.graph.saved_tensors_hooks(_column_major, lambda t: t)
+    else:
+        ctx = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+    with ctx:
+        out = scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return torch.autograd.grad(out, qkv, dout)[0]
+
+
+@pytest.mark.parametrize("hooks", ["save_on_cpu", "column_major"])
+@pytest.mark.parametrize("masked", [False, True], ids=["cached_plan", "masked"])
+def test_saved_tensors_in_another_layout(hooks, masked, gen):
+    """F50: saved-tensor hooks (``save_on_cpu(pin_memory=True)`` copies each saved tensor
+    contiguous) may give the backward its saved tensors in another layout than the forward's:
+    the gradients equal those without hooks."""
+    qkv, views = _fused_qkv(gen)
+    mask = torch.rand(6, 6, generator=gen).to(DEVICE) > 0.3 if masked else None
+    dout = randn(1, 2, 6, 16, dtype=torch.float32, gen=gen)
+    expected = _grads_of(qkv, views, dout, mask, None)
+    got = _grads_of(qkv, views, dout, mask, hooks)
+    assert torch.equal(got, expected), (f"{hooks}: gradients differ by "
+                                        f"{(got - expected).abs().max().item()}")
