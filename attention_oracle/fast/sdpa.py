@@ -605,22 +605,56 @@ class _EagerSdpa(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, mask5, is_causal, scale, geometry):
         (q, k, v), ctx.shapes = _rank5_operands(query, key, value, geometry)
-        out, lse_k = _launch_fwd(q, k, v, mask5, is_causal, scale)
+        out5, lse_k = _launch_fwd(q, k, v, mask5, is_causal, scale)
+        out = _from_rank5(out5, geometry[3])
+        # out as returned (not its rank-5 view): saved as this node's output, it leads back to
+        # query, key and value under create_graph=True (:func:`_first_order_only`)
         ctx.save_for_backward(q, k, v, mask5, out, lse_k)
         ctx.is_causal, ctx.scale = is_causal, scale
         ctx.set_materialize_grads(False)  # lse's gradient stays None (no zeros made, filled)
         ctx.mark_non_differentiable(lse_k)
-        return _from_rank5(out, geometry[3]), lse_k
+        return out, lse_k
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, mask, out, lse_k = ctx.saved_tensors
         if dout is None:
             return None, None, None, None, None, None, None
-        grads = _launch_bwd(_to_rank5(_mergeable(dout), "dout"), q, k, v, mask, out, lse_k,
-                            ctx.is_causal, ctx.scale)
-        return (*(_grad_of_input(g, *shapes) for g, shapes in zip(grads, ctx.shapes)),
-                None, None, None, None)
+        grads = _launch_bwd(_to_rank5(_mergeable(dout), "dout"), q, k, v, mask,
+                            _to_rank5(out, "out"), lse_k, ctx.is_causal, ctx.scale)
+        grads = tuple(_grad_of_input(g, *shapes) for g, shapes in zip(grads, ctx.shapes))
+        if torch.is_grad_enabled():  # create_graph=True
+            grads = _first_order_only(grads, (out, dout))
+        return (*grads, None, None, None, None)
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """The identity on the gradients (the first ``n`` tensors), tied to what they depend on (the
+    rest), with a backward that refuses."""
+
+    @staticmethod
+    def forward(ctx, n, *tensors):
+        return tensors[:n]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            "fast SDPA: trying to differentiate twice: its backward kernels compute no second "
+            "derivatives (gradients taken with create_graph=True cannot be differentiated again)")
+
+
+def _first_order_only(grads, depends_on):
+    """The kernels' gradients do not require grad, so under create_graph=True they would enter
+    the graph as constants and a loss built on them (a gradient penalty) would lose its share
+    silently; tied by :class:`_FirstOrderOnly` to what leads back to the inputs (query, key and
+    value, or the call's saved out) and to dout, differentiating them raises instead
+    (docs/FINDINGS.md F51). Nothing to tie where nothing requires grad."""
+    deps = [x for x in depends_on if x is not None and x.requires_grad]
+    if not deps:
+        return grads
+    present = [g for g in grads if g is not None]
+    tied = iter(_FirstOrderOnly.apply(len(present), *present, *deps))
+    return tuple(None if g is None else next(tied) for g in grads)
 
 
 def _grad_of_input(g5, shape, expanded_shape):
@@ -944,8 +978,12 @@ class _PlannedSdpa(torch.autograd.Function):
             return None, None, None, None
         plan, saved = ctx.plan, ctx.saved_tensors
         if not plan.saved_as_made(*saved):
-            return (*plan.backward_relaid(_mergeable(dout), *saved), None)
-        return (*plan.backward(_mergeable(dout), *saved), None)
+            grads = plan.backward_relaid(_mergeable(dout), *saved)
+        else:
+            grads = plan.backward(_mergeable(dout), *saved)
+        if torch.is_grad_enabled():  # create_graph=True
+            grads = _first_order_only(grads, (*saved[:3], dout))
+        return (*grads, None)
 
 
 # autograd.Function's C apply, which Function.apply reaches after its Python steps (default

@@ -1,5 +1,6 @@
 """Edge cases of fast SDPA's host layer (fast/sdpa.py) around autograd and tensor metadata:
-tensors saved for the backward that come back in another layout (docs/FINDINGS.md F50).
+tensors saved for the backward that come back in another layout, gradients of gradients
+(docs/FINDINGS.md F50, F51).
 
 On CPU the kernels run under Triton's interpreter (small shapes)."""
 import os
@@ -58,3 +59,26 @@ def test_saved_tensors_in_another_layout(hooks, masked, gen):
     got = _grads_of(qkv, views, dout, mask, hooks)
     assert torch.equal(got, expected), (f"{hooks}: gradients differ by "
                                         f"{(got - expected).abs().max().item()}")
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["cached_plan", "masked"])
+@pytest.mark.parametrize("through", ["grad", "backward"])
+def test_double_backward_is_refused(masked, through, gen):
+    """F51: gradients taken with create_graph=True and differentiated again (a gradient
+    penalty) raise NotImplementedError instead of entering the graph as constants; their values
+    are those of an ordinary backward."""
+    q, k, v = (randn(1, 2, 5, 16, dtype=torch.float32, gen=gen).requires_grad_() for _ in range(3))
+    mask = torch.ones(5, 5, dtype=torch.bool, device=DEVICE) if masked else None
+    dout = randn(1, 2, 5, 16, dtype=torch.float32, gen=gen)
+    out = scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    first = torch.autograd.grad(out, (q, k, v), dout)
+    out = scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    grads = torch.autograd.grad(out, (q, k, v), dout, create_graph=True)
+    for name, g, expected in zip(("dq", "dk", "dv"), grads, first):
+        assert torch.equal(g, expected), f"{name} differs under create_graph=True"
+    loss = (out * dout).sum() + sum((g ** 2).sum() for g in grads)
+    with pytest.raises(NotImplementedError, match="differentiate twice"):
+        if through == "grad":
+            torch.autograd.grad(loss, (q, k, v))
+        else:
+            loss.backward()
