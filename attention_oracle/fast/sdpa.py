@@ -35,6 +35,7 @@ import math
 from typing import Optional, Tuple
 
 import torch
+from torch.autograd import forward_ad
 
 from ..validation import FLOAT_DTYPES, check_sdpa_inputs
 from .host import Choice, cdiv, check_device, ensure_scratch_allocator, next_pow2
@@ -620,6 +621,7 @@ class _EagerSdpa(torch.autograd.Function):
         q, k, v, mask, out, lse_k = ctx.saved_tensors
         if dout is None:
             return None, None, None, None, None, None, None
+        _refuse_tangents((("dout", dout),))
         grads = _launch_bwd(_to_rank5(_mergeable(dout), "dout"), q, k, v, mask,
                             _to_rank5(out, "out"), lse_k, ctx.is_causal, ctx.scale)
         grads = tuple(_grad_of_input(g, *shapes) for g, shapes in zip(grads, ctx.shapes))
@@ -976,6 +978,7 @@ class _PlannedSdpa(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         if dout is None:
             return None, None, None, None
+        _refuse_tangents((("dout", dout),))
         plan, saved = ctx.plan, ctx.saved_tensors
         if not plan.saved_as_made(*saved):
             grads = plan.backward_relaid(_mergeable(dout), *saved)
@@ -1098,6 +1101,18 @@ def _needs_grad(query, key, value):
         query.requires_grad or key.requires_grad or value.requires_grad)
 
 
+def _refuse_tangents(named):
+    """Under a forward-mode AD level (``forward_ad.dual_level``), refuse a tensor with a tangent
+    by name: the kernels compute no Jacobian-vector product, and a result that carried none
+    would read as a zero one (docs/FINDINGS.md F52)."""
+    if forward_ad._current_level < 0:
+        return
+    for name, t in named:
+        if isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None:
+            raise NotImplementedError(f"{name}: forward-mode AD (a tangent made by "
+                                      f"forward_ad.make_dual) is not implemented by fast SDPA")
+
+
 def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                need_lse=True):
     """Validates (once: :func:`_validated`, or nothing for a signature seen before), launches;
@@ -1105,6 +1120,9 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     cached :class:`_CallPlan`; the rest the general path below. ``need_lse=False``: the caller
     reads no statistics of a call autograd does not record (they may go to a scratch buffer)."""
     compiling = torch.compiler.is_compiling()
+    if forward_ad._current_level >= 0:
+        _refuse_tangents((("query", query), ("key", key), ("value", value),
+                          ("attn_mask", attn_mask)))
     checked = None
     if attn_mask is None and not compiling:
         plan = _call_plan(query, key, value, dropout_p, is_causal, scale, enable_gqa)

@@ -1,6 +1,6 @@
 """Edge cases of fast SDPA's host layer (fast/sdpa.py) around autograd and tensor metadata:
 tensors saved for the backward that come back in another layout, gradients of gradients
-(docs/FINDINGS.md F50, F51).
+forward-mode tangents (docs/FINDINGS.md F50-F52).
 
 On CPU the kernels run under Triton's interpreter (small shapes)."""
 import os
@@ -10,6 +10,8 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch.autograd.forward_ad as fwAD  # noqa: E402
 
 from attention_oracle.fast.sdpa import scaled_dot_product_attention  # noqa: E402
 from tests.fast.test_fast_sdpa_smoke import DEVICE, randn  # noqa: E402
@@ -82,3 +84,26 @@ def test_double_backward_is_refused(masked, through, gen):
             torch.autograd.grad(loss, (q, k, v))
         else:
             loss.backward()
+
+
+@pytest.mark.parametrize("planned,dual", [(True, "query"), (True, "key"), (True, "value"),
+                                          (False, "query"), (False, "attn_mask")])
+def test_forward_mode_tangents_are_refused(planned, dual, gen):
+    """F52: an input with a forward-mode tangent (``forward_ad.make_dual``) is refused by name,
+    not run as if it had none (its out carried no tangent); inputs without one still run under a
+    dual level, and a dual dout (forward-over-reverse) is refused too."""
+    q, k, v = (randn(1, 2, 5, 16, dtype=torch.float32, gen=gen) for _ in range(3))
+    mask = None if planned else randn(5, 5, dtype=torch.float32, gen=gen)
+    inputs = dict(query=q, key=k, value=v, attn_mask=mask)
+    expected = scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with fwAD.dual_level():
+        assert torch.equal(scaled_dot_product_attention(q, k, v, attn_mask=mask), expected)
+        inputs[dual] = fwAD.make_dual(inputs[dual], torch.ones_like(inputs[dual]))
+        with pytest.raises(NotImplementedError, match=dual):
+            scaled_dot_product_attention(**inputs)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = scaled_dot_product_attention(*leaves, attn_mask=mask)
+    with fwAD.dual_level():
+        dout = fwAD.make_dual(torch.ones_like(out), torch.ones_like(out))
+        with pytest.raises(NotImplementedError, match="dout"):
+            torch.autograd.grad(out, leaves, dout)
