@@ -622,6 +622,8 @@ class _EagerSdpa(torch.autograd.Function):
         if dout is None:
             return None, None, None, None, None, None, None
         _refuse_tangents((("dout", dout),))
+        if dout.is_neg():
+            dout, = _resolved_neg(dout)
         grads = _launch_bwd(_to_rank5(_mergeable(dout), "dout"), q, k, v, mask,
                             _to_rank5(out, "out"), lse_k, ctx.is_causal, ctx.scale)
         grads = tuple(_grad_of_input(g, *shapes) for g, shapes in zip(grads, ctx.shapes))
@@ -906,6 +908,8 @@ def _signature(query, key, value, dropout_p, is_causal, scale, enable_gqa):
     if not (isinstance(query, Tensor) and isinstance(key, Tensor) and isinstance(value, Tensor)):
         return None
     try:
+        if query.is_neg() or key.is_neg() or value.is_neg():
+            return None  # a negative-bit view: the general path resolves it (_attention)
         return (query.shape, key.shape, value.shape, query.stride(), key.stride(), value.stride(),
                 query.dtype, key.dtype, value.dtype, query.device, key.device, value.device,
                 dropout_p, is_causal, scale, enable_gqa, _OPTIONS_KEY[0])
@@ -979,6 +983,8 @@ class _PlannedSdpa(torch.autograd.Function):
         if dout is None:
             return None, None, None, None
         _refuse_tangents((("dout", dout),))
+        if dout.is_neg():
+            dout, = _resolved_neg(dout)
         plan, saved = ctx.plan, ctx.saved_tensors
         if not plan.saved_as_made(*saved):
             grads = plan.backward_relaid(_mergeable(dout), *saved)
@@ -1101,6 +1107,14 @@ def _needs_grad(query, key, value):
         query.requires_grad or key.requires_grad or value.requires_grad)
 
 
+def _resolved_neg(*tensors):
+    """The tensors with PyTorch's negative bit resolved (copies; autograd passes gradients
+    through): a negative-bit view (the imaginary part of a conjugated complex tensor, say) keeps
+    ``x`` in its storage and reads as ``-x``, while the kernels read the storage
+    (docs/FINDINGS.md F53). None stays None; a tensor without the bit is returned as is."""
+    return tuple(None if t is None else t.resolve_neg() for t in tensors)
+
+
 def _refuse_tangents(named):
     """Under a forward-mode AD level (``forward_ad.dual_level``), refuse a tensor with a tangent
     by name: the kernels compute no Jacobian-vector product, and a result that carried none
@@ -1137,6 +1151,9 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
         checked = _validated(query, key, value, attn_mask, dropout_p, is_causal, scale,
                              enable_gqa)
     batch, hq, hkv, hv, scale = checked
+    if not compiling and (query.is_neg() or key.is_neg() or value.is_neg()
+                          or (attn_mask is not None and attn_mask.is_neg())):
+        query, key, value, attn_mask = _resolved_neg(query, key, value, attn_mask)
     if hkv != hv:
         key, value, hkv = _common_kv_heads(key, value, hkv, hv)
     L, S, E = query.shape[-2], key.shape[-2], query.shape[-1]

@@ -1,6 +1,6 @@
 """Edge cases of fast SDPA's host layer (fast/sdpa.py) around autograd and tensor metadata:
 tensors saved for the backward that come back in another layout, gradients of gradients
-forward-mode tangents (docs/FINDINGS.md F50-F52).
+forward-mode tangents, negative-bit views (docs/FINDINGS.md F50-F53).
 
 On CPU the kernels run under Triton's interpreter (small shapes)."""
 import os
@@ -107,3 +107,38 @@ def test_forward_mode_tangents_are_refused(planned, dual, gen):
         dout = fwAD.make_dual(torch.ones_like(out), torch.ones_like(out))
         with pytest.raises(NotImplementedError, match="dout"):
             torch.autograd.grad(out, leaves, dout)
+
+
+
+def _negated(x):
+    """``-x`` as a view with PyTorch's negative bit (the imaginary part of a conjugated complex
+    tensor): its storage holds ``x``; differentiable in ``x``."""
+    view = torch.complex(torch.zeros_like(x), x).conj().imag
+    assert view.is_neg()
+    return view
+
+
+@pytest.mark.parametrize("planned,negative", [
+    *((True, name) for name in ("query", "key", "value", "dout")),
+    *((False, name) for name in ("query", "key", "value", "attn_mask", "dout"))])
+def test_negative_bit_views_are_read_by_value(planned, negative, gen):
+    """F53: a tensor with the negative bit is attended by its values: out and gradients equal
+    those for the same values without the bit (``-x``), bit for bit."""
+    f32 = dict(dtype=torch.float32, gen=gen)
+    leaves = {"query": randn(1, 2, 5, 16, **f32), "key": randn(1, 2, 7, 16, **f32),
+              "value": randn(1, 2, 7, 8, **f32)}
+    leaves = {name: t.requires_grad_() for name, t in leaves.items()}
+    mask, dout = None if planned else randn(5, 7, **f32), randn(1, 2, 5, 8, **f32)
+
+    def run(negate):
+        args = {**leaves, "attn_mask": mask}
+        grad_out = negate(dout) if negative == "dout" else dout
+        if negative != "dout":
+            args[negative] = negate(args[negative])
+        out = scaled_dot_product_attention(**args)
+        return (out, *torch.autograd.grad(out, tuple(leaves.values()), grad_out))
+
+    expected = run(torch.neg)
+    got = run(_negated)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, expected):
+        assert torch.equal(a, b), f"{negative}: {name} differs by {(a - b).abs().max().item()}"
