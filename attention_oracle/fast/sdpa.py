@@ -917,14 +917,22 @@ def _signature(query, key, value, dropout_p, is_causal, scale, enable_gqa):
         return None
 
 
+# the largest |scale| the kernels take: they get scale and scale * log2(e) as float32 arguments
+_MAX_SCALE = torch.finfo(torch.float32).max / LOG2E
+
+
 def _validated(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """The validation prelude of every call, run once per call that is not served from a
     cached plan: the contract's input checks (``attention_oracle/validation.py``), then fast's
-    own limits (device, head dims). Returns ``(batch, hq, hkv, hv, scale)``."""
+    own limits (device, head dims, a scale within float32's range). Returns
+    ``(batch, hq, hkv, hv, scale)``."""
     checked = check_sdpa_inputs(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                 enable_gqa, dtypes=FLOAT_DTYPES)
     check_device(query.device)
     _check_head_dims(query.shape[-1], value.shape[-1])
+    if abs(checked[4]) > _MAX_SCALE:  # it would reach the kernels as inf (docs/FINDINGS.md F54)
+        raise NotImplementedError(f"scale {checked[4]:g} is beyond fast's float32 kernels "
+                                  f"(|scale| <= {_MAX_SCALE:.6g})")
     return checked
 
 

@@ -142,3 +142,22 @@ def test_negative_bit_views_are_read_by_value(planned, negative, gen):
     got = run(_negated)
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, expected):
         assert torch.equal(a, b), f"{negative}: {name} differs by {(a - b).abs().max().item()}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("masked", [False, True], ids=["cached_plan", "masked"])
+def test_scale_beyond_float32_is_refused_by_name(dtype, masked, gen):
+    """F54: a finite scale whose product with log2(e) (the kernels' float32 argument) is past
+    float32's range is refused by name, not computed with inf (NaN out); the largest scale
+    taken still runs."""
+    q, k, v = (randn(1, 2, 5, 16, dtype=dtype, gen=gen) for _ in range(3))
+    mask = torch.zeros(5, 5, dtype=dtype, device=DEVICE) if masked else None
+    for _ in range(2):  # a refusal is not cached
+        with pytest.raises(NotImplementedError, match="scale"):
+            scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1e39)
+        with pytest.raises(NotImplementedError, match="scale"):
+            scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=-3e38)
+    largest = torch.finfo(torch.float32).max / 1.4426950408889634
+    out = scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=largest / 2 ** 120)
+    assert torch.isfinite(out).all()
+    scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=largest)  # taken, not refused
