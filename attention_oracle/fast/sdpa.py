@@ -904,6 +904,10 @@ def _signature(query, key, value, dropout_p, is_causal, scale, enable_gqa):
     None (validation names the argument), so the key needs no layout checks of its own."""
     if not (scale is None or type(scale) in (float, int)) or type(dropout_p) not in (float, int):
         return None
+    # the flags must be bools: 1 or 0.0 equal True and False, and would match their plans' keys
+    # (docs/FINDINGS.md F55)
+    if is_causal.__class__ is not bool or enable_gqa.__class__ is not bool:
+        return None
     Tensor = torch.Tensor
     if not (isinstance(query, Tensor) and isinstance(key, Tensor) and isinstance(value, Tensor)):
         return None

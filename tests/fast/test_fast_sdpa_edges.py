@@ -1,6 +1,7 @@
 """Edge cases of fast SDPA's host layer (fast/sdpa.py) around autograd and tensor metadata:
 tensors saved for the backward that come back in another layout, gradients of gradients
-forward-mode tangents, negative-bit views (docs/FINDINGS.md F50-F53).
+forward-mode tangents, negative-bit views, the scale's range and the call plans' keys
+(docs/FINDINGS.md F50-F55).
 
 On CPU the kernels run under Triton's interpreter (small shapes)."""
 import os
@@ -161,3 +162,15 @@ def test_scale_beyond_float32_is_refused_by_name(dtype, masked, gen):
     out = scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=largest / 2 ** 120)
     assert torch.isfinite(out).all()
     scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=largest)  # taken, not refused
+
+
+@pytest.mark.parametrize("flag,value", [("is_causal", 1), ("is_causal", 1.0),
+                                        ("enable_gqa", 0), ("enable_gqa", 0.0)])
+def test_non_bool_flags_refused_after_a_cached_call(flag, value, gen):
+    """F55: ``is_causal`` and ``enable_gqa`` must be bools (as PyTorch requires): a value equal
+    to a bool (1, 0.0) is refused also after an equal call with the bool made its plan, whose
+    key it matches (1 == True, hash(1) == hash(True))."""
+    q, k, v = (randn(1, 2, 5, 16, dtype=torch.float32, gen=gen) for _ in range(3))
+    scaled_dot_product_attention(q, k, v, **{flag: bool(value)})
+    with pytest.raises(TypeError, match=flag):
+        scaled_dot_product_attention(q, k, v, **{flag: value})
