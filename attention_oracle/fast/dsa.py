@@ -28,8 +28,10 @@ fp32 inputs take one of four paths (``set_fp32_mode`` / ``$ATTENTION_ORACLE_FAST
 - "tf32x3_exp2": the same dots with the 16-bit kernels' softmax (log2-unit scores, exp2,
   Delta summed in fp64);
 - "bf16x6" (the default): every product split-bf16 on the bf16 tensor cores (each fp32 operand split
-  exactly into three bf16 parts, a = a0 + a1 + a2, and a.b the six part products with
-  i + j <= 2, each exact, summed in the tensor cores' fp32 accumulator; kernels/dsa_common.py),
+  exactly into three bf16 parts, a = a0 + a1 2^-8 + a2 2^-16 with the lower parts kept
+  scaled up so that the split stays exact down to fp32's smallest normals (F45), and a.b
+  the six part products with i + j <= 2, each exact, summed in the tensor cores' fp32
+  accumulator by their scales; kernels/dsa_common.py),
   the "acc64" softmax (natural-unit scores fl(dot * scale), exponentials and sums in fp64,
   lse = m + log(l)), the naive algorithm in separate launches with the scores (forward) and
   dS (backward) passing through a scratch buffer of at most 1 GiB (tokens in passes), beside a
@@ -509,14 +511,15 @@ def _bf16x6_config(kind, q, config):
 
 
 def _key_parts(kv, k_rope):
-    """[3, S, Dl + Dr] bf16: kv (and k_rope) rows split exactly into three bf16 parts
-    (dsa_common.split3; torch's fp32 -> bf16 conversion rounds to nearest even)."""
+    """[3, S, Dl + Dr] bf16: kv (and k_rope) rows split exactly into three bf16 parts, the
+    lower two scaled up by 2**8 and 2**16 (dsa_common.split3; torch's fp32 -> bf16 conversion
+    rounds to nearest even, as the kernels' does)."""
     rows = kv if k_rope is None else torch.cat([kv, k_rope], dim=1)
     parts = torch.empty((3,) + rows.shape, dtype=torch.bfloat16, device=kv.device)
     parts[0] = rows
     rest = rows - parts[0].float()
-    parts[1] = rest
-    parts[2] = rest - parts[1].float()
+    parts[1] = rest * 256.0
+    parts[2] = (rest - parts[1].float() * 0.00390625) * 65536.0
     return parts
 
 

@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
 import attention_oracle.fast.dsa as fdsa  # noqa: E402
 from attention_oracle.checks.dsa.checks import lp_references  # noqa: E402
 from attention_oracle.fast.index import offset_gather_kv_indices  # noqa: E402
+from attention_oracle.fast.kernels.dsa_common import _bf16_value  # noqa: E402
 from attention_oracle.judge import agreement
 from attention_oracle.oracle.dsa import dsa_reference  # noqa: E402
 from tests.fast.tf32x3_emulation import emulated_tf32x3  # noqa: E402
@@ -774,6 +775,9 @@ def _bf16x6_tiles(split):
         fdsa.set_configs()
 
 
+FP32_DEFAULT_AND_ACC64 = ["bf16x6", "acc64"]
+
+
 @pytest.mark.parametrize("split", list(_BF16X6_TILES))
 def test_fp32_bf16x6_agrees(split):
     """fp32 in the "bf16x6" mode (split-bf16 products, the naive algorithm in scores / P.V and
@@ -784,6 +788,83 @@ def test_fp32_bf16x6_agrees(split):
         for c, layout in _tf32x3_cases():
             out, lse, grads = check_case(c, dout_layout=layout)
             assert_empty_rows_exact(c, out, lse, grads)
+
+
+@pytest.mark.parametrize("mode", FP32_DEFAULT_AND_ACC64)
+def test_fp32_tiny_magnitudes_agree(mode):
+    """fp32 inputs near the bottom of the exponent range (the suite's tiny regime: values
+    pushed off zero, times 2**-118, all normal): out, lse and every gradient agree with the
+    oracle (docs/FINDINGS.md F45). "acc64" is the control that never splits."""
+    from attention_oracle.checks.dsa.cases import TINY_MAGNITUDE, _tiny
+    with fp32_mode(mode):
+        for c, layout in _tf32x3_cases():
+            c = {**c, **{n: None if c[n] is None else _tiny(c[n], TINY_MAGNITUDE)
+                         for n in ("q", "qr", "kv", "kr")}}
+            check_case(c, dout_layout=layout)
+
+
+@triton.jit
+def _unscaled_split(x, BF16: tl.constexpr):
+    """The split before F45: each part at its own size (x2 about 2**-16 |x|), rounded exactly
+    (dsa_common._bf16_value); a planted bug for the tiny regime, interpreter only."""
+    x0 = _bf16_value(x)
+    x1 = _bf16_value(x - x0)
+    return x0, x1, _bf16_value(x - x0 - x1)
+
+
+@triton.jit
+def _unscaled_dot6(a0, a1, a2, b0, b1, b2, zero, BF16: tl.constexpr):
+    acc = tl.dot(a0, b2, zero, input_precision="ieee")
+    acc = tl.dot(a1, b1, acc, input_precision="ieee")
+    acc = tl.dot(a2, b0, acc, input_precision="ieee")
+    acc = tl.dot(a0, b1, acc, input_precision="ieee")
+    acc = tl.dot(a1, b0, acc, input_precision="ieee")
+    return tl.dot(a0, b0, acc, input_precision="ieee")
+
+
+def _unscaled_key_parts(kv, k_rope):
+    rows = kv if k_rope is None else torch.cat([kv, k_rope], dim=1)
+    parts = torch.empty((3,) + rows.shape, dtype=torch.bfloat16, device=kv.device)
+    parts[0] = rows
+    rest = rows - parts[0].float()
+    parts[1] = rest
+    parts[2] = rest - parts[1].float()
+    return parts
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="plants the bug in the interpreted kernels")
+def test_fp32_tiny_magnitudes_catch_the_unscaled_split(monkeypatch):
+    """Negative control of test_fp32_tiny_magnitudes_agree: the split before F45 (parts at
+    their own sizes, correctly rounded: x2 loses its bits below 2**-133) fails the rule on the
+    tiny regime's values and passes on plain ones."""
+    from attention_oracle.checks.dsa.cases import TINY_MAGNITUDE, _tiny
+    from attention_oracle.fast.kernels import dsa_bwd, dsa_common, dsa_fwd
+
+    for module in (dsa_fwd, dsa_bwd, dsa_common):
+        monkeypatch.setattr(module, "split3", _unscaled_split)
+        monkeypatch.setattr(module, "dot6", _unscaled_dot6)
+    monkeypatch.setattr(fdsa, "_key_parts", _unscaled_key_parts)
+    with fp32_mode("bf16x6"):
+        c, layout = _tf32x3_cases()[0]
+        check_case(c, dout_layout=layout)
+        tiny = {**c, **{n: _tiny(c[n], TINY_MAGNITUDE) for n in ("q", "qr", "kv", "kr")}}
+        with pytest.raises(agreement.OracleMismatch, match="ratio"):
+            check_case(tiny, dout_layout=layout)
+
+
+@pytest.mark.parametrize("exponent", [-126, -120, -118, -112, -100, 0, 60, 126])
+def test_key_parts_split_exactly_at_every_exponent(exponent):
+    """The host's split of the key rows (the kernels' dsa_common.split3 in torch): x == x0 +
+    x1 2**-8 + x2 2**-16 exactly for normal values at every exponent, the smallest included
+    (F45: with each part unscaled the lowest fell below bf16's smallest normal from 2**-110
+    on). Checked in torch, whose conversions round subnormals correctly; the interpreter's
+    do not."""
+    g = torch.Generator().manual_seed(5)
+    x = (1 + torch.rand(64, 40, generator=g)) * torch.where(torch.rand(64, 40, generator=g) < 0.5, -1.0, 1.0)
+    x = (x * 2.0 ** exponent).to(DEVICE)
+    parts = fdsa._key_parts(x, x[:, :8]).double()
+    rebuilt = parts[0] + parts[1] * 2.0 ** -8 + parts[2] * 2.0 ** -16
+    assert torch.equal(rebuilt, torch.cat([x, x[:, :8]], 1).double())
 
 
 def test_fp32_bf16x6_passes_equal_one_pass():
@@ -810,7 +891,7 @@ def test_fp32_bf16x6_passes_equal_one_pass():
 def _two_part_split(x, BF16: tl.constexpr):
     """dsa_common.split3 with the third part dropped (a planted bug; interpreter only)."""
     x0 = x.to(tl.bfloat16).to(tl.float32)
-    x1 = (x - x0).to(tl.bfloat16).to(tl.float32)
+    x1 = ((x - x0) * 256.0).to(tl.bfloat16).to(tl.float32)
     return x0, x1, x1 * 0.0
 
 

@@ -22,7 +22,10 @@ default (``checks/dsa/edges.py``). Value regimes: ``value_scale`` 30 makes rows 
 one-hot; ``score_target`` > 0 rescales q so that the largest |scale * score| is that value
 (1e4, near fp16's range); ``score_shift`` < 0 moves every score of every row down by that
 much (a shared key channel against a shared query channel), so each row's lse is below -100
-and exp of the scores underflows fp32. Native targets also draw K and S at tile edges
+and exp of the scores underflows fp32; ``magnitude`` (fp32) scales q, q_rope, kv and k_rope
+by 2^magnitude (-118: near the bottom of the exponent range, where a split of fp32 values
+into bf16 or tf32 parts for the tensor cores loses its lowest part), the values first
+pushed off zero so that every one stays normal. Native targets also draw K and S at tile edges
 (63/64/65, 127/128/129); interpreted kernels keep small sizes.
 """
 from __future__ import annotations
@@ -61,6 +64,8 @@ VALUE_SCALES = (0.3, 1.0, 3.0, 30.0)
 LARGE_SCORE = 1e4
 SCORE_SHIFT = -120.0     # lse near -120 + log(K): below -100
 SHIFT_KEY = 4.0          # the shared key channel's value in the score_shift regime
+TINY_MAGNITUDE = -118    # the tiny regime: values times 2**-118 (all normal, see _tiny)
+TINY_DTYPES = ("float32",)  # where the tiny regime is drawn: fp32's emulations by parts
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,7 @@ class DsaCase(CaseMixin):
     value_scale: float = 1.0
     score_target: float = 0.0    # > 0: q rescaled so that max|scale * score| is this
     score_shift: float = 0.0     # < 0: every score moved down by about this much
+    magnitude: int = 0           # != 0: q, q_rope, kv, k_rope times 2**magnitude (tiny regime)
     q_chunk: int = 0             # query chunk of the chunked-backward check (0: T)
     poison_doc: int = -1         # varlen isolation: keep this document's keys, poison the rest
     selection: str = "random"    # varlen: random local rows, or "topk" (a causal indexer's rows)
@@ -337,6 +343,8 @@ def build(case: DsaCase, device: torch.device, *, values_on_device: bool = False
         ql, kl = _shift_scores(ql, kl, case)
     if case.score_target > 0 and not values_on_device:
         ql, qr = _rescale_to_target(ql, qr, kl, kr, case)
+    if case.magnitude:
+        ql, qr, kl, kr = (None if x is None else _tiny(x, case.magnitude) for x in (ql, qr, kl, kr))
     if case.varlen and case.poison_doc >= 0:
         kl = poison_other_documents(kl, case.docs, case.poison_doc, g)
         kr = None if kr is None else poison_other_documents(kr, case.docs, case.poison_doc, g)
@@ -357,6 +365,14 @@ def build(case: DsaCase, device: torch.device, *, values_on_device: bool = False
         dout=lay_out(dout.to(**to), case.layout_dout, dims=(0, 1)),
         case=case,
     )
+
+
+def _tiny(x: torch.Tensor, magnitude: int) -> torch.Tensor:
+    """``x`` times 2**magnitude, every value first moved to at least 2**-8 in magnitude (its
+    sign kept), so that none falls below the smallest normal (2**-126 for magnitude -118):
+    the regime is about normal values near the bottom of the range, not subnormals."""
+    floor = torch.full_like(x, 2.0 ** -8).copysign(x)
+    return torch.where(x.abs() < 2.0 ** -8, floor, x) * 2.0 ** magnitude
 
 
 def _shift_scores(ql: torch.Tensor, kl: torch.Tensor, case: DsaCase):
@@ -524,11 +540,13 @@ def dsa_cases(draw, dtypes_or_caps, *, rope: bool, varlen: bool = False, empty_r
         followed = [d for d in with_queries if any(k for _, k in docs[d + 1:])]
         poison_doc = draw(st.sampled_from(followed or with_queries))
     layouts = _layouts(caps, rope)
-    regime = "plain" if poison else draw(st.sampled_from(("plain",) * 6 + ("large_scores", "low_lse")))
+    dtype = dtype_name(draw(st.sampled_from(tuple(caps.dtypes))))
+    regimes = ("plain",) * 6 + ("large_scores", "low_lse") + (("tiny",) if dtype in TINY_DTYPES else ())
+    regime = "plain" if poison else draw(st.sampled_from(regimes))
     scale = _scale(draw, dl + dr, regime == "large_scores")
     return DsaCase(
         rope=rope, T=T, S=S, H=H, K=K, Dl=dl, Dr=dr,
-        dtype=dtype_name(draw(st.sampled_from(tuple(caps.dtypes)))),
+        dtype=dtype,
         docs=docs, causal=(draw(st.booleans()) if causal is None else causal) if varlen else False,
         holes=pattern, density=density, invalid=draw(st.sampled_from(("minus_one", "mixed", "mixed"))),
         empty_rows=n_empty, duplicates=n_dup,
@@ -541,6 +559,7 @@ def dsa_cases(draw, dtypes_or_caps, *, rope: bool, varlen: bool = False, empty_r
         value_scale=1.0 if regime == "low_lse" else draw(st.sampled_from(VALUE_SCALES)),
         score_target=LARGE_SCORE if regime == "large_scores" else 0.0,
         score_shift=SCORE_SHIFT if regime == "low_lse" else 0.0,
+        magnitude=TINY_MAGNITUDE if regime == "tiny" else 0,
         q_chunk=draw(st.integers(1, max(1, n_tok))),
         poison_doc=poison_doc,
         seed=draw(st.integers(0, 2 ** 31 - 1)),

@@ -11,7 +11,8 @@ Dimensions (global form):
 - ``topk``: no topk_length, ``full`` (K), ``minus1`` (K - 1: 64 for K = 65), ``random``,
   ``zeros``;
 - ``regime``: ``plain``, ``sharp`` (q spread 30), ``saturating`` (largest |score| 1e4),
-  ``low_lse`` (every score moved down by 120: lse below float32's exp range);
+  ``low_lse`` (every score moved down by 120: lse below float32's exp range), ``tiny`` (every
+  value times 2^-118, all normal: fp32 rows, where the target declares fp32);
 - ``dtype``, ``dims`` ((Dl, Dr)), ``H``, ``T``, ``invalid`` (-1 or mixed), ``layout`` (q),
   ``kv`` (key layout), ``dout``, ``rows`` (plain, some empty rows, a duplicate slot; unless
   the check forces one).
@@ -27,7 +28,14 @@ from __future__ import annotations
 
 import math
 
-from attention_oracle.checks.dsa.cases import AREA, DOUT_LAYOUTS, DsaCase, _layouts
+from attention_oracle.checks.dsa.cases import (
+    AREA,
+    DOUT_LAYOUTS,
+    TINY_DTYPES,
+    TINY_MAGNITUDE,
+    DsaCase,
+    _layouts,
+)
 from attention_oracle.judge import profiles
 from attention_oracle.judge.capabilities import resolve
 from attention_oracle.judge.case import dtype_name
@@ -37,8 +45,9 @@ HOLES = ("none", "lead64", "trail64", "chunk64", "alternate", "past_s", "random"
 SMALL_HOLES = ("none", "alternate", "past_s")
 TOPK = ("none", "full", "minus1", "random", "zeros")
 SMALL_TOPK = ("none", "minus1")
-REGIMES = {"plain": (1.0, 0.0, 0.0), "sharp": (30.0, 0.0, 0.0), "saturating": (1.0, 1e4, 0.0),
-           "low_lse": (1.0, 0.0, -120.0)}  # value_scale, score_target, score_shift
+REGIMES = {"plain": (1.0, 0.0, 0.0, 0), "sharp": (30.0, 0.0, 0.0, 0),
+           "saturating": (1.0, 1e4, 0.0, 0), "low_lse": (1.0, 0.0, -120.0, 0),
+           "tiny": (1.0, 0.0, 0.0, TINY_MAGNITUDE)}  # value_scale, score_target, score_shift, magnitude
 DIMS = {"native": ((16, 8), (64, 32), (128, 64)), "interpreted": ((16, 8),)}
 HEADS = {"native": (1, 3, 16), "interpreted": (1, 2)}
 TS = {"native": (1, 5), "interpreted": (3,)}
@@ -73,7 +82,7 @@ def _factors(caps, params: dict) -> dict:
         "shape": SMALL_SHAPES if small else _pairs(profiles.grid_lengths(False)),
         "holes": SMALL_HOLES if small else HOLES,
         "topk": (params["topk"],) if params.get("topk") else (SMALL_TOPK if small else TOPK),
-        "regime": ("plain", "low_lse") if small or params.get("poison") else tuple(REGIMES),
+        "regime": _regimes(caps, small or params.get("poison")),
         "dtype": tuple(dtype_name(d) for d in caps.dtypes),
         "dims": _dims(caps, size, params["rope"]),
         "H": tuple(h for h in HEADS[size] if caps.heads_ok(h)) or tuple(caps.heads or ())[:1],
@@ -90,6 +99,15 @@ def _factors(caps, params: dict) -> dict:
     else:
         factors["T"] = TS[size]
     return factors
+
+
+def _regimes(caps, few: bool) -> tuple:
+    """The value regimes of a grid (``few``: interpreted kernels, or the isolation check);
+    ``tiny`` only where the target declares a dtype that holds it."""
+    regimes = ("plain", "low_lse") if few else tuple(r for r in REGIMES if r != "tiny")
+    if any(dtype_name(d) in TINY_DTYPES for d in caps.dtypes):
+        regimes += ("tiny",)
+    return regimes
 
 
 def _rows(params: dict) -> tuple:
@@ -116,7 +134,8 @@ def _constraints(params: dict) -> tuple:
     def few_slots(row):
         return row.get("T", 12) * row["H"] * row["shape"][0] <= MAX_SLOTS_X_HEADS
 
-    out = [(("shape", "H"), few_slots)]
+    out = [(("shape", "H"), few_slots),
+           (("regime", "dtype"), lambda r: r["regime"] != "tiny" or r["dtype"] in TINY_DTYPES)]
     if params.get("varlen"):  # past_s is about the column S of a global row
         out.append((("holes",), lambda r: r["holes"] != "past_s"))
         # an indexer's rows hold no slot for a query before its document's first key
@@ -134,7 +153,7 @@ def _build(params: dict):
         if varlen and T < params.get("min_T", 0):
             docs += ((params["min_T"] - T, params["min_T"] - T),)
             T = params["min_T"]
-        value_scale, score, shift = REGIMES[row["regime"]]
+        value_scale, score, shift, magnitude = REGIMES[row["regime"]]
         dl, dr = row["dims"]
         forced = row["rows"] == "forced"
         empty = max(1, T // 2) if (params.get("empty_rows") or row["rows"] == "empty") and T else 0
@@ -147,7 +166,7 @@ def _build(params: dict):
             duplicates=dup if (forced or row["rows"] == "duplicate") else 0, topk=row["topk"],
             scale=0.75 if score else round(1.0 / math.sqrt(dl + dr), 6),
             layout_q=row["layout"], layout_kv=row["kv"], layout_dout=row["dout"],
-            value_scale=value_scale, score_target=score, score_shift=shift,
+            value_scale=value_scale, score_target=score, score_shift=shift, magnitude=magnitude,
             q_chunk=max(1, T // 2), poison_doc=_poison_doc(docs) if params.get("poison") else -1,
             selection=row.get("selection", "random"), seed=K * 1000 + length)
     return build

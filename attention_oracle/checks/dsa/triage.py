@@ -2,7 +2,7 @@
 whether a variant stays inside the target's declaration (``run/triage.py`` runs them)."""
 from __future__ import annotations
 
-from attention_oracle.checks.dsa.cases import AREA
+from attention_oracle.checks.dsa.cases import AREA, TINY_DTYPES
 from attention_oracle.judge import variations as v
 from attention_oracle.judge.case import dtype_name
 
@@ -21,7 +21,8 @@ VARIATIONS = (
     ("layout_dout", "layout_dout", v.to("layout_dout", "contiguous")),
     ("value_scale", "value_scale", v.to("value_scale", 1.0)),
     ("score_target", "score_target", v.to("score_target", 0.0)),
-    ("score_shift", "score_shift", v.to("score_shift", 0.0)), ("seed", "seed", v.seeds),
+    ("score_shift", "score_shift", v.to("score_shift", 0.0)),
+    ("magnitude", "magnitude", v.to("magnitude", 0)), ("seed", "seed", v.seeds),
 )
 
 
@@ -29,7 +30,8 @@ def within(caps, case) -> bool:
     """Whether ``case`` is inside ``caps`` (the target's declaration for the case's function)."""
     return (case.dtype in {dtype_name(d) for d in caps.dtypes}
             and caps.head_dim_ok(case.Dl) and caps.heads_ok(case.H)
-            and (not case.rope or caps.rope_dim_ok(case.Dr)))
+            and (not case.rope or caps.rope_dim_ok(case.Dr))
+            and (not case.magnitude or case.dtype in TINY_DTYPES))
 
 
 AREA.variations, AREA.within = VARIATIONS, within

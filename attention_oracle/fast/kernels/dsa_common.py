@@ -136,25 +136,54 @@ def add_block_dot(acc, alpha, a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _bf16_value(x):
+    """x (fp32) rounded to the nearest bf16 (ties to even), as an fp32 value, by its bits.
+
+    The interpreter's own fp32 <-> bf16 conversions get subnormal values wrong (2**-128 x 1.07
+    came back as 0.24 of itself), which the split of tiny values meets (F45); the GPU's are
+    exact, as is this."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bf16_bits_as_fp32(x):
+    """A bf16 tile's values as fp32, by their bits (exact, subnormals included)."""
+    return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _parts_as(x0, x1, x2, BF16: tl.constexpr):
     """Three bf16 parts as they are with BF16, else as fp32 tiles of the same values (the
     interpreter's dots)."""
     if not BF16:
-        x0 = x0.to(tl.float32)
-        x1 = x1.to(tl.float32)
-        x2 = x2.to(tl.float32)
+        x0 = _bf16_bits_as_fp32(x0)
+        x1 = _bf16_bits_as_fp32(x1)
+        x2 = _bf16_bits_as_fp32(x2)
     return x0, x1, x2
 
 
 @triton.jit
 def split3(x, BF16: tl.constexpr):
-    """(x0, x1, x2) with x == x0 + x1 + x2 exactly, each a bf16 value (bf16 tensors with BF16,
-    else fp32 tensors holding bf16 values); x fp32."""
-    x0 = x.to(tl.bfloat16)
-    r = x - x0.to(tl.float32)
-    x1 = r.to(tl.bfloat16)
-    x2 = (r - x1.to(tl.float32)).to(tl.bfloat16)
-    return _parts_as(x0, x1, x2, BF16)
+    """(x0, x1, x2) with x == x0 + x1 * 2**-8 + x2 * 2**-16 exactly, each a bf16 value (bf16
+    tensors with BF16, else fp32 tensors holding bf16 values, rounded by their bits); x fp32.
+
+    The lower parts are kept scaled up by 2**8 and 2**16 (exact powers of two, :func:`dot6`
+    scales them back): unscaled, x2 falls below bf16's smallest normal from |x| < 2**-110
+    on and loses its bits (docs/FINDINGS.md F45); scaled, the split is exact for every
+    normal x."""
+    if BF16:
+        x0 = x.to(tl.bfloat16)
+        r = x - x0.to(tl.float32)
+        x1 = (r * 256.0).to(tl.bfloat16)
+        x2 = ((r - x1.to(tl.float32) * 0.00390625) * 65536.0).to(tl.bfloat16)
+    else:
+        x0 = _bf16_value(x)
+        r = x - x0
+        x1 = _bf16_value(r * 256.0)
+        x2 = _bf16_value((r - x1 * 0.00390625) * 65536.0)
+    return x0, x1, x2
 
 
 @triton.jit
@@ -186,23 +215,27 @@ def add_rope_part_scores(s, qr_ptr, qr_off, offs_h, stride_qrh, stride_qrd, H, D
 
 
 @triton.jit
-def dot6(a0, a1, a2, b0, b1, b2, acc, BF16: tl.constexpr):
-    """acc + a.b from the parts of :func:`split3` (the six products with i + j <= 2, the
-    smallest first); acc fp32."""
+def dot6(a0, a1, a2, b0, b1, b2, zero, BF16: tl.constexpr):
+    """a.b from the parts of :func:`split3` (the six products with i + j <= 2, the smallest
+    first), from ``zero`` (an fp32 zero tile; the caller adds the result to its own sum).
+
+    Horner in the parts' scales: the three products of scale 2**-16 (x2's, and x1 x x1),
+    times 2**-8, plus the two of scale 2**-8, times 2**-8, plus a0.b0; the multiplies are
+    exact (powers of two)."""
     if BF16:
-        acc = tl.dot(a0, b2, acc)
+        acc = tl.dot(a0, b2, zero)
         acc = tl.dot(a1, b1, acc)
         acc = tl.dot(a2, b0, acc)
-        acc = tl.dot(a0, b1, acc)
+        acc = tl.dot(a0, b1, acc * 0.00390625)
         acc = tl.dot(a1, b0, acc)
-        acc = tl.dot(a0, b0, acc)
+        acc = tl.dot(a0, b0, acc * 0.00390625)
     else:
-        acc = tl.dot(a0, b2, acc, input_precision="ieee")
+        acc = tl.dot(a0, b2, zero, input_precision="ieee")
         acc = tl.dot(a1, b1, acc, input_precision="ieee")
         acc = tl.dot(a2, b0, acc, input_precision="ieee")
-        acc = tl.dot(a0, b1, acc, input_precision="ieee")
+        acc = tl.dot(a0, b1, acc * 0.00390625, input_precision="ieee")
         acc = tl.dot(a1, b0, acc, input_precision="ieee")
-        acc = tl.dot(a0, b0, acc, input_precision="ieee")
+        acc = tl.dot(a0, b0, acc * 0.00390625, input_precision="ieee")
     return acc
 
 
