@@ -632,6 +632,11 @@ def _attend(q, q_rope, kv, k_rope, indices, topk_length, scale):
     cost, on the inference path). The kernels read topk_length by its data pointer alone: a
     strided one is copied first (docs/FINDINGS.md F34); so are indices whose slot offsets
     pass int32 (F35)."""
+    if (q.is_neg() or kv.is_neg() or indices.is_neg() or (q_rope is not None and q_rope.is_neg())
+            or (k_rope is not None and k_rope.is_neg())
+            or (topk_length is not None and topk_length.is_neg())):
+        q, q_rope, kv, k_rope, indices, topk_length = _resolved_neg(
+            q, q_rope, kv, k_rope, indices, topk_length)
     if topk_length is not None:
         topk_length = topk_length.contiguous()
     indices = slot_offsets_fit(indices)
@@ -639,6 +644,14 @@ def _attend(q, q_rope, kv, k_rope, indices, topk_length, scale):
                                        for x in (q, q_rope, kv, k_rope)):
         return _DsaFunction.apply(q, q_rope, kv, k_rope, indices, topk_length, scale)
     return _forward(q, q_rope, kv, k_rope, indices, topk_length, scale)
+
+
+def _resolved_neg(*tensors):
+    """The tensors with PyTorch's negative bit resolved (copies; autograd passes gradients
+    through): a negative-bit view (the imaginary part of a conjugated complex tensor, say)
+    keeps ``x`` in its storage and reads as ``-x``, while the kernels read the storage
+    (docs/FINDINGS.md F46). None stays None."""
+    return tuple(None if t is None else t.resolve_neg() for t in tensors)
 
 
 class _DsaFunction(torch.autograd.Function):
@@ -657,6 +670,8 @@ class _DsaFunction(torch.autograd.Function):
         q, q_rope, kv, k_rope, indices, topk_length, out, lse = ctx.saved_tensors
         if dout is None:
             dout = torch.zeros_like(out)
+        elif dout.is_neg():
+            dout, = _resolved_neg(dout)
         grads = _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, ctx.scale)
         if torch.is_grad_enabled():  # create_graph=True: the gradients may be differentiated
             grads = _first_order_only(grads, (q, q_rope, kv, k_rope, dout))

@@ -98,8 +98,9 @@ def _needs_scratch(out, idx, compact, K):
     its whole row before writing it, except multi-block compaction, which scatters into
     blocks it has not read yet. Any other overlap goes through a scratch buffer.
     """
-    if out is None or slot_offsets_pass_int32(out):
-        return True  # none given, or slot offsets past int32 (the kernel's are int32)
+    if out is None or slot_offsets_pass_int32(out) or out.is_neg():
+        return True  # none given, slot offsets past int32 (the kernel's are int32), or a
+        # negative-bit view (its storage holds -value: copy_ writes it right)
     if out.untyped_storage().data_ptr() != idx.untyped_storage().data_ptr():
         return False
     same_view = out.data_ptr() == idx.data_ptr() and out.stride() == idx.stride()
@@ -134,6 +135,12 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
     """:func:`offset_gather_kv_indices` returning (rows, lengths); ``key_rows`` (the S of the
     keys the rows will index, named ``key_rows_name`` in errors) also bounds cu_seqlens_k[-1]."""
     T, K = check_index_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, out)
+    if (gather_kv_indices.is_neg() or cu_seqlens_q.is_neg() or cu_seqlens_k.is_neg()
+            or (topk_length is not None and topk_length.is_neg())):
+        # a negative-bit view reads as -x from storage holding x (docs/FINDINGS.md F46)
+        gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length = (
+            None if t is None else t.resolve_neg()
+            for t in (gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length))
     # the kernel reads these by their data pointers alone (FINDINGS F34)
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     if topk_length is not None:

@@ -403,6 +403,52 @@ def test_double_backward_is_refused(rope):
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
+def _neg_bit_view(x):
+    """A tensor equal to ``x`` whose storage holds ``-x`` (PyTorch's negative bit, what
+    ``c.conj().imag`` of a complex tensor gives)."""
+    view = torch._neg_view(-x)
+    assert view.is_neg() and torch.equal(view, x)
+    return view
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_negative_bit_inputs_read_as_their_values(rope):
+    """q, q_rope, kv, k_rope, indices, topk_length and dout with the negative bit give what the
+    same values without it give, bit for bit (docs/FINDINGS.md F46: the kernels read the
+    storage, which holds the negated values); the varlen path's index inputs and an out buffer
+    of index preparation too."""
+    c = make_case(T=5, H=3, DL=32, DR=8 if rope else 0, S=23, K=19, dtype=torch.float32, seed=31,
+                  with_len=True)
+    names = ("q", "qr", "kv", "kr") if rope else ("q", "kv")
+
+    def run(view):
+        leaves = [c[n].clone().requires_grad_() for n in names]
+        inputs = [view(x) for x in leaves]
+        idx, tl_ = view(c["idx"]), view(c["topk_length"])
+        if rope:
+            out, lse = fdsa.dsa_sparse_attention(*inputs, idx, topk_length=tl_,
+                                                 softmax_scale=c["scale"], return_lse=True)
+        else:
+            out, lse = fdsa.dsa_sparse_attention_nope(*inputs, idx, topk_length=tl_,
+                                                      softmax_scale=c["scale"], return_lse=True)
+        return (out, lse) + torch.autograd.grad(out, leaves, view(c["dout"]))
+
+    for name, got, want in zip(("out", "lse", "dq", "dkv", "dq_rope", "dk_rope"),
+                               run(_neg_bit_view), run(lambda x: x)):
+        assert torch.equal(got, want), name
+
+    S, T = 23, 5
+    idx, cuq, cuk = c["idx"].clamp(min=-1) % S, torch.tensor([0, 2, T]), torch.tensor([0, 9, S])
+    idx, cuq, cuk = (x.to(device=DEVICE, dtype=torch.int32) for x in (idx, cuq, cuk))
+    want = offset_gather_kv_indices(idx, cuq, cuk, causal=True, compact=True)
+    got = offset_gather_kv_indices(*(_neg_bit_view(x) for x in (idx, cuq, cuk)), causal=True,
+                                   compact=True)
+    assert torch.equal(got, want)
+    out = _neg_bit_view(torch.zeros_like(want))
+    assert offset_gather_kv_indices(idx, cuq, cuk, causal=True, compact=True, out=out) is out
+    assert torch.equal(out, want)
+
+
 def test_zero_tokens():
     q = torch.randn(0, 4, 16, device=DEVICE, requires_grad=True)
     kv = torch.randn(5, 16, device=DEVICE, requires_grad=True)
