@@ -206,8 +206,18 @@ def judged(judge, name: str, attempt: Callable, complement: Callable | None = No
             raise OracleMismatch(f"{inner}\n  outside the known signature of {excuse.findings} "
                                  f"({_labels(covering)}: the elements it excuses were left out "
                                  f"and the rest still fails)") from None
-        call.excused.append((covering[0], name, str(exc)))
+        for active in _relied_on(excuse):  # each one's mechanism is confirmed before the excuse holds
+            call.excused.append((active, name, str(exc)))
         return result
+
+
+def _relied_on(excuse: Excuse) -> list:
+    """The entries an excuse rests on: one whole-output entry (one that needs no confirmation
+    first), else every covering entry (their rows were left out together)."""
+    if excuse.all:
+        whole = [a for a in excuse.covering if a.signature.rows is None]
+        return sorted(whole, key=lambda a: bool(a.signature.confirm))[:1]
+    return list(excuse.covering)
 
 
 def _labels(entries) -> str:

@@ -102,7 +102,12 @@ class Entry:
         fields = case_fields(case)
         if isinstance(self.where, dict):
             return all(_field_matches(fields, k, v) for k, v in self.where.items())
-        return bool(_evaluate(self.where, fields))
+        try:
+            return bool(_evaluate(self.where, fields))
+        except Exception as exc:  # e.g. a comparison of a string field with a number
+            raise KnownFailuresError(f"--known-failures {self.source}, entry {self.index + 1}: where = "
+                                     f"{self.where!r} fails on a case: {type(exc).__name__}: {exc} "
+                                     f"(case {case.to_json() if hasattr(case, 'to_json') else fields})") from None
 
     def active(self) -> known.Active:
         return known.Active(self.label, self.finding or self.label, self.reason, self.signature)

@@ -105,10 +105,12 @@ def _unconfirmed(confirm: str, target: Target, case) -> str:
     """'' if ``confirm`` (``area.check``) passes on ``case`` in a fresh process, else why not."""
     key = (target.name, confirm, case.to_json())
     if key not in _CONFIRMED:
+        # the known failures apply there as here: the rows of another finding (F2) stay excused
+        users = [f"--known-failures={os.path.abspath(e.source)}" for e in known_failures.user_entries()[:1]]
         proc = subprocess.run([sys.executable, "-m", "attention_oracle.tools.replay", "--impl",
-                               target.name, *gpu_lock.replay_device_args(), "--check", confirm,
-                               case.to_json()], capture_output=True, text=True, timeout=600,
-                              cwd=_PACKAGE_PARENT)
+                               target.name, *gpu_lock.replay_device_args(), "--known", *users,
+                               "--check", confirm, case.to_json()], capture_output=True,
+                              text=True, timeout=600, cwd=_PACKAGE_PARENT)
         text = (proc.stdout + proc.stderr).strip()
         ok = proc.returncode == 0 and text.startswith("passed")
         _CONFIRMED[key] = "" if ok else f"{confirm} in a fresh process: {text[-1500:]}"
@@ -214,6 +216,9 @@ def run_property(check, target: Target, cases, *, function: str,
             record.note_budget(limits.note())  # every search example was a new shape: shape budget
 
     search(one_round, rounds=1 if isolated else MAX_ROUNDS)  # every distinct failure, each triaged
+    if ran["ok"] == 0 and ran["refused"] == 0 and (limits.reached or limits.rejected):
+        pytest.fail(f"judged nothing: the check's budget ended its search before any example "
+                    f"ran ({limits.note()})", pytrace=False)
     if ran["ok"] == 0 and ran["refused"] > 0:  # undeclared refusals: nothing was verified
         sink = record.current()
         why = sink.refusal if sink else ""

@@ -9,26 +9,36 @@ every selected implementation (``conformance/test_regressions.py``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 
+from attention_oracle.checks.catalogue import case_class, load_case
 from attention_oracle.checks.catalogue import check as find_check
-from attention_oracle.checks.catalogue import load_case
+from attention_oracle.judge import known
 from attention_oracle.judge.agreement import OracleMismatch
 from attention_oracle.judge.targets import Refused, load
-from attention_oracle.run import corpus, fuzzing, poison
+from attention_oracle.run import corpus, fuzzing, known_failures, poison
 
 
-def replay(impl: str, check: str, case_dict: dict) -> int:
+def replay(impl: str, check: str, case_dict: dict, with_known: bool = False) -> int:
+    """``with_known``: the known failures matching the case excuse what their signatures
+    cover, as in a run (a mechanism they would confirm counts as a failure here)."""
     target = load(impl)
     if target.unavailable:
         print(f"{impl} unavailable: {target.unavailable}")
         return 2
     case = load_case(case_dict)
+    entries = known_failures.matching(target.name, check, target.device, case) if with_known else []
     try:
-        with poison.poisoned():  # as in runner.run_check: unwritten output elements are NaN
-            find_check(check)(target, case)
+        with poison.poisoned(), known.activate([e.active() for e in entries]) as call:
+            find_check(check)(target, case)  # as in runner.run_check: unwritten elements are NaN
+        unconfirmed = [a for a, _, _ in call.excused if a.signature.confirm]
+        if unconfirmed:
+            print(f"FAILED\n{unconfirmed[0].label} excuses a failure only once {unconfirmed[0].signature.confirm} "
+                  f"passes in a fresh process; not confirmed in a replay")
+            return 1
     except Refused as exc:
         print(f"unsupported: {exc}")
         return 0
@@ -40,7 +50,9 @@ def replay(impl: str, check: str, case_dict: dict) -> int:
         traceback.print_exc()
         print(f"ERROR {type(exc).__name__}: {exc}")
         return 3
-    print(f"passed: {check} on {impl}")
+    labels = ", ".join(dict.fromkeys(a.label for a, _, _ in call.excused))
+    print(f"passed: {check} on {impl}" + (f" (failures inside the known signatures of {labels})"
+                                          if labels else ""))
     return 0
 
 
@@ -61,22 +73,61 @@ def main(argv=None) -> int:
     p.add_argument("--no-poison", action="store_true",
                    help="leave new tensors uninitialised (by default torch.empty and its family "
                         "return NaN / sentinel-filled tensors while the check runs)")
+    p.add_argument("--known", action="store_true",
+                   help="apply the suite's known failures (and --known-failures FILE's) as a run does")
+    p.add_argument("--known-failures", metavar="FILE", default=None,
+                   help="with --known: your known failures too (TOML or JSON)")
     p.add_argument("case", nargs="?", help="the case JSON printed by a failure")
     a = p.parse_args(argv)
+    if a.known_failures:
+        try:
+            known_failures.install(known_failures.load(a.known_failures))
+        except known_failures.KnownFailuresError as exc:
+            p.error(str(exc))
     if a.cuda_device is not None:
         import torch
         torch.cuda.set_device(a.cuda_device)
     if a.no_poison:
         poison.set_enabled(False)
-    if a.save:
-        print(corpus.save(a.save, a.check, json.loads(a.case), a.note, corpus_dir=a.corpus or fuzzing.DEFAULT_CORPUS))
     if a.file:
-        with open(a.file) as f:
-            entry = json.load(f)
-        return replay(a.impl, entry["check"], entry["case"])
-    if not (a.check and a.case):
+        try:
+            with open(a.file) as f:
+                entry = json.load(f)
+            check, case = entry["check"], entry["case"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            p.error(f"--file {a.file}: not a corpus entry ({type(exc).__name__}: {exc})")
+    elif not (a.check and a.case):
         p.error("give --check and the case JSON, or --file")
-    return replay(a.impl, a.check, json.loads(a.case))
+    else:
+        try:
+            check, case = a.check, json.loads(a.case)
+        except ValueError as exc:
+            p.error(f"the case is not JSON: {exc}")
+    why = _invalid(check, case)
+    if why:
+        p.error(f"{'--file ' + a.file + ': ' if a.file else ''}{why}")
+    if a.save:
+        print(corpus.save(a.save, check, case, a.note, corpus_dir=a.corpus or fuzzing.DEFAULT_CORPUS))
+    return replay(a.impl, check, case, a.known)
+
+
+def _invalid(check, case) -> str:
+    """Why ``check`` and the ``case`` dict cannot be replayed ('' if they can): the check must
+    exist and the case be a dict of its area's fields (a misspelt field is not dropped)."""
+    try:
+        find_check(str(check))
+    except ValueError as exc:
+        return f"--check {check}: {exc}"
+    if not isinstance(case, dict):
+        return f"the case must be a JSON object, got {type(case).__name__}"
+    area = str(check).partition(".")[0]
+    if case.get("area") != area:
+        return f"the case's area {case.get('area')!r} is not {check}'s ({area!r})"
+    fields = {f.name for f in dataclasses.fields(case_class(area))} | {"area"}
+    unknown = sorted(set(case) - fields)
+    if unknown:
+        return f"the case has unknown field(s) {unknown}; a {area} case has {sorted(fields - {'area'})}"
+    return ""
 
 
 if __name__ == "__main__":

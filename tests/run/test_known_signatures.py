@@ -101,6 +101,38 @@ def test_an_unconfirmed_mechanism_fails(tmp_path, monkeypatch):
         _run(f"{BROKEN}:WrongScale", "strided_dout", STRIDED)
 
 
+def _two_entries(tmp_path, monkeypatch, impl, first, second, checks=('"sdpa.strided_dout"',) * 2):
+    path = tmp_path / "known.toml"
+    path.write_text("".join(f'[[known]]\nimplementation = "{impl}"\ncheck = {c}\nsignature = {sig}\n'
+                            f'reason = "control"\n\n' for c, sig in zip(checks, (first, second))))
+    monkeypatch.setattr(known_failures, "_USER", known_failures.load(str(path)))
+
+
+def test_every_entry_an_excuse_rests_on_is_confirmed(tmp_path, monkeypatch):
+    """dk is covered by a rows entry (no row of this case is fully masked) and by a whole-output
+    entry whose mechanism must be confirmed: the excuse rests on the second, whose confirmation
+    fails (dk lacks the scale in a fresh process too)."""
+    _two_entries(tmp_path, monkeypatch, f"{BROKEN}:KeyGradientMissesScale",
+                 '{outputs = ["dk"], rows = "fully_masked"}',
+                 '{outputs = ["dk"], confirm = "sdpa.gradient_agreement"}')
+    with pytest.raises(OracleMismatch, match="its mechanism is not confirmed"):
+        _run(f"{BROKEN}:KeyGradientMissesScale", "strided_dout", STRIDED)
+
+
+EMPTY_STRIDED = SdpaCase(batch=(1,), hq=2, hkv=2, L=6, S=7, E=8, Ev=8, mask="bool_full",
+                         empty_rows=2, layout_dout="transposed", seed=5)
+
+
+def test_the_confirmation_applies_the_known_failures(tmp_path, monkeypatch):
+    """The fresh process that confirms a mechanism judges as a run does: the rows another entry
+    excuses (F2's, beside F9's whole dq) stay excused there."""
+    _two_entries(tmp_path, monkeypatch, f"{BROKEN}:NonzeroOnEmptyRows", ROWS,
+                 '{outputs = ["dq"], confirm = "sdpa.gradient_agreement"}',
+                 checks=('["sdpa.strided_dout", "sdpa.gradient_agreement"]', '"sdpa.strided_dout"'))
+    sink = _run(f"{BROKEN}:NonzeroOnEmptyRows", "strided_dout", EMPTY_STRIDED)
+    assert sink.known == 1 and set(sink.known_entries) == {"known.toml#1", "known.toml#2"}
+
+
 def test_a_signature_must_name_a_row_selector_of_the_area(tmp_path):
     path = tmp_path / "known.toml"
     path.write_text('[[known]]\nimplementation = "m"\ncheck = "sdpa.forward_agreement"\n'

@@ -34,6 +34,15 @@ def test_a_spent_budget_ends_the_check_with_a_verdict(tmp_path):
     assert took < 60, f"took {took:.0f} s (interpreter start included)"
 
 
+def test_a_budget_spent_before_any_example_fails_the_check():
+    """A budget too short for one example judges nothing: the check fails, it does not pass."""
+    proc = run_suite("--hypothesis-profile", "dev", "--impl", "oracle", "--oracle-check-budget", "1e-6",
+                     "attention_oracle/conformance/test_sdpa.py", "-k", "test_forward_agreement")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "judged nothing: the check's budget ended its search before any example ran" in out
+
+
 class _Case:
     def __init__(self, L, S):
         self.L, self.S, self.E = L, S, 8

@@ -81,6 +81,17 @@ def test_malformed_files_name_the_entry(tmp_path, text, message):
     assert message in str(info.value) and "known.toml" in str(info.value)
 
 
+def test_a_predicate_failing_on_a_case_names_the_entry(tmp_path):
+    """A where expression that parses but cannot be evaluated on the case (a string field
+    compared with a number) is the entry's error, named, not a TypeError in the check."""
+    (entry,) = user_known.load(_write(tmp_path, '[[known]]\nimplementation = "m"\n'
+                                                 'check = "sdpa.forward_agreement"\nreason = "r"\n'
+                                                 'where = "dtype > 3"\n'))
+    with pytest.raises(user_known.KnownFailuresError, match=r"known.toml, entry 1: where = 'dtype > 3' "
+                                                            r"fails on a case: TypeError"):
+        entry.applies(SdpaCase())
+
+
 def test_a_match_is_recorded_for_the_stale_report(monkeypatch):
     entry = user_known.Entry(0, ("m*",), ("sdpa.*",), "because", {"causal": True}, source="k.toml")
     monkeypatch.setattr(user_known, "_USER", [entry])

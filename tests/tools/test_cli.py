@@ -5,7 +5,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from attention_oracle import cli
+from attention_oracle.tools import replay
 
 ENTRY = os.path.join(os.path.dirname(cli.__file__), "fixtures", "regressions")
 
@@ -61,3 +64,20 @@ def test_replay_imports_from_the_current_directory(tmp_path):
                 cwd=tmp_path)
     assert "unavailable" not in proc.stdout, proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--check", "sdpa.forward_agreement", "{bad"], "the case is not JSON"),
+    (["--check", "sdpa.forward", '{"area": "sdpa"}'], "--check sdpa.forward: unknown check"),
+    (["--check", "dsa.forward_agreement", '{"area": "sdpa"}'], "the case's area 'sdpa' is not dsa.forward_agreement's"),
+    (["--check", "sdpa.forward_agreement", '{"area": "sdpa", "casual": true}'], "unknown field(s) ['casual']"),
+    (["--check", "sdpa.forward_agreement", "[1]"], "must be a JSON object"),
+    (["--file", "no-such-entry.json"], "--file no-such-entry.json: not a corpus entry"),
+])
+def test_replay_names_bad_input(capsys, args, message):
+    """A misspelt check, field or file is a usage error naming it (exit 2), not a traceback, an
+    "ERROR" read as the implementation's, or a replay of another case that passes."""
+    with pytest.raises(SystemExit) as info:
+        replay.main(["--impl", "oracle", *args])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
