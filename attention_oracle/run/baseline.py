@@ -24,6 +24,8 @@ Per matched check the comparison shows the worst ratio over the cases both runs 
 **regression** is
 
 - a newly failing check: it had failed no test before and fails now; or
+- a case judged by both runs that passed before and fails now (a check failing before on
+  another case keeps its worst at inf, which hides it otherwise); or
 - a worst ratio over the same cases grown beyond the noise: after > before x (1 + tolerance),
   tolerance = max(``REL_TOL``, ``NOISE_MARGIN`` x the largest relative spread of one case's
   ratios within either run).
@@ -77,6 +79,7 @@ class Row:
     same_after: float = 0.0
     noise: float = 0.0     # largest relative spread of one case's ratios within a run
     repeated: int = 0      # cases judged more than once within a run (what measured the noise)
+    newly_failing: int = 0  # cases judged by both runs, passing before and failing now
     status: str = ""       # "regression: ...", "fixed", "not compared: ...", "ok"
     notes: list = field(default_factory=list)  # information, not regressions
 
@@ -258,6 +261,7 @@ def _same_cases(row: Row, before: dict, after: dict) -> None:
     row.same = len(same)
     row.same_before = max((max(rb[k]) for k in same), default=0.0)
     row.same_after = max((max(ra[k]) for k in same), default=0.0)
+    row.newly_failing = sum(1 for k in same if max(rb[k]) <= 1.0 < max(ra[k]))  # an inf worst hides them
     (nb, kb), (na, ka) = spread(rb), spread(ra)
     row.noise, row.repeated = max(nb, na), kb + ka
 
@@ -277,6 +281,8 @@ def _status(before: dict, after: dict, row: Row) -> str:
     if not row.same:
         why = "the baseline recorded no cases" if not before.get("cases") else "no case judged by both"
         return f"not compared: {why}"
+    if row.newly_failing:
+        return f"regression: {row.newly_failing} of the same {row.same} cases newly failing"
     if _grew(row.same_before, row.same_after, row.tolerance):
         return f"regression: worst ratio over the same {row.same} cases grown {_growth_text(row.growth)}"
     return "ok"

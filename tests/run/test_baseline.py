@@ -135,6 +135,15 @@ def test_statuses_on_the_same_cases(before, after, failed, status):
     assert row.status == status
 
 
+def test_a_case_newly_failing_beside_an_old_failure_is_a_regression():
+    """A check already failing (one case at inf) and failing now on another case that passed
+    before: its worst over the same cases stays inf, but the new failure is a regression."""
+    b = dict([_row("a", "x", math.inf, failed=1, passed=0, cases={"c1": math.inf, "c2": 0.3})])
+    a = dict([_row("a", "x", math.inf, failed=1, passed=0, cases={"c1": 0.2, "c2": math.inf})])
+    (row,) = baseline.compare(b, a).rows
+    assert row.status == "regression: 1 of the same 2 cases newly failing"
+
+
 def test_a_harder_new_case_is_information_not_a_regression():
     """The issue's measurement: the same kernel, a worst over all grown 30x (0.016 -> 0.488)
     because the second run drew a harder case; over the same cases nothing changed."""
