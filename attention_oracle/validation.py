@@ -302,6 +302,17 @@ def _topk_length(topk_length, T: int) -> None:
 
 # ----------------------------------------------------------------------------- index preparation
 
+def _overlaps_itself(x) -> bool:
+    """Whether two elements of the 2-D tensor ``x`` share a memory location (exact: i0 * s0 ==
+    i1 * s1 first holds at the strides' least common multiple; PyTorch's own check gives up on
+    such views, docs/FINDINGS.md F71)."""
+    (n0, n1), (s0, s1) = x.shape, x.stride()
+    if n0 > 1 and n1 > 1 and s0 and s1:
+        common = math.lcm(s0, s1)
+        return common // s0 < n0 and common // s1 < n1
+    return n0 * n1 > 1 and ((n0 > 1 and s0 == 0) or (n1 > 1 and s1 == 0))
+
+
 def check_index_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length=None,
                        out=None) -> tuple:
     """Check ``offset_gather_kv_indices``' arguments (types, dtypes, shapes, devices; not the
@@ -326,6 +337,9 @@ def check_index_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_lengt
             raise TypeError(f"out must be int32, got {out.dtype}")
         if out.dim() != 2 or out.shape[0] != T or out.shape[1] != K:
             raise ValueError(f"out must have shape [{T}, {K}], got {tuple(out.shape)}")
+        if _overlaps_itself(out):
+            raise ValueError(f"out must not have elements that share memory, got strides "
+                             f"{tuple(out.stride())} for shape {tuple(out.shape)}")
         named.append(("out", out))
     _same_device("gather_kv_indices", gather_kv_indices, named)
     return T, K

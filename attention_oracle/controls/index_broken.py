@@ -120,9 +120,18 @@ class Int64ErrorNamesNothing(_Prepare):
         return super().offset_gather_kv_indices(gather_kv_indices, *args, **kwargs)
 
 
+class Int64NarrowedToInt32(_Prepare):
+    """int64 gather_kv_indices cast to int32 by value first: an index past int32 wraps (2**32
+    reads as 0, a valid key)."""
+
+    def offset_gather_kv_indices(self, gather_kv_indices, *args, **kwargs):
+        return super().offset_gather_kv_indices(gather_kv_indices.to(torch.int32), *args, **kwargs)
+
+
 MORE_CONTROLS += [
     ("Int64ReadAsInt32", "int64_indices"),
     ("Int64ErrorNamesNothing", "int64_indices"),
+    ("Int64NarrowedToInt32", "int64_indices"),
 ]
 
 
@@ -141,6 +150,21 @@ class CausalUnseenRowsSeeKeyZero(_Prepare):
 
 
 MORE_CONTROLS += [("CausalUnseenRowsSeeKeyZero", "offset_equals_oracle")]
+
+
+class TopkLengthAsSliceEnd(_Prepare):
+    """The topk_length cut as Python's slice end (``row[:n]``): a negative length counts from
+    the end of the row, so -1 keeps K - 1 slots instead of none."""
+
+    def offset_gather_kv_indices(self, gather_kv_indices, *args, topk_length=None, **kwargs):
+        if topk_length is not None:
+            K = gather_kv_indices.shape[1]
+            topk_length = torch.where(topk_length < 0, (topk_length + K).clamp(min=0), topk_length)
+        return super().offset_gather_kv_indices(gather_kv_indices, *args, topk_length=topk_length,
+                                                **kwargs)
+
+
+MORE_CONTROLS += [("TopkLengthAsSliceEnd", "offset_equals_oracle")]
 
 
 def read_as_contiguous(t: torch.Tensor) -> torch.Tensor:

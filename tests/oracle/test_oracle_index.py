@@ -229,3 +229,27 @@ def test_fast_leaves_an_aliased_input_untouched_when_the_metadata_is_bad():
         with pytest.raises(ValueError, match="cu_seqlens_q"):
             impl(in_place, bad_q, cu_k, compact=True, out=in_place)
         assert torch.equal(in_place, local), impl
+
+
+@pytest.mark.parametrize("layout", ["sliding_rows", "sliding_columns", "expanded_rows"])
+def test_out_with_overlapping_elements_is_refused(layout):
+    """An ``out`` two of whose elements share a memory location cannot hold the rows: refused
+    with a ValueError naming it (PyTorch's overlap check in ``copy_`` passes a sliding window,
+    so the result read back through it was silently wrong; fast writes it directly on CUDA).
+    The oracle, and fast where Triton's interpreter runs it."""
+    import os
+    local, cu_q, cu_k = _table()  # T 5, K 4
+    out = {"sliding_rows": lambda: torch.zeros(8, dtype=torch.int32).as_strided((5, 4), (1, 1)),
+           "sliding_columns": lambda: torch.zeros(11, dtype=torch.int32).as_strided((5, 4), (1, 2)),
+           "expanded_rows": lambda: torch.zeros(1, 4, dtype=torch.int32).expand(5, 4)}[layout]
+    impls = [offset_gather_kv_indices]
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        from attention_oracle import fast
+        impls.append(fast.offset_gather_kv_indices)
+    for impl in impls:
+        with pytest.raises(ValueError, match="out"):
+            impl(local, cu_q, cu_k, out=out())
+    # rows that interleave but share no element (i * 4 + j * 5 differ for i < 5) stay fine
+    interleaved = torch.zeros(32, dtype=torch.int32).as_strided((5, 4), (4, 5))
+    for impl in impls:
+        assert impl(local, cu_q, cu_k, out=interleaved).tolist() == EXPECTED[(False, False, False)][0]

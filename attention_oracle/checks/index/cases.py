@@ -28,7 +28,7 @@ from attention_oracle.judge.case import CaseMixin, dtype_name
 
 HOLE_PATTERNS = ("none", "head", "middle", "tail", "interleaved", "random")
 DENSITIES = (0.1, 0.25, 0.5, 0.758, 0.9, 1.0)   # pattern "none" is the 0% case
-TOPK_MODES = ("none", "random", "zeros", "full")
+TOPK_MODES = ("none", "random", "zeros", "full", "outside")
 INT32_MIN = -(2 ** 31)
 
 
@@ -104,8 +104,13 @@ def invalid_values(shape, invalid: str, limit: torch.Tensor, g: torch.Generator)
     return choices.gather(0, kind[None]).squeeze(0)
 
 
+OUTSIDE_LENGTHS = (-1, -2, INT32_MIN, 1, 2, 2 ** 31 - 1)  # below 0, or K + these past K
+
+
 def topk_lengths(T: int, K: int, mode: str, g: torch.Generator) -> torch.Tensor | None:
-    """int32 ``[T]`` lengths (``None`` for mode ``none``); ``zeros`` forces some rows to 0."""
+    """int32 ``[T]`` lengths (``None`` for mode ``none``); ``zeros`` forces some rows to 0;
+    ``outside`` gives most rows a length outside ``[0, K]`` (negative: no slot; past K: every
+    slot), the rest one inside."""
     if mode == "none":
         return None
     if mode == "full":
@@ -113,6 +118,11 @@ def topk_lengths(T: int, K: int, mode: str, g: torch.Generator) -> torch.Tensor 
     lengths = torch.randint(0, K + 1, (T,), generator=g)
     if mode == "zeros" and T:
         lengths[torch.rand(T, generator=g) < 0.4] = 0
+    if mode == "outside" and T:
+        outside = torch.tensor(OUTSIDE_LENGTHS, dtype=torch.int64)
+        outside = torch.where((outside > 0) & (outside < 2 ** 31 - 1), outside + K, outside)
+        pick = outside[torch.randint(0, outside.numel(), (T,), generator=g)]
+        lengths = torch.where(torch.rand(T, generator=g) < 0.7, pick, lengths)
     return lengths.to(torch.int32)
 
 

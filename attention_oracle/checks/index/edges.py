@@ -3,7 +3,9 @@
 int64_indices: ``offset_gather_kv_indices`` on int64 ``gather_kv_indices`` (the contract's
     are int32): the oracle's int32 rows and lengths exactly, or a clear TypeError/ValueError/
     NotImplementedError naming ``gather_kv_indices`` (``judge/beyond.py``);
-    an implementation declaring int64 in ``index_dtypes`` must give the right rows.
+    an implementation declaring int64 in ``index_dtypes`` must give the right rows. Out-of-range
+    slots are moved past int32 (2**32 and -(2**32), still out of range; narrowed to int32
+    they read as 0, a valid key), so a narrowing cast shows.
 strided_inputs: ``topk_length`` (a random one where the case has none), ``cu_seqlens_q`` and
     ``cu_seqlens_k`` each as column 0 of a two-column buffer whose other column is 0, and
     ``gather_kv_indices`` as a window of a larger buffer poisoned with invalid indices: the
@@ -22,8 +24,21 @@ from attention_oracle.judge.judge import Judge
 from attention_oracle.judge.layouts import lay_out
 from attention_oracle.judge.registry import declare
 from attention_oracle.oracle.index import offset_gather_kv_indices as oracle_offset
+from attention_oracle.oracle.index import valid_local_slots
 
 ARGUMENT = "gather_kv_indices"
+
+
+def widened(indices: torch.Tensor, cu_seqlens_q: torch.Tensor,
+            cu_seqlens_k: torch.Tensor) -> torch.Tensor:
+    """``indices`` as int64 with out-of-range slots past int32: slot s % 3 == 0 gets 2**32,
+    s % 3 == 1 gets -(2**32) (both still out of range, both 0 once narrowed to int32), s % 3 == 2
+    keeps its value."""
+    wide = indices.to(torch.int64, copy=True)  # keeps the layout
+    slots = torch.arange(wide.shape[1], device=wide.device)[None, :]
+    out_of_range = ~valid_local_slots(indices, cu_seqlens_q, cu_seqlens_k)
+    past = torch.where(slots % 3 == 0, 2 ** 32, -(2 ** 32))
+    return wide.copy_(torch.where(out_of_range & (slots % 3 < 2), past, wide))
 
 
 @declare("index", cases=dict(out_modes=("none", "fresh")), beyond=True)
@@ -31,7 +46,7 @@ def int64_indices(judge: Judge, case: IndexCase) -> None:
     """int64 gather_kv_indices (beyond the contract): the oracle's rows, or a clear error naming it."""
     target = judge.target
     inp = build_index(case, target.device)
-    wide = inp.gather_kv_indices.to(torch.int64)
+    wide = widened(inp.gather_kv_indices, inp.cu_seqlens_q, inp.cu_seqlens_k)
     declared = torch.int64 in resolve(target, case.function).index_dtypes
     expected = oracle_offset(inp.gather_kv_indices, inp.cu_seqlens_q, inp.cu_seqlens_k,
                              causal=case.causal, return_topk_length=True, compact=case.compact,
