@@ -91,19 +91,24 @@ def raise_on_bad_metadata(flags, key_rows_name=None):
         raise ValueError(describe_bad_metadata(bits, key_rows_name))
 
 
-def _needs_scratch(out, idx, compact, K):
+def _needs_scratch(out, idx, compact, K, metadata):
     """True when the kernel cannot write its result straight into ``out``.
 
-    In place is safe when out is exactly idx (same start and strides): each program reads
-    its whole row before writing it, except multi-block compaction, which scatters into
-    blocks it has not read yet. Any other overlap goes through a scratch buffer.
+    In place is safe when out is exactly idx (same start, strides and dtype): each program
+    reads its whole row before writing it, except multi-block compaction, which scatters into
+    blocks it has not read yet. Any other overlap, with idx or with the ``metadata`` tensors
+    the programs read (cu_seqlens, topk_length), goes through a scratch buffer.
     """
     if out is None or slot_offsets_pass_int32(out) or out.is_neg():
         return True  # none given, slot offsets past int32 (the kernel's are int32), or a
         # negative-bit view (its storage holds -value: copy_ writes it right)
-    if out.untyped_storage().data_ptr() != idx.untyped_storage().data_ptr():
+    storage = out.untyped_storage().data_ptr()
+    if any(t is not None and t.untyped_storage().data_ptr() == storage for t in metadata):
+        return True
+    if storage != idx.untyped_storage().data_ptr():
         return False
-    same_view = out.data_ptr() == idx.data_ptr() and out.stride() == idx.stride()
+    same_view = (out.data_ptr() == idx.data_ptr() and out.stride() == idx.stride()
+                 and out.dtype == idx.dtype)
     return not same_view or (compact and K > _MAX_BLOCK_K)
 
 
@@ -153,7 +158,8 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
     result = out
     # on the CPU the metadata check comes after the kernel: a scratch buffer keeps out (which may
     # be the caller's input) untouched when it fails
-    if _needs_scratch(out, gather_kv_indices, compact, K) or device.type != "cuda":
+    if (_needs_scratch(out, gather_kv_indices, compact, K,
+                       (cu_seqlens_q, cu_seqlens_k, topk_length)) or device.type != "cuda"):
         result = torch.empty((T, K), dtype=torch.int32, device=device)
     n_docs = cu_seqlens_q.shape[0] - 1
     on_cuda = device.type == "cuda"

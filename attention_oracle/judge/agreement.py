@@ -174,7 +174,9 @@ def rule(err: float, lp_errs: Mapping[str, float], round_err: float, magnitude: 
     rounding in units of the accumulation dtype's unit roundoff (0: none)."""
     k = K_GRADIENT if gradient else K_FORWARD
     limit = BREAKDOWN * float(magnitude) if magnitude > 0 else float("inf")
-    finite = {a: float(e) for a, e in lp_errs.items() if e == e and e <= limit}
+    # an lp error without a finite value says nothing, whatever the magnitude (with magnitude 0
+    # the limit is inf, and an inf error would have made the bound inf)
+    finite = {a: float(e) for a, e in lp_errs.items() if e == e and e != float("inf") and e <= limit}
     excluded = tuple(a for a in lp_errs if a not in finite)
     algorithm = max(finite, key=finite.get) if finite else ""
     m_lp = finite.get(algorithm, 0.0)

@@ -528,6 +528,27 @@ def naive_offset(idx, cuq, cuk, causal, compact, topk_length):
     return out, lengths
 
 
+def test_index_preparation_writes_in_place_only_into_its_own_view():
+    """fast writes its result straight into ``out`` only where out is exactly the index
+    tensor (start, strides and dtype): an int32 out laid over int64 indices with equal element
+    strides, or an out sharing memory with cu_seqlens or topk_length, goes through the scratch
+    buffer (on CUDA the programs run at once, so a row written early would be read late)."""
+    from attention_oracle.fast.index import _needs_scratch
+    T, K = 4, 8
+    base = torch.zeros(T, 2 * K, dtype=torch.int64)
+    idx = base[:, :K]
+    over = torch.as_strided(base.view(torch.int32), (T, K), (2 * K, 1))
+    assert over.data_ptr() == idx.data_ptr() and over.stride() == idx.stride()
+    assert _needs_scratch(over, idx, False, K, (None, None, None))
+    own = torch.zeros(T, K, dtype=torch.int32)
+    assert not _needs_scratch(own, own, False, K, (None, None, None))
+    buf = torch.zeros(T * K + T + 2, dtype=torch.int32)
+    out, lengths, cu = buf[:T * K].view(T, K), buf[T * K:T * K + T], buf[-2:]
+    assert _needs_scratch(out, own, False, K, (cu, cu, None))
+    assert _needs_scratch(out, own, False, K, (None, None, lengths))
+    assert not _needs_scratch(own, torch.zeros(T, K, dtype=torch.int32), False, K, (cu, cu, lengths))
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("compact", [False, True])
 @pytest.mark.parametrize("K", [7, 4100])

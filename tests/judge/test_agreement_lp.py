@@ -18,6 +18,17 @@ def test_non_finite_lp_elements_are_left_out_and_the_rest_counts():
     assert errs["b"] == float("inf")
 
 
+def test_an_lp_run_without_a_finite_result_never_widens_a_zero_magnitude_bound():
+    """Where every term is zero (magnitude 0: v = 0, say) the floor is 0 and any error fails; an
+    lp algorithm with no finite element (error inf) must not make the bound inf there."""
+    from attention_oracle.judge.agreement import rule
+    verdict = rule(1.0, {"naive": float("inf"), "flash": 0.0}, 0.0, magnitude=0.0,
+                   dtype=torch.float32, gradient=False)
+    assert verdict.ratio == float("inf") and verdict.excluded == ("naive",)
+    assert rule(0.0, {"naive": float("inf")}, 0.0, magnitude=0.0, dtype=torch.float32,
+                gradient=False).ratio == 0.0
+
+
 def _finfo_min_row_case():
     gen = torch.Generator().manual_seed(11)
     q, k, v, dout = (torch.randn(1, 2, 6, 16, generator=gen) for _ in range(4))
