@@ -76,7 +76,7 @@ def size() -> str:
 
 def set_check_budget(seconds: float | None) -> None:
     """Override the profile's per-check budget (``--oracle-check-budget``; 0: none)."""
-    if seconds is not None and seconds < 0:
+    if seconds is not None and not seconds >= 0:  # NaN too: it would mean no budget
         raise ValueError(f"check budget must be >= 0 seconds, got {seconds}")
     _budget["override"] = None if seconds == 0 else seconds
     _budget["set"] = seconds is not None

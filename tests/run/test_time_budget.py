@@ -88,3 +88,12 @@ def test_the_time_budget_stops_only_a_round_without_failures():
 def test_shape_of_reads_size_fields_and_dtype():
     fields = dict(budget.shape_of(SdpaCase(L=5)))
     assert fields["L"] == 5 and fields["dtype"] == "float32" and "seed" not in fields
+
+
+@pytest.mark.parametrize("seconds", [-1.0, float("nan")])
+def test_a_budget_below_zero_or_nan_is_refused(seconds):
+    """``--oracle-check-budget`` takes 0 (none) or more seconds; NaN compared false against every
+    bound and meant no budget at all."""
+    from attention_oracle.judge import profiles
+    with pytest.raises(ValueError, match="check budget must be >= 0 seconds"):
+        profiles.set_check_budget(seconds)
