@@ -54,10 +54,10 @@ import time
 from hypothesis.control import current_build_context
 
 from attention_oracle.checks import catalogue
-from attention_oracle.judge import record
+from attention_oracle.judge import known, record
 from attention_oracle.judge.agreement import OracleMismatch, with_detail
 from attention_oracle.judge.targets import Refused, load
-from attention_oracle.run import bugs, errormap, poison
+from attention_oracle.run import bugs, errormap, known_failures, poison
 
 if sys.version_info >= (3, 11):
     from builtins import BaseExceptionGroup, ExceptionGroup
@@ -262,9 +262,13 @@ def _safe_within(target, case) -> bool:
 
 def _outcome(check, target, variant, output) -> str:
     """'fails' | 'passes' | 'skip' (refused, not offered, or beyond the contract) | 'other:NAME'
-    (fails on another output first: another bug, which hides whether this one stays)."""
+    (fails on another output first: another bug, which hides whether this one stays). The
+    known failures matching the variant apply as in a run: a failure inside their signatures
+    is not this bug, and hides nothing."""
+    name = getattr(check, "full_name", None) or f"{variant.AREA}.{check.__name__}"
+    entries = known_failures.matching(target.name, name, target.device, variant)
     try:
-        with poison.poisoned():
+        with poison.poisoned(), known.activate([e.active() for e in entries]):
             check(target, variant)
     except Refused:
         return "skip"

@@ -167,3 +167,23 @@ def test_triage_is_deterministic():
     again = triage.analyse(FORWARD, target, case)
     assert (first.confirmed, first.unconfirmed, first.independent) == \
         (again.confirmed, again.unconfirmed, again.independent)
+
+
+def test_variants_see_the_known_failures_a_run_applies(monkeypatch):
+    """Triage judges a variant as a run would: a failure inside a known signature (ThreeBugs' dv
+    with a boolean mask, excused by an entry) neither fails the variant nor hides the dq bug
+    being triaged, so dropping GQA reads "passes", not "other:dv"."""
+    from attention_oracle.judge import known
+    from attention_oracle.run import known_failures
+    target = load(CONTROL)
+    case = SdpaCase(batch=(1,), hq=4, hkv=2, gqa=True, L=5, S=6, E=8, Ev=8, mask="bool_full", seed=3)
+    no_gqa = dataclasses.replace(case, hq=2, gqa=False)
+    check = checks.CHECKS["gradient_agreement"]
+    assert triage._outcome(check, target, case, "dq") == "fails"
+    assert triage._outcome(check, target, no_gqa, "dq") == "other:dv"
+    entry = known_failures.Entry(0, (target.name,), ("sdpa.gradient_agreement",), "dv ignores bool masks",
+                                 {"mask": "bool_full"}, source="k.toml",
+                                 signature=known.Signature(("dv",)))
+    monkeypatch.setattr(known_failures, "_USER", [entry])
+    assert triage._outcome(check, target, no_gqa, "dq") == "passes"
+    assert triage._outcome(check, target, case, "dq") == "fails"
