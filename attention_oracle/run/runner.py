@@ -14,6 +14,7 @@ and function requirements, then the search over its cases.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -123,6 +124,10 @@ def check_name(check, case) -> str:
     return getattr(check, "full_name", None) or f"{case.AREA}.{check.__name__}"
 
 
+# what a replay with --known prints when known signatures took every failure
+_ISOLATED_KNOWN = re.compile(r"^passed: .*\(failures inside the known signatures of (.+)\)$")
+
+
 def run_isolated(check, target: Target, case) -> bool:
     """Run one case in a fresh process (``python -m attention_oracle.tools.replay``), so that a kernel
     that faults on the device cannot poison this process' CUDA context.
@@ -133,8 +138,14 @@ def run_isolated(check, target: Target, case) -> bool:
     "torch-flash.sdpa.misaligned_inputs ... verified nothing" and turned passing GPU runs red (docs/DESIGN.md "6. Running: poisoning, the grid, triage, known failures, time, crashes, baseline")."""
     name = check_name(check, case)
     flags = [] if poison.is_enabled() else ["--no-poison"]
+    sink = record.current()
+    worst_before = sink.worst if sink else 0.0
+    # the known failures apply there as here (an entry that must confirm its mechanism fails
+    # the replay: the isolated run does not confirm it)
+    users = [f"--known-failures={os.path.abspath(e.source)}" for e in known_failures.user_entries()[:1]]
     proc = subprocess.run([sys.executable, "-m", "attention_oracle.tools.replay", "--impl", target.name,
-                           *flags, *gpu_lock.replay_device_args(), "--check", name, case.to_json()],
+                           *flags, *gpu_lock.replay_device_args(), "--known", *users, "--check", name,
+                           case.to_json()],
                           capture_output=True, text=True, timeout=600,
                           cwd=_PACKAGE_PARENT)
     text = (proc.stdout + proc.stderr).strip()
@@ -143,6 +154,12 @@ def run_isolated(check, target: Target, case) -> bool:
             record.record_call(case.function, refused=True, reason=text[:200])
             return False
         record.record_call(case.function, refused=False)
+        inside = _ISOLATED_KNOWN.search(text.splitlines()[0] if text else "")
+        if inside:
+            labels = [label.strip() for label in inside.group(1).split(",")]
+            known_failures.record_match(labels)
+            record.record_known(f"inside the known signatures of {inside.group(1)} (isolated run)",
+                                text, sink.worst if sink else worst_before)
         return True
     record.record_ratio(name, target.name, float("inf"))
     raise OracleMismatch(f"[{name}] implementation={target.name}: isolated run failed "

@@ -16,6 +16,7 @@ from attention_oracle.run import known_failures as user_known
 from tests.helpers import run_suite
 
 CONTROL = "attention_oracle.controls.sdpa_broken:CausalOffByOne"
+THREE_BUGS = "attention_oracle.controls.multi_bug:ThreeBugs"
 CHECK = "attention_oracle/conformance/test_sdpa.py::test_forward_agreement"
 
 
@@ -157,3 +158,29 @@ def test_malformed_file_is_a_usage_error(tmp_path):
     proc, _ = _pytest(tmp_path, '[[known]]\nimplementation = "x"\n')
     assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "missing 'check'" in proc.stdout + proc.stderr
+
+
+def test_an_isolated_run_applies_the_known_failures(tmp_path, monkeypatch):
+    """A check run in a fresh process (``run_isolated``: the misaligned-input checks on CUDA)
+    applies the known failures as an in-process run does: ThreeBugs' dv with a boolean mask,
+    inside a user entry's signature, is counted as known there, not raised."""
+    from attention_oracle.checks.sdpa import checks
+    from attention_oracle.judge.agreement import OracleMismatch
+    from attention_oracle.judge.targets import load
+    from attention_oracle.run import runner
+    target = load(THREE_BUGS)
+    case = SdpaCase(batch=(1,), hq=2, hkv=2, L=5, S=6, E=8, Ev=8, mask="bool_full", seed=3)
+    check = checks.CHECKS["gradient_agreement"]
+    monkeypatch.setattr(user_known, "_USER", [])
+    with pytest.raises(OracleMismatch, match="isolated run failed"):
+        runner.run_isolated(check, target, case)
+    path = _write(tmp_path, f'[[known]]\nimplementation = "{THREE_BUGS}"\n'
+                            f'check = "sdpa.gradient_agreement"\nwhere = {{mask = "bool_full"}}\n'
+                            f'signature = {{outputs = ["dv"]}}\nreason = "dv ignores bool masks"\n')
+    monkeypatch.setattr(user_known, "_USER", user_known.load(str(path)))
+    sink, token = record.open_sink()
+    try:
+        assert runner.run_isolated(check, target, case)
+    finally:
+        record.close_sink(token)
+    assert sink.known == 1 and sink.known_entries == {"known.toml#1": 1}
