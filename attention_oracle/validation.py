@@ -124,6 +124,14 @@ def _flag(name: str, value) -> None:
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
+def check_flags(**flags) -> None:
+    """The boolean options of the DSA and index functions (``causal``, ``compact``,
+    ``return_lse``, ``return_topk_length``): bools only, as the contract's signatures say (a
+    string "False" is true, and would be taken as such)."""
+    for name, value in flags.items():
+        _flag(name, value)
+
+
 # ----------------------------------------------------------------------------- SDPA
 
 def _sdpa_heads(hq: int, hk: int, hv: int, enable_gqa: bool) -> tuple:

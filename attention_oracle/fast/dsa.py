@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import torch
 from triton.runtime.errors import OutOfResources
 
-from ..validation import FLOAT_DTYPES, check_dsa_inputs, key_rows
+from ..validation import FLOAT_DTYPES, check_dsa_inputs, check_flags, key_rows
 from .host import Choice, cdiv, check_device, next_pow2, slot_offsets_pass_int32
 from .index import offset_rows, pdl_on
 from .kernels import dsa_bwd_gluon, dsa_fwd_gluon
@@ -713,6 +713,7 @@ def dsa_sparse_attention_nope(q, kv, indices, *, topk_length=None, softmax_scale
     Scores scale * q . kv[idx] (scale default 1/sqrt(D)); values kv[idx].
     """
     kv_rows, _, scale = _validate(q, None, kv, None, indices, topk_length, softmax_scale, False)
+    check_flags(return_lse=return_lse)
     out, lse = _attend(q, None, kv_rows, None, indices, topk_length, scale)
     return (out, lse) if return_lse else out
 
@@ -726,6 +727,7 @@ def dsa_sparse_attention(q_latent, q_rope, kv_latent, k_rope, indices, *, topk_l
     """
     kv_rows, kr_rows, scale = _validate(q_latent, q_rope, kv_latent, k_rope, indices, topk_length,
                                         softmax_scale, True)
+    check_flags(return_lse=return_lse)
     out, lse = _attend(q_latent, q_rope, kv_rows, kr_rows, indices, topk_length, scale)
     return (out, lse) if return_lse else out
 

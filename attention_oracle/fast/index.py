@@ -18,7 +18,7 @@ arguments, allocates the rows and the lengths, and launches once.
 """
 import torch
 
-from ..validation import check_index_inputs
+from ..validation import check_flags, check_index_inputs
 from .host import check_device, next_pow2, slot_offsets_pass_int32
 from .kernels import pdl
 from .kernels.index_offset import BAD_BITS, CHECK_BLOCK, offset_gather_kernel
@@ -128,6 +128,7 @@ def offset_gather_kv_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, c
     ``return_topk_length`` also lengths [T] int32: the count of valid slots when compact,
     else the last valid slot + 1 (0 for an empty row). Bad metadata fails (module docstring).
     """
+    check_flags(return_topk_length=return_topk_length)
     result, lengths = offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal=causal,
                                   out=out, compact=compact, topk_length=topk_length)
     if return_topk_length:
@@ -140,6 +141,7 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
     """:func:`offset_gather_kv_indices` returning (rows, lengths); ``key_rows`` (the S of the
     keys the rows will index, named ``key_rows_name`` in errors) also bounds cu_seqlens_k[-1]."""
     T, K = check_index_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, out)
+    check_flags(causal=causal, compact=compact)
     if (gather_kv_indices.is_neg() or cu_seqlens_q.is_neg() or cu_seqlens_k.is_neg()
             or (topk_length is not None and topk_length.is_neg())):
         # a negative-bit view reads as -x from storage holding x (docs/FINDINGS.md F46)

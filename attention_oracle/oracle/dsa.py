@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..validation import check_dsa_inputs, floating_tensor, key_rows
+from ..validation import check_dsa_inputs, check_flags, floating_tensor, key_rows
 from . import flash
 from .apriori import apriori_bounds
 from .flash import ALGORITHMS
@@ -624,6 +624,7 @@ class _DSAFunction(torch.autograd.Function):
 
 
 def _run(ops: _Operands, originals, return_lse: bool, chunk_bytes: int):
+    check_flags(return_lse=return_lse)
     q_latent, q_rope, kv_latent, k_rope = originals
     out, lse = _DSAFunction.apply(q_latent, q_rope, kv_latent, k_rope, ops.indices,
                                   ops.topk_length, ops.scale, chunk_bytes)

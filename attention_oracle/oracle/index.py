@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ..validation import check_index_inputs
+from ..validation import check_flags, check_index_inputs
 
 __all__ = [
     "offset_gather_kv_indices",
@@ -158,6 +158,7 @@ def offset_gather_kv_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, c
         ValueError: wrong rank or shape, cu_seqlens not starting at 0 / decreasing / of
             different lengths, ``cu_seqlens_q[-1] != T``, tensors on different devices.
     """
+    check_flags(causal=causal, compact=compact, return_topk_length=return_topk_length)
     _validate(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, out, topk_length)
     T, _ = gather_kv_indices.shape
     valid = valid_local_slots(gather_kv_indices, cu_seqlens_q, cu_seqlens_k,

@@ -151,6 +151,10 @@ DSA_ROWS = [
      lambda: _rope(q_latent=(T, H, 0), kv_latent=(S, 0)), ValueError, "q_latent"),
     ("q_zero_width", "dsa_sparse_attention_nope", lambda: _nope(q=(T, H, 0), kv=(S, 0)),
      ValueError, "q"),
+    # the options are bools: the string "False" is true, and was taken as such
+    ("return_lse_string", "dsa_sparse_attention_nope", lambda: _nope(return_lse="False"),
+     TypeError, "return_lse"),
+    ("return_lse_int", "dsa_sparse_attention", lambda: _rope(return_lse=1), TypeError, "return_lse"),
 ]
 
 CU_Q, CU_K = (0, 2, 5), (0, 3, 7)
@@ -188,6 +192,12 @@ INDEX_ROWS = [
     ("out_not_tensor", "offset_gather_kv_indices", lambda: _index(out="buffer"), TypeError, "out"),
     ("cu_seqlens_k_other_device", "offset_gather_kv_indices",
      lambda: _index(cu_k=torch.tensor(CU_K, dtype=torch.int32, device="meta")), ValueError, "cu_seqlens_k"),
+    ("causal_string", "offset_gather_kv_indices", lambda: _index(causal="False"), TypeError, "causal"),
+    ("compact_int", "offset_gather_kv_indices", lambda: _index(compact=0), TypeError, "compact"),
+    ("return_topk_length_string", "offset_gather_kv_indices",
+     lambda: _index(return_topk_length="no"), TypeError, "return_topk_length"),
+    ("varlen_causal_string", "dsa_sparse_attention_nope_varlen", lambda: _varlen(causal="False"),
+     TypeError, "causal"),
     ("varlen_kv_not_tensor", "dsa_sparse_attention_nope_varlen", lambda: _varlen(kv=[0.0]), TypeError, "kv"),
     ("varlen_cu_seqlens_k_float", "dsa_sparse_attention_nope_varlen",
      lambda: _varlen(cu_k=torch.tensor([0.0, 3, 7], device=DEVICE)), TypeError, "cu_seqlens_k"),
