@@ -410,3 +410,18 @@ MORE_CONTROLS += [
     ("IndexStridesIgnored", "strided_index_inputs"),
     ("VarlenSegmentStartsStrideIgnored", "varlen_strided_index_inputs"),
 ]
+
+
+class TopkLengthAsSliceEnd(_Base):
+    """A negative topk_length counts from the end of the row, as a Python slice end does
+    (-1: every slot but the last), instead of leaving no slot; lengths past K are right."""
+
+    def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest):
+        if topk_length is not None:
+            K = indices.shape[1]
+            topk_length = torch.where(topk_length < 0, (topk_length.to(torch.int64) + K).clamp(min=0),
+                                      topk_length.to(torch.int64)).to(topk_length.dtype)
+        return super().attend(q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest)
+
+
+MORE_CONTROLS += [("TopkLengthAsSliceEnd", "forward_agreement")]

@@ -550,7 +550,7 @@ def dsa_cases(draw, dtypes_or_caps, *, rope: bool, varlen: bool = False, empty_r
         docs=docs, causal=(draw(st.booleans()) if causal is None else causal) if varlen else False,
         holes=pattern, density=density, invalid=draw(st.sampled_from(("minus_one", "mixed", "mixed"))),
         empty_rows=n_empty, duplicates=n_dup,
-        topk=draw(st.sampled_from(("none", "random", "zeros", "full"))) if topk is None else topk,
+        topk=draw(st.sampled_from(("none", "random", "zeros", "full", "outside"))) if topk is None else topk,
         scale=scale,
         layout_q=draw(st.sampled_from(layouts["q"])),
         layout_q_rope=draw(st.sampled_from(layouts["q_rope"])),
