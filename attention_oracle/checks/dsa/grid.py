@@ -9,7 +9,7 @@ Dimensions (global form):
   ``chunk64`` (slots 64..127 empty), ``alternate``, ``past_s`` (valid slots only past column
   S), ``random`` (half the slots);
 - ``topk``: no topk_length, ``full`` (K), ``minus1`` (K - 1: 64 for K = 65), ``random``,
-  ``zeros``, ``outside`` (lengths below 0 or past K: no slot, every slot);
+  ``zeros`` (the strategy also draws ``outside``: lengths below 0 or past K);
 - ``regime``: ``plain``, ``sharp`` (q spread 30), ``saturating`` (largest |score| 1e4),
   ``low_lse`` (every score moved down by 120: lse below float32's exp range), ``tiny`` (every
   value times 2^-118, all normal: fp32 rows, where the target declares fp32);
@@ -43,7 +43,7 @@ from attention_oracle.judge.registry import Grid
 
 HOLES = ("none", "lead64", "trail64", "chunk64", "alternate", "past_s", "random")
 SMALL_HOLES = ("none", "alternate", "past_s")
-TOPK = ("none", "full", "minus1", "random", "zeros", "outside")
+TOPK = ("none", "full", "minus1", "random", "zeros")
 SMALL_TOPK = ("none", "minus1")
 REGIMES = {"plain": (1.0, 0.0, 0.0, 0), "sharp": (30.0, 0.0, 0.0, 0),
            "saturating": (1.0, 1e4, 0.0, 0), "low_lse": (1.0, 0.0, -120.0, 0),
