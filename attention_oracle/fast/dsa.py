@@ -50,6 +50,7 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from ..validation import FLOAT_DTYPES, check_dsa_inputs, check_flags, key_rows
+from .guards import first_order_only, resolved_neg
 from .host import Choice, cdiv, check_device, next_pow2, slot_offsets_pass_int32
 from .index import offset_rows, pdl_on
 from .kernels import dsa_bwd_gluon, dsa_fwd_gluon
@@ -635,7 +636,7 @@ def _attend(q, q_rope, kv, k_rope, indices, topk_length, scale):
     if (q.is_neg() or kv.is_neg() or indices.is_neg() or (q_rope is not None and q_rope.is_neg())
             or (k_rope is not None and k_rope.is_neg())
             or (topk_length is not None and topk_length.is_neg())):
-        q, q_rope, kv, k_rope, indices, topk_length = _resolved_neg(
+        q, q_rope, kv, k_rope, indices, topk_length = resolved_neg(
             q, q_rope, kv, k_rope, indices, topk_length)
     if topk_length is not None:
         topk_length = topk_length.contiguous()
@@ -644,14 +645,6 @@ def _attend(q, q_rope, kv, k_rope, indices, topk_length, scale):
                                        for x in (q, q_rope, kv, k_rope)):
         return _DsaFunction.apply(q, q_rope, kv, k_rope, indices, topk_length, scale)
     return _forward(q, q_rope, kv, k_rope, indices, topk_length, scale)
-
-
-def _resolved_neg(*tensors):
-    """The tensors with PyTorch's negative bit resolved (copies; autograd passes gradients
-    through): a negative-bit view (the imaginary part of a conjugated complex tensor, say)
-    keeps ``x`` in its storage and reads as ``-x``, while the kernels read the storage
-    (docs/FINDINGS.md F46). None stays None."""
-    return tuple(None if t is None else t.resolve_neg() for t in tensors)
 
 
 class _DsaFunction(torch.autograd.Function):
@@ -671,39 +664,11 @@ class _DsaFunction(torch.autograd.Function):
         if dout is None:
             dout = torch.zeros_like(out)
         elif dout.is_neg():
-            dout, = _resolved_neg(dout)
+            dout, = resolved_neg(dout)
         grads = _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, ctx.scale)
         if torch.is_grad_enabled():  # create_graph=True: the gradients may be differentiated
-            grads = _first_order_only(grads, (q, q_rope, kv, k_rope, dout))
+            grads = first_order_only("fast DSA", grads, (q, q_rope, kv, k_rope, dout))
         return (*grads, None, None, None)
-
-
-class _FirstOrderOnly(torch.autograd.Function):
-    """The identity on the gradients (the first ``n`` tensors), tied to what they depend on (the
-    rest), with a backward that refuses."""
-
-    @staticmethod
-    def forward(ctx, n, *tensors):
-        return tensors[:n]
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise NotImplementedError(
-            "fast DSA: trying to differentiate twice: its backward kernels compute no second "
-            "derivatives (gradients taken with create_graph=True cannot be differentiated again)")
-
-
-def _first_order_only(grads, depends_on):
-    """The kernels' gradients do not require grad, so under create_graph=True they would enter
-    the graph as constants and a loss built on them (a gradient penalty) would lose its share
-    silently; tied to the inputs and dout by :class:`_FirstOrderOnly`, differentiating them
-    raises instead (docs/FINDINGS.md F41). Nothing to tie where nothing requires grad."""
-    deps = [x for x in depends_on if x is not None and x.requires_grad]
-    if not deps:
-        return grads
-    present = [g for g in grads if g is not None]
-    tied = iter(_FirstOrderOnly.apply(len(present), *present, *deps))
-    return tuple(None if g is None else next(tied) for g in grads)
 
 
 def dsa_sparse_attention_nope(q, kv, indices, *, topk_length=None, softmax_scale=None,

@@ -38,6 +38,7 @@ import torch
 from torch.autograd import forward_ad
 
 from ..validation import FLOAT_DTYPES, check_sdpa_inputs
+from .guards import first_order_only, resolved_neg
 from .host import Choice, cdiv, check_device, ensure_scratch_allocator, next_pow2
 from .kernels import sdpa_bwd_gluon, sdpa_fwd_gluon
 from .kernels.sdpa_bwd import (
@@ -609,7 +610,7 @@ class _EagerSdpa(torch.autograd.Function):
         out5, lse_k = _launch_fwd(q, k, v, mask5, is_causal, scale)
         out = _from_rank5(out5, geometry[3])
         # out as returned (not its rank-5 view): saved as this node's output, it leads back to
-        # query, key and value under create_graph=True (:func:`_first_order_only`)
+        # query, key and value under create_graph=True (:func:`fast.guards.first_order_only`)
         ctx.save_for_backward(q, k, v, mask5, out, lse_k)
         ctx.is_causal, ctx.scale = is_causal, scale
         ctx.set_materialize_grads(False)  # lse's gradient stays None (no zeros made, filled)
@@ -623,42 +624,13 @@ class _EagerSdpa(torch.autograd.Function):
             return None, None, None, None, None, None, None
         _refuse_tangents((("dout", dout),))
         if dout.is_neg():
-            dout, = _resolved_neg(dout)
+            dout, = resolved_neg(dout)
         grads = _launch_bwd(_to_rank5(_mergeable(dout), "dout"), q, k, v, mask,
                             _to_rank5(out, "out"), lse_k, ctx.is_causal, ctx.scale)
         grads = tuple(_grad_of_input(g, *shapes) for g, shapes in zip(grads, ctx.shapes))
         if torch.is_grad_enabled():  # create_graph=True
-            grads = _first_order_only(grads, (out, dout))
+            grads = first_order_only("fast SDPA", grads, (out, dout))
         return (*grads, None, None, None, None)
-
-
-class _FirstOrderOnly(torch.autograd.Function):
-    """The identity on the gradients (the first ``n`` tensors), tied to what they depend on (the
-    rest), with a backward that refuses."""
-
-    @staticmethod
-    def forward(ctx, n, *tensors):
-        return tensors[:n]
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise NotImplementedError(
-            "fast SDPA: trying to differentiate twice: its backward kernels compute no second "
-            "derivatives (gradients taken with create_graph=True cannot be differentiated again)")
-
-
-def _first_order_only(grads, depends_on):
-    """The kernels' gradients do not require grad, so under create_graph=True they would enter
-    the graph as constants and a loss built on them (a gradient penalty) would lose its share
-    silently; tied by :class:`_FirstOrderOnly` to what leads back to the inputs (query, key and
-    value, or the call's saved out) and to dout, differentiating them raises instead
-    (docs/FINDINGS.md F51). Nothing to tie where nothing requires grad."""
-    deps = [x for x in depends_on if x is not None and x.requires_grad]
-    if not deps:
-        return grads
-    present = [g for g in grads if g is not None]
-    tied = iter(_FirstOrderOnly.apply(len(present), *present, *deps))
-    return tuple(None if g is None else next(tied) for g in grads)
 
 
 def _grad_of_input(g5, shape, expanded_shape):
@@ -996,14 +968,14 @@ class _PlannedSdpa(torch.autograd.Function):
             return None, None, None, None
         _refuse_tangents((("dout", dout),))
         if dout.is_neg():
-            dout, = _resolved_neg(dout)
+            dout, = resolved_neg(dout)
         plan, saved = ctx.plan, ctx.saved_tensors
         if not plan.saved_as_made(*saved):
             grads = plan.backward_relaid(_mergeable(dout), *saved)
         else:
             grads = plan.backward(_mergeable(dout), *saved)
         if torch.is_grad_enabled():  # create_graph=True
-            grads = _first_order_only(grads, (*saved[:3], dout))
+            grads = first_order_only("fast SDPA", grads, (*saved[:3], dout))
         return (*grads, None)
 
 
@@ -1119,14 +1091,6 @@ def _needs_grad(query, key, value):
         query.requires_grad or key.requires_grad or value.requires_grad)
 
 
-def _resolved_neg(*tensors):
-    """The tensors with PyTorch's negative bit resolved (copies; autograd passes gradients
-    through): a negative-bit view (the imaginary part of a conjugated complex tensor, say) keeps
-    ``x`` in its storage and reads as ``-x``, while the kernels read the storage
-    (docs/FINDINGS.md F53). None stays None; a tensor without the bit is returned as is."""
-    return tuple(None if t is None else t.resolve_neg() for t in tensors)
-
-
 def _refuse_tangents(named):
     """Under a forward-mode AD level (``forward_ad.dual_level``), refuse a tensor with a tangent
     by name: the kernels compute no Jacobian-vector product, and a result that carried none
@@ -1165,7 +1129,7 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
     batch, hq, hkv, hv, scale = checked
     if not compiling and (query.is_neg() or key.is_neg() or value.is_neg()
                           or (attn_mask is not None and attn_mask.is_neg())):
-        query, key, value, attn_mask = _resolved_neg(query, key, value, attn_mask)
+        query, key, value, attn_mask = resolved_neg(query, key, value, attn_mask)
     if hkv != hv:
         key, value, hkv = _common_kv_heads(key, value, hkv, hv)
     L, S, E = query.shape[-2], key.shape[-2], query.shape[-1]
