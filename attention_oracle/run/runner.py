@@ -47,7 +47,8 @@ def run_check(check, target: Target, case) -> bool:
         judged = _run_check(check, target, case)
     except Exception as exc:
         if sink is not None and not isinstance(exc, OracleMismatch):
-            sink.case_worst = float("inf")
+            # an error has no ratio: the case and the test both show inf, never a passing 0
+            sink.case_worst = sink.worst = float("inf")
         record.end_case(check_name(check, case), case.to_json())
         fuzzing.note_failure(check_name(check, case), case.to_json(), exc)
         raise

@@ -61,3 +61,43 @@ def test_isolated_runs_are_recorded_under_the_function_they_call():
         record.close_sink(token)
     assert ran is False
     assert sink.functions == {"scaled_dot_product_attention"} and sink.refused == 1, sink.as_dict()
+
+
+class _Crashes:
+    """An SDPA whose every call raises an error other than a refusal or a mismatch."""
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        raise RuntimeError("kernel crashed")
+
+
+def test_an_error_shows_an_infinite_worst_ratio():
+    """A test failed by an error (no ratio judged) shows worst ratio inf, not the 0 of a test
+    that judged nothing wrong. Negative control: the same case on the oracle leaves it below 1."""
+    import pytest
+
+    from attention_oracle.checks.catalogue import load_case
+    from attention_oracle.checks.sdpa import checks as sdpa_checks
+    from attention_oracle.judge import record
+    from attention_oracle.judge.targets import Target, load
+    from attention_oracle.run.runner import run_check
+    case = load_case({"E": 8, "Ev": 8, "L": 2, "S": 3, "area": "sdpa", "batch": [1],
+                      "causal": False, "dtype": "float32", "empty_rows": 0, "gqa": False,
+                      "hkv": 1, "hq": 1, "layout_dout": "contiguous", "layout_k": "contiguous",
+                      "layout_q": "contiguous", "layout_v": "contiguous", "mask": "none",
+                      "scale": None, "seed": 0, "value_scale": 1.0})
+    check = sdpa_checks.CHECKS["forward_agreement"]
+    worst = {}
+    for name, target in (("oracle", load("oracle")), ("crashes", Target("crashes", _Crashes()))):
+        sink, token = record.open_sink()
+        try:
+            if name == "crashes":
+                with pytest.raises(RuntimeError, match="kernel crashed"):
+                    run_check(check, target, case)
+            else:
+                assert run_check(check, target, case)
+        finally:
+            record.close_sink(token)
+        worst[name] = (sink.worst, sink.judged[-1][2])
+    assert worst["oracle"][0] < 1 and worst["oracle"][1] < 1, worst
+    assert worst["crashes"] == (float("inf"), float("inf")), worst
