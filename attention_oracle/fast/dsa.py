@@ -68,7 +68,7 @@ _FP32 = Choice("ATTENTION_ORACLE_FAST_DSA_FP32", FP32_MODES, "bf16x6")
 FWD_BACKENDS = ("triton", "gluon")
 _FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_FWD", FWD_BACKENDS, "gluon")
 BWD_BACKENDS = ("triton", "gluon")
-_BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_BWD", BWD_BACKENDS, "triton")
+_BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_BWD", BWD_BACKENDS, "gluon")
 # the Gluon kernels, turned off for the process if they fail to build on this Triton
 GLUON_FWD = BuildGuard("fast.dsa's Gluon forward (kernels/dsa_fwd_gluon.py)")
 GLUON_BWD = BuildGuard("fast.dsa's Gluon backward (kernels/dsa_bwd_gluon.py)")
@@ -90,8 +90,9 @@ def set_backward_backend(backend):
     """The 16-bit backward kernel of later calls: "triton" (every input) or "gluon" (the
     Hopper warp-specialised kernel of :mod:`fast.kernels.dsa_bwd_gluon` wherever it applies:
     the forward's conditions, with out and dout as q); a backward tile put first by
-    ``set_configs`` keeps the Triton kernel. Default: $ATTENTION_ORACLE_FAST_DSA_BWD or
-    "triton". Returns the previous backend."""
+    ``set_configs`` keeps the Triton kernel. H100: 1.5-2.1x the Triton backward on the
+    production problems (docs/PERFORMANCE.md "DSA, bf16"). Default:
+    $ATTENTION_ORACLE_FAST_DSA_BWD or "gluon". Returns the previous backend."""
     return _BWD_BACKEND.set(backend)
 
 
