@@ -103,6 +103,7 @@ def measure_backward(p, reps):
     flop = BWD_FLOP * p["valid"]
     out = fast_forward(p, xs)
     grads = {}
+    previous = fdsa.set_backward_backend("triton")
     for backend in fdsa.BWD_BACKENDS:
         fdsa.set_backward_backend(backend)
         grads[backend] = torch.autograd.grad(out, xs, p["dout"], retain_graph=True)
@@ -120,7 +121,7 @@ def measure_backward(p, reps):
     for i, name in enumerate(("dq_rope", "dkv_latent", "dk_rope")):
         ref = grads["triton"][i + 1].double()
         row["gluon"][f"{name}_vs_triton"] = rel_error(grads["gluon"][i + 1], ref)
-    fdsa.set_backward_backend("triton")
+    fdsa.set_backward_backend(previous)
     return row
 
 

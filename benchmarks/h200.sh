@@ -20,7 +20,7 @@
 #                preparation, PDL), then benchmarks.dsa_gluon (the forward's Triton and Gluon
 #                backends side by side); FP32=1 adds the fp32 section, TUNE=a,b,... runs
 #                benchmarks.dsa_tune on those candidates first
-#   dsabwd       the opt-in Gluon DSA backward: its GPU tests (tests/fast/test_fast_dsa_gluon.py
+#   dsabwd       the Gluon DSA backward (the default): its GPU tests (tests/fast/test_fast_dsa_gluon.py
 #                -k backward), then benchmarks.dsa_gluon --backward (Triton and Gluon backwards
 #                side by side, with their gradient errors), then the conformance DSA checks under it
 #   sdpabwd      the opt-in Gluon SDPA backward: its GPU tests (tests/fast/test_fast_sdpa_gluon.py
