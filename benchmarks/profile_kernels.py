@@ -12,9 +12,9 @@ sdpa_fwd_fast / sdpa_fwd_cudnn (B 4, H 32, L 4096, D 128), sdpa_bwd_fast / sdpa_
 (the backward of the same), sdpa_bwd_fast_atomic / sdpa_bwd_fast_atomic_element (fast's backward
 under those dQ modes, ``set_dq_mode``), dsa_fwd_fast / dsa_bwd_fast (doc_16384, H 64, 512 + 64, top-k 2048;
 the default forward, Gluon on sm_90), dsa_fwd_fast_triton (the Triton forward; the backend stays
-"triton" for the workloads after it), dsa_fwd_fast_packed (the default forward on packed_glm_a),
-sdpa_bwd_gluon / dsa_bwd_gluon (the opt-in Gluon backwards, ``set_backward_backend("gluon")``,
-on the sdpa_bwd / dsa_bwd workloads),
+"triton" for the workloads after it), dsa_fwd_fast_packed / dsa_bwd_fast_packed (the default forward and backward on packed_glm_a),
+sdpa_bwd_gluon / dsa_bwd_gluon (the Gluon backwards, ``set_backward_backend("gluon")``, on the
+sdpa_bwd / dsa_bwd workloads: opt-in for SDPA, DSA's default),
 sdpa_fp32_fwd_{accurate,tf32x3} / sdpa_fp32_bwd_{accurate,tf32x3} / sdpa_fp32_bwd_torch
 (fp32, B 2, H 16, L 2048, D 128).
 """
@@ -116,6 +116,7 @@ WORKLOADS = {
     "dsa_fwd_fast_triton": lambda: _dsa(False, "triton"),
     "dsa_fwd_fast_packed": lambda: _dsa(False, problem="packed_glm_a"),
     "dsa_bwd_fast": lambda: _dsa(True),
+    "dsa_bwd_fast_packed": lambda: _dsa(True, problem="packed_glm_a"),
     "sdpa_bwd_gluon": lambda: _gluon_backward(fast_sdpa, lambda: _sdpa("fast", True)),
     "dsa_bwd_gluon": lambda: _gluon_backward(_dsa_module(), lambda: _dsa(True)),
     "sdpa_fp32_fwd_accurate": lambda: _sdpa("fast", False, **FP32),
