@@ -320,3 +320,51 @@ def test_a_gluon_forward_that_does_not_build_falls_back(monkeypatch):
         fdsa.set_forward_backend(previous)
     assert len(attempts) == 1
     assert torch.equal(got, want) and torch.equal(again, want)
+
+
+def test_a_gluon_backward_that_does_not_build_falls_back(monkeypatch):
+    """The backward's guard, now that "gluon" is the default (the kernel stubbed to fail as a
+    build does, on every machine): the gradients are the Triton backward's, with one warning,
+    and later calls skip the Gluon kernel. Negative control: the stub really was called."""
+    from triton.runtime.errors import OutOfResources
+    attempts = []
+
+    def fails(*args):
+        attempts.append(args[0].shape)
+        raise OutOfResources(300000, 232448, "shared memory")
+
+    monkeypatch.setattr(dsa_bwd_gluon, "applies", lambda *args: True)
+    monkeypatch.setattr(dsa_bwd_gluon, "launch", fails)
+    monkeypatch.setattr(fdsa, "GLUON_BWD", fdsa.BuildGuard("the stub"))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, qr, kv, kr, idx = _tensors(T=2, H=2, DL=16, DR=8, S=5, K=4, dtype=torch.float16,
+                                  device=device)
+    q.normal_()
+    kv.normal_()
+    leaves = [x.requires_grad_(True) for x in (q, qr, kv, kr)]
+
+    def grads():
+        out = fdsa.dsa_sparse_attention(*leaves, idx)
+        return torch.autograd.grad(out.float().sum(), leaves)
+
+    previous = fdsa.set_backward_backend("triton")
+    try:
+        want = grads()
+        fdsa.set_backward_backend("gluon")
+        with pytest.warns(RuntimeWarning, match="the stub failed to build"):
+            got = grads()
+        again = grads()
+    finally:
+        fdsa.set_backward_backend(previous)
+    assert len(attempts) == 1
+    for w, g, a in zip(want, got, again):  # the key gradients' atomics may add in any order
+        torch.testing.assert_close(g, w)
+        torch.testing.assert_close(a, w)
+
+
+def test_the_gluon_backward_is_the_default():
+    """Where no environment variable chooses, the 16-bit backward backend is "gluon"."""
+    import os
+    if os.environ.get("ATTENTION_ORACLE_FAST_DSA_BWD"):
+        pytest.skip("ATTENTION_ORACLE_FAST_DSA_BWD chooses the backend in this process")
+    assert fdsa.settings()["backward_backend"] == "gluon"
