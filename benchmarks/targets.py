@@ -14,7 +14,8 @@ and whether it is met. A target is **met** when every judged cell is, **missed**
 not (the worst cell and its shortfall are named), and **not measured** when no file carried
 any of its figures, printed as loudly as a miss: a scorecard that judged nothing has verified
 nothing. Cells of an opt-in mode (a backend that is not fast's default) are shown beside the
-default's with their own verdict, but only the default's cells decide the target. A section a
+default's with their own verdict, but only the default's cells decide the target (the default
+a JSON ran under is what it recorded, ``fast_settings``, else the one named here). A section a
 benchmark recorded as an error is a cell that was not measured, named with its error.
 """
 from __future__ import annotations
@@ -37,6 +38,8 @@ INDEX_T = (4096, 16384)
 # fast's defaults where a JSON does not record the settings it ran under (fast.sdpa.settings(),
 # fast.dsa.settings() record them since they exist)
 SDPA_FP32_DEFAULT, DSA_FP32_DEFAULT = "tf32x3", "bf16x6"
+SDPA_BWD_DEFAULT, DSA_BWD_DEFAULT = "triton", "gluon"
+BWD_BACKENDS = ("triton", "gluon")  # the backwards the Gluon backward benchmarks time side by side
 
 
 @dataclass
@@ -174,12 +177,20 @@ def sdpa_step(files):
         for p in data["points"]:
             _ratio_cells(t, p.get("fwdbwd"), _point_where(p), SDPA_STEP, path)
     for _, path, data in _of(files, "sdpa_gluon_bwd"):
+        default = _settings(data, "sdpa", "backward_backend", SDPA_BWD_DEFAULT)
         for r in data["rows"]:
             where = f"D {r['D']} L {r['L']} {'causal' if r['causal'] else 'full'}"
-            for i, method in enumerate(("queued", "synced")):
-                t.cells.append(Cell(where, method, r["gluon_step_over_cudnn"][i], SDPA_STEP,
-                                    source=path, aside="opt-in Gluon backward"))
+            for backend in BWD_BACKENDS:
+                ratios = r.get(f"{backend}_step_over_cudnn")
+                for i, method in enumerate(("queued", "synced")):
+                    t.cells.append(Cell(where, method, ratios[i] if ratios else None, SDPA_STEP,
+                                        source=path, aside=_not_default(backend, default)))
     return t
+
+
+def _not_default(backend, default):
+    """A backward backend's cells decide only where it was fast's default in that run."""
+    return "" if backend == default else f"{backend} backward (not the default)"
 
 
 def _ratio_cells(t, phase, where, bound, path):
@@ -223,11 +234,14 @@ def dsa_speed(files, phase, bound):
                                     source=path, error=error))
     if phase == "bwd":
         for _, path, data in _of(files, "dsa_gluon_bwd"):
+            default = _settings(data, "dsa", "backward_backend", DSA_BWD_DEFAULT)
             for problem in DSA_PROBLEMS:
-                row = data.get(problem, {}).get("gluon")
-                for method in ("queued", "synced"):
-                    t.cells.append(Cell(problem, method, row.get(f"{method}_tflops") if row else None,
-                                        bound, source=path, aside="opt-in Gluon backward"))
+                for backend in BWD_BACKENDS:
+                    row = data.get(problem, {}).get(backend)
+                    for method in ("queued", "synced"):
+                        t.cells.append(Cell(f"{problem} ({backend})", method,
+                                            row.get(f"{method}_tflops") if row else None, bound,
+                                            source=path, aside=_not_default(backend, default)))
     return t
 
 

@@ -71,7 +71,8 @@ def outputs(tmp_path):
         "packed_glm_a": {"triton": {"queued_tflops": 120, "dq_rel_err": 1e-3},
                          "gluon": {"queued_tflops": 210, "synced_tflops": 190}}})
     _write(tmp_path, "sdpabwd/sdpa_gluon_bwd.json", {"device": "H200", "rows": [
-        {"D": 128, "L": 4096, "causal": False, "gluon_step_over_cudnn": [1.01, 0.99]}]})
+        {"D": 128, "L": 4096, "causal": False, "gluon_step_over_cudnn": [1.01, 0.99],
+         "triton_step_over_cudnn": [0.96, 0.95]}]})
     _write(tmp_path, "gluon.json", [{"host_us": {"triton": 16.4, "gluon": 31.0,
                                                  "gluon_tma_cache": 15.0, "D": 128}}])
     _write(tmp_path, "triton_cache/kernel.json", {"name": "sdpa_fwd_kernel", "num_warps": 4})
@@ -108,11 +109,15 @@ def test_every_cell_at_its_bound_meets_the_target(outputs):
 def test_aside_cells_are_shown_but_do_not_decide(outputs):
     named = _by_name(outputs)
     bwd = named["dsa_backward"]
-    assert bwd.verdict() == "missed"  # the default (Triton) backward: 120-141
-    aside = [c for c in bwd.cells if c.aside]
-    assert [c.met for c in aside] == [True, True, True, False]  # packed_glm_a synced 190
+    assert bwd.verdict() == "missed"  # benchmarks.dsa's default backward: 120-141
+    gluon = [c for c in bwd.cells if "(gluon)" in c.where]  # the default where none is recorded
+    assert not any(c.aside for c in gluon)
+    assert [c.met for c in gluon] == [True, True, True, False]  # packed_glm_a synced 190
+    assert all(c.aside for c in bwd.cells if "(triton)" in c.where)
     step = named["sdpa_step"]
     assert step.verdict() == "missed" and step.worst().value == 0.90
+    assert [c.aside for c in step.cells if c.source.endswith("sdpa_gluon_bwd.json")] == [
+        ""] * 2 + ["gluon backward (not the default)"] * 2  # the Triton backward decides
     host = named["sdpa_ws_default"]
     assert host.verdict() == "missed"
     cache = [c for c in host.cells if c.aside]
@@ -166,3 +171,16 @@ def test_cli_writes_every_cell_with_its_verdict(outputs, tmp_path, capsys):
     assert all({"where", "method", "value", "bound", "met", "source"} <= set(c)
                for t in card["targets"] for c in t["cells"])
     assert "MISS" in capsys.readouterr().out
+
+
+def test_the_backward_a_json_ran_as_default_is_the_one_judged(tmp_path):
+    """A Gluon backward benchmark run while the Triton backward was the default (its
+    ``fast_settings``) is judged on the Triton rows; the Gluon rows are shown beside."""
+    rows = {"triton": {"queued_tflops": 130, "synced_tflops": 129, "dq_rel_err": 1e-3},
+            "gluon": {"queued_tflops": 270, "synced_tflops": 264}}
+    _write(tmp_path, "dsa_gluon_bwd.json", {
+        "device": "H100", "fast_settings": {"dsa": {"backward_backend": "triton"}},
+        "doc_16384": rows, "packed_glm_a": rows})
+    t = _by_name(targets.load([str(tmp_path)]))["dsa_backward"]
+    assert t.verdict() == "missed" and {c.value for c in t.judged()} == {130, 129}
+    assert {c.value for c in t.cells if c.aside} == {270, 264}
