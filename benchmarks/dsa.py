@@ -13,7 +13,8 @@ rows packed in one [S, 576] buffer, head-major dout).
   ``queued`` by do_bench, ``synced`` with events and a sync around every call); FLOPs count
   valid slots only: forward 2*H*(Dqk+Dv), backward 2*H*(3*Dqk+2*Dv) per valid slot;
 - the NoPE rows (H 64, D 512, top-k 2048; ``nope_rows``): a 16k document whose rows have a
-  100%-hole gap region, and 264 documents of 992 tokens at 75.8% holes with a fixed tail,
+  100%-hole gap region, and 264 documents of 992 tokens (fewer where the device's memory
+  holds fewer: ``nope_docs_that_fit``, the row named by its count) at 75.8% holes with a fixed tail,
   each with compaction on and off (the speedup of forward, backward and step);
 - host overhead per call at a tiny shape (forward, index preparation);
 - a hole sweep (0, 50, 75.8, 100 % holes) with compaction on and off;
@@ -250,16 +251,26 @@ def measure_nope(p, reps):
     return row
 
 
+def nope_docs_that_fit(doc, most=264):
+    """Documents of ``doc`` tokens for the many-documents NoPE row: ``most`` (264: 16 GiB per
+    [T, H, D] bf16 tensor, about 85 GiB at the peak of measure_nope, so 264 on an H200), fewer
+    where the free memory holds fewer (six such tensors per token, with a fifth kept free)."""
+    free, _ = torch.cuda.mem_get_info()
+    per_doc = 6 * H * DL * 2 * doc
+    return max(1, min(most, int(0.8 * free) // per_doc))
+
+
 def nope_rows(gen, reps):
     out = {}
     p = nope_problem("nope_gap_16384", [0, 16384], nope_gap_local(16384, gen), gen)
     out["nope_gap_16384"] = measure_nope(p, reps)
     del p
     torch.cuda.empty_cache()
-    n, doc = 264, 992
-    p = nope_problem("nope_264x992", [doc * i for i in range(n + 1)], nope_docs_local(n, doc, gen),
-                     gen)
-    out["nope_264x992"] = measure_nope(p, reps)
+    doc = 992
+    n = nope_docs_that_fit(doc)
+    name = f"nope_{n}x{doc}"
+    p = nope_problem(name, [doc * i for i in range(n + 1)], nope_docs_local(n, doc, gen), gen)
+    out[name] = measure_nope(p, reps)
     del p
     torch.cuda.empty_cache()
     return out
