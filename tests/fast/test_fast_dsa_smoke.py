@@ -221,6 +221,20 @@ def test_strided_topk_length_and_indices(rope):
     check_case(c, idx=strided_indices(c["idx"])["transposed"])
 
 
+def run_alone(script, *args, allocation=None):
+    """Run the Python source ``script`` (with ``args``) in a fresh process from the repository
+    root, so that a fault (a segfault, an illegal address) fails the calling test alone. Exit
+    status 3 is the script saying the machine refused ``allocation``: a skip, where named."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", script, *args], cwd=root, capture_output=True,
+                       text=True, timeout=600)
+    if r.returncode == 3 and allocation:
+        pytest.skip(f"this machine refuses {allocation}: {r.stdout.strip()}")
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1000:]} {r.stderr[-2000:]}"
+
+
 HEAD_OFFSETS_PAST_INT32 = """
 import sys
 import torch
@@ -265,14 +279,7 @@ def test_head_offsets_past_int32():
     2**31, which the kernels' int32 head offsets wrapped (a read 4 GB before the tensor: a
     segfault under the interpreter, an illegal address on the GPU; docs/FINDINGS.md F35). Run in
     a subprocess, so that a fault fails this test alone."""
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = subprocess.run([sys.executable, "-c", HEAD_OFFSETS_PAST_INT32, DEVICE], cwd=root,
-                       capture_output=True, text=True, timeout=600)
-    if r.returncode == 3:
-        pytest.skip(f"this machine refuses a 4.3 GB virtual allocation: {r.stdout.strip()}")
-    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1000:]} {r.stderr[-2000:]}"
+    run_alone(HEAD_OFFSETS_PAST_INT32, DEVICE, allocation="a 4.3 GB virtual allocation")
 
 
 CHANNEL_OFFSETS_PAST_INT32 = """
@@ -326,14 +333,7 @@ def test_channel_offsets_past_int32():
     offset passes 2**31, which the kernels formed in int32 (a read 4 GB before the tensor: a
     segfault under the interpreter; docs/FINDINGS.md F40). Run in a subprocess, so that a fault
     fails this test alone."""
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = subprocess.run([sys.executable, "-c", CHANNEL_OFFSETS_PAST_INT32, DEVICE], cwd=root,
-                       capture_output=True, text=True, timeout=600)
-    if r.returncode == 3:
-        pytest.skip(f"this machine refuses an 8.6 GB virtual allocation: {r.stdout.strip()}")
-    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1000:]} {r.stderr[-2000:]}"
+    run_alone(CHANNEL_OFFSETS_PAST_INT32, DEVICE, allocation="an 8.6 GB virtual allocation")
 
 
 def test_indices_whose_slot_offsets_pass_int32_are_copied():
@@ -713,12 +713,7 @@ def test_even_d_tiles_with_a_zero_width_rope_part():
     kernels gathered 16 rope columns under the slot mask alone, from k_rope's data pointer,
     which torch gives as 0 for a tensor of no elements (a segfault under the interpreter;
     docs/FINDINGS.md F43). In a subprocess, so that a fault fails this test alone."""
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = subprocess.run([sys.executable, "-c", ZERO_WIDTH_ROPE_EVEN_D], cwd=root,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"exit {r.returncode}: {r.stdout[-1000:]} {r.stderr[-2000:]}"
+    run_alone(ZERO_WIDTH_ROPE_EVEN_D)
 
 
 def test_int32_rows_only_where_offsets_fit():
