@@ -291,9 +291,11 @@ def test_backward_applies_off_sm90_never():
     assert not dsa_bwd_gluon.applies(q, qr, kv, kr, idx, q, q)
 
 
-def test_a_gluon_forward_that_does_not_build_falls_back(monkeypatch):
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_a_gluon_kernel_that_does_not_build_falls_back(direction, monkeypatch):
     """On every machine (the kernel stubbed to fail as a build does): the call returns the
-    Triton forward's result, with one warning, and later calls skip the Gluon kernel."""
+    Triton kernel's result (the output, or the gradients: the default backward is Gluon's),
+    with one warning, and later calls skip the Gluon kernel; the stub really was called."""
     from triton.runtime.errors import OutOfResources
     attempts = []
 
@@ -301,65 +303,40 @@ def test_a_gluon_forward_that_does_not_build_falls_back(monkeypatch):
         attempts.append(args[0].shape)
         raise OutOfResources(300000, 232448, "shared memory")
 
-    monkeypatch.setattr(dsa_fwd_gluon, "applies", lambda *args: True)
-    monkeypatch.setattr(dsa_fwd_gluon, "launch", fails)
-    monkeypatch.setattr(fdsa, "GLUON_FWD", fdsa.BuildGuard("the stub"))
+    kernel, guard, set_backend = {
+        "forward": (dsa_fwd_gluon, "GLUON_FWD", fdsa.set_forward_backend),
+        "backward": (dsa_bwd_gluon, "GLUON_BWD", fdsa.set_backward_backend)}[direction]
+    monkeypatch.setattr(kernel, "applies", lambda *args: True)
+    monkeypatch.setattr(kernel, "launch", fails)
+    monkeypatch.setattr(fdsa, guard, fdsa.BuildGuard("the stub"))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     q, qr, kv, kr, idx = _tensors(T=2, H=2, DL=16, DR=8, S=5, K=4, dtype=torch.float16,
                                   device=device)
     q.normal_()
     kv.normal_()
-    previous = fdsa.set_forward_backend("triton")
-    try:
-        want = fdsa.dsa_sparse_attention(q, qr, kv, kr, idx)
-        fdsa.set_forward_backend("gluon")
-        with pytest.warns(RuntimeWarning, match="the stub failed to build"):
-            got = fdsa.dsa_sparse_attention(q, qr, kv, kr, idx)
-        again = fdsa.dsa_sparse_attention(q, qr, kv, kr, idx)
-    finally:
-        fdsa.set_forward_backend(previous)
-    assert len(attempts) == 1
-    assert torch.equal(got, want) and torch.equal(again, want)
+    leaves = [x.requires_grad_(direction == "backward") for x in (q, qr, kv, kr)]
 
-
-def test_a_gluon_backward_that_does_not_build_falls_back(monkeypatch):
-    """The backward's guard, now that "gluon" is the default (the kernel stubbed to fail as a
-    build does, on every machine): the gradients are the Triton backward's, with one warning,
-    and later calls skip the Gluon kernel. Negative control: the stub really was called."""
-    from triton.runtime.errors import OutOfResources
-    attempts = []
-
-    def fails(*args):
-        attempts.append(args[0].shape)
-        raise OutOfResources(300000, 232448, "shared memory")
-
-    monkeypatch.setattr(dsa_bwd_gluon, "applies", lambda *args: True)
-    monkeypatch.setattr(dsa_bwd_gluon, "launch", fails)
-    monkeypatch.setattr(fdsa, "GLUON_BWD", fdsa.BuildGuard("the stub"))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    q, qr, kv, kr, idx = _tensors(T=2, H=2, DL=16, DR=8, S=5, K=4, dtype=torch.float16,
-                                  device=device)
-    q.normal_()
-    kv.normal_()
-    leaves = [x.requires_grad_(True) for x in (q, qr, kv, kr)]
-
-    def grads():
+    def result():
         out = fdsa.dsa_sparse_attention(*leaves, idx)
+        if direction == "forward":
+            return (out,)
         return torch.autograd.grad(out.float().sum(), leaves)
 
-    previous = fdsa.set_backward_backend("triton")
+    previous = set_backend("triton")
     try:
-        want = grads()
-        fdsa.set_backward_backend("gluon")
+        want = result()
+        set_backend("gluon")
         with pytest.warns(RuntimeWarning, match="the stub failed to build"):
-            got = grads()
-        again = grads()
+            got = result()
+        again = result()
     finally:
-        fdsa.set_backward_backend(previous)
+        set_backend(previous)
     assert len(attempts) == 1
-    for w, g, a in zip(want, got, again):  # the key gradients' atomics may add in any order
-        torch.testing.assert_close(g, w)
-        torch.testing.assert_close(a, w)
+    # the same bits forward; the backward's key gradients add atomically, in any order
+    tolerance = {"rtol": 0, "atol": 0} if direction == "forward" else {}
+    for w, g, a in zip(want, got, again):
+        torch.testing.assert_close(g, w, **tolerance)
+        torch.testing.assert_close(a, w, **tolerance)
 
 
 def test_the_gluon_backward_is_the_default():
