@@ -14,7 +14,8 @@ under those dQ modes, ``set_dq_mode``), dsa_fwd_fast / dsa_bwd_fast (doc_16384, 
 the default forward, Gluon on sm_90), dsa_fwd_fast_triton (the Triton forward; the backend stays
 "triton" for the workloads after it), dsa_fwd_fast_packed / dsa_bwd_fast_packed (the default forward and backward on packed_glm_a),
 sdpa_bwd_gluon / dsa_bwd_gluon (the Gluon backwards, ``set_backward_backend("gluon")``, on the
-sdpa_bwd / dsa_bwd workloads: opt-in for SDPA, DSA's default),
+sdpa_bwd / dsa_bwd workloads: opt-in for SDPA, DSA's default), dsa_bwd_triton (the Triton DSA
+backward on the dsa_bwd workload),
 sdpa_fp32_fwd_{accurate,tf32x3} / sdpa_fp32_bwd_{accurate,tf32x3} / sdpa_fp32_bwd_torch
 (fp32, B 2, H 16, L 2048, D 128).
 """
@@ -86,17 +87,17 @@ def _dsa(backward, forward_backend=None, problem="doc_16384"):
     return run_backward
 
 
-def _gluon_backward(module, make):
-    """The workload ``make()`` with ``module``'s backward backend "gluon" during its calls."""
+def _backward_on(module, backend, make):
+    """The workload ``make()`` with ``module``'s backward backend ``backend`` during its calls."""
     run = make()
 
-    def run_gluon():
-        previous = module.set_backward_backend("gluon")
+    def run_on():
+        previous = module.set_backward_backend(backend)
         try:
             run()
         finally:
             module.set_backward_backend(previous)
-    return run_gluon
+    return run_on
 
 
 def _dsa_module():
@@ -117,8 +118,9 @@ WORKLOADS = {
     "dsa_fwd_fast_packed": lambda: _dsa(False, problem="packed_glm_a"),
     "dsa_bwd_fast": lambda: _dsa(True),
     "dsa_bwd_fast_packed": lambda: _dsa(True, problem="packed_glm_a"),
-    "sdpa_bwd_gluon": lambda: _gluon_backward(fast_sdpa, lambda: _sdpa("fast", True)),
-    "dsa_bwd_gluon": lambda: _gluon_backward(_dsa_module(), lambda: _dsa(True)),
+    "sdpa_bwd_gluon": lambda: _backward_on(fast_sdpa, "gluon", lambda: _sdpa("fast", True)),
+    "dsa_bwd_gluon": lambda: _backward_on(_dsa_module(), "gluon", lambda: _dsa(True)),
+    "dsa_bwd_triton": lambda: _backward_on(_dsa_module(), "triton", lambda: _dsa(True)),
     "sdpa_fp32_fwd_accurate": lambda: _sdpa("fast", False, **FP32),
     "sdpa_fp32_fwd_tf32x3": lambda: _sdpa("fast", False, **FP32),
     "sdpa_fp32_fwd_torch": lambda: _sdpa("torch", False, **FP32),
