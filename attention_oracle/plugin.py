@@ -60,6 +60,15 @@ _TABLE = report.Table()
 _OUTCOMES: dict = {}
 
 
+def _budget_defaults() -> str:
+    """Each profile's default check budget, as --help states it (from profiles.CHECK_BUDGET)."""
+    parts = []
+    for name, seconds in profiles.CHECK_BUDGET.items():
+        spared = ", sparing the covering grid" if profiles.GRID_SPARED.get(name) else ""
+        parts.append(f"{name} {'none' if seconds is None else f'{seconds:g}'}{spared}")
+    return "; ".join(parts)
+
+
 def pytest_addoption(parser):
     group = parser.getgroup("attention-oracle")
     group.addoption("--impl", action="append", default=[], metavar="NAME",
@@ -70,7 +79,7 @@ def pytest_addoption(parser):
     group.addoption("--oracle-check-budget", metavar="SECONDS", type=float, default=None,
                     help="wall time of one check's search: once spent, the search stops before its "
                          "next example and the verdict is what was judged (noted 'budget reached'); "
-                         "0: none (default: ci 20, sparing the covering grid; dev 60, gpu 120, fuzz none)")
+                         "0: none (default: " + _budget_defaults() + ")")
     group.addoption("--oracle-failures", metavar="FILE", default=None,
                     help="append every failure (full text) and skip reason to FILE as it "
                          "happens: survives an interrupted run")
