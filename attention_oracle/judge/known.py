@@ -226,4 +226,18 @@ def _labels(entries) -> str:
 
 def _outside(entries, name: str) -> str:
     return (f"outside the known signature of {', '.join(dict.fromkeys(a.finding for a in entries))} "
-            f"({_labels(entries)}; not {name})")
+            f"({_labels(entries)}; not {name}){_near_misses(entries, name)}")
+
+
+def _near_misses(entries, name: str) -> str:
+    """A hint where an entry's signature names ``name`` but for case or punctuation ("dQ",
+    "dq-latent": a slip that leaves the entry excusing nothing; two real outputs never differ
+    so): '' if none does."""
+    def bare(text):
+        return "".join(ch for ch in text.lower() if ch.isalnum())
+    slips = [o for a in entries for o in a.signature.outputs
+             if o != ANY and o != name and bare(o) == bare(name)]
+    if not slips:
+        return ""
+    return (f"\n  a signature names {', '.join(repr(o) for o in dict.fromkeys(slips))}, not "
+            f"{name!r}: output names are matched exactly")

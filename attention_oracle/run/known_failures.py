@@ -19,7 +19,9 @@ read by the same loader::
     signature = {outputs = ["out"], rows = "fully_masked"}   # optional (default: any output)
     reason = "tail tile reads one key too many"
 
-``signature`` (``judge/known.py``): ``outputs`` the outputs it excuses, ``rows`` a row selector
+``signature`` (``judge/known.py``): ``outputs`` the outputs it excuses (names matched exactly:
+a failure outside a signature that names its output but for case or punctuation says so),
+``rows`` a row selector
 of the check's area (SDPA: ``fully_masked``, ``finfo_min``; without it every element of those
 outputs), ``confirm`` an ``area.check`` that must pass on the same case in a fresh process (a
 mechanism finding). Only the elements inside the signature are excused: the Judge re-judges

@@ -86,3 +86,21 @@ def test_the_suites_entries_match_their_class_only():
     assert labels == ["F11"]
     assert known_failures.matching("torch-flash", "sdpa.gradient_agreement", "cpu", SdpaCase()) == []
     assert known_failures.matching("torch-math", "sdpa.gradient_agreement", "cpu", finfo) == []
+
+
+@pytest.mark.parametrize("written", ["OUT", "Out "])
+def test_a_misspelt_signature_output_is_named_in_the_failure(written, tmp_path, monkeypatch):
+    """An entry whose signature names an output but for case or punctuation ("OUT" for "out")
+    excuses nothing: the failure says which name it gave and that names match exactly.
+    Negative control: an entry naming another real output ("lse") gets no such hint."""
+    path = tmp_path / "known.toml"
+    for outputs, hinted in ((written, True), ("lse", False)):
+        path.write_text(f'[[known]]\nimplementation = "{CONTROL}"\n'
+                        f'check = "sdpa.forward_agreement"\nreason = "a slip"\n'
+                        f'signature = {{outputs = ["{outputs}"]}}\n')
+        monkeypatch.setattr(known_failures, "_USER", known_failures.load(str(path)))
+        with pytest.raises(OracleMismatch) as info:
+            _run(load(CONTROL), CAUSAL)
+        text = str(info.value)
+        assert "outside the known signature" in text
+        assert (f"a signature names '{outputs}', not 'out'" in text) == hinted, text
