@@ -34,7 +34,8 @@
 #   calibration  the calibration report on CUDA: negative controls, correct built-ins, the rule
 #                against the naive-only rule (fp32, flex's F8 shapes), the narrow FLASH_ATTENTION
 #                kernel with its capability declaration, fast at small sizes
-#   profile      Nsight Compute on one launch of each benchmarks.profile_kernels workload (needs ncu)
+#   profile      Nsight Compute on one launch of each benchmarks.profile_kernels workload (needs ncu;
+#                ONLY=a,b,... those workloads alone, e.g. ONLY=sdpa_bwd_fast,sdpa_bwd_gluon,sdpa_bwd_cudnn)
 #   optin        what making an opt-in mode the default needs: the Gluon forward's tests (variant
 #                tiles included), then the conformance suite on fast under the Gluon forward
 #                (sdpa) and under the atomic-dQ backward (sdpa): OPTIN_BUDGET (140) s each,
@@ -269,7 +270,7 @@ task_profile() {
     timeout 330 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
         --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
         --section LaunchStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-        "$PY" -m benchmarks.profile_kernels > "$d/ncu.txt" 2>&1
+        "$PY" -m benchmarks.profile_kernels ${ONLY:+--only "$ONLY"} > "$d/ncu.txt" 2>&1
     note "ncu: exit $?"
     grep -E "^== workload|^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Dynamic Shared|Block Size|Grid Size" \
         "$d/ncu.txt" | cut -c1-160 | head -150
