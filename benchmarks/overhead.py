@@ -151,12 +151,15 @@ def sdpa_parts(q, k, v, dout):
     def plan_bwd():  # the call plan's backward alone, on this thread, no autograd
         return plan.backward(dout, q, k, v, p_out, p_lse)
 
+    def neg_bit_checks():  # the negative-bit tests a call makes on its inputs (F46, F53)
+        return q.is_neg() or k.is_neg() or v.is_neg()
+
     def fast_fwd_then_launch_bwd():  # fast's public forward, the backward launched by hand
         with torch.no_grad():
             out, stats, _ = fsdpa._attention(q, k, v, None, 0.0, False, None, False)
         return fsdpa._launch_bwd(d5, q5, k5, v5, None, out.unsqueeze(0), stats, False, scale)
     return {"sdpa_part_launches_fwdbwd": launches, "sdpa_part_launches_fwd": launches_fwd,
-            "sdpa_part_checks": checks, "sdpa_part_autograd_noop_fwdbwd": noop_fwdbwd,
+            "sdpa_part_checks": checks, "sdpa_part_neg_bit_checks": neg_bit_checks, "sdpa_part_autograd_noop_fwdbwd": noop_fwdbwd,
             "sdpa_part_4_empty": empties, "sdpa_part_3_empty": three_empties,
             "sdpa_part_empty_unbind3": empty_unbind, "sdpa_part_apply_python": apply_python,
             "sdpa_part_apply_c": apply_c, "sdpa_part_views_noop_fwdbwd": views_noop_fwdbwd,
