@@ -51,7 +51,7 @@ from triton.runtime.errors import OutOfResources
 
 from ..validation import FLOAT_DTYPES, check_dsa_inputs, check_flags, key_rows
 from .guards import first_order_only, resolved_neg
-from .host import Choice, cdiv, check_device, next_pow2, slot_offsets_pass_int32
+from .host import Choice, cdiv, check_device, check_scale, next_pow2, slot_offsets_pass_int32
 from .index import offset_rows, pdl_on
 from .kernels import dsa_bwd_gluon, dsa_fwd_gluon
 from .kernels.dsa_bwd import (
@@ -311,19 +311,13 @@ def _launch_first_fitting(kind, q, dr, launch, config):
 
 # ----------------------------------------------------------------------------- validation
 
-# the largest |scale| the kernels take: they get scale and scale * log2(e) as float32 arguments
-_MAX_SCALE = torch.finfo(torch.float32).max / _LOG2E
-
-
 def _validate(q, q_rope, kv, k_rope, indices, topk_length, softmax_scale, rope):
     """The contract's checks (attention_oracle/validation.py), fast's device and a scale within
     float32's range; returns (kv [S, Dl] view, k_rope [S, Dr] view or None, scale)."""
     checked = check_dsa_inputs(q, q_rope, kv, k_rope, indices, topk_length, softmax_scale,
                                rope=rope, dtypes=FLOAT_DTYPES)
     check_device(q.device)
-    if abs(checked[2]) > _MAX_SCALE:  # it would reach the kernels as inf (docs/FINDINGS.md F44)
-        raise NotImplementedError(f"softmax_scale {checked[2]:g} is beyond fast's float32 "
-                                  f"kernels (|softmax_scale| <= {_MAX_SCALE:.6g})")
+    check_scale("softmax_scale", checked[2])
     return checked
 
 

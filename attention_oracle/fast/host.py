@@ -42,6 +42,18 @@ def check_device(device):
     raise NotImplementedError(f"tensors on {device}: fast's kernels need {need}")
 
 
+# the largest |scale| the kernels take: they get scale and scale * log2(e) as float32 arguments
+MAX_SCALE = 3.4028234663852886e38 / 1.4426950408889634  # float32's largest / log2(e)
+
+
+def check_scale(name, scale):
+    """Refuse (NotImplementedError naming ``name``) a scale the kernels would receive as inf:
+    |scale| past :data:`MAX_SCALE` (docs/FINDINGS.md F44, F54)."""
+    if abs(scale) > MAX_SCALE:
+        raise NotImplementedError(f"{name} {scale:g} is beyond fast's float32 kernels "
+                                  f"(|{name}| <= {MAX_SCALE:.6g})")
+
+
 class Choice:
     """A process-wide option among ``choices``: ``$ENV`` at import (else ``default``), changed
     by :meth:`set`. A bad value raises ``ValueError`` naming the variable or the argument."""

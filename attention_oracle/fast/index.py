@@ -19,6 +19,7 @@ arguments, allocates the rows and the lengths, and launches once.
 import torch
 
 from ..validation import check_flags, check_index_inputs
+from .guards import resolved_neg
 from .host import check_device, next_pow2, slot_offsets_pass_int32
 from .kernels import pdl
 from .kernels.index_offset import BAD_BITS, CHECK_BLOCK, offset_gather_kernel
@@ -145,9 +146,8 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
     if (gather_kv_indices.is_neg() or cu_seqlens_q.is_neg() or cu_seqlens_k.is_neg()
             or (topk_length is not None and topk_length.is_neg())):
         # a negative-bit view reads as -x from storage holding x (docs/FINDINGS.md F46)
-        gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length = (
-            None if t is None else t.resolve_neg()
-            for t in (gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length))
+        gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length = resolved_neg(
+            gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length)
     # the kernel reads these by their data pointers alone (FINDINGS F34)
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     if topk_length is not None:

@@ -39,7 +39,7 @@ from torch.autograd import forward_ad
 
 from ..validation import FLOAT_DTYPES, check_sdpa_inputs
 from .guards import first_order_only, resolved_neg
-from .host import Choice, cdiv, check_device, ensure_scratch_allocator, next_pow2
+from .host import Choice, cdiv, check_device, check_scale, ensure_scratch_allocator, next_pow2
 from .kernels import sdpa_bwd_gluon, sdpa_fwd_gluon
 from .kernels.sdpa_bwd import (
     FUSE_DQ_MAX_S,
@@ -893,10 +893,6 @@ def _signature(query, key, value, dropout_p, is_causal, scale, enable_gqa):
         return None
 
 
-# the largest |scale| the kernels take: they get scale and scale * log2(e) as float32 arguments
-_MAX_SCALE = torch.finfo(torch.float32).max / LOG2E
-
-
 def _validated(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """The validation prelude of every call, run once per call that is not served from a
     cached plan: the contract's input checks (``attention_oracle/validation.py``), then fast's
@@ -906,9 +902,7 @@ def _validated(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
                                 enable_gqa, dtypes=FLOAT_DTYPES)
     check_device(query.device)
     _check_head_dims(query.shape[-1], value.shape[-1])
-    if abs(checked[4]) > _MAX_SCALE:  # it would reach the kernels as inf (docs/FINDINGS.md F54)
-        raise NotImplementedError(f"scale {checked[4]:g} is beyond fast's float32 kernels "
-                                  f"(|scale| <= {_MAX_SCALE:.6g})")
+    check_scale("scale", checked[4])
     return checked
 
 
