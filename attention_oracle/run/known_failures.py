@@ -342,6 +342,12 @@ def matching(impl: str, check: str, device, case) -> list[Entry]:
             if e.scope == "example" and e.names(impl, check, dev) and e.applies(case)]
 
 
+def activated(impl: str, check: str, device, case):
+    """The context in which a check call runs under the entries matching it
+    (:func:`judge.known.activate`); it yields the call's :class:`judge.known.Call`."""
+    return known.activate([e.active() for e in matching(impl, check, device, case)])
+
+
 def case_reason(impl: str, check: str, device, case) -> str:
     """The reason of the first example-scope entry covering this case ('' if none)."""
     found = matching(impl, check, device, case)

@@ -23,7 +23,7 @@ from hypothesis import example, given, note, settings
 from hypothesis.errors import Unsatisfiable
 
 import attention_oracle
-from attention_oracle.judge import known, profiles, record
+from attention_oracle.judge import profiles, record
 from attention_oracle.judge.agreement import OracleMismatch
 from attention_oracle.judge.targets import Refused, Target
 from attention_oracle.run import baseline, budget, crashes, fuzzing, gpu_lock, known_failures, poison
@@ -68,8 +68,8 @@ def _run_check(check, target: Target, case) -> bool:
     try:
         if getattr(check, "ISOLATE_ON_CUDA", False) and target.device.type == "cuda":
             return run_isolated(check, target, case)
-        entries = known_failures.matching(target.name, check_name(check, case), target.device, case)
-        with poison.poisoned(), known.activate([e.active() for e in entries]) as call:
+        with poison.poisoned(), known_failures.activated(target.name, check_name(check, case),
+                                                         target.device, case) as call:
             check(target, case)  # a failure inside a known signature is excused in ``call``
         if call.excused:
             _excuse(check, target, case, call, worst_before)
@@ -108,15 +108,21 @@ def _unconfirmed(confirm: str, target: Target, case) -> str:
     key = (target.name, confirm, case.to_json())
     if key not in _CONFIRMED:
         # the known failures apply there as here: the rows of another finding (F2) stay excused
-        users = [f"--known-failures={os.path.abspath(e.source)}" for e in known_failures.user_entries()[:1]]
         proc = subprocess.run([sys.executable, "-m", "attention_oracle.tools.replay", "--impl",
-                               target.name, *gpu_lock.replay_device_args(), "--known", *users,
+                               target.name, *gpu_lock.replay_device_args(), *_known_args(),
                                "--check", confirm, case.to_json()], capture_output=True,
                               text=True, timeout=600, cwd=_PACKAGE_PARENT)
         text = (proc.stdout + proc.stderr).strip()
         ok = proc.returncode == 0 and text.startswith("passed")
         _CONFIRMED[key] = "" if ok else f"{confirm} in a fresh process: {text[-1500:]}"
     return _CONFIRMED[key]
+
+
+def _known_args() -> list:
+    """A replay's options that apply the known failures as this run does: the suite's, and the
+    user's file (every user entry comes from the one --known-failures file)."""
+    users = known_failures.user_entries()[:1]
+    return ["--known", *(f"--known-failures={os.path.abspath(e.source)}" for e in users)]
 
 
 def check_name(check, case) -> str:
@@ -143,9 +149,8 @@ def run_isolated(check, target: Target, case) -> bool:
     worst_before = sink.worst if sink else 0.0
     # the known failures apply there as here (an entry that must confirm its mechanism fails
     # the replay: the isolated run does not confirm it)
-    users = [f"--known-failures={os.path.abspath(e.source)}" for e in known_failures.user_entries()[:1]]
     proc = subprocess.run([sys.executable, "-m", "attention_oracle.tools.replay", "--impl", target.name,
-                           *flags, *gpu_lock.replay_device_args(), "--known", *users, "--check", name,
+                           *flags, *gpu_lock.replay_device_args(), *_known_args(), "--check", name,
                            case.to_json()],
                           capture_output=True, text=True, timeout=600,
                           cwd=_PACKAGE_PARENT)

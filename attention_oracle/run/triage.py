@@ -54,7 +54,7 @@ import time
 from hypothesis.control import current_build_context
 
 from attention_oracle.checks import catalogue
-from attention_oracle.judge import known, record
+from attention_oracle.judge import record
 from attention_oracle.judge.agreement import OracleMismatch, with_detail
 from attention_oracle.judge.targets import Refused, load
 from attention_oracle.run import bugs, errormap, known_failures, poison
@@ -266,9 +266,8 @@ def _outcome(check, target, variant, output) -> str:
     known failures matching the variant apply as in a run: a failure inside their signatures
     is not this bug, and hides nothing."""
     name = getattr(check, "full_name", None) or f"{variant.AREA}.{check.__name__}"
-    entries = known_failures.matching(target.name, name, target.device, variant)
     try:
-        with poison.poisoned(), known.activate([e.active() for e in entries]):
+        with poison.poisoned(), known_failures.activated(target.name, name, target.device, variant):
             check(target, variant)
     except Refused:
         return "skip"

@@ -30,9 +30,10 @@ def replay(impl: str, check: str, case_dict: dict, with_known: bool = False) -> 
         print(f"{impl} unavailable: {target.unavailable}")
         return 2
     case = load_case(case_dict)
-    entries = known_failures.matching(target.name, check, target.device, case) if with_known else []
+    excusing = (known_failures.activated(target.name, check, target.device, case) if with_known
+                else known.activate(()))
     try:
-        with poison.poisoned(), known.activate([e.active() for e in entries]) as call:
+        with poison.poisoned(), excusing as call:
             find_check(check)(target, case)  # as in runner.run_check: unwritten elements are NaN
         unconfirmed = [a for a, _, _ in call.excused if a.signature.confirm]
         if unconfirmed:
