@@ -1,7 +1,7 @@
 """The Gluon warp-specialised DSA kernels against the Triton ones, in the same run.
 
     python -m benchmarks.dsa_gluon [--problems doc_16384,packed_glm_a] [--out out/dsa_gluon.json]
-        [--kernel-file NAME=PATH ...] [--rounds N] [--backward]
+        [--kernel-file NAME=PATH ...] [--rounds N] [--backward] [--prefetch 1,2]
 
 Geometry and layouts of ``benchmarks.dsa`` (H 64, 512 + 64 / 512, top-k 2048, bf16, trainer
 layouts, compacted causal rows). Per problem: the forward (no grad) of the Triton backend and
@@ -17,6 +17,10 @@ kernel signature), on the default tile, through the same entry point; ``--rounds
 every run that many times, interleaved, so that drift shows as spread rather than as a
 difference between versions.
 
+``--prefetch 1,2`` also times the default Gluon kernel (forward, or backward with
+``--backward``) asking the L2 for the key rows that many slot blocks (pairs in the forward)
+ahead of their gather (``PREFETCH`` of the kernel modules; 0, the default, asks nothing).
+
 ``--backward`` times the backward instead (autograd.grad of the Gluon forward's output, the
 graph kept): the Triton backend and the Gluon one, queued and synced, TFLOP/s over valid slots,
 the Gluon / Triton ratio under both methods, dq of the first 64 tokens against float64 and
@@ -30,7 +34,7 @@ import os
 import torch
 
 import attention_oracle.fast.dsa as fdsa
-from attention_oracle.fast.kernels import dsa_fwd_gluon
+from attention_oracle.fast.kernels import dsa_bwd_gluon, dsa_fwd_gluon
 
 from .dsa import (
     BWD_FLOP,
@@ -56,22 +60,28 @@ def load_kernel(name, path):
     return module._LAUNCH
 
 
-def measure(p, reps, variants=()):
-    """One row: Triton, the Gluon kernel under each tile config, and each of `variants`
-    ((name, launcher) pairs) on the default tile."""
+def measure(p, reps, variants=(), prefetches=()):
+    """One row: Triton, the Gluon kernel under each tile config, each of `variants`
+    ((name, launcher) pairs) on the default tile, and the default tile under each of
+    `prefetches` (pairs ahead)."""
     xs = [x.detach() for x in leaves(p)]
     gold_out, gold_lse, _ = float64_reference(p, 0, 64)
     row = dict(T=p["T"], S=p["S"], valid_slots=p["valid"])
     flop = FWD_FLOP * p["valid"]
     default_config, own_launch = dsa_fwd_gluon.CONFIG, dsa_fwd_gluon._LAUNCH
     tile = "{}x{}".format(*default_config)
-    runs = [("triton", "triton", None, own_launch)] + [
-        (f"gluon_{b}x{st}", "gluon", (b, st), own_launch) for b, st in dsa_fwd_gluon.CONFIGS] + [
-        (f"{v}_{tile}", "gluon", default_config, launch) for v, launch in variants]
-    for name, backend, config, launch in runs:
+    default_prefetch = dsa_fwd_gluon.PREFETCH
+    runs = [("triton", "triton", None, own_launch, 0)] + [
+        (f"gluon_{b}x{st}", "gluon", (b, st), own_launch, default_prefetch)
+        for b, st in dsa_fwd_gluon.CONFIGS] + [
+        (f"{v}_{tile}", "gluon", default_config, launch, default_prefetch)
+        for v, launch in variants] + [
+        (f"gluon_{tile}_prefetch{n}", "gluon", default_config, own_launch, n) for n in prefetches]
+    for name, backend, config, launch, prefetch in runs:
         fdsa.set_forward_backend(backend)
         dsa_fwd_gluon.CONFIG = config or default_config
         dsa_fwd_gluon._LAUNCH = launch
+        dsa_fwd_gluon.PREFETCH = prefetch
         with torch.no_grad():
             out, lse = fdsa.dsa_sparse_attention(*xs, p["rows"], topk_length=p["lengths"],
                                                  softmax_scale=SCALE, return_lse=True)
@@ -92,11 +102,13 @@ def measure(p, reps, variants=()):
                                                       / row[name][f"{method}_ms"])
     fdsa.set_forward_backend("gluon")
     dsa_fwd_gluon.CONFIG, dsa_fwd_gluon._LAUNCH = default_config, own_launch
+    dsa_fwd_gluon.PREFETCH = default_prefetch
     return row
 
 
-def measure_backward(p, reps):
-    """One row: the Triton backward and the Gluon one on the same forward graph."""
+def measure_backward(p, reps, prefetches=()):
+    """One row: the Triton backward and the Gluon one on the same forward graph, and the
+    Gluon one under each of `prefetches` (blocks ahead)."""
     xs = leaves(p)
     _, _, gold_dq = float64_reference(p, 0, 64)
     row = dict(T=p["T"], S=p["S"], valid_slots=p["valid"])
@@ -104,23 +116,31 @@ def measure_backward(p, reps):
     out = fast_forward(p, xs)
     grads = {}
     previous = fdsa.set_backward_backend("triton")
-    for backend in fdsa.BWD_BACKENDS:
+    default_prefetch = dsa_bwd_gluon.PREFETCH
+    runs = [(b, b, default_prefetch) for b in fdsa.BWD_BACKENDS] + [
+        (f"gluon_prefetch{n}", "gluon", n) for n in prefetches]
+    for name, backend, prefetch in runs:
         fdsa.set_backward_backend(backend)
-        grads[backend] = torch.autograd.grad(out, xs, p["dout"], retain_graph=True)
+        dsa_bwd_gluon.PREFETCH = prefetch
+        grads[name] = torch.autograd.grad(out, xs, p["dout"], retain_graph=True)
 
         def fn():
             return torch.autograd.grad(out, xs, p["dout"], retain_graph=True)
 
         queued, synced = queued_ms(fn, rep_ms=max(40, 10 * reps)), synced_ms(fn, reps)
-        row[backend] = dict(queued_ms=queued, synced_ms=synced,
-                            queued_tflops=tflops(flop, queued), synced_tflops=tflops(flop, synced),
-                            dq_rel_err=rel_error(grads[backend][0][:64], gold_dq))
-    for method in ("queued", "synced"):
-        row["gluon"][f"over_triton_{method}"] = (row["triton"][f"{method}_ms"]
-                                                 / row["gluon"][f"{method}_ms"])
-    for i, name in enumerate(("dq_rope", "dkv_latent", "dk_rope")):
-        ref = grads["triton"][i + 1].double()
-        row["gluon"][f"{name}_vs_triton"] = rel_error(grads["gluon"][i + 1], ref)
+        row[name] = dict(queued_ms=queued, synced_ms=synced,
+                         queued_tflops=tflops(flop, queued), synced_tflops=tflops(flop, synced),
+                         dq_rel_err=rel_error(grads[name][0][:64], gold_dq))
+    dsa_bwd_gluon.PREFETCH = default_prefetch
+    for name in row:
+        if not name.startswith("gluon"):
+            continue
+        for method in ("queued", "synced"):
+            row[name][f"over_triton_{method}"] = (row["triton"][f"{method}_ms"]
+                                                  / row[name][f"{method}_ms"])
+        for i, part in enumerate(("dq_rope", "dkv_latent", "dk_rope")):
+            ref = grads["triton"][i + 1].double()
+            row[name][f"{part}_vs_triton"] = rel_error(grads[name][i + 1], ref)
     fdsa.set_backward_backend(previous)
     return row
 
@@ -134,10 +154,13 @@ def main():
                     help="also time the Gluon kernel module at PATH, named NAME")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--backward", action="store_true", help="time the backward kernels")
+    ap.add_argument("--prefetch", default="", help="also time the Gluon kernel with these "
+                    "counts of blocks (pairs) of key rows asked of the L2 ahead, e.g. 1,2")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.dsa_gluon needs a CUDA device")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    prefetches = [int(n) for n in filter(None, args.prefetch.split(","))]
     variants = [(v, load_kernel(v, path))
                 for v, path in (spec.split("=", 1) for spec in args.kernel_file)]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -147,8 +170,8 @@ def main():
         p = named_problem(name, gen)
         for rnd in range(args.rounds):
             key = name if rnd == 0 else f"{name}_round{rnd}"
-            results[key] = (measure_backward(p, args.reps) if args.backward
-                            else measure(p, args.reps, variants))
+            results[key] = (measure_backward(p, args.reps, prefetches) if args.backward
+                            else measure(p, args.reps, variants, prefetches))
             with open(args.out, "w") as f:
                 json.dump(results, f, indent=1)
             for run, r in results[key].items():

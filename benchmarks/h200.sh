@@ -29,6 +29,8 @@
 #   newbwd       both opt-in Gluon backwards in one call: the backwards' registers and spills
 #                under this Triton (gluon_probe), a small case of each backward (90 s each at
 #                most), then benchmarks.dsa_gluon --backward and benchmarks.sdpa_gluon_bwd at L 4k
+#   prefetch     the Gluon DSA kernels' L2 prefetch of key rows (PREFETCH): its GPU tests, then
+#                benchmarks.dsa_gluon forward and --backward with --prefetch 1,2 (0, 1, 2 ahead)
 #   overhead     host time per call: fast and torch timed in turn (--pairs), direct vs Triton
 #                launches, and where a Python backward's time goes (benchmarks.host_threads)
 #   calibration  the calibration report on CUDA: negative controls, correct built-ins, the rule
@@ -332,8 +334,24 @@ task_newbwd() {
     fi
 }
 
+# the L2 prefetch of key rows ahead of their gather (PREFETCH of the Gluon DSA kernels): its GPU
+# tests (no value moves), then the forward and the backward on doc_16384 and packed_glm_a with
+# 0, 1 and 2 blocks (pairs) ahead side by side
+task_prefetch() {
+    local d=$1
+    timeout 150 "$PY" -m pytest -q -p no:cacheprovider -n 4 -rfE --tb=short \
+        "$TESTS/test_fast_dsa_gluon.py" -k prefetch > "$d/tests.log" 2>&1
+    note "L2 prefetch tests: exit $?"; tail -8 "$d/tests.log" | cut -c1-300
+    timeout 170 "$PY" -m benchmarks.dsa_gluon --prefetch 1,2 --reps 5 \
+        --out "$d/dsa_gluon_prefetch.json" > "$d/fwd.log" 2>&1
+    note "benchmarks.dsa_gluon --prefetch 1,2: exit $?"; cut -c1-300 "$d/fwd.log"
+    timeout 200 "$PY" -m benchmarks.dsa_gluon --backward --prefetch 1,2 --reps 5 \
+        --out "$d/dsa_gluon_bwd_prefetch.json" > "$d/bwd.log" 2>&1
+    note "benchmarks.dsa_gluon --backward --prefetch 1,2: exit $?"; cut -c1-300 "$d/bwd.log"
+}
+
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,dsa,dsabwd,sdpabwd,newbwd,overhead,calibration,check,conformance,profile,optin,all} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,dsa,dsabwd,sdpabwd,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all} ..." >&2
     exit 2
 }
 
@@ -342,7 +360,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|gluonfwd|dsa|dsabwd|sdpabwd|newbwd|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|dsa|dsabwd|sdpabwd|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done

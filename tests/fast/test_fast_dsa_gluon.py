@@ -198,6 +198,30 @@ def test_planted_wrong_scale_in_the_backward_is_caught(monkeypatch):
     assert calls, "the Gluon backward did not run"
 
 
+@gpu
+@pytest.mark.parametrize("ahead", [1, 2])
+@pytest.mark.parametrize("name", ["production", "tile_edge_plus_one", "nope", "all_holes"])
+def test_l2_prefetch_changes_no_value(name, ahead, monkeypatch):
+    """Asking the L2 for key rows ahead of their gather (PREFETCH, blocks or pairs ahead) moves
+    no value: out, lse and dq are bitwise those without it (the key gradients are atomics, in
+    any order, so only the rule judges them), and every output passes the rule."""
+    T, H, DR, S, K, holes, with_len = CASES[name]
+    c = make_case(T=T, H=H, DL=512, DR=DR, S=S, K=K, dtype=torch.bfloat16,
+                  seed=list(CASES).index(name), hole_rate=holes, with_len=with_len)
+    if DR:
+        c = trainer_layout(c, torch.bfloat16)
+    results = []
+    for prefetch in (0, ahead):
+        monkeypatch.setattr(dsa_fwd_gluon, "PREFETCH", prefetch)
+        monkeypatch.setattr(dsa_bwd_gluon, "PREFETCH", prefetch)
+        with gluon_forward(monkeypatch) as fwd_calls, gluon_backward(monkeypatch) as bwd_calls:
+            results.append(check_case(c))
+        assert fwd_calls and bwd_calls, "a Gluon kernel did not run"
+    (out0, lse0, grads0), (out1, lse1, grads1) = results
+    assert torch.equal(out1, out0) and torch.equal(lse1, lse0), "out or lse moved"
+    assert torch.equal(grads1[0], grads0[0]), "dq moved"
+
+
 def _tensors(T=3, H=64, DL=512, DR=64, S=10, K=8, dtype=torch.bfloat16, device="cpu"):
     q = torch.zeros(T, H, DL, dtype=dtype, device=device)
     qr = torch.zeros(T, H, DR, dtype=dtype, device=device) if DR else None
@@ -345,3 +369,12 @@ def test_the_gluon_backward_is_the_default():
     if os.environ.get("ATTENTION_ORACLE_FAST_DSA_BWD"):
         pytest.skip("ATTENTION_ORACLE_FAST_DSA_BWD chooses the backend in this process")
     assert fdsa.settings()["backward_backend"] == "gluon"
+
+
+@pytest.mark.parametrize("value, expected", [("", 0), ("0", 0), ("1", 1), ("2", 2), ("4", 4),
+                                             ("5", 0), ("-1", 0), ("two", 0)])
+def test_prefetch_count_from_the_environment(value, expected, monkeypatch):
+    """$ATTENTION_ORACLE_FAST_DSA_PREFETCH: a small count of blocks ahead, else none (a
+    mistyped value leaves the kernels as they are rather than failing the import)."""
+    monkeypatch.setenv("ATTENTION_ORACLE_FAST_DSA_PREFETCH", value)
+    assert dsa_fwd_gluon.blocks_ahead() == expected

@@ -31,7 +31,7 @@ checked on the GPU by ``tests/fast/test_fast_dsa_gluon.py``.
 
 from ..launch import DirectLauncher, on_device_of
 from . import dsa_fwd_gluon
-from .dsa_fwd_gluon import GLUON_AVAILABLE, _unit_rows
+from .dsa_fwd_gluon import GLUON_AVAILABLE, _unit_rows, blocks_ahead
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -44,7 +44,7 @@ if GLUON_AVAILABLE:
         warpgroup_mma_wait,
     )
 
-    from .dsa_fwd_gluon import _gather_part, _signal, load_head_rows
+    from .dsa_fwd_gluon import _gather_part, _signal, load_head_rows, prefetch_block
     from .gluon_common import opaque_zero, partition_barrier
 
 HEADS = 64        # heads per program (two consumers of 32)
@@ -58,6 +58,9 @@ CHUNK = gl.constexpr(64) if GLUON_AVAILABLE else 64
 # but one producer reload a block)
 CONSUMER_REGS = gl.constexpr(216) if GLUON_AVAILABLE else 216
 PRODUCER_REGS = gl.constexpr(32) if GLUON_AVAILABLE else 32
+# slot blocks whose key rows the producer asks the L2 for ahead of their gather (0: none;
+# docs/FINDINGS.md F75)
+PREFETCH = blocks_ahead()
 LOG2E = 1.4426950408889634
 
 
@@ -67,14 +70,19 @@ if GLUON_AVAILABLE:
     def _producer(q_ptr, qr_ptr, do_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, do_off,
                   stride_qh, stride_qrh, stride_doh, idx_off, stride_ik, stride_kvs, stride_krs,
                   n_slots, n_blocks, S, q_smem, qr_smem, do_smem, kl_buf, kr_buf, q_bar, k_full,
-                  k_free, HAS_ROPE: gl.constexpr):
+                  k_free, HAS_ROPE: gl.constexpr, PREFETCH: gl.constexpr):
         """4 warps: Q, q_rope and dO once, then every slot block's key rows into the buffer as
-        both consumers free it (a fresh barrier passes phase 1 at once)."""
+        both consumers free it (a fresh barrier passes phase 1 at once); with PREFETCH, once a
+        block's copies are issued, the rows of the block PREFETCH on are asked of the L2."""
         load_head_rows(q_smem, q_ptr, q_off, stride_qh)
         load_head_rows(do_smem, do_ptr, do_off, stride_doh)
         if HAS_ROPE:
             load_head_rows(qr_smem.index(0), qr_ptr, qr_off, stride_qrh)
         async_copy.mbarrier_arrive(q_bar.index(0), increment_count=False)
+        if PREFETCH > 1:
+            for j in range(1, PREFETCH):
+                prefetch_block(kv_ptr, kr_ptr, idx_ptr, idx_off, stride_ik, n_slots, S,
+                               stride_kvs, stride_krs, j, 64, HAS_ROPE)
         for i in range(n_blocks):
             mbarrier.wait(k_free.index(0), (i & 1) ^ 1)
             _gather_part(kv_ptr, kr_ptr, idx_ptr, idx_off, stride_ik, n_slots, S, stride_kvs,
@@ -82,26 +90,29 @@ if GLUON_AVAILABLE:
             _gather_part(kv_ptr, kr_ptr, idx_ptr, idx_off, stride_ik, n_slots, S, stride_kvs,
                          stride_krs, kl_buf.index(1), 256, kr_buf.index(0), i, HAS_ROPE)
             async_copy.mbarrier_arrive(k_full.index(0), increment_count=False)
+            if PREFETCH > 0:
+                prefetch_block(kv_ptr, kr_ptr, idx_ptr, idx_off, stride_ik, n_slots, S,
+                               stride_kvs, stride_krs, i + PREFETCH, 64, HAS_ROPE)
 
     @gluon.jit
     def _producer_rope(q_ptr, qr_ptr, do_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, do_off,
                        stride_qh, stride_qrh, stride_doh, idx_off, stride_ik, stride_kvs,
                        stride_krs, n_slots, n_blocks, S, q_smem, qr_smem, do_smem, kl_buf,
-                       kr_buf, q_bar, k_full, k_free):
+                       kr_buf, q_bar, k_full, k_free, PREFETCH: gl.constexpr):
         _producer(q_ptr, qr_ptr, do_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, do_off,
                   stride_qh, stride_qrh, stride_doh, idx_off, stride_ik, stride_kvs, stride_krs,
                   n_slots, n_blocks, S, q_smem, qr_smem, do_smem, kl_buf, kr_buf, q_bar, k_full,
-                  k_free, True)
+                  k_free, True, PREFETCH)
 
     @gluon.jit
     def _producer_nope(q_ptr, qr_ptr, do_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, do_off,
                        stride_qh, stride_qrh, stride_doh, idx_off, stride_ik, stride_kvs,
                        stride_krs, n_slots, n_blocks, S, q_smem, qr_smem, do_smem, kl_buf,
-                       kr_buf, q_bar, k_full, k_free):
+                       kr_buf, q_bar, k_full, k_free, PREFETCH: gl.constexpr):
         _producer(q_ptr, qr_ptr, do_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, do_off,
                   stride_qh, stride_qrh, stride_doh, idx_off, stride_ik, stride_kvs, stride_krs,
                   n_slots, n_blocks, S, q_smem, qr_smem, do_smem, kl_buf, kr_buf, q_bar, k_full,
-                  k_free, False)
+                  k_free, False, PREFETCH)
 
     @gluon.jit
     def _head_delta(out_ptr, out_off, stride_oh, do_ptr, do_off, stride_doh, first,
@@ -306,7 +317,7 @@ if GLUON_AVAILABLE:
                              stride_qh, stride_qrt, stride_qrh, stride_kvs, stride_krs,
                              stride_it, stride_ik, stride_ot, stride_oh, stride_dot, stride_doh,
                              c, scale, HAS_ROPE: gl.constexpr, HAS_LEN: gl.constexpr,
-                             num_warps: gl.constexpr):
+                             PREFETCH: gl.constexpr, num_warps: gl.constexpr):
         """Grid (T * H / 64,): program p is token p // (H / 64), heads 64 (p % (H / 64)) on.
         Unit channel strides (q, q_rope, kv, k_rope, out, dout); dq [T, H, 512] and dq_rope
         [T, H, 64] contiguous in the input dtype, lse [T, H] fp32 contiguous, dkv [S, 512] and
@@ -362,7 +373,7 @@ if GLUON_AVAILABLE:
         producer_args = (q_ptr, qr_ptr, do_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, do_off,
                          stride_qh, stride_qrh, stride_doh, idx_off, stride_ik, stride_kvs,
                          stride_krs, n_slots, n_blocks, S, q_smem, qr_smem, do_smem, kl_buf,
-                         kr_buf, q_bar, k_full, k_free)
+                         kr_buf, q_bar, k_full, k_free, PREFETCH)
         if HAS_ROPE:
             gl.warp_specialize([
                 (_consumer, consumer_args + (0, True)),
@@ -400,7 +411,7 @@ def launch(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, scale, d
             q.stride(0), q.stride(1), qr.stride(0), qr.stride(1), kv.stride(0), kr.stride(0),
             indices.stride(0), indices.stride(1), out.stride(0), out.stride(1), dout.stride(0),
             dout.stride(1), scale * LOG2E, scale)
-    meta = dict(HAS_ROPE=rope, HAS_LEN=topk_length is not None, num_warps=4)
+    meta = dict(HAS_ROPE=rope, HAS_LEN=topk_length is not None, PREFETCH=PREFETCH, num_warps=4)
     on_device_of(dq, _LAUNCH, grid, args, meta)
 
 

@@ -72,8 +72,33 @@ CONFIG = _CONFIG_NAMES.get(os.environ.get("ATTENTION_ORACLE_FAST_DSA_GLUON_TILE"
 # (consumer 0) gets the rest of the 64K-register file
 CONSUMER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
 PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
+
+
+def blocks_ahead(default=0):
+    """$ATTENTION_ORACLE_FAST_DSA_PREFETCH as a count of slot blocks (pairs in the forward)
+    whose key rows the producers ask the L2 for ahead of their gather (prefetch_block), or
+    `default` where unset or not a small count."""
+    value = os.environ.get("ATTENTION_ORACLE_FAST_DSA_PREFETCH", "")
+    return int(value) if value.isdigit() and int(value) <= 4 else default
+
+
+# the rows of packed problems miss the L2 (docs/FINDINGS.md F75)
+PREFETCH = blocks_ahead()
 LOG2E = 1.4426950408889634
 _DTYPES = (torch.bfloat16, torch.float16)
+
+
+def l2_prefetch_asm(nbytes):
+    """PTX of one bulk L2 prefetch (the TMA unit; no registers or shared memory held, nothing
+    returned) of `nbytes` at address $1 where $2 is not 0; $0 a dummy result."""
+    return ("{ .reg .pred p; setp.ne.b32 p, $2, 0; "
+            f"@p cp.async.bulk.prefetch.L2.global [$1], {nbytes}; mov.u32 $0, 0; }}")
+
+
+if GLUON_AVAILABLE:
+    # a 16-bit row: the 512-wide latent, the 64-wide rope part
+    PREFETCH_LATENT = gl.constexpr(l2_prefetch_asm(2 * LATENT))
+    PREFETCH_ROPE = gl.constexpr(l2_prefetch_asm(2 * ROPE))
 
 
 if GLUON_AVAILABLE:
@@ -103,6 +128,29 @@ if GLUON_AVAILABLE:
                                                    mask=valid)
 
     @gluon.jit
+    def prefetch_rows(ptr, rows, stride, valid, ASM: gl.constexpr):
+        """Ask the L2 for rows `rows` (int64) of `stride` elements at `ptr` where `valid` (int32,
+        the same layout) is not 0: ASM (:func:`l2_prefetch_asm`) says how many bytes a row."""
+        gl.inline_asm_elementwise(ASM, "=r,l,r", [ptr + rows * stride, valid], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+    @gluon.jit
+    def prefetch_block(kv_ptr, kr_ptr, idx_ptr, idx_off, stride_ik, n_slots, S, stride_kvs,
+                       stride_krs, block, BLOCK: gl.constexpr, WITH_ROPE: gl.constexpr):
+        """Ask the L2 for the key rows of slot block `block` (its latent and, WITH_ROPE, its
+        rope part) ahead of their gather, so that the gather's copies find them there; invalid
+        slots ask for nothing."""
+        flat: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        offs_k = block * BLOCK + gl.arange(0, BLOCK, layout=flat)
+        in_range = offs_k < n_slots
+        idx = gl.load(idx_ptr + idx_off + offs_k * stride_ik, mask=in_range, other=-1)
+        valid = in_range & (idx >= 0) & (idx < S)
+        rows = gl.where(valid, idx, 0).to(gl.int64)
+        prefetch_rows(kv_ptr, rows, stride_kvs, valid.to(gl.int32), PREFETCH_LATENT)
+        if WITH_ROPE:
+            prefetch_rows(kr_ptr, rows, stride_krs, valid.to(gl.int32), PREFETCH_ROPE)
+
+    @gluon.jit
     def load_head_rows(dst, ptr, off, stride_h):
         """cp.async of 64 heads' contiguous channels at ``ptr + off`` (head stride
         ``stride_h``): into dst [2, 64, 256] (channels [0, 512) in two halves) or dst [64, W]."""
@@ -120,9 +168,10 @@ if GLUON_AVAILABLE:
     def _producer(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh, stride_qrh,
                   idx_off, stride_ik, stride_kvs, stride_krs, n_slots, n_pairs, S,
                   q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free,
-                  HAS_ROPE: gl.constexpr):
+                  HAS_ROPE: gl.constexpr, PREFETCH: gl.constexpr):
         """4 warps: Q once, then every pair's two slot blocks into the pair's stage as the
-        consumers free it (a fresh barrier passes phase 1 at once).
+        consumers free it (a fresh barrier passes phase 1 at once); with PREFETCH, once a
+        pair's copies are issued, the rows of the pair PREFETCH on are asked of the L2.
 
         Buffer (stage st, block b of the pair) in two parts with barriers of their own (index
         (2 st + b) * 2 + part): part 0 the latent half that consumer b's own P.V reads (freed
@@ -133,6 +182,11 @@ if GLUON_AVAILABLE:
         if HAS_ROPE:
             load_head_rows(qr_smem, qr_ptr, qr_off, stride_qrh)
         async_copy.mbarrier_arrive(q_bar.index(0), increment_count=False)
+        BLOCK: gl.constexpr = kl_ring.shape[1]
+        if PREFETCH > 1:
+            for j in range(2, 2 * PREFETCH):
+                prefetch_block(kv_ptr, kr_ptr, idx_ptr, idx_off, stride_ik, n_slots, S,
+                               stride_kvs, stride_krs, j, BLOCK, HAS_ROPE)
         for i in range(n_pairs):
             st = i % STAGES
             phase = ((i // STAGES) & 1) ^ 1
@@ -147,22 +201,29 @@ if GLUON_AVAILABLE:
                                  HAS_ROPE and part == 1)
                     async_copy.mbarrier_arrive(full.index(2 * buf + part),
                                                increment_count=False)
+            if PREFETCH > 0:
+                for b in gl.static_range(2):
+                    prefetch_block(kv_ptr, kr_ptr, idx_ptr, idx_off, stride_ik, n_slots, S,
+                                   stride_kvs, stride_krs, 2 * (i + PREFETCH) + b, BLOCK,
+                                   HAS_ROPE)
 
     @gluon.jit
     def _producer_rope(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh,
                        stride_qrh, idx_off, stride_ik, stride_kvs, stride_krs, n_slots,
-                       n_pairs, S, q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free):
+                       n_pairs, S, q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free,
+                       PREFETCH: gl.constexpr):
         _producer(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh, stride_qrh,
                   idx_off, stride_ik, stride_kvs, stride_krs, n_slots, n_pairs, S, q_smem,
-                  qr_smem, kl_ring, kr_ring, q_bar, full, free, True)
+                  qr_smem, kl_ring, kr_ring, q_bar, full, free, True, PREFETCH)
 
     @gluon.jit
     def _producer_nope(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh,
                        stride_qrh, idx_off, stride_ik, stride_kvs, stride_krs, n_slots,
-                       n_pairs, S, q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free):
+                       n_pairs, S, q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free,
+                       PREFETCH: gl.constexpr):
         _producer(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh, stride_qrh,
                   idx_off, stride_ik, stride_kvs, stride_krs, n_slots, n_pairs, S, q_smem,
-                  qr_smem, kl_ring, kr_ring, q_bar, full, free, False)
+                  qr_smem, kl_ring, kr_ring, q_bar, full, free, False, PREFETCH)
 
     @gluon.jit
     def _slot_indices(idx_ptr, idx_off, stride_ik, n_slots, block, BLOCK: gl.constexpr):
@@ -386,9 +447,10 @@ if GLUON_AVAILABLE:
                              stride_krs, stride_it, stride_ik, stride_ot, stride_oh, c,
                              HAS_ROPE: gl.constexpr, HAS_LEN: gl.constexpr,
                              BLOCK: gl.constexpr, STAGES: gl.constexpr,
-                             num_warps: gl.constexpr):
+                             PREFETCH: gl.constexpr, num_warps: gl.constexpr):
         """Grid (T * H / 64,): program p is token p // (H / 64), heads 64 (p % (H / 64)) on;
-        slot blocks of BLOCK, STAGES pairs of blocks in shared memory at once. Unit channel
+        slot blocks of BLOCK, STAGES pairs of blocks in shared memory at once, PREFETCH pairs'
+        key rows asked of the L2 ahead. Unit channel
         strides throughout (q, q_rope, kv, k_rope, out); out [T, H, 512], lse [T, H] fp32
         contiguous."""
         n_hb = H // 64
@@ -441,7 +503,8 @@ if GLUON_AVAILABLE:
                          out_ptr, out_off, stride_oh, lse_ptr, lse_off)
         producer_args = (q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh,
                          stride_qrh, idx_off, stride_ik, stride_kvs, stride_krs, n_slots,
-                         n_pairs, S, q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free)
+                         n_pairs, S, q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free,
+                         PREFETCH)
         if HAS_ROPE:
             gl.warp_specialize([
                 (_consumer, consumer_args + (0, True)),
@@ -498,7 +561,7 @@ def launch(q, q_rope, kv, k_rope, indices, topk_length, scale, out, lse):
             out.stride(0), out.stride(1), scale * LOG2E)
     block, stages = CONFIG
     meta = dict(HAS_ROPE=rope, HAS_LEN=topk_length is not None, BLOCK=block, STAGES=stages,
-                num_warps=4)
+                PREFETCH=PREFETCH, num_warps=4)
     on_device_of(out, _LAUNCH, grid, args, meta)
 
 

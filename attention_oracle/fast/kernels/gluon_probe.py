@@ -3,6 +3,7 @@
     python -m attention_oracle.fast.kernels.gluon_probe [NAME ...] [--wgmma] [--json]
 
 Names (all by default): ``dsa_fwd``, ``dsa_fwd_nope``, ``dsa_bwd``, ``dsa_bwd_nope``,
+``dsa_fwd_prefetch``, ``dsa_bwd_prefetch`` (the L2 prefetch one block or pair ahead),
 ``sdpa_fwd_d64``, ``sdpa_fwd_d128``, ``sdpa_fwd_d128_causal``, ``sdpa_fwd_d128_pingpong``,
 ``sdpa_fwd_d128_causal_pingpong`` (the forward's opt-in ping-pong form), ``sdpa_bwd_d64``,
 ``sdpa_bwd_d128``, ``sdpa_bwd_d128_causal``: the production configuration of each kernel in
@@ -98,15 +99,20 @@ def variants():
     if not GLUON_AVAILABLE:
         return {}
     block, stages = dsa_fwd_gluon.CONFIG
-    fwd = dict(HAS_LEN=True, BLOCK=block, STAGES=stages, num_warps=4)
+    fwd = dict(HAS_LEN=True, BLOCK=block, STAGES=stages, PREFETCH=dsa_fwd_gluon.PREFETCH,
+               num_warps=4)
+    bwd = dict(HAS_LEN=True, PREFETCH=dsa_bwd_gluon.PREFETCH, num_warps=4)
     return {
         "dsa_fwd": lambda: _dsa(dsa_fwd_gluon.dsa_fwd_gluon_kernel, dict(fwd, HAS_ROPE=True)),
         "dsa_fwd_nope": lambda: _dsa(dsa_fwd_gluon.dsa_fwd_gluon_kernel,
                                      dict(fwd, HAS_ROPE=False)),
-        "dsa_bwd": lambda: _dsa(dsa_bwd_gluon.dsa_bwd_gluon_kernel,
-                                dict(HAS_ROPE=True, HAS_LEN=True, num_warps=4)),
+        "dsa_fwd_prefetch": lambda: _dsa(dsa_fwd_gluon.dsa_fwd_gluon_kernel,
+                                         dict(fwd, HAS_ROPE=True, PREFETCH=1)),
+        "dsa_bwd": lambda: _dsa(dsa_bwd_gluon.dsa_bwd_gluon_kernel, dict(bwd, HAS_ROPE=True)),
         "dsa_bwd_nope": lambda: _dsa(dsa_bwd_gluon.dsa_bwd_gluon_kernel,
-                                     dict(HAS_ROPE=False, HAS_LEN=True, num_warps=4)),
+                                     dict(bwd, HAS_ROPE=False)),
+        "dsa_bwd_prefetch": lambda: _dsa(dsa_bwd_gluon.dsa_bwd_gluon_kernel,
+                                         dict(bwd, HAS_ROPE=True, PREFETCH=1)),
         "sdpa_fwd_d64": lambda: _sdpa_fwd(64, False),
         "sdpa_fwd_d128": lambda: _sdpa_fwd(128, False),
         "sdpa_fwd_d128_causal": lambda: _sdpa_fwd(128, True),
