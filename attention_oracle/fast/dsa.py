@@ -106,7 +106,8 @@ def settings():
     """The process-wide options later calls run under, by name (what a benchmark records
     beside its figures)."""
     return {"forward_backend": _FWD_BACKEND.value, "backward_backend": _BWD_BACKEND.value,
-            "fp32_mode": _FP32.value}
+            "fp32_mode": _FP32.value, "prefetch_ahead": {"forward": dsa_fwd_gluon.PREFETCH,
+                                                         "backward": dsa_bwd_gluon.PREFETCH}}
 
 
 def _bf16x6(dtype):
