@@ -22,7 +22,7 @@ rows packed in one [S, 576] buffer, head-major dout).
 - index preparation against torch (stable sort + gather) and a device copy of the same bytes;
 - peak backward memory with a contiguous and a head-major dout;
 - fp32 (``fp32``): the same geometry and layouts in fp32, the fp32 modes of fast.dsa
-  ("acc64", the default, at its default configs; "tf32x3" and "bf16x6" with their tile
+  ("acc64" at its default configs; "tf32x3" and "bf16x6", the default, with their tile
   candidates swept on doc_4096, forward and backward apart, each checked against float64 on
   32 tokens; "tf32x3_exp2" at tf32x3's fastest pair), then each mode's pair on doc_4096 and
   doc_16384.
@@ -641,7 +641,7 @@ FP32_SECTION_MODES = ("acc64", "tf32x3", "tf32x3_exp2", "bf16x6")
 
 
 def fp32_section(p4096, gen, reps, budget_s=3.0, modes=FP32_SECTION_MODES):
-    """fp32 "acc64" (the default mode, its default configs) against "tf32x3" and "bf16x6"
+    """fp32 "acc64" (its default configs) against "tf32x3" and "bf16x6" (the default mode)
     (candidates swept on doc_4096, then each mode's fastest pair) and "tf32x3_exp2" (tf32x3's
     pair), the modes in ``modes`` only: forward / backward / step on doc_4096 and doc_16384,
     both timing methods."""
