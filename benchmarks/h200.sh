@@ -300,7 +300,7 @@ task_dsabwd() {
         > "$d/bench.log" 2>&1
     note "benchmarks.dsa_gluon --backward: exit $?"; cut -c1-300 "$d/bench.log"
     ATTENTION_ORACLE_FAST_DSA_BWD=gluon OUT=$d BUDGET=${BUDGET:-170} WORKERS=${WORKERS:-12} \
-        bash .ci/gpu conformance-dsa --impl fast -k dsa
+        bash .ci/gpu conformance-dsa --impl fast --oracle-check-budget "${OPTIN_CHECK_S:-30}" -k dsa
     note "conformance -k dsa under the Gluon backward; report $d/conformance-dsa.json"
 }
 
@@ -313,7 +313,7 @@ task_sdpabwd() {
     timeout 200 "$PY" -m benchmarks.sdpa_gluon_bwd --json "$d/sdpa_gluon_bwd.json" > "$d/bench.log" 2>&1
     note "benchmarks.sdpa_gluon_bwd: exit $?"; cut -c1-400 "$d/bench.log"
     ATTENTION_ORACLE_FAST_SDPA_BWD=gluon OUT=$d BUDGET=${BUDGET:-150} WORKERS=${WORKERS:-12} \
-        bash .ci/gpu conformance-sdpa --impl fast -k sdpa
+        bash .ci/gpu conformance-sdpa --impl fast --oracle-check-budget "${OPTIN_CHECK_S:-30}" -k sdpa
     note "conformance -k sdpa under the Gluon backward; report $d/conformance-sdpa.json"
 }
 
