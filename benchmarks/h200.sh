@@ -25,7 +25,9 @@
 #                side by side, with their gradient errors), then the conformance DSA checks under it
 #   sdpabwd      the opt-in Gluon SDPA backward: its GPU tests (tests/fast/test_fast_sdpa_gluon.py
 #                -k backward), then benchmarks.sdpa_gluon_bwd (cuDNN, the Triton and the Gluon
-#                backwards side by side), then the conformance SDPA checks under it
+#                backwards side by side), then the conformance SDPA checks under it (dsabwd's
+#                and sdpabwd's conformance runs give each check OPTIN_CHECK_S, 30 s: under the
+#                gpu profile's 120 s one check could use the whole BUDGET)
 #   newbwd       both opt-in Gluon backwards in one call: the backwards' registers and spills
 #                under this Triton (gluon_probe), a small case of each backward (90 s each at
 #                most), then benchmarks.dsa_gluon --backward and benchmarks.sdpa_gluon_bwd at L 4k
