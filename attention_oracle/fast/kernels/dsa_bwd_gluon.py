@@ -70,10 +70,11 @@ if GLUON_AVAILABLE:
     def _producer(q_ptr, qr_ptr, do_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, do_off,
                   stride_qh, stride_qrh, stride_doh, idx_off, stride_ik, stride_kvs, stride_krs,
                   n_slots, n_blocks, S, q_smem, qr_smem, do_smem, kl_buf, kr_buf, q_bar, k_full,
-                  k_free, HAS_ROPE: gl.constexpr, PREFETCH: gl.constexpr):
+                  k_free, HAS_ROPE: gl.constexpr, PREFETCH):
         """4 warps: Q, q_rope and dO once, then every slot block's key rows into the buffer as
         both consumers free it (a fresh barrier passes phase 1 at once); with PREFETCH, once a
-        block's copies are issued, the rows of the block PREFETCH on are asked of the L2."""
+        block's copies are issued, the rows of the block PREFETCH on are asked of the L2 (an
+        int32 folded by the compiler, as in the forward's producer)."""
         load_head_rows(q_smem, q_ptr, q_off, stride_qh)
         load_head_rows(do_smem, do_ptr, do_off, stride_doh)
         if HAS_ROPE:
@@ -98,7 +99,7 @@ if GLUON_AVAILABLE:
     def _producer_rope(q_ptr, qr_ptr, do_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, do_off,
                        stride_qh, stride_qrh, stride_doh, idx_off, stride_ik, stride_kvs,
                        stride_krs, n_slots, n_blocks, S, q_smem, qr_smem, do_smem, kl_buf,
-                       kr_buf, q_bar, k_full, k_free, PREFETCH: gl.constexpr):
+                       kr_buf, q_bar, k_full, k_free, PREFETCH):
         _producer(q_ptr, qr_ptr, do_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, do_off,
                   stride_qh, stride_qrh, stride_doh, idx_off, stride_ik, stride_kvs, stride_krs,
                   n_slots, n_blocks, S, q_smem, qr_smem, do_smem, kl_buf, kr_buf, q_bar, k_full,
@@ -108,7 +109,7 @@ if GLUON_AVAILABLE:
     def _producer_nope(q_ptr, qr_ptr, do_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, do_off,
                        stride_qh, stride_qrh, stride_doh, idx_off, stride_ik, stride_kvs,
                        stride_krs, n_slots, n_blocks, S, q_smem, qr_smem, do_smem, kl_buf,
-                       kr_buf, q_bar, k_full, k_free, PREFETCH: gl.constexpr):
+                       kr_buf, q_bar, k_full, k_free, PREFETCH):
         _producer(q_ptr, qr_ptr, do_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, do_off,
                   stride_qh, stride_qrh, stride_doh, idx_off, stride_ik, stride_kvs, stride_krs,
                   n_slots, n_blocks, S, q_smem, qr_smem, do_smem, kl_buf, kr_buf, q_bar, k_full,

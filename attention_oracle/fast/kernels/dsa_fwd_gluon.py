@@ -168,10 +168,12 @@ if GLUON_AVAILABLE:
     def _producer(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh, stride_qrh,
                   idx_off, stride_ik, stride_kvs, stride_krs, n_slots, n_pairs, S,
                   q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free,
-                  HAS_ROPE: gl.constexpr, PREFETCH: gl.constexpr):
+                  HAS_ROPE: gl.constexpr, PREFETCH):
         """4 warps: Q once, then every pair's two slot blocks into the pair's stage as the
         consumers free it (a fresh barrier passes phase 1 at once); with PREFETCH, once a
-        pair's copies are issued, the rows of the pair PREFETCH on are asked of the L2.
+        pair's copies are issued, the rows of the pair PREFETCH on are asked of the L2
+        (PREFETCH arrives as an int32: a worker partition takes no constexpr argument; the
+        compiler folds the launch's constant, so PREFETCH 0 leaves no prefetch code).
 
         Buffer (stage st, block b of the pair) in two parts with barriers of their own (index
         (2 st + b) * 2 + part): part 0 the latent half that consumer b's own P.V reads (freed
@@ -211,7 +213,7 @@ if GLUON_AVAILABLE:
     def _producer_rope(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh,
                        stride_qrh, idx_off, stride_ik, stride_kvs, stride_krs, n_slots,
                        n_pairs, S, q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free,
-                       PREFETCH: gl.constexpr):
+                       PREFETCH):
         _producer(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh, stride_qrh,
                   idx_off, stride_ik, stride_kvs, stride_krs, n_slots, n_pairs, S, q_smem,
                   qr_smem, kl_ring, kr_ring, q_bar, full, free, True, PREFETCH)
@@ -220,7 +222,7 @@ if GLUON_AVAILABLE:
     def _producer_nope(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh,
                        stride_qrh, idx_off, stride_ik, stride_kvs, stride_krs, n_slots,
                        n_pairs, S, q_smem, qr_smem, kl_ring, kr_ring, q_bar, full, free,
-                       PREFETCH: gl.constexpr):
+                       PREFETCH):
         _producer(q_ptr, qr_ptr, kv_ptr, kr_ptr, idx_ptr, q_off, qr_off, stride_qh, stride_qrh,
                   idx_off, stride_ik, stride_kvs, stride_krs, n_slots, n_pairs, S, q_smem,
                   qr_smem, kl_ring, kr_ring, q_bar, full, free, False, PREFETCH)
@@ -450,9 +452,8 @@ if GLUON_AVAILABLE:
                              PREFETCH: gl.constexpr, num_warps: gl.constexpr):
         """Grid (T * H / 64,): program p is token p // (H / 64), heads 64 (p % (H / 64)) on;
         slot blocks of BLOCK, STAGES pairs of blocks in shared memory at once, PREFETCH pairs'
-        key rows asked of the L2 ahead. Unit channel
-        strides throughout (q, q_rope, kv, k_rope, out); out [T, H, 512], lse [T, H] fp32
-        contiguous."""
+        key rows asked of the L2 ahead. Unit channel strides throughout (q, q_rope, kv,
+        k_rope, out); out [T, H, 512], lse [T, H] fp32 contiguous."""
         n_hb = H // 64
         pid = gl.program_id(0)
         t = (pid // n_hb).to(gl.int64)
