@@ -45,6 +45,9 @@
 #                (sdpa) and under the atomic-dQ backward (sdpa): OPTIN_BUDGET (140) s each,
 #                OPTIN_CHECK_S (30) s per check
 #   all          check conformance overhead sdpa dsa calibration, in that order (several calls' worth)
+#   id           (alone, anywhere) this tree's commit and the content ID that a device run's
+#                "tree ... with changes, content ID" line names when its git data is older
+#                than its files (a copied working tree)
 #
 # Everything is written under $OUT/TASK/ (default ./out, which git ignores): logs, JSON reports,
 # $OUT/TASK/summary.txt with the lines that matter; then benchmarks.targets judges the speed
@@ -75,7 +78,24 @@ note() { echo "== $1 ($(($(date +%s) - t0)) s)"; }
 machine() {
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1
     "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" 2>&1
-    git rev-parse --short HEAD 2>/dev/null | sed 's/^/tree /'
+    tree_line
+}
+
+# "tree COMMIT", or, where the files differ from that commit (a copied working tree whose git
+# data is older than its files), "tree COMMIT with changes, content ID": ID hashes every file
+# git tracks or would (the same command on a checkout gives the same ID for the same files)
+tree_line() {
+    local head
+    head=$(git rev-parse --short HEAD 2>/dev/null) || return 0
+    if [ -z "$(git status --porcelain 2>/dev/null)" ]; then
+        echo "tree $head"
+    else
+        echo "tree $head with changes, content $(content_id)"
+    fi
+}
+
+content_id() {
+    git ls-files -co --exclude-standard -z | sort -z | xargs -0 sha1sum 2>/dev/null | sha1sum | cut -c1-12
 }
 
 # the fast kernels' GPU tests other than the launch tests, present in this tree
@@ -353,11 +373,14 @@ task_prefetch() {
 }
 
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,dsa,dsabwd,sdpabwd,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,dsa,dsabwd,sdpabwd,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
     exit 2
 }
 
 [ $# -ge 1 ] || usage
+if [ "$1" = id ]; then  # the content ID of these files, to match a device run's "tree" line
+    tree_line; content_id; exit 0
+fi
 tasks=()
 for t in "$@"; do
     case $t in
