@@ -13,7 +13,7 @@ import torch
 import attention_oracle.oracle.dsa as dsa
 from attention_oracle.controls.index_broken import CausalUnseenRowsSeeKeyZero as _UnseenRowsIndex
 from attention_oracle.controls.index_broken import DocumentLeak as _LeakyIndex
-from attention_oracle.controls.index_broken import read_as_contiguous
+from attention_oracle.controls.index_broken import read_as_contiguous, slice_end_lengths
 from attention_oracle.oracle.dsa import dsa_reference, without_duplicates
 from attention_oracle.oracle.index import offset_gather_kv_indices
 
@@ -418,9 +418,7 @@ class TopkLengthAsSliceEnd(_Base):
 
     def attend(self, q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest):
         if topk_length is not None:
-            K = indices.shape[1]
-            topk_length = torch.where(topk_length < 0, (topk_length.to(torch.int64) + K).clamp(min=0),
-                                      topk_length.to(torch.int64)).to(topk_length.dtype)
+            topk_length = slice_end_lengths(topk_length, indices.shape[1])
         return super().attend(q_latent, q_rope, kv_latent, k_rope, indices, topk_length, *rest)
 
 

@@ -152,14 +152,20 @@ class CausalUnseenRowsSeeKeyZero(_Prepare):
 MORE_CONTROLS += [("CausalUnseenRowsSeeKeyZero", "offset_equals_oracle")]
 
 
+def slice_end_lengths(topk_length: torch.Tensor, K: int) -> torch.Tensor:
+    """topk_length [T] read as Python slice ends over rows of K slots: a negative length counts
+    from the row's end (-1: K - 1 slots; below -K: none), in the lengths' own dtype."""
+    wide = topk_length.to(torch.int64)
+    return torch.where(wide < 0, (wide + K).clamp(min=0), wide).to(topk_length.dtype)
+
+
 class TopkLengthAsSliceEnd(_Prepare):
     """The topk_length cut as Python's slice end (``row[:n]``): a negative length counts from
     the end of the row, so -1 keeps K - 1 slots instead of none."""
 
     def offset_gather_kv_indices(self, gather_kv_indices, *args, topk_length=None, **kwargs):
         if topk_length is not None:
-            K = gather_kv_indices.shape[1]
-            topk_length = torch.where(topk_length < 0, (topk_length + K).clamp(min=0), topk_length)
+            topk_length = slice_end_lengths(topk_length, gather_kv_indices.shape[1])
         return super().offset_gather_kv_indices(gather_kv_indices, *args, topk_length=topk_length,
                                                 **kwargs)
 
