@@ -25,11 +25,14 @@ EXPECTED_FORMS = {
     # scores (K-major Q and K from shared memory), P.V (P from registers, V N-major)
     "dsa_fwd": {"m64n64k16 A smem trans 00", "m64n256k16 A regs trans 1"},
     "dsa_fwd_nope": {"m64n64k16 A smem trans 00", "m64n256k16 A regs trans 1"},
+    "dsa_fwd_prefetch": {"m64n64k16 A smem trans 00", "m64n256k16 A regs trans 1"},
     # S^T and dP^T (00), dq^T = K^T dS^T (both transposed), key gradients dS^T Q (B N-major)
     "dsa_bwd": {"m64n32k16 A smem trans 00", "m64n32k16 A smem trans 11",
                 "m64n64k16 A smem trans 01"},
     "dsa_bwd_nope": {"m64n32k16 A smem trans 00", "m64n32k16 A smem trans 11",
                      "m64n64k16 A smem trans 01"},
+    "dsa_bwd_prefetch": {"m64n32k16 A smem trans 00", "m64n32k16 A smem trans 11",
+                         "m64n64k16 A smem trans 01"},
     "sdpa_fwd_d64": {"m64n128k16 A smem trans 00", "m64n64k16 A regs trans 1"},
     "sdpa_fwd_d128": {"m64n128k16 A smem trans 00", "m64n128k16 A regs trans 1"},
     "sdpa_fwd_d128_causal": {"m64n128k16 A smem trans 00", "m64n128k16 A regs trans 1"},
@@ -110,3 +113,16 @@ def test_every_wgmma_wait_unpacks_each_dependency():
         if name.endswith("_gluon.py"):
             with open(os.path.join(kernels, name)) as f:
                 assert not mismatched_waits(f.read()), name
+
+
+@needs_gluon
+@pytest.mark.parametrize("name", sorted(n for n in EXPECTED_FORMS if n.startswith("dsa")))
+def test_only_the_prefetch_variants_ask_the_l2(name, probed):
+    """PREFETCH 0 (the default) leaves no prefetch in the DSA kernels (the producers take it as
+    an int32 the compiler folds); the prefetch variants issue it (docs/FINDINGS.md F75)."""
+    count = probed[name]["l2_prefetches"]
+    if name.endswith("_prefetch"):
+        assert count > 0, f"{name}: no cp.async.bulk.prefetch.L2 in its PTX"
+    else:
+        assert count == 0, f"{name}: {count} L2 prefetches with PREFETCH 0"
+

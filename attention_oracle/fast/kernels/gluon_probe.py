@@ -12,7 +12,7 @@ pointer and stride arguments divisible by 16 as the launches specialise them. Pr
 shared memory each needs (the H200 allows 232448 bytes) and, from the ptxas bundled with
 Triton, registers and spill bytes; ``--wgmma`` adds the count of each wgmma form in the PTX
 (shape and operand transposes); ``--json`` prints one JSON dict instead (name: shared,
-registers, spills, forms, or error). Run it outside Triton's CPU interpreter
+registers, spills, forms, l2_prefetches, or error). Run it outside Triton's CPU interpreter
 (``TRITON_INTERPRET`` unset): under it the standard library's jit functions cannot be
 compiled. Figures come from the local Triton, which may differ from the device's (Triton 3.6
 there): register and spill counts moved between 3.6 and 3.8 (docs/FINDINGS.md F31), so a
@@ -141,11 +141,18 @@ def wgmma_forms(ptx):
     return forms
 
 
+def l2_prefetches(ptx):
+    """How many bulk L2 prefetch instructions the PTX holds (the DSA kernels' PREFETCH)."""
+    return ptx.count("cp.async.bulk.prefetch.L2")
+
+
 def probe(name):
-    """(shared bytes, registers, spill-store bytes, {wgmma form: count}) of one variant."""
+    """(shared bytes, registers, spill-store bytes, {wgmma form: count}, L2 prefetch
+    instructions) of one variant."""
     compiled = variants()[name]()
     ptx = compiled.asm["ptx"]
-    return (compiled.metadata.shared,) + _ptxas_usage(ptx) + (wgmma_forms(ptx),)
+    return ((compiled.metadata.shared,) + _ptxas_usage(ptx)
+            + (wgmma_forms(ptx), l2_prefetches(ptx)))
 
 
 def main(argv):
@@ -156,8 +163,9 @@ def main(argv):
     results = {}
     for name in names:
         try:
-            shared, regs, spills, wgmma = probe(name)
-            results[name] = dict(shared=shared, registers=regs, spills=spills, forms=wgmma)
+            shared, regs, spills, wgmma, prefetches = probe(name)
+            results[name] = dict(shared=shared, registers=regs, spills=spills, forms=wgmma,
+                                 l2_prefetches=prefetches)
             line = f"{name}: shared {shared} B, {regs} registers, {spills} B spilled"
             if forms:
                 line += "; " + ", ".join(f"{k} x{v}" for k, v in sorted(wgmma.items()))
