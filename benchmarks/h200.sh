@@ -83,7 +83,8 @@ machine() {
 
 # "tree COMMIT", or, where the files differ from that commit (a copied working tree whose git
 # data is older than its files), "tree COMMIT with changes, content ID": ID hashes every file
-# git tracks or would (the same command on a checkout gives the same ID for the same files)
+# git tracks or would (the same command on a checkout gives the same ID for the same files;
+# sorted bytewise: the device's locale ordered the names differently and the IDs differed)
 tree_line() {
     local head
     head=$(git rev-parse --short HEAD 2>/dev/null) || return 0
@@ -95,7 +96,7 @@ tree_line() {
 }
 
 content_id() {
-    git ls-files -co --exclude-standard -z | sort -z | xargs -0 sha1sum 2>/dev/null | sha1sum | cut -c1-12
+    git ls-files -co --exclude-standard -z | LC_ALL=C sort -z | xargs -0 sha1sum 2>/dev/null | sha1sum | cut -c1-12
 }
 
 # the fast kernels' GPU tests other than the launch tests, present in this tree
