@@ -383,7 +383,9 @@ def set_tma_descriptor_cache(on, utils=None):
     """Whether Triton's kernel launcher keeps the TMA descriptors it encodes for host
     ``TensorDescriptor`` arguments (the Gluon SDPA kernels pass four a call, and Triton
     encodes each on every launch: ~10 us of the Gluon forward's host time,
-    docs/PERFORMANCE.md "Gluon forward"). Off by default (opt-in until measured); it changes
+    docs/PERFORMANCE.md "Gluon forward"). Off by default: on an H100 it made the Gluon
+    forward's host time per call longer, not shorter (docs/PERFORMANCE.md "Gluon forward: the
+    ping-pong and three-consumer tiles, the descriptor cache"); it changes
     the driver's encoder process-wide, for every Triton kernel with such arguments, exactly
     (a descriptor depends on its arguments alone). ``utils``: the driver's utility module
     (the active CUDA driver's by default). Returns whether it was on; False (and nothing
