@@ -662,11 +662,20 @@ def _progress(report, ident: dict, outcome: str, info: dict | None) -> None:
     writer = config.pluginmanager.get_plugin("terminalreporter")
     if not wanted or writer is None:
         return
-    info = info or {}
-    judged = info.get("examples", 0) - info.get("refused", 0)
-    writer.write_line(f"attention-oracle: {ident['impl']} {ident['check']} {outcome}: {judged} calls judged, "
-                      f"{info.get('refused', 0)} refused; {settings().max_examples} examples per search "
-                      f"({report.nodeid.rsplit('::', 1)[-1]})")
+    writer.write_line(progress_line(ident, outcome, info or {}, settings().max_examples,
+                                    report.nodeid.rsplit("::", 1)[-1]))
+
+
+def progress_line(ident: dict, outcome: str, info: dict, per_search: int, test: str) -> str:
+    """A finished check in one line: the examples judged (as the table counts them: a refusal
+    a check expects is its verdict) and refused, the calls compared with the oracle; a check
+    that judged no example says so."""
+    judged, refused = info.get("judged_examples", 0), info.get("refused_examples", 0)
+    calls = info.get("examples", 0) - info.get("refused", 0)
+    nothing = " - NOTHING JUDGED" if judged == 0 and outcome != "skipped" else ""
+    return (f"attention-oracle: {ident['impl']} {ident['check']} {outcome}: {judged} examples judged "
+            f"({info.get('grid', 0)} grid, {info.get('search', 0)} search), {refused} refused, "
+            f"{calls} calls compared{nothing}; {per_search} examples per search ({test})")
 
 
 def _not_verified_summary(terminalreporter) -> None:

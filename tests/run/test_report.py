@@ -4,7 +4,9 @@ Negative controls of the report itself: a broken implementation shows up as fail
 table with its worst ratio, and a function that refuses every input fails the run.
 """
 import json
+import re
 
+from attention_oracle.plugin import progress_line
 from tests.helpers import run_suite
 
 
@@ -101,3 +103,27 @@ def test_an_error_shows_an_infinite_worst_ratio():
         worst[name] = (sink.worst, sink.judged[-1][2])
     assert worst["oracle"][0] < 1 and worst["oracle"][1] < 1, worst
     assert worst["crashes"] == (float("inf"), float("inf")), worst
+
+
+def test_the_progress_line_counts_examples_judged_by_refusal():
+    """sdpa.mismatched_value_rows judges by an expected refusal (value with one row more than
+    key), comparing no call: its progress line counts the examples as the table does, not the
+    calls (it said "0 calls judged" for a check that had judged hundreds)."""
+    proc = run_suite("attention_oracle/conformance/test_sdpa.py::test_mismatched_value_rows",
+                     "--impl", "oracle", "--oracle-progress")
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    (line,) = [x for x in proc.stdout.splitlines()  # after pytest's progress dot
+               if "attention-oracle: oracle sdpa.mismatched_value_rows" in x]
+    judged = int(re.search(r"passed: (\d+) examples judged", line).group(1))
+    assert judged > 0 and "0 calls compared" in line and "NOTHING JUDGED" not in line, line
+
+
+def test_the_progress_line_says_when_nothing_was_judged():
+    ident = {"impl": "x", "check": "sdpa.forward_agreement"}
+    refused_all = {"examples": 5, "refused": 5, "refused_examples": 5, "judged_examples": 0}
+    assert "NOTHING JUDGED" in progress_line(ident, "unsupported", refused_all, 40, "t")
+    assert "NOTHING JUDGED" not in progress_line(ident, "skipped", {}, 40, "t")
+    judged = {"examples": 3, "refused": 0, "judged_examples": 2, "grid": 2}
+    line = progress_line(ident, "passed", judged, 40, "t")
+    assert "2 examples judged (2 grid, 0 search), 0 refused, 3 calls compared;" in line, line
+
