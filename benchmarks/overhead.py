@@ -159,7 +159,8 @@ def sdpa_parts(q, k, v, dout):
             out, stats, _ = fsdpa._attention(q, k, v, None, 0.0, False, None, False)
         return fsdpa._launch_bwd(d5, q5, k5, v5, None, out.unsqueeze(0), stats, False, scale)
     return {"sdpa_part_launches_fwdbwd": launches, "sdpa_part_launches_fwd": launches_fwd,
-            "sdpa_part_checks": checks, "sdpa_part_neg_bit_checks": neg_bit_checks, "sdpa_part_autograd_noop_fwdbwd": noop_fwdbwd,
+            "sdpa_part_checks": checks, "sdpa_part_neg_bit_checks": neg_bit_checks,
+            "sdpa_part_autograd_noop_fwdbwd": noop_fwdbwd,
             "sdpa_part_4_empty": empties, "sdpa_part_3_empty": three_empties,
             "sdpa_part_empty_unbind3": empty_unbind, "sdpa_part_apply_python": apply_python,
             "sdpa_part_apply_c": apply_c, "sdpa_part_views_noop_fwdbwd": views_noop_fwdbwd,

@@ -139,16 +139,14 @@ if GLUON_AVAILABLE:
                        stride_krs, block, BLOCK: gl.constexpr, WITH_ROPE: gl.constexpr):
         """Ask the L2 for the key rows of slot block `block` (its latent and, WITH_ROPE, its
         rope part) ahead of their gather, so that the gather's copies find them there; invalid
-        slots ask for nothing."""
-        flat: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        offs_k = block * BLOCK + gl.arange(0, BLOCK, layout=flat)
-        in_range = offs_k < n_slots
-        idx = gl.load(idx_ptr + idx_off + offs_k * stride_ik, mask=in_range, other=-1)
-        valid = in_range & (idx >= 0) & (idx < S)
+        slots ask for nothing (_slot_indices reads -1 past n_slots)."""
+        idx = _slot_indices(idx_ptr, idx_off, stride_ik, n_slots, block, BLOCK)
+        valid = (idx >= 0) & (idx < S)
         rows = gl.where(valid, idx, 0).to(gl.int64)
-        prefetch_rows(kv_ptr, rows, stride_kvs, valid.to(gl.int32), PREFETCH_LATENT)
+        ask = valid.to(gl.int32)
+        prefetch_rows(kv_ptr, rows, stride_kvs, ask, PREFETCH_LATENT)
         if WITH_ROPE:
-            prefetch_rows(kr_ptr, rows, stride_krs, valid.to(gl.int32), PREFETCH_ROPE)
+            prefetch_rows(kr_ptr, rows, stride_krs, ask, PREFETCH_ROPE)
 
     @gluon.jit
     def load_head_rows(dst, ptr, off, stride_h):
