@@ -1,7 +1,7 @@
 """The Gluon SDPA backward beside the Triton backward and cuDNN, in the same run (bf16).
 
     python -m benchmarks.sdpa_gluon_bwd [--shapes 0,1,2] [--causal 0,1] [--dims 128,64]
-                                        [--json PATH]
+                                        [--schedules overlap,serial] [--json PATH]
 
 For each head dim, shape (B*L = 16k tokens, H 32: L 1k, 4k, 16k) and causal flag: the backward
 alone (autograd.grad of one forward's output, the graph kept) and the step (forward and
@@ -10,7 +10,10 @@ forward is fast's default in both), TFLOP/s by both timing methods of :mod:`benc
 (``queued_ms``: do_bench; ``synced_ms``: events and a sync per call) and each fast backend's
 ratio to cuDNN; then the largest difference of the Gluon backward's dq, dk, dv from the Triton
 backward's and from cuDNN's, over the largest magnitude (so that a fast wrong kernel shows).
-FLOPs: backward 10*B*H*L*S*D, step 14*B*H*L*S*D, halved when causal.
+FLOPs: backward 10*B*H*L*S*D, step 14*B*H*L*S*D, halved when causal. ``--schedules``: the
+Gluon backward under each consumer schedule (``sdpa_bwd_gluon.SCHEDULES``) in the same run,
+the first as "gluon", each other as "gluon_<schedule>" (its ratios and its gradients' distance
+from the first's).
 """
 import argparse
 import json
@@ -19,17 +22,30 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention_oracle.fast import sdpa as fast_sdpa
+from attention_oracle.fast.kernels import sdpa_bwd_gluon
 from benchmarks.timing import fast_settings, queued_ms, synced_ms, tflops
 
 SHAPES = [(16, 32, 1024), (4, 32, 4096), (1, 32, 16384)]
 
 
 def _forward(backend, q, k, v, causal):
+    """One forward whose backward is ``backend``'s: "cudnn", "triton", "gluon" (the first
+    schedule) or "gluon_<schedule>"."""
     if backend == "cudnn":
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    fast_sdpa.set_backward_backend(backend)
+    name, _, schedule = backend.partition("_")
+    if name == "gluon":
+        sdpa_bwd_gluon.set_schedule(schedule or _SCHEDULES[0])
+    fast_sdpa.set_backward_backend(name)
     return fast_sdpa.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+_SCHEDULES = [sdpa_bwd_gluon._SCHEDULE.value]  # the first: "gluon" (main sets them)
+
+
+def _backends():
+    return ["cudnn", "triton", "gluon"] + [f"gluon_{s}" for s in _SCHEDULES[1:]]
 
 
 def _spread(x, ref):
@@ -46,7 +62,7 @@ def measure(B, H, L, causal, D, dtype=torch.bfloat16):
     flop = {"bwd": 10 * B * H * L * L * D * scale, "step": 14 * B * H * L * L * D * scale}
     row = dict(B=B, H=H, L=L, D=D, causal=causal)
     grads = {}
-    for backend in ("cudnn", "triton", "gluon"):
+    for backend in _backends():
         out = _forward(backend, *xs, causal)
         grads[backend] = torch.autograd.grad(out, xs, dout, retain_graph=True)
         fns = {"bwd": lambda o=out: torch.autograd.grad(o, xs, dout, retain_graph=True),
@@ -55,7 +71,7 @@ def measure(B, H, L, causal, D, dtype=torch.bfloat16):
             queued, synced = queued_ms(fn), synced_ms(fn)
             row[f"{backend}_{phase}"] = (tflops(flop[phase], queued), tflops(flop[phase], synced))
         del out, fns
-    for backend in ("triton", "gluon"):
+    for backend in _backends()[1:]:
         for phase in ("bwd", "step"):
             (fq, fs), (cq, cs) = row[f"{backend}_{phase}"], row[f"cudnn_{phase}"]
             row[f"{backend}_{phase}_over_cudnn"] = (fq / cq, fs / cs)
@@ -63,7 +79,10 @@ def measure(B, H, L, causal, D, dtype=torch.bfloat16):
         row[f"{name}_gluon_vs_triton"] = _spread(grads["gluon"][i], grads["triton"][i])
         row[f"{name}_gluon_vs_cudnn"] = _spread(grads["gluon"][i], grads["cudnn"][i])
         row[f"{name}_triton_vs_cudnn"] = _spread(grads["triton"][i], grads["cudnn"][i])
+        for backend in _backends()[3:]:
+            row[f"{name}_{backend}_vs_gluon"] = _spread(grads[backend][i], grads["gluon"][i])
     fast_sdpa.set_backward_backend("triton")
+    sdpa_bwd_gluon.set_schedule(_SCHEDULES[0])
     return row
 
 
@@ -72,8 +91,17 @@ def main():
     ap.add_argument("--shapes", default="0,1,2", help="indices into SHAPES")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--dims", default="128,64", help="head dims, comma-separated")
+    ap.add_argument("--schedules", default=None,
+                    help="the Gluon backward's schedules, comma-separated (default: the "
+                    "process's, $ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE or overlap)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.schedules:
+        _SCHEDULES[:] = args.schedules.split(",")
+        for name in _SCHEDULES:
+            if name not in sdpa_bwd_gluon.SCHEDULES:
+                raise SystemExit(f"--schedules: {name!r} is not one of "
+                                 f"{tuple(sdpa_bwd_gluon.SCHEDULES)}")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.sdpa_gluon_bwd needs a CUDA device")
     rows = []
@@ -87,13 +115,14 @@ def main():
                     f"{b} {p} {r[f'{b}_{p}'][0]:.0f} ({r[f'{b}_{p}'][1]:.0f})"
                     + (f" x{r[f'{b}_{p}_over_cudnn'][0]:.2f} ({r[f'{b}_{p}_over_cudnn'][1]:.2f})"
                        if b != "cudnn" else "")
-                    for b in ("cudnn", "triton", "gluon") for p in ("bwd", "step"))
+                    for b in _backends() for p in ("bwd", "step"))
                 diffs = ", ".join(f"{k} {v:.1e}" for k, v in r.items() if "_vs_" in k)
                 print(f"D {D} L {L} causal {causal}: TFLOP/s queued (synced) {cells}; {diffs}",
                       flush=True)
                 if args.json:
                     with open(args.json, "w") as f:
                         json.dump(dict(device=torch.cuda.get_device_name(), rows=rows,
+                                       schedules=list(_SCHEDULES),
                                        fast_settings=fast_settings()), f,
                                   indent=1)
 

@@ -231,7 +231,8 @@ def settings():
     """The process-wide options later calls run under, by name (what a benchmark records
     beside its figures)."""
     return {"forward_backend": _FWD_BACKEND.value, "backward_backend": _BWD_BACKEND.value,
-            "dq_mode": _DQ_MODE.value, "fp32_mode": _FP32.value}
+            "dq_mode": _DQ_MODE.value, "fp32_mode": _FP32.value,
+            "gluon_bwd_schedule": sdpa_bwd_gluon._SCHEDULE.value}
 
 
 def deterministic():

@@ -62,7 +62,7 @@ def test_settings_name_the_options_later_calls_run_under():
     try:
         assert fast_sdpa.settings()["backward_backend"] == "gluon"
         assert set(fast_sdpa.settings()) == {"forward_backend", "backward_backend", "dq_mode",
-                                             "fp32_mode"}
+                                             "fp32_mode", "gluon_bwd_schedule"}
         assert fast_dsa.settings()["fp32_mode"] == "acc64"
     finally:
         fast_sdpa.set_backward_backend(previous[0])

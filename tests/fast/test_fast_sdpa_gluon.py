@@ -48,9 +48,10 @@ def gluon_forward(monkeypatch, scale_error=1.0, backend="gluon"):
 
 
 @contextlib.contextmanager
-def gluon_backward(monkeypatch, scale_error=1.0):
-    """The "gluon" backward backend for the block, counting its launches; ``scale_error``
-    plants a wrong softmax scale in them (the negative control)."""
+def gluon_backward(monkeypatch, scale_error=1.0, schedule="overlap"):
+    """The "gluon" backward backend for the block under ``schedule``
+    (``sdpa_bwd_gluon.SCHEDULES``), counting its launches; ``scale_error`` plants a wrong
+    softmax scale in them (the negative control)."""
     calls = []
     launch = sdpa_bwd_gluon.launch
 
@@ -62,10 +63,12 @@ def gluon_backward(monkeypatch, scale_error=1.0):
 
     monkeypatch.setattr(sdpa_bwd_gluon, "launch", counted)
     previous = fast_sdpa.set_backward_backend("gluon")
+    previous_schedule = sdpa_bwd_gluon.set_schedule(schedule)
     try:
         yield calls
     finally:
         fast_sdpa.set_backward_backend(previous)
+        sdpa_bwd_gluon.set_schedule(previous_schedule)
     assert fast_sdpa.GLUON_BWD.failure is None, fast_sdpa.GLUON_BWD.failure
 
 
@@ -173,13 +176,15 @@ def test_planted_wrong_scale_is_caught(gen, monkeypatch):
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("L,S", [(128, 128), (1000, 1000), (300, 777), (777, 300), (1, 129)])
 @pytest.mark.parametrize("D", sdpa_bwd_gluon.HEAD_DIMS)
-def test_gluon_backward_agrees(dtype, is_causal, L, S, D, gen, monkeypatch):
-    """The Gluon backward on the default forward's statistics: rank 4, B 2, H 3, ragged
-    lengths (key blocks of 128, query blocks of 64), L != S both ways, a single query."""
+@pytest.mark.parametrize("schedule", list(sdpa_bwd_gluon.SCHEDULES))
+def test_gluon_backward_agrees(schedule, dtype, is_causal, L, S, D, gen, monkeypatch):
+    """The Gluon backward on the default forward's statistics, under each consumer schedule:
+    rank 4, B 2, H 3, ragged lengths (key blocks of 128, query blocks of 64), L != S both
+    ways, a single query."""
     q = randn(2, 3, L, D, dtype=dtype, gen=gen)
     k = randn(2, 3, S, D, dtype=dtype, gen=gen)
     v = randn(2, 3, S, D, dtype=dtype, gen=gen)
-    with gluon_backward(monkeypatch) as calls:
+    with gluon_backward(monkeypatch, schedule=schedule) as calls:
         check_case(q, k, v, is_causal=is_causal)
     assert calls, "the Gluon backward did not run"
 
@@ -211,11 +216,13 @@ def test_gluon_backward_falls_back_for_a_broadcast_dout(gen, monkeypatch):
     assert not calls, calls
 
 
-def test_planted_wrong_scale_in_the_backward_is_caught(gen, monkeypatch):
+@pytest.mark.parametrize("schedule", list(sdpa_bwd_gluon.SCHEDULES))
+def test_planted_wrong_scale_in_the_backward_is_caught(schedule, gen, monkeypatch):
     """Negative control: the Gluon backward with the log2(e) factor of its exp2 scale left
     out (P recomputed from natural-unit scores) fails the rule on the gradients."""
     q = randn(2, 3, 300, 128, dtype=torch.bfloat16, gen=gen)
-    with gluon_backward(monkeypatch, scale_error=1 / sdpa_fwd_gluon.LOG2E) as calls:
+    with gluon_backward(monkeypatch, scale_error=1 / sdpa_fwd_gluon.LOG2E,
+                        schedule=schedule) as calls:
         with pytest.raises(AssertionError):
             check_case(q, q.flip(2), q.flip(0))
     assert calls

@@ -28,6 +28,7 @@ Masked out: keys past S, queries past L (their statistics read as m = +inf: P = 
 causal, keys after the query. Gluon does not run under Triton's CPU interpreter: this kernel is
 checked on the GPU by ``tests/fast/test_fast_sdpa_gluon.py``.
 """
+from ..host import Choice
 from ..launch import DirectLauncher, on_device_of
 from .sdpa_fwd_gluon import _ELEMENT_SIZE, GLUON_AVAILABLE, _tma_strides
 
@@ -60,7 +61,18 @@ STAGES = gl.constexpr(2) if GLUON_AVAILABLE else 2  # Q / dO tiles in flight
 WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
 PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
 LOG2E = 1.4426950408889634
+# the consumers' step schedule ($ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE, set_schedule):
+# "overlap" two dS tiles, and at D 128 the step's dQ product queued behind dK's and dV's and
+# waited with them; "serial" one dS tile, dQ's product issued once dK and dV are done. The
+# kernel reads the schedule from the dS allocation's shape (DS_TILES).
+SCHEDULES = {"overlap": 2, "serial": 1}
+_SCHEDULE = Choice("ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE", SCHEDULES, "overlap")
 
+
+def set_schedule(name):
+    """The consumers' schedule of later launches ("overlap" or "serial"); returns the
+    previous one."""
+    return _SCHEDULE.set(name)
 
 if GLUON_AVAILABLE:
 
@@ -93,7 +105,7 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
-                  ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh,
+                  ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh,
                   GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale, W: gl.constexpr,
                   CAUSAL: gl.constexpr):
         """Consumer W: key rows [start_n + 64 W, + 64); dQ columns [W D / 2, + D / 2).
@@ -104,6 +116,7 @@ if GLUON_AVAILABLE:
         # dQ columns per consumer: halves at D 128 (a 64-column slice is one 128-byte swizzle
         # atom); all 64 at D 64, alternate steps
         DQ_COLS: gl.constexpr = D // 2 if D == 128 else D
+        DS_TILES: gl.constexpr = ds_smem.shape[0]  # 2: the "overlap" schedule
         dtype: gl.constexpr = k_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -125,6 +138,8 @@ if GLUON_AVAILABLE:
         for j in range(n_steps):
             stage = j % NSTAGES
             phase = (j // NSTAGES) & 1
+            tile = j % DS_TILES
+            ds_phase = (j // DS_TILES) & 1
             h, start_m = _walk(j, n_m, m0, 0, GROUP)
             # shared-memory views through an opaque zero: descriptors computed where used, not
             # hoisted out of the loop (gluon_common.opaque_zero)
@@ -133,13 +148,14 @@ if GLUON_AVAILABLE:
             k_w = k_all.slice(64 * W, 64)
             v_w = _tile_view(v_smem, zero, 128, D).slice(64 * W, 64)
             k_cols = k_all.slice(DQ_COLS * W % D, DQ_COLS, dim=1)
-            ds_all = ds_smem.index(zero).reshape([128, 64])
+            ds_all = ds_smem.index(tile + zero).reshape([128, 64])
             row = (bh_q0 + h).to(gl.int64) * L
             # this step's row statistics into shared memory (read back where used: held in
-            # registers across the products, 48 of them spilled); the next step's loads issued
-            q_stats.index(3 * W).store(m)
-            q_stats.index(3 * W + 1).store(log_l)
-            q_stats.index(3 * W + 2).store(delta)
+            # registers across the products, 48 of them spilled), one allocation each so that
+            # the three stores need no barrier between them; the next step's loads issued
+            m_smem.index(W).store(m)
+            l_smem.index(W).store(log_l)
+            d_smem.index(W).store(delta)
             partition_barrier()
             h1, start_m1 = _walk(j + 1, n_m, m0, 0, GROUP)
             m, log_l, delta = _row_stats(Stats, s_stat, Delta, (bh_q0 + h1).to(gl.int64) * L,
@@ -156,32 +172,45 @@ if GLUON_AVAILABLE:
                                is_async=True)
             s, dp = warpgroup_mma_wait(0, deps=(s, dp))
             offs_q = start_m + gl.arange(0, 64, layout=queries_l)
-            p = gl.exp2((s * qk_scale - q_stats.index(3 * W + zero).load(queries_l)[None, :])
-                        - q_stats.index(3 * W + 1 + zero).load(queries_l)[None, :])
+            p = gl.exp2((s * qk_scale - m_smem.index(W + zero).load(queries_l)[None, :])
+                        - l_smem.index(W + zero).load(queries_l)[None, :])
             keep = offs_key[:, None] < S
             if CAUSAL:
                 keep = keep & (offs_key[:, None] <= offs_q[None, :])
             p = gl.where(keep, p, 0.0)
-            ds = p * (dp - q_stats.index(3 * W + 2 + zero).load(queries_l)[None, :])
+            ds = p * (dp - d_smem.index(W + zero).load(queries_l)[None, :])
             p_op = gl.convert_layout(p.to(dtype), op_layout)
             ds_op = gl.convert_layout(ds.to(dtype), op_layout)
             dv = warpgroup_mma(p_op, do_t, dv, is_async=True)
             dk = warpgroup_mma(ds_op, q_t, dk, is_async=True)
-            # this half of dS^T for the dQ product, once both halves of the last step are read
-            mbarrier.wait(ds_free.index(0), (j & 1) ^ 1)
+            # this half of dS^T for the dQ product, once both halves of the tile's last step
+            # are read
+            mbarrier.wait(ds_free.index(tile), ds_phase ^ 1)
             ds_all.slice(64 * W, 64).store(ds.to(dtype))
             fence_async_shared()
-            _release(ds_ready, 0)
-            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
-            _release(qd_empty, stage)
-            mbarrier.wait(ds_ready.index(0), j & 1)
-            if DQ_COLS < D:  # each consumer its half of dQ's columns
-                _add_dq(ds_all, k_cols, ds_free, DQ, row, start_m, L, scale, DQ_COLS * W, D,
-                        dq_layout)
-            elif j % 2 == W:  # D 64: the consumers take the steps' dQ in turn
-                _add_dq(ds_all, k_cols, ds_free, DQ, row, start_m, L, scale, 0, D, dq_layout)
+            _release(ds_ready, tile)
+            if DS_TILES == 2 and DQ_COLS < D:
+                # dQ's product queued behind dK's and dV's as soon as both halves are stored
+                mbarrier.wait(ds_ready.index(tile), ds_phase)
+                dq = warpgroup_mma(ds_all.permute((1, 0)), k_cols,
+                                   gl.zeros([64, DQ_COLS], gl.float32, layout=dq_layout),
+                                   use_acc=False, is_async=True)
+                dv, dk, p_op, ds_op, dq = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op, dq))
+                _release(qd_empty, stage)
+                _release(ds_free, tile)
+                _atomic_dq(dq, DQ, row, start_m, L, scale, DQ_COLS * W, D, dq_layout)
             else:
-                _release(ds_free, 0)
+                dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
+                _release(qd_empty, stage)
+                mbarrier.wait(ds_ready.index(tile), ds_phase)
+                if DQ_COLS < D:  # each consumer its half of dQ's columns
+                    _add_dq(ds_all, k_cols, ds_free, tile, DQ, row, start_m, L, scale,
+                            DQ_COLS * W, D, dq_layout)
+                elif j % 2 == W:  # D 64: the consumers take the steps' dQ in turn
+                    _add_dq(ds_all, k_cols, ds_free, tile, DQ, row, start_m, L, scale, 0, D,
+                            dq_layout)
+                else:
+                    _release(ds_free, tile)
 
         rows = start_n + 64 * W + gl.arange(0, 64, layout=gl.SliceLayout(1, acc_layout))
         cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
@@ -204,17 +233,24 @@ if GLUON_AVAILABLE:
         return m, log_l, delta
 
     @gluon.jit
-    def _add_dq(ds_smem, k_cols, ds_free, DQ, row, start_m, L, scale, col0, D,
+    def _add_dq(ds_smem, k_cols, ds_free, tile, DQ, row, start_m, L, scale, col0, D,
                 dq_layout: gl.constexpr):
         """DQ[row + start_m + i, col0 + c] (row stride D) += scale * dS . K[:, cols] over the
         128 keys, dS the transposed view of ds_smem [128 keys, 64 queries], K[:, cols] =
-        k_cols [128, N]; frees ds_smem once read."""
+        k_cols [128, N]; frees dS tile ``tile`` once read."""
         N: gl.constexpr = k_cols.shape[1]
         dq = warpgroup_mma(ds_smem.permute((1, 0)), k_cols,
                            gl.zeros([64, N], gl.float32, layout=dq_layout), use_acc=False,
                            is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
-        _release(ds_free, 0)
+        _release(ds_free, tile)
+        _atomic_dq(dq, DQ, row, start_m, L, scale, col0, D, dq_layout)
+
+    @gluon.jit
+    def _atomic_dq(dq, DQ, row, start_m, L, scale, col0, D, dq_layout: gl.constexpr):
+        """DQ[row + start_m + i, col0 + c] (row stride D) += scale * dq[i, c], rows past L
+        left alone."""
+        N: gl.constexpr = dq.shape[1]
         rows = start_m + gl.arange(0, 64, layout=gl.SliceLayout(1, dq_layout))
         cols = col0 + gl.arange(0, N, layout=gl.SliceLayout(0, dq_layout))
         gl.atomic_add(DQ + (row + rows[:, None]) * D + cols[None, :], dq * scale,
@@ -222,29 +258,31 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _consumer1(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
-                   ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh,
+                   ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh,
                    GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale):
         _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
-                  ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh,
+                  ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh,
                   GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale, 1, False)
 
     @gluon.jit
     def _consumer1_causal(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full,
-                          qd_empty, ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK,
+                          qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK,
                           DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale,
                           scale):
         _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
-                  ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh,
+                  ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh,
                   GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale, 1, True)
 
     @gluon.jit
     def sdpa_bwd_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, Stats, s_stat, Delta, DQ, DK,
                                  DV, Z2, HQ, GROUP, L, S, qk_scale, scale,
-                                 CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                                 CAUSAL: gl.constexpr, DS_TILES: gl.constexpr,
+                                 num_warps: gl.constexpr):
         """Grid (cdiv(S, 128), Z1*Z2*HKV); descriptors over rank-5 q, dout (blocks [1, 1, 1, 64,
         D]) and k, v (blocks [1, 1, 1, 128, D]); Stats rows m (log2 units) and log2 l (row
         stride s_stat), Delta [Z1*Z2*HQ, L] fp32; DQ rank-5 contiguous fp32 (added to), DK
-        and DV rank-5 contiguous in the input dtype."""
+        and DV rank-5 contiguous in the input dtype; DS_TILES the schedule's dS tiles
+        (SCHEDULES)."""
         dtype: gl.constexpr = q_desc.dtype
         pid_n = gl.program_id(0)
         pid_bh = gl.program_id(1)
@@ -271,27 +309,30 @@ if GLUON_AVAILABLE:
         do_ring = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape,
                                             do_desc.layout)
         ds_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([128, 64], dtype)
-        ds_smem = gl.allocate_shared_memory(dtype, [1, 128, 64], ds_l)
+        ds_smem = gl.allocate_shared_memory(dtype, [DS_TILES, 128, 64], ds_l)
         kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         do_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         qd_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        ds_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-        ds_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-        # per consumer W: [3 W + i] the step's m, log2 l, Delta (_consumer)
-        q_stats = gl.allocate_shared_memory(gl.float32, [6, 64],
-                                            gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        ds_ready = gl.allocate_shared_memory(gl.int64, [DS_TILES, 1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [DS_TILES, 1], mbarrier.MBarrierLayout())
+        # per consumer W: [W] the step's m, log2 l, Delta (_consumer)
+        stats_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        m_smem = gl.allocate_shared_memory(gl.float32, [2, 64], stats_l)
+        l_smem = gl.allocate_shared_memory(gl.float32, [2, 64], stats_l)
+        d_smem = gl.allocate_shared_memory(gl.float32, [2, 64], stats_l)
         mbarrier.init(kv_bar.index(0), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(q_full.index(i), count=1)
             mbarrier.init(do_full.index(i), count=1)
             mbarrier.init(qd_empty.index(i), count=2)
-        mbarrier.init(ds_ready.index(0), count=2)
-        mbarrier.init(ds_free.index(0), count=2)
+        for i in gl.static_range(DS_TILES):
+            mbarrier.init(ds_ready.index(i), count=2)
+            mbarrier.init(ds_free.index(i), count=2)
         fence_async_shared()
 
         consumer_args = (k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full,
-                         qd_empty, ds_ready, ds_free, q_stats, Stats, s_stat, Delta, DQ, DK, DV,
+                         qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV,
                          bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale)
         producer_args = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_ring, do_ring,
                          kv_bar, q_full, do_full, qd_empty, z1, z2, hk, GROUP, start_n, m0,
@@ -323,7 +364,7 @@ def plan(gluon_fwd_plan, dout_stride, dtype):
     return gluon_fwd_plan + (tuple(dout_stride),)
 
 
-def _prepare(dout, query, key, value, stats, bwd_plan):
+def _prepare(dout, query, key, value, stats, bwd_plan, schedule):
     """The descriptors' fields, the grid, the int arguments and the constexprs of one plan."""
     (qs, ks, vs), (qst, kst, vst), is_causal, scale, dst = bwd_plan
     Z1, Z2, HQ, L, _ = qs
@@ -331,7 +372,8 @@ def _prepare(dout, query, key, value, stats, bwd_plan):
     descs = (_descriptor(query, qs, qst, BLOCK_M), _descriptor(key, ks, kst, BLOCK_N),
              _descriptor(value, vs, vst, BLOCK_N), _descriptor(dout, qs, dst, BLOCK_M))
     ints = (Z2, HQ, HQ // HKV, L, S, scale * LOG2E, scale)
-    return descriptor_fields(descs), (-(-S // BLOCK_N), Z1 * Z2 * HKV), ints, dict(CAUSAL=is_causal, num_warps=4)
+    meta = dict(CAUSAL=is_causal, DS_TILES=SCHEDULES[schedule], num_warps=4)
+    return descriptor_fields(descs), (-(-S // BLOCK_N), Z1 * Z2 * HKV), ints, meta
 
 
 def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan):
@@ -339,9 +381,10 @@ def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan):
     contiguous as rank-5 [Z1, Z2, H, rows, D], from query, key, value and dout read as the
     plan's rank-5 shapes and strides; ``stats`` the forward's row statistics ([R, ...] float32,
     rows m and log2 l), ``delta`` [Z1*Z2*HQ, L] float32 = rowsum(dO * O)."""
-    cache_key = (bwd_plan, query.dtype)  # a 5-tuple plan: never a forward's key
+    schedule = _SCHEDULE.value
+    cache_key = (bwd_plan, query.dtype, schedule)  # a 5-tuple plan: never a forward's key
     prepared = _PREPARED.get(cache_key) or keep_prepared(
-        cache_key, _prepare(dout, query, key, value, stats, bwd_plan))
+        cache_key, _prepare(dout, query, key, value, stats, bwd_plan, schedule))
     (fq, fk, fv, fd), grid, ints, meta = prepared
     args = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
             _unchecked(fd, dout), stats, stats.stride(0), delta, dq_sum, dk, dv, *ints)
