@@ -6,8 +6,8 @@ Names (all by default): ``dsa_fwd``, ``dsa_fwd_nope``, ``dsa_bwd``, ``dsa_bwd_no
 ``dsa_fwd_prefetch``, ``dsa_bwd_prefetch`` (the L2 prefetch one block or pair ahead),
 ``sdpa_fwd_d64``, ``sdpa_fwd_d128``, ``sdpa_fwd_d128_causal``, ``sdpa_fwd_d128_pingpong``,
 ``sdpa_fwd_d128_causal_pingpong`` (the forward's opt-in ping-pong form), ``sdpa_bwd_d64``,
-``sdpa_bwd_d128``, ``sdpa_bwd_d128_causal``, ``sdpa_bwd_d64_serial``, ``sdpa_bwd_d128_serial``
-(the backward's "serial" schedule): the production configuration of each kernel in
+``sdpa_bwd_d128``, ``sdpa_bwd_d128_causal``, ``sdpa_bwd_d64_split``, ``sdpa_bwd_d128_split``,
+``sdpa_bwd_d128_causal_split3`` (the backward's other schedules): the production configuration of each kernel in
 bf16 (DSA: H 64, 512 + 64 or 512, int32 indices and lengths; SDPA: the default tile), with
 pointer and stride arguments divisible by 16 as the launches specialise them. Prints the
 shared memory each needs (the H200 allows 232448 bytes) and, from the ptxas bundled with
@@ -82,13 +82,14 @@ def _sdpa_fwd(head_dim, causal, pingpong=False, config=None):
     return _compile(kernel, signature, constexprs, ["Stats"])
 
 
-def _sdpa_bwd(head_dim, causal, schedule="overlap"):
+def _sdpa_bwd(head_dim, causal, schedule="serial"):
     bm, bn = sdpa_bwd_gluon.BLOCK_M, sdpa_bwd_gluon.BLOCK_N
+    split, stages = sdpa_bwd_gluon.SCHEDULES[schedule]
     signature = dict(_SDPA_SCALARS, q_desc=_descriptor(bm, head_dim),
                      k_desc=_descriptor(bn, head_dim), v_desc=_descriptor(bn, head_dim),
                      do_desc=_descriptor(bm, head_dim))
     return _compile(sdpa_bwd_gluon.sdpa_bwd_gluon_ws_kernel, signature,
-                    dict(CAUSAL=causal, DS_TILES=sdpa_bwd_gluon.SCHEDULES[schedule], num_warps=4),
+                    dict(CAUSAL=causal, SPLIT=split, STAGES=stages, num_warps=4),
                     ["Stats", "Delta", "DQ", "DK", "DV"])
 
 
@@ -126,8 +127,9 @@ def variants():
         "sdpa_bwd_d64": lambda: _sdpa_bwd(64, False),
         "sdpa_bwd_d128": lambda: _sdpa_bwd(128, False),
         "sdpa_bwd_d128_causal": lambda: _sdpa_bwd(128, True),
-        "sdpa_bwd_d64_serial": lambda: _sdpa_bwd(64, False, "serial"),
-        "sdpa_bwd_d128_serial": lambda: _sdpa_bwd(128, False, "serial"),
+        "sdpa_bwd_d64_split": lambda: _sdpa_bwd(64, False, "split"),
+        "sdpa_bwd_d128_split": lambda: _sdpa_bwd(128, False, "split"),
+        "sdpa_bwd_d128_causal_split3": lambda: _sdpa_bwd(128, True, "split3"),
     }
 
 

@@ -18,11 +18,13 @@ roles:
 * two consumer warpgroups own key rows [64 w, 64 w + 64) of the block (w = 0: the default
   partition, 1: a worker): S^T = K_w Q^T and dP^T = V_w dO^T ([64 keys, 64 queries]), P^T and
   dS^T in registers, dV_w += P^T dO and dK_w += dS^T Q with P^T and dS^T as register operands
-  (dK_w and dV_w [64, D] fp32 accumulate over the whole walk); each stores its dS^T (bf16)
-  into one [128 keys, 64 queries] tile, and once both halves are there consumer w forms
-  dQ's columns [w D / 2, (w + 1) D / 2) of the query block over all 128 keys (dS from that
-  tile, K's columns from shared memory) and adds them, times the scale, to the fp32 dQ
-  buffer.
+  (dK_w and dV_w [64, D] fp32 accumulate over the whole walk). dQ, under the "serial"
+  schedule (the default): each stores its dS^T (bf16) into one [128 keys, 64 queries] tile,
+  and once both halves are there consumer w forms dQ's columns [w D / 2, (w + 1) D / 2) of
+  the query block over all 128 keys (dS from that tile, K's columns from shared memory) and
+  adds them, times the scale, to the fp32 dQ buffer (at D 64 the consumers take the steps'
+  dQ in turn). Under "split": each stores its dS^T into a tile of its own and adds dQ over
+  its own 64 keys, every column, without waiting for the other (twice the additions).
 
 Masked out: keys past S, queries past L (their statistics read as m = +inf: P = 0) and, when
 causal, keys after the query. Gluon does not run under Triton's CPU interpreter: this kernel is
@@ -57,21 +59,22 @@ if GLUON_AVAILABLE:
 HEAD_DIMS = (64, 128)
 BLOCK_M = 64    # query rows a step
 BLOCK_N = 128   # key rows a program (64 per consumer)
-STAGES = gl.constexpr(2) if GLUON_AVAILABLE else 2  # Q / dO tiles in flight
 WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
 PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
 LOG2E = 1.4426950408889634
 # the consumers' step schedule ($ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE, set_schedule):
-# "overlap" two dS tiles, and at D 128 the step's dQ product queued behind dK's and dV's and
-# waited with them; "serial" one dS tile, dQ's product issued once dK and dV are done. The
-# kernel reads the schedule from the dS allocation's shape (DS_TILES).
-SCHEDULES = {"overlap": 2, "serial": 1}
-_SCHEDULE = Choice("ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE", SCHEDULES, "overlap")
+# name -> (split, Q / dO stages). "serial": the consumers meet each step (one [128 keys, 64
+# queries] dS tile, both halves, then each its share of dQ's columns over all 128 keys);
+# "split": each consumer adds dQ over its own 64 keys (its own dS tile, all of dQ's columns:
+# twice the atomic additions, no meeting). The kernel reads the split from the dS allocation's
+# shape and the stages from the ring's.
+SCHEDULES = {"serial": (False, 2), "split": (True, 2), "split3": (True, 3)}
+_SCHEDULE = Choice("ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE", SCHEDULES, "serial")
 
 
 def set_schedule(name):
-    """The consumers' schedule of later launches ("overlap" or "serial"); returns the
-    previous one."""
+    """The consumers' schedule of later launches (a name in SCHEDULES); returns the previous
+    one."""
     return _SCHEDULE.set(name)
 
 if GLUON_AVAILABLE:
@@ -116,7 +119,7 @@ if GLUON_AVAILABLE:
         # dQ columns per consumer: halves at D 128 (a 64-column slice is one 128-byte swizzle
         # atom); all 64 at D 64, alternate steps
         DQ_COLS: gl.constexpr = D // 2 if D == 128 else D
-        DS_TILES: gl.constexpr = ds_smem.shape[0]  # 2: the "overlap" schedule
+        SPLIT: gl.constexpr = ds_smem.shape[1] == 64  # a dS tile per consumer: "split"
         dtype: gl.constexpr = k_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -138,8 +141,6 @@ if GLUON_AVAILABLE:
         for j in range(n_steps):
             stage = j % NSTAGES
             phase = (j // NSTAGES) & 1
-            tile = j % DS_TILES
-            ds_phase = (j // DS_TILES) & 1
             h, start_m = _walk(j, n_m, m0, 0, GROUP)
             # shared-memory views through an opaque zero: descriptors computed where used, not
             # hoisted out of the loop (gluon_common.opaque_zero)
@@ -148,7 +149,7 @@ if GLUON_AVAILABLE:
             k_w = k_all.slice(64 * W, 64)
             v_w = _tile_view(v_smem, zero, 128, D).slice(64 * W, 64)
             k_cols = k_all.slice(DQ_COLS * W % D, DQ_COLS, dim=1)
-            ds_all = ds_smem.index(tile + zero).reshape([128, 64])
+            ds_all = ds_smem.index(zero + W * SPLIT).reshape([ds_smem.shape[1], 64])
             row = (bh_q0 + h).to(gl.int64) * L
             # this step's row statistics into shared memory (read back where used: held in
             # registers across the products, 48 of them spilled), one allocation each so that
@@ -183,34 +184,39 @@ if GLUON_AVAILABLE:
             ds_op = gl.convert_layout(ds.to(dtype), op_layout)
             dv = warpgroup_mma(p_op, do_t, dv, is_async=True)
             dk = warpgroup_mma(ds_op, q_t, dk, is_async=True)
-            # this half of dS^T for the dQ product, once both halves of the tile's last step
-            # are read
-            mbarrier.wait(ds_free.index(tile), ds_phase ^ 1)
-            ds_all.slice(64 * W, 64).store(ds.to(dtype))
-            fence_async_shared()
-            _release(ds_ready, tile)
-            if DS_TILES == 2 and DQ_COLS < D:
-                # dQ's product queued behind dK's and dV's as soon as both halves are stored
-                mbarrier.wait(ds_ready.index(tile), ds_phase)
-                dq = warpgroup_mma(ds_all.permute((1, 0)), k_cols,
-                                   gl.zeros([64, DQ_COLS], gl.float32, layout=dq_layout),
-                                   use_acc=False, is_async=True)
-                dv, dk, p_op, ds_op, dq = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op, dq))
-                _release(qd_empty, stage)
-                _release(ds_free, tile)
-                _atomic_dq(dq, DQ, row, start_m, L, scale, DQ_COLS * W, D, dq_layout)
+            if SPLIT:  # dQ over this consumer's keys, all of its columns, 64 at a time
+                ds_all.store(ds.to(dtype))
+                fence_async_shared()
+                partition_barrier()
+                for c in gl.static_range(D // 64):
+                    dq = warpgroup_mma(ds_all.permute((1, 0)), k_w.slice(64 * c, 64, dim=1),
+                                       gl.zeros([64, 64], gl.float32, layout=dq_layout),
+                                       use_acc=False, is_async=True)
+                    if c == 0:
+                        dv, dk, p_op, ds_op, dq = warpgroup_mma_wait(
+                            0, deps=(dv, dk, p_op, ds_op, dq))
+                        _release(qd_empty, stage)
+                    else:
+                        dq = warpgroup_mma_wait(0, deps=(dq, ))
+                    _atomic_dq(dq, DQ, row, start_m, L, scale, 64 * c, D, dq_layout)
             else:
+                # this half of dS^T for the dQ product, once both halves of the last step are
+                # read
+                mbarrier.wait(ds_free.index(0), (j & 1) ^ 1)
+                ds_all.slice(64 * W, 64).store(ds.to(dtype))
+                fence_async_shared()
+                _release(ds_ready, 0)
                 dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, p_op, ds_op))
                 _release(qd_empty, stage)
-                mbarrier.wait(ds_ready.index(tile), ds_phase)
+                mbarrier.wait(ds_ready.index(0), j & 1)
                 if DQ_COLS < D:  # each consumer its half of dQ's columns
-                    _add_dq(ds_all, k_cols, ds_free, tile, DQ, row, start_m, L, scale,
-                            DQ_COLS * W, D, dq_layout)
+                    _add_dq(ds_all, k_cols, ds_free, DQ, row, start_m, L, scale, DQ_COLS * W,
+                            D, dq_layout)
                 elif j % 2 == W:  # D 64: the consumers take the steps' dQ in turn
-                    _add_dq(ds_all, k_cols, ds_free, tile, DQ, row, start_m, L, scale, 0, D,
+                    _add_dq(ds_all, k_cols, ds_free, DQ, row, start_m, L, scale, 0, D,
                             dq_layout)
                 else:
-                    _release(ds_free, tile)
+                    _release(ds_free, 0)
 
         rows = start_n + 64 * W + gl.arange(0, 64, layout=gl.SliceLayout(1, acc_layout))
         cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
@@ -233,17 +239,17 @@ if GLUON_AVAILABLE:
         return m, log_l, delta
 
     @gluon.jit
-    def _add_dq(ds_smem, k_cols, ds_free, tile, DQ, row, start_m, L, scale, col0, D,
+    def _add_dq(ds_smem, k_cols, ds_free, DQ, row, start_m, L, scale, col0, D,
                 dq_layout: gl.constexpr):
         """DQ[row + start_m + i, col0 + c] (row stride D) += scale * dS . K[:, cols] over the
         128 keys, dS the transposed view of ds_smem [128 keys, 64 queries], K[:, cols] =
-        k_cols [128, N]; frees dS tile ``tile`` once read."""
+        k_cols [128, N]; frees ds_smem once read."""
         N: gl.constexpr = k_cols.shape[1]
         dq = warpgroup_mma(ds_smem.permute((1, 0)), k_cols,
                            gl.zeros([64, N], gl.float32, layout=dq_layout), use_acc=False,
                            is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
-        _release(ds_free, tile)
+        _release(ds_free, 0)
         _atomic_dq(dq, DQ, row, start_m, L, scale, col0, D, dq_layout)
 
     @gluon.jit
@@ -276,12 +282,12 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def sdpa_bwd_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, Stats, s_stat, Delta, DQ, DK,
                                  DV, Z2, HQ, GROUP, L, S, qk_scale, scale,
-                                 CAUSAL: gl.constexpr, DS_TILES: gl.constexpr,
-                                 num_warps: gl.constexpr):
+                                 CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
+                                 STAGES: gl.constexpr, num_warps: gl.constexpr):
         """Grid (cdiv(S, 128), Z1*Z2*HKV); descriptors over rank-5 q, dout (blocks [1, 1, 1, 64,
         D]) and k, v (blocks [1, 1, 1, 128, D]); Stats rows m (log2 units) and log2 l (row
         stride s_stat), Delta [Z1*Z2*HQ, L] fp32; DQ rank-5 contiguous fp32 (added to), DK
-        and DV rank-5 contiguous in the input dtype; DS_TILES the schedule's dS tiles
+        and DV rank-5 contiguous in the input dtype; SPLIT and STAGES the schedule's
         (SCHEDULES)."""
         dtype: gl.constexpr = q_desc.dtype
         pid_n = gl.program_id(0)
@@ -309,13 +315,16 @@ if GLUON_AVAILABLE:
         do_ring = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape,
                                             do_desc.layout)
         ds_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([128, 64], dtype)
-        ds_smem = gl.allocate_shared_memory(dtype, [DS_TILES, 128, 64], ds_l)
+        if SPLIT:  # a [64 keys, 64 queries] tile per consumer
+            ds_smem = gl.allocate_shared_memory(dtype, [2, 64, 64], ds_l)
+        else:  # one [128 keys, 64 queries] tile, a half per consumer
+            ds_smem = gl.allocate_shared_memory(dtype, [1, 128, 64], ds_l)
         kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         do_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         qd_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        ds_ready = gl.allocate_shared_memory(gl.int64, [DS_TILES, 1], mbarrier.MBarrierLayout())
-        ds_free = gl.allocate_shared_memory(gl.int64, [DS_TILES, 1], mbarrier.MBarrierLayout())
+        ds_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         # per consumer W: [W] the step's m, log2 l, Delta (_consumer)
         stats_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         m_smem = gl.allocate_shared_memory(gl.float32, [2, 64], stats_l)
@@ -326,9 +335,8 @@ if GLUON_AVAILABLE:
             mbarrier.init(q_full.index(i), count=1)
             mbarrier.init(do_full.index(i), count=1)
             mbarrier.init(qd_empty.index(i), count=2)
-        for i in gl.static_range(DS_TILES):
-            mbarrier.init(ds_ready.index(i), count=2)
-            mbarrier.init(ds_free.index(i), count=2)
+        mbarrier.init(ds_ready.index(0), count=2)
+        mbarrier.init(ds_free.index(0), count=2)
         fence_async_shared()
 
         consumer_args = (k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full,
@@ -372,7 +380,8 @@ def _prepare(dout, query, key, value, stats, bwd_plan, schedule):
     descs = (_descriptor(query, qs, qst, BLOCK_M), _descriptor(key, ks, kst, BLOCK_N),
              _descriptor(value, vs, vst, BLOCK_N), _descriptor(dout, qs, dst, BLOCK_M))
     ints = (Z2, HQ, HQ // HKV, L, S, scale * LOG2E, scale)
-    meta = dict(CAUSAL=is_causal, DS_TILES=SCHEDULES[schedule], num_warps=4)
+    split, stages = SCHEDULES[schedule]
+    meta = dict(CAUSAL=is_causal, SPLIT=split, STAGES=stages, num_warps=4)
     return descriptor_fields(descs), (-(-S // BLOCK_N), Z1 * Z2 * HKV), ints, meta
 
 
