@@ -49,11 +49,11 @@ EXPECTED_FORMS = {
                       "m64n64k16 A smem trans 11"},
     "sdpa_bwd_d128_causal": {"m64n64k16 A smem trans 00", "m64n128k16 A regs trans 1",
                              "m64n64k16 A smem trans 11"},
-    "sdpa_bwd_d64_split": {"m64n64k16 A smem trans 00", "m64n64k16 A regs trans 1",
+    "sdpa_bwd_d64_tma": {"m64n64k16 A smem trans 00", "m64n64k16 A regs trans 1",
                            "m64n64k16 A smem trans 11"},
-    "sdpa_bwd_d128_split": {"m64n64k16 A smem trans 00", "m64n128k16 A regs trans 1",
+    "sdpa_bwd_d128_tma": {"m64n64k16 A smem trans 00", "m64n128k16 A regs trans 1",
                             "m64n64k16 A smem trans 11"},
-    "sdpa_bwd_d128_causal_split3": {"m64n64k16 A smem trans 00", "m64n128k16 A regs trans 1",
+    "sdpa_bwd_d128_causal_split_tma": {"m64n64k16 A smem trans 00", "m64n128k16 A regs trans 1",
                                     "m64n64k16 A smem trans 11"},
 }
 

@@ -8,6 +8,13 @@ H200 machines) and 3.8 (CI's pins, constraints.txt).
 
 ``opaque_zero(i)``: 0, which the compiler cannot see through, for shared-memory indices in
 loops (below).
+
+``tma_add(desc, coord, value)``: the block of ``desc`` at ``coord`` in global memory += value
+(a register tensor of the block's shape, leading unit dims dropped), as one TMA reduction
+(``cp.reduce.async.bulk.tensor``): Triton's descriptor reduce (what ``tl``'s
+``desc.atomic_add`` builds), which its TMA lowering turns into a shared-memory tile, the bulk
+reduction and a wait until the tile has been read. Elements outside the descriptor's shape are
+left alone. Triton 3.6's Gluon has no wrapper of its own for it.
 """
 try:  # Gluon is experimental: a Triton without it leaves the Gluon paths off
     from triton.experimental import gluon
@@ -41,3 +48,14 @@ if GLUON_AVAILABLE:
         reloaded before every wgmma; docs/FINDINGS.md F31)."""
         return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [i], dtype=gl.int32,
                                          is_pure=False, pack=1)
+
+
+if GLUON_AVAILABLE:
+    from triton._C.libtriton import ir
+    from triton.experimental.gluon.language._core import builtin
+
+    @builtin
+    def tma_add(desc, coord, value, _semantic=None):
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_descriptor_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle,
+                                                   value.handle, coord)

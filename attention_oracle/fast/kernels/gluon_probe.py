@@ -6,8 +6,8 @@ Names (all by default): ``dsa_fwd``, ``dsa_fwd_nope``, ``dsa_bwd``, ``dsa_bwd_no
 ``dsa_fwd_prefetch``, ``dsa_bwd_prefetch`` (the L2 prefetch one block or pair ahead),
 ``sdpa_fwd_d64``, ``sdpa_fwd_d128``, ``sdpa_fwd_d128_causal``, ``sdpa_fwd_d128_pingpong``,
 ``sdpa_fwd_d128_causal_pingpong`` (the forward's opt-in ping-pong form), ``sdpa_bwd_d64``,
-``sdpa_bwd_d128``, ``sdpa_bwd_d128_causal``, ``sdpa_bwd_d64_split``, ``sdpa_bwd_d128_split``,
-``sdpa_bwd_d128_causal_split3`` (the backward's other schedules): the production configuration of each kernel in
+``sdpa_bwd_d128``, ``sdpa_bwd_d128_causal``, ``sdpa_bwd_d64_tma``, ``sdpa_bwd_d128_tma``,
+``sdpa_bwd_d128_causal_split_tma`` (the backward's other schedules): the production configuration of each kernel in
 bf16 (DSA: H 64, 512 + 64 or 512, int32 indices and lengths; SDPA: the default tile), with
 pointer and stride arguments divisible by 16 as the launches specialise them. Prints the
 shared memory each needs (the H200 allows 232448 bytes) and, from the ptxas bundled with
@@ -84,12 +84,14 @@ def _sdpa_fwd(head_dim, causal, pingpong=False, config=None):
 
 def _sdpa_bwd(head_dim, causal, schedule="serial"):
     bm, bn = sdpa_bwd_gluon.BLOCK_M, sdpa_bwd_gluon.BLOCK_N
-    split, stages = sdpa_bwd_gluon.SCHEDULES[schedule]
+    split, stages, dq_tma = sdpa_bwd_gluon.SCHEDULES[schedule]
+    dq_layout = gl.NVMMASharedLayout.get_default_for([1, 64, 64], gl.float32)
     signature = dict(_SDPA_SCALARS, q_desc=_descriptor(bm, head_dim),
                      k_desc=_descriptor(bn, head_dim), v_desc=_descriptor(bn, head_dim),
-                     do_desc=_descriptor(bm, head_dim))
+                     do_desc=_descriptor(bm, head_dim),
+                     dq_desc=f"tensordesc<fp32[1, 64, 64],{dq_layout!r}>")
     return _compile(sdpa_bwd_gluon.sdpa_bwd_gluon_ws_kernel, signature,
-                    dict(CAUSAL=causal, SPLIT=split, STAGES=stages, num_warps=4),
+                    dict(CAUSAL=causal, SPLIT=split, STAGES=stages, DQ_TMA=dq_tma, num_warps=4),
                     ["Stats", "Delta", "DQ", "DK", "DV"])
 
 
@@ -127,9 +129,9 @@ def variants():
         "sdpa_bwd_d64": lambda: _sdpa_bwd(64, False),
         "sdpa_bwd_d128": lambda: _sdpa_bwd(128, False),
         "sdpa_bwd_d128_causal": lambda: _sdpa_bwd(128, True),
-        "sdpa_bwd_d64_split": lambda: _sdpa_bwd(64, False, "split"),
-        "sdpa_bwd_d128_split": lambda: _sdpa_bwd(128, False, "split"),
-        "sdpa_bwd_d128_causal_split3": lambda: _sdpa_bwd(128, True, "split3"),
+        "sdpa_bwd_d64_tma": lambda: _sdpa_bwd(64, False, "tma"),
+        "sdpa_bwd_d128_tma": lambda: _sdpa_bwd(128, False, "tma"),
+        "sdpa_bwd_d128_causal_split_tma": lambda: _sdpa_bwd(128, True, "split_tma"),
     }
 
 

@@ -30,6 +30,8 @@ Masked out: keys past S, queries past L (their statistics read as m = +inf: P = 
 causal, keys after the query. Gluon does not run under Triton's CPU interpreter: this kernel is
 checked on the GPU by ``tests/fast/test_fast_sdpa_gluon.py``.
 """
+import functools
+
 from ..host import Choice
 from ..launch import DirectLauncher, on_device_of
 from .sdpa_fwd_gluon import _ELEMENT_SIZE, GLUON_AVAILABLE, _tma_strides
@@ -45,7 +47,9 @@ if GLUON_AVAILABLE:
         warpgroup_mma_wait,
     )
 
-    from .gluon_common import opaque_zero, partition_barrier
+    from .gluon_common import opaque_zero, partition_barrier, tma_add
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
     from .sdpa_fwd_gluon import (
         _PREPARED,
         _descriptor,
@@ -63,12 +67,14 @@ WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
 PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
 LOG2E = 1.4426950408889634
 # the consumers' step schedule ($ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE, set_schedule):
-# name -> (split, Q / dO stages). "serial": the consumers meet each step (one [128 keys, 64
-# queries] dS tile, both halves, then each its share of dQ's columns over all 128 keys);
-# "split": each consumer adds dQ over its own 64 keys (its own dS tile, all of dQ's columns:
-# twice the atomic additions, no meeting). The kernel reads the split from the dS allocation's
-# shape and the stages from the ring's.
-SCHEDULES = {"serial": (False, 2), "split": (True, 2), "split3": (True, 3)}
+# name -> (split, Q / dO stages, dQ by TMA). "serial": the consumers meet each step (one
+# [128 keys, 64 queries] dS tile, both halves, then each its share of dQ's columns over all 128
+# keys); "split": each consumer adds dQ over its own 64 keys (its own dS tile, all of dQ's
+# columns: twice the additions, no meeting). dQ's [64, 64] tiles go to the fp32 buffer by
+# atomics, or under "tma" / "split_tma" as TMA reductions (gluon_common.tma_add). The kernel
+# reads the split from the dS allocation's shape and the stages from the ring's.
+SCHEDULES = {"serial": (False, 2, False), "tma": (False, 2, True),
+             "split_tma": (True, 2, True)}
 _SCHEDULE = Choice("ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE", SCHEDULES, "serial")
 
 
@@ -108,8 +114,9 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
-                  ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh,
-                  GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale, W: gl.constexpr,
+                  ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV,
+                  bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale,
+                  dq_desc, dq_tma, W: gl.constexpr,
                   CAUSAL: gl.constexpr):
         """Consumer W: key rows [start_n + 64 W, + 64); dQ columns [W D / 2, + D / 2).
         ``bh_q0``: the row of the group's first query head in Stats / Delta (units of L
@@ -198,7 +205,8 @@ if GLUON_AVAILABLE:
                         _release(qd_empty, stage)
                     else:
                         dq = warpgroup_mma_wait(0, deps=(dq, ))
-                    _atomic_dq(dq, DQ, row, start_m, L, scale, 64 * c, D, dq_layout)
+                    _sink_dq(dq, DQ, dq_desc, dq_tma, bh_q0 + h, row, start_m, L, scale,
+                             64 * c, D, dq_layout)
             else:
                 # this half of dS^T for the dQ product, once both halves of the last step are
                 # read
@@ -210,11 +218,11 @@ if GLUON_AVAILABLE:
                 _release(qd_empty, stage)
                 mbarrier.wait(ds_ready.index(0), j & 1)
                 if DQ_COLS < D:  # each consumer its half of dQ's columns
-                    _add_dq(ds_all, k_cols, ds_free, DQ, row, start_m, L, scale, DQ_COLS * W,
-                            D, dq_layout)
+                    _add_dq(ds_all, k_cols, ds_free, DQ, dq_desc, dq_tma, bh_q0 + h, row,
+                            start_m, L, scale, DQ_COLS * W, D, dq_layout)
                 elif j % 2 == W:  # D 64: the consumers take the steps' dQ in turn
-                    _add_dq(ds_all, k_cols, ds_free, DQ, row, start_m, L, scale, 0, D,
-                            dq_layout)
+                    _add_dq(ds_all, k_cols, ds_free, DQ, dq_desc, dq_tma, bh_q0 + h, row,
+                            start_m, L, scale, 0, D, dq_layout)
                 else:
                     _release(ds_free, 0)
 
@@ -239,8 +247,8 @@ if GLUON_AVAILABLE:
         return m, log_l, delta
 
     @gluon.jit
-    def _add_dq(ds_smem, k_cols, ds_free, DQ, row, start_m, L, scale, col0, D,
-                dq_layout: gl.constexpr):
+    def _add_dq(ds_smem, k_cols, ds_free, DQ, dq_desc, dq_tma, head, row, start_m, L, scale,
+                col0, D, dq_layout: gl.constexpr):
         """DQ[row + start_m + i, col0 + c] (row stride D) += scale * dS . K[:, cols] over the
         128 keys, dS the transposed view of ds_smem [128 keys, 64 queries], K[:, cols] =
         k_cols [128, N]; frees ds_smem once read."""
@@ -250,45 +258,53 @@ if GLUON_AVAILABLE:
                            is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         _release(ds_free, 0)
-        _atomic_dq(dq, DQ, row, start_m, L, scale, col0, D, dq_layout)
+        _sink_dq(dq, DQ, dq_desc, dq_tma, head, row, start_m, L, scale, col0, D, dq_layout)
 
     @gluon.jit
-    def _atomic_dq(dq, DQ, row, start_m, L, scale, col0, D, dq_layout: gl.constexpr):
-        """DQ[row + start_m + i, col0 + c] (row stride D) += scale * dq[i, c], rows past L
-        left alone."""
-        N: gl.constexpr = dq.shape[1]
-        rows = start_m + gl.arange(0, 64, layout=gl.SliceLayout(1, dq_layout))
-        cols = col0 + gl.arange(0, N, layout=gl.SliceLayout(0, dq_layout))
-        gl.atomic_add(DQ + (row + rows[:, None]) * D + cols[None, :], dq * scale,
-                      mask=(rows < L)[:, None], sem="relaxed")
+    def _sink_dq(dq, DQ, dq_desc, dq_tma, head, row, start_m, L, scale, col0, D,
+                 dq_layout: gl.constexpr):
+        """DQ[row + start_m + i, col0 + c] (row stride D; ``row`` = ``head`` * L) += scale *
+        dq[i, c] for the [64, 64] tile dq, rows past L left alone: one TMA reduction through
+        ``dq_desc`` where ``dq_tma``, else fp32 atomics."""
+        if dq_tma:
+            tma_add(dq_desc, [head, start_m, col0], dq * scale)
+        else:
+            rows = start_m + gl.arange(0, 64, layout=gl.SliceLayout(1, dq_layout))
+            cols = col0 + gl.arange(0, 64, layout=gl.SliceLayout(0, dq_layout))
+            gl.atomic_add(DQ + (row + rows[:, None]) * D + cols[None, :], dq * scale,
+                          mask=(rows < L)[:, None], sem="relaxed")
 
     @gluon.jit
     def _consumer1(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
-                   ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh,
-                   GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale):
+                   ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV,
+                   bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale,
+                   dq_desc, dq_tma):
         _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
-                  ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh,
-                  GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale, 1, False)
+                  ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV,
+                  bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale,
+                  dq_desc, dq_tma, 1, False)
 
     @gluon.jit
     def _consumer1_causal(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full,
-                          qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK,
-                          DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale,
-                          scale):
+                          qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat,
+                          Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m,
+                          n_steps, qk_scale, scale, dq_desc, dq_tma):
         _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
-                  ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh,
-                  GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale, 1, True)
+                  ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV,
+                  bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale,
+                  dq_desc, dq_tma, 1, True)
 
     @gluon.jit
-    def sdpa_bwd_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, Stats, s_stat, Delta, DQ, DK,
-                                 DV, Z2, HQ, GROUP, L, S, qk_scale, scale,
+    def sdpa_bwd_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, Stats, s_stat,
+                                 Delta, DQ, DK, DV, Z2, HQ, GROUP, L, S, qk_scale, scale,
                                  CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
-                                 STAGES: gl.constexpr, num_warps: gl.constexpr):
+                                 STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
+                                 num_warps: gl.constexpr):
         """Grid (cdiv(S, 128), Z1*Z2*HKV); descriptors over rank-5 q, dout (blocks [1, 1, 1, 64,
         D]) and k, v (blocks [1, 1, 1, 128, D]); Stats rows m (log2 units) and log2 l (row
         stride s_stat), Delta [Z1*Z2*HQ, L] fp32; DQ rank-5 contiguous fp32 (added to), DK
-        and DV rank-5 contiguous in the input dtype; SPLIT and STAGES the schedule's
-        (SCHEDULES)."""
+        and DV rank-5 contiguous in the input dtype; dq_desc over DQ as [Z1*Z2*HQ, L, D] (block
+        [1, 64, 64]); SPLIT, STAGES and DQ_TMA the schedule's (SCHEDULES)."""
         dtype: gl.constexpr = q_desc.dtype
         pid_n = gl.program_id(0)
         pid_bh = gl.program_id(1)
@@ -340,8 +356,9 @@ if GLUON_AVAILABLE:
         fence_async_shared()
 
         consumer_args = (k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full,
-                         qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV,
-                         bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale)
+                         qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat,
+                         Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m,
+                         n_steps, qk_scale, scale, dq_desc, DQ_TMA)
         producer_args = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_ring, do_ring,
                          kv_bar, q_full, do_full, qd_empty, z1, z2, hk, GROUP, start_n, m0,
                          n_m, n_steps)
@@ -372,17 +389,24 @@ def plan(gluon_fwd_plan, dout_stride, dtype):
     return gluon_fwd_plan + (tuple(dout_stride),)
 
 
-def _prepare(dout, query, key, value, stats, bwd_plan, schedule):
+def _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule):
     """The descriptors' fields, the grid, the int arguments and the constexprs of one plan."""
     (qs, ks, vs), (qst, kst, vst), is_causal, scale, dst = bwd_plan
-    Z1, Z2, HQ, L, _ = qs
+    Z1, Z2, HQ, L, D = qs
     HKV, S = ks[2], ks[3]
     descs = (_descriptor(query, qs, qst, BLOCK_M), _descriptor(key, ks, kst, BLOCK_N),
              _descriptor(value, vs, vst, BLOCK_N), _descriptor(dout, qs, dst, BLOCK_M))
+    dq_desc = TensorDescriptor(dq_sum, [Z1 * Z2 * HQ, L, D], [L * D, D, 1], [1, 64, 64],
+                               _dq_layout())
     ints = (Z2, HQ, HQ // HKV, L, S, scale * LOG2E, scale)
-    split, stages = SCHEDULES[schedule]
-    meta = dict(CAUSAL=is_causal, SPLIT=split, STAGES=stages, num_warps=4)
-    return descriptor_fields(descs), (-(-S // BLOCK_N), Z1 * Z2 * HKV), ints, meta
+    split, stages, dq_tma = SCHEDULES[schedule]
+    meta = dict(CAUSAL=is_causal, SPLIT=split, STAGES=stages, DQ_TMA=dq_tma, num_warps=4)
+    return descriptor_fields(descs + (dq_desc, )), (-(-S // BLOCK_N), Z1 * Z2 * HKV), ints, meta
+
+
+@functools.cache
+def _dq_layout():
+    return gl.NVMMASharedLayout.get_default_for([1, 64, 64], gl.float32)
 
 
 def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan):
@@ -393,10 +417,11 @@ def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan):
     schedule = _SCHEDULE.value
     cache_key = (bwd_plan, query.dtype, schedule)  # a 5-tuple plan: never a forward's key
     prepared = _PREPARED.get(cache_key) or keep_prepared(
-        cache_key, _prepare(dout, query, key, value, stats, bwd_plan, schedule))
-    (fq, fk, fv, fd), grid, ints, meta = prepared
+        cache_key, _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule))
+    (fq, fk, fv, fd, fdq), grid, ints, meta = prepared
     args = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
-            _unchecked(fd, dout), stats, stats.stride(0), delta, dq_sum, dk, dv, *ints)
+            _unchecked(fd, dout), _unchecked(fdq, dq_sum), stats, stats.stride(0), delta, dq_sum,
+            dk, dv, *ints)
     on_device_of(dk, _LAUNCH, grid, args, meta)
 
 
