@@ -46,10 +46,9 @@ if GLUON_AVAILABLE:
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-
-    from .gluon_common import opaque_zero, partition_barrier, tma_add
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    from .gluon_common import opaque_zero, partition_barrier, tma_add
     from .sdpa_fwd_gluon import (
         _PREPARED,
         _descriptor,
