@@ -264,9 +264,10 @@ if GLUON_AVAILABLE:
                  dq_layout: gl.constexpr):
         """DQ[row + start_m + i, col0 + c] (row stride D; ``row`` = ``head`` * L) += scale *
         dq[i, c] for the [64, 64] tile dq, rows past L left alone: one TMA reduction through
-        ``dq_desc`` where ``dq_tma``, else fp32 atomics."""
-        if dq_tma:
-            tma_add(dq_desc, [head, start_m, col0], dq * scale)
+        ``dq_desc`` (DQ as [rows, D]: a tile within the head's L rows) where ``dq_tma``, else
+        (and for a head's last, partial, tile) fp32 atomics."""
+        if dq_tma and start_m + 64 <= L:
+            tma_add(dq_desc, [head * L + start_m, col0], dq * scale)
         else:
             rows = start_m + gl.arange(0, 64, layout=gl.SliceLayout(1, dq_layout))
             cols = col0 + gl.arange(0, 64, layout=gl.SliceLayout(0, dq_layout))
@@ -302,8 +303,8 @@ if GLUON_AVAILABLE:
         """Grid (cdiv(S, 128), Z1*Z2*HKV); descriptors over rank-5 q, dout (blocks [1, 1, 1, 64,
         D]) and k, v (blocks [1, 1, 1, 128, D]); Stats rows m (log2 units) and log2 l (row
         stride s_stat), Delta [Z1*Z2*HQ, L] fp32; DQ rank-5 contiguous fp32 (added to), DK
-        and DV rank-5 contiguous in the input dtype; dq_desc over DQ as [Z1*Z2*HQ, L, D] (block
-        [1, 64, 64]); SPLIT, STAGES and DQ_TMA the schedule's (SCHEDULES)."""
+        and DV rank-5 contiguous in the input dtype; dq_desc over DQ as [Z1*Z2*HQ*L, D] (block
+        [64, 64]); SPLIT, STAGES and DQ_TMA the schedule's (SCHEDULES)."""
         dtype: gl.constexpr = q_desc.dtype
         pid_n = gl.program_id(0)
         pid_bh = gl.program_id(1)
@@ -395,8 +396,8 @@ def _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule):
     HKV, S = ks[2], ks[3]
     descs = (_descriptor(query, qs, qst, BLOCK_M), _descriptor(key, ks, kst, BLOCK_N),
              _descriptor(value, vs, vst, BLOCK_N), _descriptor(dout, qs, dst, BLOCK_M))
-    dq_desc = TensorDescriptor(dq_sum, [Z1 * Z2 * HQ, L, D], [L * D, D, 1], [1, 64, 64],
-                               _dq_layout())
+    # rank 2, as Triton 3.6 lowers the TMA reduction of a rank-2 tile only into a rank-2 box
+    dq_desc = TensorDescriptor(dq_sum, [Z1 * Z2 * HQ * L, D], [D, 1], [64, 64], _dq_layout())
     ints = (Z2, HQ, HQ // HKV, L, S, scale * LOG2E, scale)
     split, stages, dq_tma = SCHEDULES[schedule]
     meta = dict(CAUSAL=is_causal, SPLIT=split, STAGES=stages, DQ_TMA=dq_tma, num_warps=4)
@@ -405,7 +406,7 @@ def _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule):
 
 @functools.cache
 def _dq_layout():
-    return gl.NVMMASharedLayout.get_default_for([1, 64, 64], gl.float32)
+    return gl.NVMMASharedLayout.get_default_for([64, 64], gl.float32)
 
 
 def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan):
