@@ -1,7 +1,7 @@
 """The Gluon SDPA backward beside the Triton backward and cuDNN, in the same run (bf16).
 
     python -m benchmarks.sdpa_gluon_bwd [--shapes 0,1,2] [--causal 0,1] [--dims 128,64]
-                                        [--schedules overlap,serial] [--json PATH]
+                                        [--schedules auto,serial,tma] [--json PATH]
 
 For each head dim, shape (B*L = 16k tokens, H 32: L 1k, 4k, 16k) and causal flag: the backward
 alone (autograd.grad of one forward's output, the graph kept) and the step (forward and
@@ -11,7 +11,8 @@ forward is fast's default in both), TFLOP/s by both timing methods of :mod:`benc
 ratio to cuDNN; then the largest difference of the Gluon backward's dq, dk, dv from the Triton
 backward's and from cuDNN's, over the largest magnitude (so that a fast wrong kernel shows).
 FLOPs: backward 10*B*H*L*S*D, step 14*B*H*L*S*D, halved when causal. ``--schedules``: the
-Gluon backward under each consumer schedule (``sdpa_bwd_gluon.SCHEDULES``) in the same run,
+Gluon backward under each consumer schedule ("auto" or a name in ``sdpa_bwd_gluon.SCHEDULES``)
+in the same run,
 the first as "gluon", each other as "gluon_<schedule>" (its ratios and its gradients' distance
 from the first's).
 """
@@ -93,15 +94,15 @@ def main():
     ap.add_argument("--dims", default="128,64", help="head dims, comma-separated")
     ap.add_argument("--schedules", default=None,
                     help="the Gluon backward's schedules, comma-separated (default: the "
-                    "process's, $ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE or overlap)")
+                    "process's, $ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE or auto)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.schedules:
         _SCHEDULES[:] = args.schedules.split(",")
         for name in _SCHEDULES:
-            if name not in sdpa_bwd_gluon.SCHEDULES:
+            if name not in sdpa_bwd_gluon._SCHEDULE.choices:
                 raise SystemExit(f"--schedules: {name!r} is not one of "
-                                 f"{tuple(sdpa_bwd_gluon.SCHEDULES)}")
+                                 f"{sdpa_bwd_gluon._SCHEDULE.choices}")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.sdpa_gluon_bwd needs a CUDA device")
     rows = []

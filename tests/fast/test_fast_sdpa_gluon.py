@@ -48,7 +48,7 @@ def gluon_forward(monkeypatch, scale_error=1.0, backend="gluon"):
 
 
 @contextlib.contextmanager
-def gluon_backward(monkeypatch, scale_error=1.0, schedule="serial"):
+def gluon_backward(monkeypatch, scale_error=1.0, schedule="auto"):
     """The "gluon" backward backend for the block under ``schedule``
     (``sdpa_bwd_gluon.SCHEDULES``), counting its launches; ``scale_error`` plants a wrong
     softmax scale in them (the negative control)."""

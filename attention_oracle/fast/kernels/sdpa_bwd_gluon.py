@@ -74,12 +74,21 @@ LOG2E = 1.4426950408889634
 # reads the split from the dS allocation's shape and the stages from the ring's.
 SCHEDULES = {"serial": (False, 2, False), "tma": (False, 2, True),
              "split_tma": (True, 2, True)}
-_SCHEDULE = Choice("ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE", SCHEDULES, "serial")
+# "auto" (the default): "tma" at head dim 128, "serial" at 64 (where the TMA reduction's wait
+# costs more than the atomics it replaces; docs/PERFORMANCE.md)
+_SCHEDULE = Choice("ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE", ("auto", *SCHEDULES), "auto")
+
+
+def resolved_schedule(schedule, head_dim):
+    """The schedule a launch at ``head_dim`` runs under ``schedule`` (a name, or "auto")."""
+    if schedule == "auto":
+        return "tma" if head_dim == 128 else "serial"
+    return schedule
 
 
 def set_schedule(name):
-    """The consumers' schedule of later launches (a name in SCHEDULES); returns the previous
-    one."""
+    """The consumers' schedule of later launches ("auto" or a name in SCHEDULES); returns the
+    previous one."""
     return _SCHEDULE.set(name)
 
 if GLUON_AVAILABLE:
@@ -399,7 +408,7 @@ def _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule):
     # rank 2, as Triton 3.6 lowers the TMA reduction of a rank-2 tile only into a rank-2 box
     dq_desc = TensorDescriptor(dq_sum, [Z1 * Z2 * HQ * L, D], [D, 1], [64, 64], _dq_layout())
     ints = (Z2, HQ, HQ // HKV, L, S, scale * LOG2E, scale)
-    split, stages, dq_tma = SCHEDULES[schedule]
+    split, stages, dq_tma = SCHEDULES[resolved_schedule(schedule, D)]
     meta = dict(CAUSAL=is_causal, SPLIT=split, STAGES=stages, DQ_TMA=dq_tma, num_warps=4)
     return descriptor_fields(descs + (dq_desc, )), (-(-S // BLOCK_N), Z1 * Z2 * HKV), ints, meta
 
