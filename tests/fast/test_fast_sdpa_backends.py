@@ -145,3 +145,41 @@ def test_a_gluon_backward_that_does_not_build_falls_back(monkeypatch):
         fast_sdpa.set_backward_backend(backward)
     assert len(attempts) == 1
     assert torch.equal(got, want) and torch.equal(again, want)
+
+
+@pytest.mark.parametrize("schedule,D,expect", [
+    ("auto", 128, "tma"), ("auto", 64, "serial"),
+    ("serial", 128, "serial"), ("tma", 64, "tma"), ("split_tma", 128, "split_tma"),
+])
+def test_gluon_backward_schedule_resolves_by_head_dim(schedule, D, expect):
+    """"auto" adds dQ by TMA reductions at head dim 128 and by atomics at 64 (where the
+    reduction's wait measured slower); a named schedule is taken as it is."""
+    assert sdpa_bwd_gluon.resolved_schedule(schedule, D) == expect
+
+
+def test_gluon_backward_schedule_rejects_an_unknown_name():
+    with pytest.raises(ValueError, match="must be one of"):
+        sdpa_bwd_gluon.set_schedule("overlap")
+
+
+@pytest.mark.skipif(not sdpa_fwd_gluon.GLUON_AVAILABLE, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("schedule", ["auto", "serial", "tma", "split_tma"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gluon_backward_launch_constants_follow_the_schedule(schedule, D):
+    """What a launch is given under each schedule: the split and the ring depth as
+    constexprs, the TMA reduction as DQ_TMA, and a dQ descriptor over dq as [rows, D] with
+    [64, 64] tiles (a tile inside one head's rows: the kernel reduces only those by TMA)."""
+    Z1, Z2, H, L = 2, 1, 3, 200
+    q = torch.zeros(Z1, Z2, H, L, D, dtype=torch.bfloat16)
+    st = tuple(q.stride())
+    plan = (((Z1, Z2, H, L, D),) * 3, (st,) * 3, False, 0.125, st)
+    dq_sum = torch.zeros(Z1, Z2, H, L, D)
+    fields, grid, ints, meta = sdpa_bwd_gluon._prepare(q, q, q, q, dq_sum, plan, schedule)
+    split, stages, dq_tma = sdpa_bwd_gluon.SCHEDULES[
+        sdpa_bwd_gluon.resolved_schedule(schedule, D)]
+    assert meta == dict(CAUSAL=False, SPLIT=split, STAGES=stages, DQ_TMA=dq_tma, num_warps=4)
+    dq_desc = fields[4]
+    assert list(dq_desc["shape"]) == [Z1 * Z2 * H * L, D]
+    assert list(dq_desc["strides"]) == [D, 1]
+    assert list(dq_desc["block_shape"]) == [64, 64]
+    assert grid == (-(-L // sdpa_bwd_gluon.BLOCK_N), Z1 * Z2 * H)
