@@ -1,6 +1,6 @@
 """The Gluon SDPA backward beside the Triton backward and cuDNN, in the same run (bf16).
 
-    python -m benchmarks.sdpa_gluon_bwd [--shapes 0,1,2] [--causal 0,1] [--dims 128,64]
+    python -m benchmarks.sdpa_gluon_bwd [--shapes 0,1,2|none] [--causal 0,1] [--dims 128,64]
                                         [--schedules auto,serial,tma] [--json PATH]
 
 For each head dim, shape (B*L = 16k tokens, H 32: L 1k, 4k, 16k) and causal flag: the backward
@@ -14,7 +14,9 @@ FLOPs: backward 10*B*H*L*S*D, step 14*B*H*L*S*D, halved when causal. ``--schedul
 Gluon backward under each consumer schedule ("auto" or a name in ``sdpa_bwd_gluon.SCHEDULES``)
 in the same run,
 the first as "gluon", each other as "gluon_<schedule>" (its ratios and its gradients' distance
-from the first's).
+from the first's). Then, per head dim, each backward's host time per call at a tiny shape (B 1,
+H 2, L 128: :func:`benchmarks.timing.host_us`, the backward of one kept forward), where the
+Gluon backward's five TMA descriptors show.
 """
 import argparse
 import json
@@ -24,7 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention_oracle.fast import sdpa as fast_sdpa
 from attention_oracle.fast.kernels import sdpa_bwd_gluon
-from benchmarks.timing import fast_settings, queued_ms, synced_ms, tflops
+from benchmarks.timing import fast_settings, host_us, queued_ms, synced_ms, tflops
 
 SHAPES = [(16, 32, 1024), (4, 32, 4096), (1, 32, 16384)]
 
@@ -87,9 +89,26 @@ def measure(B, H, L, causal, D, dtype=torch.bfloat16):
     return row
 
 
+def host_row(D, dtype=torch.bfloat16):
+    """Each backend's backward at B 1, H 2, L 128: host microseconds per call."""
+    gen = torch.Generator(device="cuda").manual_seed(D)
+    q, k, v, dout = (torch.randn(1, 2, 128, D, device="cuda", dtype=dtype, generator=gen)
+                     for _ in range(4))
+    xs = [t.requires_grad_(True) for t in (q, k, v)]
+    row = dict(D=D, L=128)
+    for backend in _backends():
+        out = _forward(backend, *xs, False)
+        row[f"{backend}_host_us"] = host_us(
+            lambda o=out: torch.autograd.grad(o, xs, dout, retain_graph=True))
+        del out
+    fast_sdpa.set_backward_backend("triton")
+    sdpa_bwd_gluon.set_schedule(_SCHEDULES[0])
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default="0,1,2", help="indices into SHAPES")
+    ap.add_argument("--shapes", default="0,1,2", help="indices into SHAPES, or none")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--dims", default="128,64", help="head dims, comma-separated")
     ap.add_argument("--schedules", default=None,
@@ -105,9 +124,10 @@ def main():
                                  f"{sdpa_bwd_gluon._SCHEDULE.choices}")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks.sdpa_gluon_bwd needs a CUDA device")
-    rows = []
+    rows, host = [], []
+    shapes = [] if args.shapes == "none" else list(map(int, args.shapes.split(",")))
     for D in map(int, args.dims.split(",")):
-        for i in map(int, args.shapes.split(",")):
+        for i in shapes:
             for causal in map(int, args.causal.split(",")):
                 B, H, L = SHAPES[i]
                 r = measure(B, H, L, bool(causal), D)
@@ -120,12 +140,20 @@ def main():
                 diffs = ", ".join(f"{k} {v:.1e}" for k, v in r.items() if "_vs_" in k)
                 print(f"D {D} L {L} causal {causal}: TFLOP/s queued (synced) {cells}; {diffs}",
                       flush=True)
-                if args.json:
-                    with open(args.json, "w") as f:
-                        json.dump(dict(device=torch.cuda.get_device_name(), rows=rows,
-                                       schedules=list(_SCHEDULES),
-                                       fast_settings=fast_settings()), f,
-                                  indent=1)
+                _write(args.json, rows, host)
+    for D in map(int, args.dims.split(",")):
+        host.append(host_row(D))
+        print(f"D {D} L 128 host us per backward: "
+              + "; ".join(f"{b} {host[-1][f'{b}_host_us']:.1f}" for b in _backends()), flush=True)
+        _write(args.json, rows, host)
+
+
+def _write(path, rows, host):
+    if path:
+        with open(path, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), rows=rows, host=host,
+                           schedules=list(_SCHEDULES), fast_settings=fast_settings()), f,
+                      indent=1)
 
 
 if __name__ == "__main__":
