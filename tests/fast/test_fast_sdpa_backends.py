@@ -183,3 +183,18 @@ def test_gluon_backward_launch_constants_follow_the_schedule(schedule, D):
     assert list(dq_desc["strides"]) == [D, 1]
     assert list(dq_desc["block_shape"]) == [64, 64]
     assert grid == (-(-L // sdpa_bwd_gluon.BLOCK_N), Z1 * Z2 * H)
+
+
+@pytest.mark.skipif(not sdpa_fwd_gluon.GLUON_AVAILABLE, reason="this Triton has no Gluon")
+def test_gluon_backward_adds_dq_by_atomics_past_int32_rows(monkeypatch):
+    """The TMA reduction's row coordinate is an int32: a dq of 2^31 rows or more (never
+    allocated here: the plan's shapes alone) is added by atomics."""
+    monkeypatch.setattr(sdpa_bwd_gluon, "TensorDescriptor", lambda *args: None)
+    monkeypatch.setattr(sdpa_bwd_gluon, "_descriptor", lambda *args: None)
+    monkeypatch.setattr(sdpa_bwd_gluon, "descriptor_fields", lambda descs: descs)
+    big, small = (2**14, 1, 2**3, 2**14, 128), (2**14, 1, 2**3, 2**14 - 64, 128)
+    for shape, tma in ((big, False), (small, True)):
+        st = (1,) * 5
+        plan = ((shape,) * 3, (st,) * 3, False, 0.125, st)
+        meta = sdpa_bwd_gluon._prepare(None, None, None, None, None, plan, "tma")[3]
+        assert meta["DQ_TMA"] is tma, shape

@@ -65,6 +65,7 @@ BLOCK_N = 128   # key rows a program (64 per consumer)
 WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
 PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
 LOG2E = 1.4426950408889634
+_INT32_MAX = 2**31 - 1
 # the consumers' step schedule ($ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE, set_schedule):
 # name -> (split, Q / dO stages, dQ by TMA). "serial": the consumers meet each step (one
 # [128 keys, 64 queries] dS tile, both halves, then each its share of dQ's columns over all 128
@@ -409,6 +410,8 @@ def _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule):
     dq_desc = TensorDescriptor(dq_sum, [Z1 * Z2 * HQ * L, D], [D, 1], [64, 64], _dq_layout())
     ints = (Z2, HQ, HQ // HKV, L, S, scale * LOG2E, scale)
     split, stages, dq_tma = SCHEDULES[resolved_schedule(schedule, D)]
+    # the reduction's row coordinate (head * L + start_m) is an int32
+    dq_tma = dq_tma and Z1 * Z2 * HQ * L <= _INT32_MAX
     meta = dict(CAUSAL=is_causal, SPLIT=split, STAGES=stages, DQ_TMA=dq_tma, num_warps=4)
     return descriptor_fields(descs + (dq_desc, )), (-(-S // BLOCK_N), Z1 * Z2 * HKV), ints, meta
 
