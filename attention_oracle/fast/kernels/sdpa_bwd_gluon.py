@@ -1,6 +1,7 @@
 """Hopper (sm_90) warp-specialised SDPA backward in Gluon for head dims 64 and 128, 16-bit
-inputs, no mask: dK and dV of a key block, with dQ added to an fp32 buffer by atomics (the
-order of the additions varies between runs, as in ``fast.sdpa``'s "atomic" dQ mode).
+inputs, no mask: dK and dV of a key block, with dQ added to an fp32 buffer by TMA reductions
+or atomics (the order of the additions varies between runs, as in ``fast.sdpa``'s "atomic" dQ
+mode).
 
 The same function as the Triton backward's 16-bit path (:mod:`fast.kernels.sdpa_bwd`): with
 the forward's row statistics m (log2 units) and log2 l, and Delta = rowsum(dO * O) from the
@@ -18,13 +19,16 @@ roles:
 * two consumer warpgroups own key rows [64 w, 64 w + 64) of the block (w = 0: the default
   partition, 1: a worker): S^T = K_w Q^T and dP^T = V_w dO^T ([64 keys, 64 queries]), P^T and
   dS^T in registers, dV_w += P^T dO and dK_w += dS^T Q with P^T and dS^T as register operands
-  (dK_w and dV_w [64, D] fp32 accumulate over the whole walk). dQ, under the "serial"
-  schedule (the default): each stores its dS^T (bf16) into one [128 keys, 64 queries] tile,
-  and once both halves are there consumer w forms dQ's columns [w D / 2, (w + 1) D / 2) of
-  the query block over all 128 keys (dS from that tile, K's columns from shared memory) and
-  adds them, times the scale, to the fp32 dQ buffer (at D 64 the consumers take the steps'
-  dQ in turn). Under "split": each stores its dS^T into a tile of its own and adds dQ over
-  its own 64 keys, every column, without waiting for the other (twice the additions).
+  (dK_w and dV_w [64, D] fp32 accumulate over the whole walk). dQ: each stores its dS^T
+  (bf16) into one [128 keys, 64 queries] tile, and once both halves are there consumer w
+  forms dQ's columns [w D / 2, (w + 1) D / 2) of the query block over all 128 keys (dS from
+  that tile, K's columns from shared memory) and adds them, times the scale, to the fp32 dQ
+  buffer (at D 64 the consumers take the steps' dQ in turn). Each [64, 64] tile goes there by
+  one TMA reduction ("tma" schedule, what "auto" takes at D 128) or by fp32 atomics ("serial",
+  "auto" at D 64; and a head's partial last tile under any schedule). Under "split_tma" each
+  consumer stores its dS^T into a tile of its own and adds dQ over its own 64 keys, every
+  column, without waiting for the other (twice the additions). SCHEDULES below; why the
+  reduction matters: docs/FINDINGS.md F77.
 
 Masked out: keys past S, queries past L (their statistics read as m = +inf: P = 0) and, when
 causal, keys after the query. Gluon does not run under Triton's CPU interpreter: this kernel is
