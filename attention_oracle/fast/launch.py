@@ -323,15 +323,22 @@ class BoundLaunch:
             self.bound = (entry, rest, tensor_keys(tensors), rest + entry.tail)
 
 
+def _pipeline_failure(exc):
+    """Whether ``exc`` is Triton's report of a failed MLIR pass (``pm.run``: "PassManager::run
+    failed"), the way a lowering bug of one Triton release surfaces (F78)."""
+    return type(exc) is RuntimeError and "PassManager::run failed" in str(exc)
+
+
 class BuildGuard:
     """A kernel path that may fail to build on the installed Triton: the Gluon kernels use an
     experimental API that changes between releases (docs/FINDINGS.md F32). ``guard(launch,
-    *args)`` runs the launch and returns True; a build failure (``CompilationError``, or
-    ``OutOfResources`` for shared memory or registers, raised before the kernel runs) turns
-    the path off for the process with one ``RuntimeWarning`` naming the kernel and the
-    error, and returns False, so that the caller runs its Triton kernel instead; so do later
-    calls. ``failure`` holds the error (None while the path works): the Gluon tests assert it
-    stays None, so a fallback cannot pass them as the Gluon kernel."""
+    *args)`` runs the launch and returns True; a build failure (``CompilationError``,
+    ``OutOfResources`` for shared memory or registers, or a failed pass of Triton's MLIR
+    pipeline, a ``RuntimeError`` naming ``PassManager::run``: all raised before the kernel
+    runs; F78) turns the path off for the process with one ``RuntimeWarning`` naming the
+    kernel and the error, and returns False, so that the caller runs its Triton kernel
+    instead; so do later calls. ``failure`` holds the error (None while the path works): the
+    Gluon tests assert it stays None, so a fallback cannot pass them as the Gluon kernel."""
 
     def __init__(self, name):
         self.name = name
@@ -342,7 +349,9 @@ class BuildGuard:
             return False
         try:
             launch(*args)
-        except (CompilationError, OutOfResources) as exc:
+        except (CompilationError, OutOfResources, RuntimeError) as exc:
+            if isinstance(exc, RuntimeError) and not _pipeline_failure(exc):
+                raise  # a launch or device error, not a build failure
             self.failure = f"{type(exc).__name__}: {exc}"[-1500:]
             warnings.warn(f"{self.name} failed to build on this Triton; the Triton kernel runs "
                           f"instead from now on: {self.failure}", RuntimeWarning, stacklevel=2)

@@ -557,6 +557,28 @@ def test_build_guard_falls_back_once_and_says_why():
     assert ran == [(1, 2)]
 
 
+def test_build_guard_takes_a_failed_lowering_pass_for_a_build_failure():
+    """Triton reports a pass of its MLIR pipeline that failed (a lowering bug of one release,
+    F78: Triton 3.6 on a rank-3 TMA reduction) as a RuntimeError naming PassManager::run,
+    before the kernel runs: the path falls back. Any other RuntimeError (a CUDA launch error,
+    say) propagates and leaves the path on."""
+    guard = launch.BuildGuard("a Gluon kernel")
+
+    def launch_error():
+        raise RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        guard(launch_error)
+    assert guard.failure is None
+
+    def lowering_fails():
+        raise RuntimeError("PassManager::run failed")
+
+    with pytest.warns(RuntimeWarning, match="a Gluon kernel failed to build.*PassManager"):
+        assert not guard(lowering_fails)
+    assert guard.failure == "RuntimeError: PassManager::run failed"
+
+
 def test_tma_descriptor_cache_keeps_equal_encodings():
     """The opt-in cache (a stand-in driver module): equal arguments (lists as tuples) return the
     first encoding, other arguments encode anew, and turning it off restores the encoder."""
