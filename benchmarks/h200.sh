@@ -305,7 +305,7 @@ task_profile() {
 # one small case of a new kernel before the rest: one that hangs (its barriers) or fails costs
 # 90 s, not the whole device call. first_case DIR NAME TEST (NAME dsa or sdpa): its exit status
 DSA_FIRST="$TESTS/test_fast_dsa_gluon.py::test_gluon_backward_agrees[odd_block_count-bf16-None]"
-SDPA_FIRST="$TESTS/test_fast_sdpa_gluon.py::test_gluon_backward_agrees[128-300-777-True-bf16]"
+SDPA_FIRST="$TESTS/test_fast_sdpa_gluon.py::test_gluon_backward_agrees[tma-128-300-777-True-bf16]"
 first_case() {
     local d=$1 name=$2 rc
     timeout 90 "$PY" -m pytest -q -x -p no:cacheprovider "$3" > "$d/$name-first.log" 2>&1
