@@ -166,8 +166,8 @@ def test_gluon_backward_schedule_rejects_an_unknown_name():
 @pytest.mark.parametrize("schedule", ["auto", "serial", "tma", "split_tma"])
 @pytest.mark.parametrize("D", [64, 128])
 def test_gluon_backward_launch_constants_follow_the_schedule(schedule, D):
-    """What a launch is given under each schedule: the split and the ring depth as
-    constexprs, the TMA reduction as DQ_TMA, and a dQ descriptor over dq as [rows, D] with
+    """What a launch is given under each schedule: the split as a constexpr, the TMA
+    reduction as DQ_TMA, and a dQ descriptor over dq as [rows, D] with
     [64, 64] tiles (a tile inside one head's rows: the kernel reduces only those by TMA)."""
     Z1, Z2, H, L = 2, 1, 3, 200
     q = torch.zeros(Z1, Z2, H, L, D, dtype=torch.bfloat16)
@@ -175,9 +175,8 @@ def test_gluon_backward_launch_constants_follow_the_schedule(schedule, D):
     plan = (((Z1, Z2, H, L, D),) * 3, (st,) * 3, False, 0.125, st)
     dq_sum = torch.zeros(Z1, Z2, H, L, D)
     fields, grid, ints, meta = sdpa_bwd_gluon._prepare(q, q, q, q, dq_sum, plan, schedule)
-    split, stages, dq_tma = sdpa_bwd_gluon.SCHEDULES[
-        sdpa_bwd_gluon.resolved_schedule(schedule, D)]
-    assert meta == dict(CAUSAL=False, SPLIT=split, STAGES=stages, DQ_TMA=dq_tma, num_warps=4)
+    split, dq_tma = sdpa_bwd_gluon.SCHEDULES[sdpa_bwd_gluon.resolved_schedule(schedule, D)]
+    assert meta == dict(CAUSAL=False, SPLIT=split, DQ_TMA=dq_tma, num_warps=4)
     dq_desc = fields[4]
     assert list(dq_desc["shape"]) == [Z1 * Z2 * H * L, D]
     assert list(dq_desc["strides"]) == [D, 1]

@@ -84,14 +84,14 @@ def _sdpa_fwd(head_dim, causal, pingpong=False, config=None):
 
 def _sdpa_bwd(head_dim, causal, schedule="serial"):
     bm, bn = sdpa_bwd_gluon.BLOCK_M, sdpa_bwd_gluon.BLOCK_N
-    split, stages, dq_tma = sdpa_bwd_gluon.SCHEDULES[schedule]
+    split, dq_tma = sdpa_bwd_gluon.SCHEDULES[schedule]
     dq_layout = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float32)
     signature = dict(_SDPA_SCALARS, q_desc=_descriptor(bm, head_dim),
                      k_desc=_descriptor(bn, head_dim), v_desc=_descriptor(bn, head_dim),
                      do_desc=_descriptor(bm, head_dim),
                      dq_desc=f"tensordesc<fp32[64, 64],{dq_layout!r}>")
     return _compile(sdpa_bwd_gluon.sdpa_bwd_gluon_ws_kernel, signature,
-                    dict(CAUSAL=causal, SPLIT=split, STAGES=stages, DQ_TMA=dq_tma, num_warps=4),
+                    dict(CAUSAL=causal, SPLIT=split, DQ_TMA=dq_tma, num_warps=4),
                     ["Stats", "Delta", "DQ", "DK", "DV"])
 
 

@@ -66,19 +66,19 @@ if GLUON_AVAILABLE:
 HEAD_DIMS = (64, 128)
 BLOCK_M = 64    # query rows a step
 BLOCK_N = 128   # key rows a program (64 per consumer)
+STAGES = gl.constexpr(2) if GLUON_AVAILABLE else 2  # Q / dO tiles in flight
 WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
 PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
 LOG2E = 1.4426950408889634
 _INT32_MAX = 2**31 - 1
 # the consumers' step schedule ($ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE, set_schedule):
-# name -> (split, Q / dO stages, dQ by TMA). "serial": the consumers meet each step (one
-# [128 keys, 64 queries] dS tile, both halves, then each its share of dQ's columns over all 128
-# keys); "split": each consumer adds dQ over its own 64 keys (its own dS tile, all of dQ's
+# name -> (split, dQ by TMA). "serial" and "tma": the consumers meet each step (one [128 keys,
+# 64 queries] dS tile, both halves, then each its share of dQ's columns over all 128 keys);
+# "split_tma": each consumer adds dQ over its own 64 keys (its own dS tile, all of dQ's
 # columns: twice the additions, no meeting). dQ's [64, 64] tiles go to the fp32 buffer by
-# atomics, or under "tma" / "split_tma" as TMA reductions (gluon_common.tma_add). The kernel
-# reads the split from the dS allocation's shape and the stages from the ring's.
-SCHEDULES = {"serial": (False, 2, False), "tma": (False, 2, True),
-             "split_tma": (True, 2, True)}
+# atomics ("serial") or as TMA reductions (gluon_common.tma_add). The kernel reads the split
+# from the dS allocation's shape.
+SCHEDULES = {"serial": (False, False), "tma": (False, True), "split_tma": (True, True)}
 # "auto" (the default): "tma" at head dim 128, "serial" at 64 (where the TMA reduction's wait
 # costs more than the atomics it replaces; docs/PERFORMANCE.md)
 _SCHEDULE = Choice("ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE", ("auto", *SCHEDULES), "auto")
@@ -170,7 +170,6 @@ if GLUON_AVAILABLE:
             v_w = _tile_view(v_smem, zero, 128, D).slice(64 * W, 64)
             k_cols = k_all.slice(DQ_COLS * W % D, DQ_COLS, dim=1)
             ds_all = ds_smem.index(zero + W * SPLIT).reshape([ds_smem.shape[1], 64])
-            row = (bh_q0 + h).to(gl.int64) * L
             # this step's row statistics into shared memory (read back where used: held in
             # registers across the products, 48 of them spilled), one allocation each so that
             # the three stores need no barrier between them; the next step's loads issued
@@ -218,8 +217,8 @@ if GLUON_AVAILABLE:
                         _release(qd_empty, stage)
                     else:
                         dq = warpgroup_mma_wait(0, deps=(dq, ))
-                    _sink_dq(dq, DQ, dq_desc, dq_tma, bh_q0 + h, row, start_m, L, scale,
-                             64 * c, D, dq_layout)
+                    _sink_dq(dq, DQ, dq_desc, dq_tma, bh_q0 + h, start_m, L, scale, 64 * c,
+                             D, dq_layout)
             else:
                 # this half of dS^T for the dQ product, once both halves of the last step are
                 # read
@@ -231,11 +230,11 @@ if GLUON_AVAILABLE:
                 _release(qd_empty, stage)
                 mbarrier.wait(ds_ready.index(0), j & 1)
                 if DQ_COLS < D:  # each consumer its half of dQ's columns
-                    _add_dq(ds_all, k_cols, ds_free, DQ, dq_desc, dq_tma, bh_q0 + h, row,
-                            start_m, L, scale, DQ_COLS * W, D, dq_layout)
+                    _add_dq(ds_all, k_cols, ds_free, DQ, dq_desc, dq_tma, bh_q0 + h, start_m,
+                            L, scale, DQ_COLS * W, D, dq_layout)
                 elif j % 2 == W:  # D 64: the consumers take the steps' dQ in turn
-                    _add_dq(ds_all, k_cols, ds_free, DQ, dq_desc, dq_tma, bh_q0 + h, row,
-                            start_m, L, scale, 0, D, dq_layout)
+                    _add_dq(ds_all, k_cols, ds_free, DQ, dq_desc, dq_tma, bh_q0 + h, start_m,
+                            L, scale, 0, D, dq_layout)
                 else:
                     _release(ds_free, 0)
 
@@ -260,9 +259,9 @@ if GLUON_AVAILABLE:
         return m, log_l, delta
 
     @gluon.jit
-    def _add_dq(ds_smem, k_cols, ds_free, DQ, dq_desc, dq_tma, head, row, start_m, L, scale,
-                col0, D, dq_layout: gl.constexpr):
-        """DQ[row + start_m + i, col0 + c] (row stride D) += scale * dS . K[:, cols] over the
+    def _add_dq(ds_smem, k_cols, ds_free, DQ, dq_desc, dq_tma, head, start_m, L, scale, col0,
+                D, dq_layout: gl.constexpr):
+        """DQ[head * L + start_m + i, col0 + c] (row stride D) += scale * dS . K[:, cols] over the
         128 keys, dS the transposed view of ds_smem [128 keys, 64 queries], K[:, cols] =
         k_cols [128, N]; frees ds_smem once read."""
         N: gl.constexpr = k_cols.shape[1]
@@ -271,18 +270,19 @@ if GLUON_AVAILABLE:
                            is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         _release(ds_free, 0)
-        _sink_dq(dq, DQ, dq_desc, dq_tma, head, row, start_m, L, scale, col0, D, dq_layout)
+        _sink_dq(dq, DQ, dq_desc, dq_tma, head, start_m, L, scale, col0, D, dq_layout)
 
     @gluon.jit
-    def _sink_dq(dq, DQ, dq_desc, dq_tma, head, row, start_m, L, scale, col0, D,
+    def _sink_dq(dq, DQ, dq_desc, dq_tma, head, start_m, L, scale, col0, D,
                  dq_layout: gl.constexpr):
-        """DQ[row + start_m + i, col0 + c] (row stride D; ``row`` = ``head`` * L) += scale *
-        dq[i, c] for the [64, 64] tile dq, rows past L left alone: one TMA reduction through
-        ``dq_desc`` (DQ as [rows, D]: a tile within the head's L rows) where ``dq_tma``, else
-        (and for a head's last, partial, tile) fp32 atomics."""
+        """DQ[head * L + start_m + i, col0 + c] (row stride D) += scale * dq[i, c] for the
+        [64, 64] tile dq, rows past L left alone: one TMA reduction through ``dq_desc`` (DQ as
+        [rows, D]: a tile within the head's L rows) where ``dq_tma``, else (and for a head's
+        last, partial, tile) fp32 atomics."""
         if dq_tma and start_m + 64 <= L:
             tma_add(dq_desc, [head * L + start_m, col0], dq * scale)
         else:
+            row = head.to(gl.int64) * L
             rows = start_m + gl.arange(0, 64, layout=gl.SliceLayout(1, dq_layout))
             cols = col0 + gl.arange(0, 64, layout=gl.SliceLayout(0, dq_layout))
             gl.atomic_add(DQ + (row + rows[:, None]) * D + cols[None, :], dq * scale,
@@ -312,13 +312,12 @@ if GLUON_AVAILABLE:
     def sdpa_bwd_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, Stats, s_stat,
                                  Delta, DQ, DK, DV, Z2, HQ, GROUP, L, S, qk_scale, scale,
                                  CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
-                                 STAGES: gl.constexpr, DQ_TMA: gl.constexpr,
-                                 num_warps: gl.constexpr):
+                                 DQ_TMA: gl.constexpr, num_warps: gl.constexpr):
         """Grid (cdiv(S, 128), Z1*Z2*HKV); descriptors over rank-5 q, dout (blocks [1, 1, 1, 64,
         D]) and k, v (blocks [1, 1, 1, 128, D]); Stats rows m (log2 units) and log2 l (row
         stride s_stat), Delta [Z1*Z2*HQ, L] fp32; DQ rank-5 contiguous fp32 (added to), DK
         and DV rank-5 contiguous in the input dtype; dq_desc over DQ as [Z1*Z2*HQ*L, D] (block
-        [64, 64]); SPLIT, STAGES and DQ_TMA the schedule's (SCHEDULES)."""
+        [64, 64]); SPLIT and DQ_TMA the schedule's (SCHEDULES)."""
         dtype: gl.constexpr = q_desc.dtype
         pid_n = gl.program_id(0)
         pid_bh = gl.program_id(1)
@@ -413,10 +412,10 @@ def _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule):
     # rank 2, as Triton 3.6 lowers the TMA reduction of a rank-2 tile only into a rank-2 box
     dq_desc = TensorDescriptor(dq_sum, [Z1 * Z2 * HQ * L, D], [D, 1], [64, 64], _dq_layout())
     ints = (Z2, HQ, HQ // HKV, L, S, scale * LOG2E, scale)
-    split, stages, dq_tma = SCHEDULES[resolved_schedule(schedule, D)]
+    split, dq_tma = SCHEDULES[resolved_schedule(schedule, D)]
     # the reduction's row coordinate (head * L + start_m) is an int32
     dq_tma = dq_tma and Z1 * Z2 * HQ * L <= _INT32_MAX
-    meta = dict(CAUSAL=is_causal, SPLIT=split, STAGES=stages, DQ_TMA=dq_tma, num_warps=4)
+    meta = dict(CAUSAL=is_causal, SPLIT=split, DQ_TMA=dq_tma, num_warps=4)
     return descriptor_fields(descs + (dq_desc, )), (-(-S // BLOCK_N), Z1 * Z2 * HKV), ints, meta
 
 
