@@ -47,6 +47,12 @@ def _forward(backend, q, k, v, causal):
 _SCHEDULES = [sdpa_bwd_gluon._SCHEDULE.value]  # the first: "gluon" (main sets them)
 
 
+def _restore_defaults():
+    """After a row: fast's default backward backend and the run's first Gluon schedule."""
+    fast_sdpa.set_backward_backend("triton")
+    sdpa_bwd_gluon.set_schedule(_SCHEDULES[0])
+
+
 def _backends():
     return ["cudnn", "triton", "gluon"] + [f"gluon_{s}" for s in _SCHEDULES[1:]]
 
@@ -84,8 +90,7 @@ def measure(B, H, L, causal, D, dtype=torch.bfloat16):
         row[f"{name}_triton_vs_cudnn"] = _spread(grads["triton"][i], grads["cudnn"][i])
         for backend in _backends()[3:]:
             row[f"{name}_{backend}_vs_gluon"] = _spread(grads[backend][i], grads["gluon"][i])
-    fast_sdpa.set_backward_backend("triton")
-    sdpa_bwd_gluon.set_schedule(_SCHEDULES[0])
+    _restore_defaults()
     return row
 
 
@@ -101,8 +106,7 @@ def host_row(D, dtype=torch.bfloat16):
         row[f"{backend}_host_us"] = host_us(
             lambda o=out: torch.autograd.grad(o, xs, dout, retain_graph=True))
         del out
-    fast_sdpa.set_backward_backend("triton")
-    sdpa_bwd_gluon.set_schedule(_SCHEDULES[0])
+    _restore_defaults()
     return row
 
 
