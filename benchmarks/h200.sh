@@ -26,7 +26,7 @@
 #   sdpabwd      the opt-in Gluon SDPA backward: its GPU tests (tests/fast/test_fast_sdpa_gluon.py
 #                -k backward), then benchmarks.sdpa_gluon_bwd (cuDNN, the Triton and the Gluon
 #                backwards side by side; the Gluon one under each of GLUON_BWD_SCHEDULES, default
-#                auto,serial), then the conformance SDPA checks under it (dsabwd's
+#                auto,tma_deferred), then the conformance SDPA checks under it (dsabwd's
 #                and sdpabwd's conformance runs give each check OPTIN_CHECK_S, 30 s: under the
 #                gpu profile's 120 s one check could use the whole BUDGET)
 #   newbwd       both opt-in Gluon backwards in one call: the backwards' registers and spills
@@ -334,7 +334,7 @@ task_sdpabwd() {
     timeout 240 "$PY" -m pytest -q -p no:cacheprovider "$TESTS/test_fast_sdpa_gluon.py" -k backward \
         > "$d/tests.log" 2>&1
     note "Gluon SDPA backward tests: exit $?"; tail -15 "$d/tests.log" | cut -c1-300
-    timeout 240 "$PY" -m benchmarks.sdpa_gluon_bwd --schedules "${GLUON_BWD_SCHEDULES:-auto,serial}" \
+    timeout 240 "$PY" -m benchmarks.sdpa_gluon_bwd --schedules "${GLUON_BWD_SCHEDULES:-auto,tma_deferred}" \
         --json "$d/sdpa_gluon_bwd.json" > "$d/bench.log" 2>&1
     note "benchmarks.sdpa_gluon_bwd: exit $?"; cut -c1-400 "$d/bench.log"
     ATTENTION_ORACLE_FAST_SDPA_BWD=gluon OUT=$d BUDGET=${BUDGET:-150} WORKERS=${WORKERS:-12} \

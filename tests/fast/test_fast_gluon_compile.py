@@ -55,6 +55,13 @@ EXPECTED_FORMS = {
                             "m64n64k16 A smem trans 11"},
     "sdpa_bwd_d128_causal_split_tma": {"m64n64k16 A smem trans 00", "m64n128k16 A regs trans 1",
                                     "m64n64k16 A smem trans 11"},
+    "sdpa_bwd_d64_tma_deferred": {"m64n64k16 A smem trans 00", "m64n64k16 A regs trans 1",
+                                  "m64n64k16 A smem trans 11"},
+    "sdpa_bwd_d128_tma_deferred": {"m64n64k16 A smem trans 00", "m64n128k16 A regs trans 1",
+                                   "m64n64k16 A smem trans 11"},
+    "sdpa_bwd_d128_causal_tma_deferred": {"m64n64k16 A smem trans 00",
+                                          "m64n128k16 A regs trans 1",
+                                          "m64n64k16 A smem trans 11"},
 }
 
 
@@ -85,6 +92,22 @@ def test_gluon_kernel_compiles_for_sm90(name, probed):
     assert shared <= gluon_probe.SHARED_LIMIT, f"{name}: {shared} B of shared memory"
     missing = EXPECTED_FORMS[name] - set(forms)
     assert not missing, f"{name}: no {sorted(missing)} among {forms}"
+
+
+@needs_gluon
+@pytest.mark.parametrize("name", sorted(n for n in EXPECTED_FORMS if n.endswith("_tma")
+                                        or n.endswith("_tma_deferred")))
+def test_dq_reductions_wait_only_where_the_schedule_says(name, probed):
+    """The SDPA backward's dQ TMA reductions: under "tma" (and "split_tma") each is waited for
+    at once, the tile being Triton's own (the control); under "tma_deferred" none is, the wait
+    moving to the consumer's next dQ product and the program's end (sdpa_bwd_gluon.SCHEDULES),
+    one of each a consumer."""
+    reductions, waited, waits = probed[name]["tma_reductions"]
+    assert reductions > 0, f"{name}: no TMA reduction in the PTX"
+    if name.endswith("_deferred"):
+        assert (waited, waits) == (0, 2 * reductions), (name, reductions, waited, waits)
+    else:
+        assert waited == reductions, (name, reductions, waited)
 
 
 def mismatched_waits(source):

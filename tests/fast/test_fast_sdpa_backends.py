@@ -150,6 +150,7 @@ def test_a_gluon_backward_that_does_not_build_falls_back(monkeypatch):
 @pytest.mark.parametrize("schedule,D,expect", [
     ("auto", 128, "tma"), ("auto", 64, "serial"),
     ("serial", 128, "serial"), ("tma", 64, "tma"), ("split_tma", 128, "split_tma"),
+    ("tma_deferred", 64, "tma_deferred"),
 ])
 def test_gluon_backward_schedule_resolves_by_head_dim(schedule, D, expect):
     """"auto" adds dQ by TMA reductions at head dim 128 and by atomics at 64 (where the
@@ -163,20 +164,23 @@ def test_gluon_backward_schedule_rejects_an_unknown_name():
 
 
 @pytest.mark.skipif(not sdpa_fwd_gluon.GLUON_AVAILABLE, reason="this Triton has no Gluon")
-@pytest.mark.parametrize("schedule", ["auto", "serial", "tma", "split_tma"])
+@pytest.mark.parametrize("schedule", ["auto", *sdpa_bwd_gluon.SCHEDULES])
 @pytest.mark.parametrize("D", [64, 128])
 def test_gluon_backward_launch_constants_follow_the_schedule(schedule, D):
     """What a launch is given under each schedule: the split as a constexpr, the TMA
-    reduction as DQ_TMA, and a dQ descriptor over dq as [rows, D] with
-    [64, 64] tiles (a tile inside one head's rows: the kernel reduces only those by TMA)."""
+    reduction as DQ_TMA, its deferred wait as DQ_DEFER, and a dQ descriptor over dq as
+    [rows, D] with [64, 64] tiles (a tile inside one head's rows: the kernel reduces only
+    those by TMA)."""
     Z1, Z2, H, L = 2, 1, 3, 200
     q = torch.zeros(Z1, Z2, H, L, D, dtype=torch.bfloat16)
     st = tuple(q.stride())
     plan = (((Z1, Z2, H, L, D),) * 3, (st,) * 3, False, 0.125, st)
     dq_sum = torch.zeros(Z1, Z2, H, L, D)
     fields, grid, ints, meta = sdpa_bwd_gluon._prepare(q, q, q, q, dq_sum, plan, schedule)
-    split, dq_tma = sdpa_bwd_gluon.SCHEDULES[sdpa_bwd_gluon.resolved_schedule(schedule, D)]
-    assert meta == dict(CAUSAL=False, SPLIT=split, DQ_TMA=dq_tma, num_warps=4)
+    split, dq_tma, dq_defer = sdpa_bwd_gluon.SCHEDULES[
+        sdpa_bwd_gluon.resolved_schedule(schedule, D)]
+    assert meta == dict(CAUSAL=False, SPLIT=split, DQ_TMA=dq_tma, DQ_DEFER=dq_defer,
+                        num_warps=4)
     dq_desc = fields[4]
     assert list(dq_desc["shape"]) == [Z1 * Z2 * H * L, D]
     assert list(dq_desc["strides"]) == [D, 1]
@@ -197,3 +201,5 @@ def test_gluon_backward_adds_dq_by_atomics_past_int32_rows(monkeypatch):
         plan = ((shape,) * 3, (st,) * 3, False, 0.125, st)
         meta = sdpa_bwd_gluon._prepare(None, None, None, None, None, plan, "tma")[3]
         assert meta["DQ_TMA"] is tma, shape
+        meta = sdpa_bwd_gluon._prepare(None, None, None, None, None, plan, "tma_deferred")[3]
+        assert meta["DQ_TMA"] is tma and meta["DQ_DEFER"] is tma, shape

@@ -15,6 +15,13 @@ loops (below).
 ``desc.atomic_add`` builds), which its TMA lowering turns into a shared-memory tile, the bulk
 reduction and a wait until the tile has been read. Elements outside the descriptor's shape are
 left alone. Triton 3.6's Gluon has no wrapper of its own for it.
+
+``tma_add_shared(desc, coord, tile)``: the same reduction from a shared-memory tile of the
+block's shape and the descriptor's layout, with no wait: the tile may be written again after
+``tma.store_wait`` (by the issuing threads) and a barrier (for the others). The caller stores
+the tile and fences it (``fence_async_shared``) and a barrier first. Triton's Gluon builder op
+(``create_async_tma_reduce``), which 3.6 has with no Python wrapper and 3.8 wraps as
+``tma.async_atomic_add``.
 """
 try:  # Gluon is experimental: a Triton without it leaves the Gluon paths off
     from triton.experimental import gluon
@@ -63,5 +70,11 @@ if GLUON_AVAILABLE and builtin is not None:
         coord = _semantic._convert_to_ir_values(coord, require_i64=False)
         _semantic.builder.create_descriptor_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle,
                                                    value.handle, coord)
+    @builtin
+    def tma_add_shared(desc, coord, tile, _semantic=None):
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle,
+                                                  coord, tile.handle)
 else:  # pragma: no cover - depends on the installed Triton
-    tma_add = None  # the kernels naming it fail to compile; fast falls back (BuildGuard)
+    # the kernels naming them fail to compile; fast falls back (BuildGuard)
+    tma_add = tma_add_shared = None

@@ -7,13 +7,16 @@ Names (all by default): ``dsa_fwd``, ``dsa_fwd_nope``, ``dsa_bwd``, ``dsa_bwd_no
 ``sdpa_fwd_d64``, ``sdpa_fwd_d128``, ``sdpa_fwd_d128_causal``, ``sdpa_fwd_d128_pingpong``,
 ``sdpa_fwd_d128_causal_pingpong`` (the forward's opt-in ping-pong form), ``sdpa_bwd_d64``,
 ``sdpa_bwd_d128``, ``sdpa_bwd_d128_causal``, ``sdpa_bwd_d64_tma``, ``sdpa_bwd_d128_tma``,
-``sdpa_bwd_d128_causal_split_tma`` (the backward's other schedules): the production configuration of each kernel in
+``sdpa_bwd_d128_causal_split_tma``, ``sdpa_bwd_d64_tma_deferred``,
+``sdpa_bwd_d128_tma_deferred``, ``sdpa_bwd_d128_causal_tma_deferred`` (the backward's other
+schedules): the production configuration of each kernel in
 bf16 (DSA: H 64, 512 + 64 or 512, int32 indices and lengths; SDPA: the default tile), with
 pointer and stride arguments divisible by 16 as the launches specialise them. Prints the
 shared memory each needs (the H200 allows 232448 bytes) and, from the ptxas bundled with
 Triton, registers and spill bytes; ``--wgmma`` adds the count of each wgmma form in the PTX
 (shape and operand transposes); ``--json`` prints one JSON dict instead (name: shared,
-registers, spills, forms, l2_prefetches, or error). Run it outside Triton's CPU interpreter
+registers, spills, forms, l2_prefetches, tma_reductions (count, waited at once, bulk
+waits in all), or error). Run it outside Triton's CPU interpreter
 (``TRITON_INTERPRET`` unset): under it the standard library's jit functions cannot be
 compiled. Figures come from the local Triton, which may differ from the device's (Triton 3.6
 there): register and spill counts moved between 3.6 and 3.8 (docs/FINDINGS.md F31), so a
@@ -84,14 +87,15 @@ def _sdpa_fwd(head_dim, causal, pingpong=False, config=None):
 
 def _sdpa_bwd(head_dim, causal, schedule="serial"):
     bm, bn = sdpa_bwd_gluon.BLOCK_M, sdpa_bwd_gluon.BLOCK_N
-    split, dq_tma = sdpa_bwd_gluon.SCHEDULES[schedule]
+    split, dq_tma, dq_defer = sdpa_bwd_gluon.SCHEDULES[schedule]
     dq_layout = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float32)
     signature = dict(_SDPA_SCALARS, q_desc=_descriptor(bm, head_dim),
                      k_desc=_descriptor(bn, head_dim), v_desc=_descriptor(bn, head_dim),
                      do_desc=_descriptor(bm, head_dim),
                      dq_desc=f"tensordesc<fp32[64, 64],{dq_layout!r}>")
     return _compile(sdpa_bwd_gluon.sdpa_bwd_gluon_ws_kernel, signature,
-                    dict(CAUSAL=causal, SPLIT=split, DQ_TMA=dq_tma, num_warps=4),
+                    dict(CAUSAL=causal, SPLIT=split, DQ_TMA=dq_tma, DQ_DEFER=dq_defer,
+                         num_warps=4),
                     ["Stats", "Delta", "DQ", "DK", "DV"])
 
 
@@ -132,6 +136,9 @@ def variants():
         "sdpa_bwd_d64_tma": lambda: _sdpa_bwd(64, False, "tma"),
         "sdpa_bwd_d128_tma": lambda: _sdpa_bwd(128, False, "tma"),
         "sdpa_bwd_d128_causal_split_tma": lambda: _sdpa_bwd(128, True, "split_tma"),
+        "sdpa_bwd_d64_tma_deferred": lambda: _sdpa_bwd(64, False, "tma_deferred"),
+        "sdpa_bwd_d128_tma_deferred": lambda: _sdpa_bwd(128, False, "tma_deferred"),
+        "sdpa_bwd_d128_causal_tma_deferred": lambda: _sdpa_bwd(128, True, "tma_deferred"),
     }
 
 
@@ -154,13 +161,26 @@ def l2_prefetches(ptx):
     return ptx.count("cp.async.bulk.prefetch.L2")
 
 
+def tma_reductions(ptx):
+    """(TMA reductions, those waited for at once, bulk waits): how many
+    ``cp.reduce.async.bulk`` instructions the PTX holds, how many of them are followed, after
+    their group's commit, by a wait (``cp.async.bulk.wait_group``: until their tile is read
+    with ``.read``, as Triton 3.6 lowers it, or until done, as 3.8 does) before any other
+    instruction, and how many such waits it holds in all."""
+    found = re.findall(r"cp\.reduce\.async\.bulk\.tensor[^;]*;\s*(?://[^\n]*\s*)*"
+                       r"cp\.async\.bulk\.commit_group;\s*(cp\.async\.bulk\.wait_group)?",
+                       ptx)
+    waits = len(re.findall(r"cp\.async\.bulk\.wait_group[\s.]", ptx))
+    return len(found), sum(1 for waited in found if waited), waits
+
+
 def probe(name):
     """(shared bytes, registers, spill-store bytes, {wgmma form: count}, L2 prefetch
-    instructions) of one variant."""
+    instructions, (TMA reductions, waited at once)) of one variant."""
     compiled = variants()[name]()
     ptx = compiled.asm["ptx"]
     return ((compiled.metadata.shared,) + _ptxas_usage(ptx)
-            + (wgmma_forms(ptx), l2_prefetches(ptx)))
+            + (wgmma_forms(ptx), l2_prefetches(ptx), tma_reductions(ptx)))
 
 
 def main(argv):
@@ -171,9 +191,9 @@ def main(argv):
     results = {}
     for name in names:
         try:
-            shared, regs, spills, wgmma, prefetches = probe(name)
+            shared, regs, spills, wgmma, prefetches, reductions = probe(name)
             results[name] = dict(shared=shared, registers=regs, spills=spills, forms=wgmma,
-                                 l2_prefetches=prefetches)
+                                 l2_prefetches=prefetches, tma_reductions=reductions)
             line = f"{name}: shared {shared} B, {regs} registers, {spills} B spilled"
             if forms:
                 line += "; " + ", ".join(f"{k} x{v}" for k, v in sorted(wgmma.items()))

@@ -25,7 +25,10 @@ roles:
   that tile, K's columns from shared memory) and adds them, times the scale, to the fp32 dQ
   buffer (at D 64 the consumers take the steps' dQ in turn). Each [64, 64] tile goes there by
   one TMA reduction ("tma" schedule, what "auto" takes at D 128) or by fp32 atomics ("serial",
-  "auto" at D 64; and a head's partial last tile under any schedule). Under "split_tma" each
+  "auto" at D 64; and a head's partial last tile under any schedule). Under "tma" the consumer
+  waits after each reduction until the TMA has read its tile; under "tma_deferred" the tile is
+  a shared one of the consumer's own, and that wait moves to its next dQ product (the
+  reduction had the step's products to finish in). Under "split_tma" each
   consumer stores its dS^T into a tile of its own and adds dQ over its own 64 keys, every
   column, without waiting for the other (twice the additions). SCHEDULES below; why the
   reduction matters: docs/FINDINGS.md F77.
@@ -52,7 +55,7 @@ if GLUON_AVAILABLE:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .gluon_common import opaque_zero, partition_barrier, tma_add
+    from .gluon_common import opaque_zero, partition_barrier, tma_add, tma_add_shared
     from .sdpa_fwd_gluon import (
         _PREPARED,
         _descriptor,
@@ -72,13 +75,17 @@ PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
 LOG2E = 1.4426950408889634
 _INT32_MAX = 2**31 - 1
 # the consumers' step schedule ($ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE, set_schedule):
-# name -> (split, dQ by TMA). "serial" and "tma": the consumers meet each step (one [128 keys,
-# 64 queries] dS tile, both halves, then each its share of dQ's columns over all 128 keys);
-# "split_tma": each consumer adds dQ over its own 64 keys (its own dS tile, all of dQ's
-# columns: twice the additions, no meeting). dQ's [64, 64] tiles go to the fp32 buffer by
-# atomics ("serial") or as TMA reductions (gluon_common.tma_add). The kernel reads the split
-# from the dS allocation's shape.
-SCHEDULES = {"serial": (False, False), "tma": (False, True), "split_tma": (True, True)}
+# name -> (split, dQ by TMA, the reduction's wait deferred). "serial", "tma" and
+# "tma_deferred": the consumers meet each step (one [128 keys, 64 queries] dS tile, both
+# halves, then each its share of dQ's columns over all 128 keys); "split_tma": each consumer
+# adds dQ over its own 64 keys (its own dS tile, all of dQ's columns: twice the additions, no
+# meeting). dQ's [64, 64] tiles go to the fp32 buffer by atomics ("serial") or as TMA
+# reductions: of a register tile, waiting until it is read (gluon_common.tma_add), or of a
+# shared tile per consumer, waited for before the next write to it ("tma_deferred",
+# gluon_common.tma_add_shared). The kernel reads the split from the dS allocation's shape and
+# the deferral from the dQ tiles'.
+SCHEDULES = {"serial": (False, False, False), "tma": (False, True, False),
+             "tma_deferred": (False, True, True), "split_tma": (True, True, False)}
 # "auto" (the default): "tma" at head dim 128, "serial" at 64 (where the TMA reduction's wait
 # costs more than the atomics it replaces; docs/PERFORMANCE.md)
 _SCHEDULE = Choice("ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE", ("auto", *SCHEDULES), "auto")
@@ -126,20 +133,21 @@ if GLUON_AVAILABLE:
                                             do_full.index(stage), do_ring.index(stage))
 
     @gluon.jit
-    def _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
-                  ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV,
-                  bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale,
-                  dq_desc, dq_tma, W: gl.constexpr,
-                  CAUSAL: gl.constexpr):
+    def _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full, do_full,
+                  qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ,
+                  DK, DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale,
+                  scale, dq_desc, dq_tma, W: gl.constexpr, CAUSAL: gl.constexpr):
         """Consumer W: key rows [start_n + 64 W, + 64); dQ columns [W D / 2, + D / 2).
         ``bh_q0``: the row of the group's first query head in Stats / Delta (units of L
-        rows); dK, dV, DQ rank-5 contiguous."""
+        rows); dK, dV, DQ rank-5 contiguous; dq_smem[W] its dQ tile ("tma_deferred")."""
         NSTAGES: gl.constexpr = q_ring.shape[0]
         D: gl.constexpr = k_smem.shape[5]
         # dQ columns per consumer: halves at D 128 (a 64-column slice is one 128-byte swizzle
         # atom); all 64 at D 64, alternate steps
         DQ_COLS: gl.constexpr = D // 2 if D == 128 else D
         SPLIT: gl.constexpr = ds_smem.shape[1] == 64  # a dS tile per consumer: "split"
+        DEFER: gl.constexpr = dq_smem.shape[1] == 64  # a dQ tile per consumer: "tma_deferred"
+        dq_tile = dq_smem.index(W)
         dtype: gl.constexpr = k_smem.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -217,8 +225,8 @@ if GLUON_AVAILABLE:
                         _release(qd_empty, stage)
                     else:
                         dq = warpgroup_mma_wait(0, deps=(dq, ))
-                    _sink_dq(dq, DQ, dq_desc, dq_tma, bh_q0 + h, start_m, L, scale, 64 * c,
-                             D, dq_layout)
+                    _sink_dq(dq, DQ, dq_desc, dq_tma, dq_tile, bh_q0 + h, start_m, L, scale,
+                             64 * c, D, dq_layout)
             else:
                 # this half of dS^T for the dQ product, once both halves of the last step are
                 # read
@@ -230,13 +238,15 @@ if GLUON_AVAILABLE:
                 _release(qd_empty, stage)
                 mbarrier.wait(ds_ready.index(0), j & 1)
                 if DQ_COLS < D:  # each consumer its half of dQ's columns
-                    _add_dq(ds_all, k_cols, ds_free, DQ, dq_desc, dq_tma, bh_q0 + h, start_m,
-                            L, scale, DQ_COLS * W, D, dq_layout)
+                    _add_dq(ds_all, k_cols, ds_free, DQ, dq_desc, dq_tma, dq_tile, bh_q0 + h,
+                            start_m, L, scale, DQ_COLS * W, D, dq_layout)
                 elif j % 2 == W:  # D 64: the consumers take the steps' dQ in turn
-                    _add_dq(ds_all, k_cols, ds_free, DQ, dq_desc, dq_tma, bh_q0 + h, start_m,
-                            L, scale, 0, D, dq_layout)
+                    _add_dq(ds_all, k_cols, ds_free, DQ, dq_desc, dq_tma, dq_tile, bh_q0 + h,
+                            start_m, L, scale, 0, D, dq_layout)
                 else:
                     _release(ds_free, 0)
+        if DEFER:  # the last reduction has read its tile before the program ends
+            tma.store_wait(0)
 
         rows = start_n + 64 * W + gl.arange(0, 64, layout=gl.SliceLayout(1, acc_layout))
         cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
@@ -259,8 +269,8 @@ if GLUON_AVAILABLE:
         return m, log_l, delta
 
     @gluon.jit
-    def _add_dq(ds_smem, k_cols, ds_free, DQ, dq_desc, dq_tma, head, start_m, L, scale, col0,
-                D, dq_layout: gl.constexpr):
+    def _add_dq(ds_smem, k_cols, ds_free, DQ, dq_desc, dq_tma, dq_tile, head, start_m, L,
+                scale, col0, D, dq_layout: gl.constexpr):
         """DQ[head * L + start_m + i, col0 + c] (row stride D) += scale * dS . K[:, cols] over the
         128 keys, dS the transposed view of ds_smem [128 keys, 64 queries], K[:, cols] =
         k_cols [128, N]; frees ds_smem once read."""
@@ -269,18 +279,28 @@ if GLUON_AVAILABLE:
                            gl.zeros([64, N], gl.float32, layout=dq_layout), use_acc=False,
                            is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
+        if dq_tile.shape[0] == 64:  # "tma_deferred": the last reduction has read dq_tile
+            tma.store_wait(0)  # (issuing threads; _release's barrier tells the others)
         _release(ds_free, 0)
-        _sink_dq(dq, DQ, dq_desc, dq_tma, head, start_m, L, scale, col0, D, dq_layout)
+        _sink_dq(dq, DQ, dq_desc, dq_tma, dq_tile, head, start_m, L, scale, col0, D, dq_layout)
 
     @gluon.jit
-    def _sink_dq(dq, DQ, dq_desc, dq_tma, head, start_m, L, scale, col0, D,
+    def _sink_dq(dq, DQ, dq_desc, dq_tma, dq_tile, head, start_m, L, scale, col0, D,
                  dq_layout: gl.constexpr):
         """DQ[head * L + start_m + i, col0 + c] (row stride D) += scale * dq[i, c] for the
         [64, 64] tile dq, rows past L left alone: one TMA reduction through ``dq_desc`` (DQ as
         [rows, D]: a tile within the head's L rows) where ``dq_tma``, else (and for a head's
-        last, partial, tile) fp32 atomics."""
+        last, partial, tile) fp32 atomics. The reduction's source: the shared ``dq_tile``
+        where it is [64, 64] ("tma_deferred": free, as the caller waited; not waited for
+        here), else the register tile (waited for until read)."""
         if dq_tma and start_m + 64 <= L:
-            tma_add(dq_desc, [head * L + start_m, col0], dq * scale)
+            if dq_tile.shape[0] == 64:
+                dq_tile.store(dq * scale)
+                fence_async_shared()
+                partition_barrier()
+                tma_add_shared(dq_desc, [head * L + start_m, col0], dq_tile)
+            else:
+                tma_add(dq_desc, [head * L + start_m, col0], dq * scale)
         else:
             row = head.to(gl.int64) * L
             rows = start_m + gl.arange(0, 64, layout=gl.SliceLayout(1, dq_layout))
@@ -289,35 +309,36 @@ if GLUON_AVAILABLE:
                           mask=(rows < L)[:, None], sem="relaxed")
 
     @gluon.jit
-    def _consumer1(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
-                   ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV,
-                   bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale,
-                   dq_desc, dq_tma):
-        _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
-                  ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV,
-                  bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale,
-                  dq_desc, dq_tma, 1, False)
+    def _consumer1(k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full, do_full,
+                   qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ,
+                   DK, DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale,
+                   scale, dq_desc, dq_tma):
+        _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full, do_full,
+                  qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ,
+                  DK, DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale,
+                  scale, dq_desc, dq_tma, 1, False)
 
     @gluon.jit
-    def _consumer1_causal(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full,
-                          qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat,
-                          Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m,
-                          n_steps, qk_scale, scale, dq_desc, dq_tma):
-        _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full, qd_empty,
-                  ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK, DV,
-                  bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale, scale,
-                  dq_desc, dq_tma, 1, True)
+    def _consumer1_causal(k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full,
+                          do_full, qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats,
+                          s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0,
+                          n_m, n_steps, qk_scale, scale, dq_desc, dq_tma):
+        _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full, do_full,
+                  qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ,
+                  DK, DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale,
+                  scale, dq_desc, dq_tma, 1, True)
 
     @gluon.jit
     def sdpa_bwd_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, Stats, s_stat,
                                  Delta, DQ, DK, DV, Z2, HQ, GROUP, L, S, qk_scale, scale,
                                  CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
-                                 DQ_TMA: gl.constexpr, num_warps: gl.constexpr):
+                                 DQ_TMA: gl.constexpr, DQ_DEFER: gl.constexpr,
+                                 num_warps: gl.constexpr):
         """Grid (cdiv(S, 128), Z1*Z2*HKV); descriptors over rank-5 q, dout (blocks [1, 1, 1, 64,
         D]) and k, v (blocks [1, 1, 1, 128, D]); Stats rows m (log2 units) and log2 l (row
         stride s_stat), Delta [Z1*Z2*HQ, L] fp32; DQ rank-5 contiguous fp32 (added to), DK
         and DV rank-5 contiguous in the input dtype; dq_desc over DQ as [Z1*Z2*HQ*L, D] (block
-        [64, 64]); SPLIT and DQ_TMA the schedule's (SCHEDULES)."""
+        [64, 64]); SPLIT, DQ_TMA and DQ_DEFER the schedule's (SCHEDULES)."""
         dtype: gl.constexpr = q_desc.dtype
         pid_n = gl.program_id(0)
         pid_bh = gl.program_id(1)
@@ -348,6 +369,11 @@ if GLUON_AVAILABLE:
             ds_smem = gl.allocate_shared_memory(dtype, [2, 64, 64], ds_l)
         else:  # one [128 keys, 64 queries] tile, a half per consumer
             ds_smem = gl.allocate_shared_memory(dtype, [1, 128, 64], ds_l)
+        if DQ_DEFER:  # a [64, 64] fp32 dQ tile per consumer, the TMA reductions' source
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2, 64, 64], dq_desc.layout)
+        else:  # a stand-in of no use: its shape tells the consumers
+            dq_smem = gl.allocate_shared_memory(gl.float32, [2, 1, 1],
+                                                gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         kv_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         q_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         do_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -368,10 +394,10 @@ if GLUON_AVAILABLE:
         mbarrier.init(ds_free.index(0), count=2)
         fence_async_shared()
 
-        consumer_args = (k_smem, v_smem, q_ring, do_ring, ds_smem, kv_bar, q_full, do_full,
-                         qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat,
-                         Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m,
-                         n_steps, qk_scale, scale, dq_desc, DQ_TMA)
+        consumer_args = (k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full,
+                         do_full, qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats,
+                         s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0,
+                         n_m, n_steps, qk_scale, scale, dq_desc, DQ_TMA)
         producer_args = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_ring, do_ring,
                          kv_bar, q_full, do_full, qd_empty, z1, z2, hk, GROUP, start_n, m0,
                          n_m, n_steps)
@@ -412,10 +438,11 @@ def _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule):
     # rank 2, as Triton 3.6 lowers the TMA reduction of a rank-2 tile only into a rank-2 box
     dq_desc = TensorDescriptor(dq_sum, [Z1 * Z2 * HQ * L, D], [D, 1], [64, 64], _dq_layout())
     ints = (Z2, HQ, HQ // HKV, L, S, scale * LOG2E, scale)
-    split, dq_tma = SCHEDULES[resolved_schedule(schedule, D)]
+    split, dq_tma, dq_defer = SCHEDULES[resolved_schedule(schedule, D)]
     # the reduction's row coordinate (head * L + start_m) is an int32
     dq_tma = dq_tma and Z1 * Z2 * HQ * L <= _INT32_MAX
-    meta = dict(CAUSAL=is_causal, SPLIT=split, DQ_TMA=dq_tma, num_warps=4)
+    meta = dict(CAUSAL=is_causal, SPLIT=split, DQ_TMA=dq_tma, DQ_DEFER=dq_tma and dq_defer,
+                num_warps=4)
     return descriptor_fields(descs + (dq_desc, )), (-(-S // BLOCK_N), Z1 * Z2 * HKV), ints, meta
 
 
