@@ -150,12 +150,45 @@ def test_a_gluon_backward_that_does_not_build_falls_back(monkeypatch):
 @pytest.mark.parametrize("schedule,D,expect", [
     ("auto", 128, "tma"), ("auto", 64, "serial"),
     ("serial", 128, "serial"), ("tma", 64, "tma"), ("split_tma", 128, "split_tma"),
-    ("tma_deferred", 64, "tma_deferred"),
+    ("tma_deferred", 64, "tma_deferred"), ("auto", 96, "tma"), ("auto", 40, "serial"),
 ])
 def test_gluon_backward_schedule_resolves_by_head_dim(schedule, D, expect):
     """"auto" adds dQ by TMA reductions at head dim 128 and by atomics at 64 (where the
     reduction's wait measured slower); a named schedule is taken as it is."""
     assert sdpa_bwd_gluon.resolved_schedule(schedule, D) == expect
+
+
+@pytest.mark.parametrize("D,tile", [(8, 64), (40, 64), (64, 64), (72, 128), (96, 128),
+                                    (128, 128), (4, None), (100, None), (136, None), (256, None)])
+def test_gluon_head_dims_run_on_the_smallest_tile_that_holds_them(D, tile):
+    """Multiples of 8 (16-byte rows, TMA's stride rule) up to 128 run on the 64- or 128-column
+    tile; others are not the Gluon kernels' (the Triton ones take them)."""
+    assert sdpa_fwd_gluon.tile_dim(D) == tile
+
+
+@pytest.mark.skipif(not sdpa_fwd_gluon.GLUON_AVAILABLE, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("D", [40, 96])
+def test_gluon_descriptors_of_a_head_dim_between_tiles(D):
+    """A head dim between tiles: every descriptor's box is the tile's width over the tensor's
+    own head dim (TMA reads zeros past it and clips the stores), the kernels' HEAD_D is the
+    tile, and the backward is told the head dim (its dK, dV and atomic dQ row stride and
+    column mask) beside a dQ descriptor over [rows, D]."""
+    tile = sdpa_fwd_gluon.tile_dim(D)
+    Z1, Z2, H, L = 1, 2, 3, 200
+    q = torch.zeros(Z1, Z2, H, L, D, dtype=torch.bfloat16)
+    st = tuple(q.stride())
+    fwd_plan = (((Z1, Z2, H, L, D),) * 3, (st,) * 3, False, 0.125)
+    stats = torch.zeros(3, Z1 * Z2 * H * L)
+    fields, _, _, meta, _ = sdpa_fwd_gluon._prepare(q, q, q, q, stats, fwd_plan)
+    assert meta["HEAD_D"] == tile
+    for f in fields:
+        assert list(f["shape"])[-1] == D and list(f["block_shape"])[-1] == tile
+    dq_sum = torch.zeros(Z1, Z2, H, L, D)
+    fields, _, ints, meta = sdpa_bwd_gluon._prepare(q, q, q, q, dq_sum, fwd_plan + (st,), "auto")
+    assert [list(f["block_shape"])[-1] for f in fields] == [tile] * 4 + [64]
+    assert list(fields[4]["shape"]) == [Z1 * Z2 * H * L, D]
+    assert ints[5] == D  # HD, after Z2, HQ, GROUP, L, S
+    assert meta["DQ_TMA"] is (tile == 128)
 
 
 def test_gluon_backward_schedule_rejects_an_unknown_name():

@@ -96,6 +96,23 @@ def test_gluon_forward_agrees(dtype, is_causal, L, S, D, gen, monkeypatch):
     assert calls, "the Gluon forward did not run"
 
 
+@pytest.mark.parametrize("schedule", ["auto", "serial", "tma_deferred"])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("D", [8, 40, 72, 96, 120])
+def test_gluon_forward_and_backward_at_head_dims_between_tiles(D, is_causal, schedule, gen, monkeypatch):
+    """Head dims other than the tiles' (sdpa_fwd_gluon.tile_dim: 8 and 40 on the 64-column
+    tile, the rest on the 128-column one), forward and backward: the columns past D are TMA's
+    zeros and must never be written (a write past D lands in the next row, which the rule
+    catches)."""
+    q = randn(2, 3, 300, D, dtype=torch.bfloat16, gen=gen)
+    k = randn(2, 3, 777, D, dtype=torch.bfloat16, gen=gen)
+    v = randn(2, 3, 777, D, dtype=torch.bfloat16, gen=gen)
+    with gluon_forward(monkeypatch) as fwd_calls, \
+            gluon_backward(monkeypatch, schedule=schedule) as bwd_calls:
+        check_case(q, k, v, is_causal=is_causal)
+    assert fwd_calls and bwd_calls, (fwd_calls, bwd_calls)
+
+
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_gluon_gqa_layouts_and_scale(is_causal, gen, monkeypatch):
     """GQA (8 query heads on 2 kv heads), [B, L, H, D] storage seen as [B, H, L, D], an

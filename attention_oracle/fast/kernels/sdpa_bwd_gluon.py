@@ -1,5 +1,6 @@
-"""Hopper (sm_90) warp-specialised SDPA backward in Gluon for head dims 64 and 128, 16-bit
-inputs, no mask: dK and dV of a key block, with dQ added to an fp32 buffer by TMA reductions
+"""Hopper (sm_90) warp-specialised SDPA backward in Gluon for head dims up to 128 (multiples of
+8, on the forward's tiles of 64 or 128 columns: ``sdpa_fwd_gluon.tile_dim``), 16-bit inputs,
+no mask: dK and dV of a key block, with dQ added to an fp32 buffer by TMA reductions
 or atomics (the order of the additions varies between runs, as in ``fast.sdpa``'s "atomic" dQ
 mode).
 
@@ -41,7 +42,7 @@ import functools
 
 from ..host import Choice
 from ..launch import DirectLauncher, on_device_of
-from .sdpa_fwd_gluon import _ELEMENT_SIZE, GLUON_AVAILABLE, _tma_strides
+from .sdpa_fwd_gluon import _ELEMENT_SIZE, GLUON_AVAILABLE, _tma_strides, tile_dim
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -66,7 +67,7 @@ if GLUON_AVAILABLE:
         keep_prepared,
     )
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128)  # the head-dim tiles (sdpa_fwd_gluon.HEAD_DIMS)
 BLOCK_M = 64    # query rows a step
 BLOCK_N = 128   # key rows a program (64 per consumer)
 STAGES = gl.constexpr(2) if GLUON_AVAILABLE else 2  # Q / dO tiles in flight
@@ -86,15 +87,16 @@ _INT32_MAX = 2**31 - 1
 # the deferral from the dQ tiles'.
 SCHEDULES = {"serial": (False, False, False), "tma": (False, True, False),
              "tma_deferred": (False, True, True), "split_tma": (True, True, False)}
-# "auto" (the default): "tma" at head dim 128, "serial" at 64 (where the TMA reduction's wait
+# "auto" (the default): "tma" on the 128-column tile, "serial" on the 64-column one (where the TMA reduction's wait
 # costs more than the atomics it replaces; docs/PERFORMANCE.md)
 _SCHEDULE = Choice("ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE", ("auto", *SCHEDULES), "auto")
 
 
 def resolved_schedule(schedule, head_dim):
-    """The schedule a launch at ``head_dim`` runs under ``schedule`` (a name, or "auto")."""
+    """The schedule a launch at ``head_dim`` runs under ``schedule`` (a name, or "auto": by the
+    head dim's tile)."""
     if schedule == "auto":
-        return "tma" if head_dim == 128 else "serial"
+        return "tma" if tile_dim(head_dim) == 128 else "serial"
     return schedule
 
 
@@ -135,11 +137,13 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full, do_full,
                   qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ,
-                  DK, DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale,
+                  DK, DV, bh_q0, pid_bh, GROUP, L, S, HD, start_n, m0, n_m, n_steps, qk_scale,
                   scale, dq_desc, dq_tma, W: gl.constexpr, CAUSAL: gl.constexpr):
-        """Consumer W: key rows [start_n + 64 W, + 64); dQ columns [W D / 2, + D / 2).
-        ``bh_q0``: the row of the group's first query head in Stats / Delta (units of L
-        rows); dK, dV, DQ rank-5 contiguous; dq_smem[W] its dQ tile ("tma_deferred")."""
+        """Consumer W: key rows [start_n + 64 W, + 64); dQ columns [W D / 2, + D / 2) of the
+        head-dim tile D (the head dim HD or more: columns past HD are TMA's zeros, never
+        written). ``bh_q0``: the row of the group's first query head in Stats / Delta (units
+        of L rows); dK, dV, DQ rank-5 contiguous (row stride HD); dq_smem[W] its dQ tile
+        ("tma_deferred")."""
         NSTAGES: gl.constexpr = q_ring.shape[0]
         D: gl.constexpr = k_smem.shape[5]
         # dQ columns per consumer: halves at D 128 (a 64-column slice is one 128-byte swizzle
@@ -226,7 +230,7 @@ if GLUON_AVAILABLE:
                     else:
                         dq = warpgroup_mma_wait(0, deps=(dq, ))
                     _sink_dq(dq, DQ, dq_desc, dq_tma, dq_tile, bh_q0 + h, start_m, L, scale,
-                             64 * c, D, dq_layout)
+                             64 * c, HD, dq_layout)
             else:
                 # this half of dS^T for the dQ product, once both halves of the last step are
                 # read
@@ -239,10 +243,10 @@ if GLUON_AVAILABLE:
                 mbarrier.wait(ds_ready.index(0), j & 1)
                 if DQ_COLS < D:  # each consumer its half of dQ's columns
                     _add_dq(ds_all, k_cols, ds_free, DQ, dq_desc, dq_tma, dq_tile, bh_q0 + h,
-                            start_m, L, scale, DQ_COLS * W, D, dq_layout)
+                            start_m, L, scale, DQ_COLS * W, HD, dq_layout)
                 elif j % 2 == W:  # D 64: the consumers take the steps' dQ in turn
                     _add_dq(ds_all, k_cols, ds_free, DQ, dq_desc, dq_tma, dq_tile, bh_q0 + h,
-                            start_m, L, scale, 0, D, dq_layout)
+                            start_m, L, scale, 0, HD, dq_layout)
                 else:
                     _release(ds_free, 0)
         if DEFER:  # the last reduction has read its tile before the program ends
@@ -250,10 +254,10 @@ if GLUON_AVAILABLE:
 
         rows = start_n + 64 * W + gl.arange(0, 64, layout=gl.SliceLayout(1, acc_layout))
         cols = gl.arange(0, D, layout=gl.SliceLayout(0, acc_layout))
-        offs = (pid_bh.to(gl.int64) * S + rows[:, None]) * D + cols[None, :]
-        in_keys = (rows < S)[:, None]
-        gl.store(DK + offs, (dk * scale).to(dtype), mask=in_keys)
-        gl.store(DV + offs, dv.to(dtype), mask=in_keys)
+        offs = (pid_bh.to(gl.int64) * S + rows[:, None]) * HD + cols[None, :]
+        inside = (rows < S)[:, None] & (cols < HD)[None, :]
+        gl.store(DK + offs, (dk * scale).to(dtype), mask=inside)
+        gl.store(DV + offs, dv.to(dtype), mask=inside)
 
     @gluon.jit
     def _row_stats(Stats, s_stat, Delta, row, start_m, L, pred):
@@ -288,7 +292,7 @@ if GLUON_AVAILABLE:
     def _sink_dq(dq, DQ, dq_desc, dq_tma, dq_tile, head, start_m, L, scale, col0, D,
                  dq_layout: gl.constexpr):
         """DQ[head * L + start_m + i, col0 + c] (row stride D) += scale * dq[i, c] for the
-        [64, 64] tile dq, rows past L left alone: one TMA reduction through ``dq_desc`` (DQ as
+        [64, 64] tile dq, rows past L and columns past D left alone: one TMA reduction through ``dq_desc`` (DQ as
         [rows, D]: a tile within the head's L rows) where ``dq_tma``, else (and for a head's
         last, partial, tile) fp32 atomics. The reduction's source: the shared ``dq_tile``
         where it is [64, 64] ("tma_deferred": free, as the caller waited; not waited for
@@ -306,39 +310,40 @@ if GLUON_AVAILABLE:
             rows = start_m + gl.arange(0, 64, layout=gl.SliceLayout(1, dq_layout))
             cols = col0 + gl.arange(0, 64, layout=gl.SliceLayout(0, dq_layout))
             gl.atomic_add(DQ + (row + rows[:, None]) * D + cols[None, :], dq * scale,
-                          mask=(rows < L)[:, None], sem="relaxed")
+                          mask=(rows < L)[:, None] & (cols < D)[None, :], sem="relaxed")
 
     @gluon.jit
     def _consumer1(k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full, do_full,
                    qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ,
-                   DK, DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale,
+                   DK, DV, bh_q0, pid_bh, GROUP, L, S, HD, start_n, m0, n_m, n_steps, qk_scale,
                    scale, dq_desc, dq_tma):
         _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full, do_full,
                   qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ,
-                  DK, DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale,
+                  DK, DV, bh_q0, pid_bh, GROUP, L, S, HD, start_n, m0, n_m, n_steps, qk_scale,
                   scale, dq_desc, dq_tma, 1, False)
 
     @gluon.jit
     def _consumer1_causal(k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full,
                           do_full, qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats,
-                          s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0,
+                          s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L, S, HD, start_n, m0,
                           n_m, n_steps, qk_scale, scale, dq_desc, dq_tma):
         _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full, do_full,
                   qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ,
-                  DK, DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0, n_m, n_steps, qk_scale,
+                  DK, DV, bh_q0, pid_bh, GROUP, L, S, HD, start_n, m0, n_m, n_steps, qk_scale,
                   scale, dq_desc, dq_tma, 1, True)
 
     @gluon.jit
     def sdpa_bwd_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, Stats, s_stat,
-                                 Delta, DQ, DK, DV, Z2, HQ, GROUP, L, S, qk_scale, scale,
+                                 Delta, DQ, DK, DV, Z2, HQ, GROUP, L, S, HD, qk_scale, scale,
                                  CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
                                  DQ_TMA: gl.constexpr, DQ_DEFER: gl.constexpr,
                                  num_warps: gl.constexpr):
         """Grid (cdiv(S, 128), Z1*Z2*HKV); descriptors over rank-5 q, dout (blocks [1, 1, 1, 64,
-        D]) and k, v (blocks [1, 1, 1, 128, D]); Stats rows m (log2 units) and log2 l (row
-        stride s_stat), Delta [Z1*Z2*HQ, L] fp32; DQ rank-5 contiguous fp32 (added to), DK
-        and DV rank-5 contiguous in the input dtype; dq_desc over DQ as [Z1*Z2*HQ*L, D] (block
-        [64, 64]); SPLIT, DQ_TMA and DQ_DEFER the schedule's (SCHEDULES)."""
+        D]) and k, v (blocks [1, 1, 1, 128, D]), D the head-dim tile of the head dim HD
+        (sdpa_fwd_gluon.tile_dim); Stats rows m (log2 units) and log2 l (row stride s_stat),
+        Delta [Z1*Z2*HQ, L] fp32; DQ rank-5 contiguous fp32 (added to), DK and DV rank-5
+        contiguous in the input dtype; dq_desc over DQ as [Z1*Z2*HQ*L, HD] (block [64, 64]);
+        SPLIT, DQ_TMA and DQ_DEFER the schedule's (SCHEDULES)."""
         dtype: gl.constexpr = q_desc.dtype
         pid_n = gl.program_id(0)
         pid_bh = gl.program_id(1)
@@ -396,8 +401,8 @@ if GLUON_AVAILABLE:
 
         consumer_args = (k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full,
                          do_full, qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats,
-                         s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L, S, start_n, m0,
-                         n_m, n_steps, qk_scale, scale, dq_desc, DQ_TMA)
+                         s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L, S, HD, start_n,
+                         m0, n_m, n_steps, qk_scale, scale, dq_desc, DQ_TMA)
         producer_args = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_ring, do_ring,
                          kv_bar, q_full, do_full, qd_empty, z1, z2, hk, GROUP, start_n, m0,
                          n_m, n_steps)
@@ -418,7 +423,7 @@ if GLUON_AVAILABLE:
 def plan(gluon_fwd_plan, dout_stride, dtype):
     """The Gluon backward's plan, or None where it does not apply: where the Gluon forward's
     plan applies (``gluon_fwd_plan``, :func:`sdpa_fwd_gluon.plan`: sm_90, 16-bit, q, k and v
-    of one head dim in ``HEAD_DIMS``, TMA-ready strides) with a rank-5 dout of q's shape as
+    of one head dim with a tile, TMA-ready strides) with a rank-5 dout of q's shape as
     TMA-ready (no stride-0 broadcast). Data pointers are checked per call
     (:func:`sdpa_fwd_gluon.aligned`)."""
     if gluon_fwd_plan is None or not GLUON_AVAILABLE:
@@ -437,7 +442,7 @@ def _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule):
              _descriptor(value, vs, vst, BLOCK_N), _descriptor(dout, qs, dst, BLOCK_M))
     # rank 2, as Triton 3.6 lowers the TMA reduction of a rank-2 tile only into a rank-2 box
     dq_desc = TensorDescriptor(dq_sum, [Z1 * Z2 * HQ * L, D], [D, 1], [64, 64], _dq_layout())
-    ints = (Z2, HQ, HQ // HKV, L, S, scale * LOG2E, scale)
+    ints = (Z2, HQ, HQ // HKV, L, S, D, scale * LOG2E, scale)
     split, dq_tma, dq_defer = SCHEDULES[resolved_schedule(schedule, D)]
     # the reduction's row coordinate (head * L + start_m) is an int32
     dq_tma = dq_tma and Z1 * Z2 * HQ * L <= _INT32_MAX

@@ -1,4 +1,5 @@
-"""Hopper (sm_90) SDPA forward in Gluon for head dims 64 and 128, 16-bit inputs, no mask.
+"""Hopper (sm_90) SDPA forward in Gluon for head dims up to 128 (multiples of 8, on tiles of 64
+or 128 columns: :func:`tile_dim`), 16-bit inputs, no mask.
 
 The same function as :func:`fast.kernels.sdpa_fwd.sdpa_fwd_kernel` on its 16-bit unmasked
 path (FOLD: scores in log2 units, ``exp2(qk * c - m)`` with ``c = scale * log2(e) > 0``),
@@ -25,7 +26,7 @@ natural-log lse. Tiles past S (ragged S) and, when causal, keys after the query 
 are masked to -inf; every row sees key 0, so no row is empty (S > 0 is the launcher's case).
 
 Gluon does not run under Triton's CPU interpreter: CI checks the Triton forward; this one is
-checked on the GPU by ``tests/test_fast_sdpa_gluon.py``.
+checked on the GPU by ``tests/fast/test_fast_sdpa_gluon.py``.
 """
 import functools
 
@@ -50,7 +51,9 @@ try:  # Gluon is experimental: a Triton without it (or with another API) leaves 
 except ImportError:  # pragma: no cover - depends on the installed Triton
     GLUON_AVAILABLE = False
 
-# head dims the kernels take (q, k and v of one head dim)
+# the kernels' head-dim tiles: a head dim D of q, k and v (one for all three) runs on the
+# smallest tile of at least D (tile_dim), its columns past D read as zeros by TMA and never
+# written
 HEAD_DIMS = (64, 128)
 # registers per thread requested for the warp-specialized kernel's workers (consumer, producer)
 WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
@@ -559,6 +562,17 @@ def _shared_layout(rows, head_dim, dtype):
                                                 getattr(gl, _GL_DTYPES[dtype]))
 
 
+def tile_dim(head_dim):
+    """The head-dim tile (in ``HEAD_DIMS``) a head dim runs on, or None: the smallest tile of
+    at least ``head_dim``, for head dims whose rows are 16-byte multiples (TMA's stride rule:
+    a multiple of 8 at 16 bits). The tile's columns past the head dim are zeros as TMA loads
+    them (out of the tensor's bounds), adding nothing to q.k, and the output's are clipped
+    by the TMA store."""
+    if head_dim % 8:
+        return None
+    return next((d for d in HEAD_DIMS if head_dim <= d), None)
+
+
 def _tma_strides(shape, stride, element_size):
     """Whether a rank-5 view can be a TMA source: unit channel stride, 16-byte strides, no
     broadcast (stride 0 over a dim longer than 1)."""
@@ -571,13 +585,13 @@ def _tma_strides(shape, stride, element_size):
 def plan(shapes, strides, dtype, device, is_causal, scale):
     """The Gluon forward's launch plan for rank-5 operands q, k, v given by their ``shapes`` and
     ``strides`` (three tuples each; the tensors themselves stay with the caller), or None where
-    it does not apply: CUDA on sm_90, fp16/bf16, q, k and v of one head dim in ``HEAD_DIMS``, a
-    positive scale, TMA-ready strides, non-empty (masks and dropout never reach it). Data
+    it does not apply: CUDA on sm_90, fp16/bf16, q, k and v of one head dim with a tile
+    (:func:`tile_dim`: a multiple of 8 up to 128), a positive scale, TMA-ready strides, non-empty (masks and dropout never reach it). Data
     pointers are checked per call: TMA needs 16-byte aligned base addresses (:func:`aligned`)."""
     if not GLUON_AVAILABLE or not scale > 0 or dtype not in _GL_DTYPES or device.type != "cuda":
         return None
     qs, ks, vs = shapes
-    if qs[-1] not in HEAD_DIMS or vs[-1] != qs[-1] or 0 in qs or 0 in ks:
+    if tile_dim(qs[-1]) is None or vs[-1] != qs[-1] or 0 in qs or 0 in ks:
         return None
     if not is_sm90(device):
         return None
@@ -607,12 +621,13 @@ def aligned(*data_ptrs):
 
 def _descriptor(t, shape, stride, rows):
     """5-d TMA descriptor over ``t``'s data seen as ``shape``/``stride`` (rank 5) with block
-    [1, 1, 1, rows, D]; strides of length-1 dims are replaced (unused, but TMA wants
-    16-byte multiples)."""
+    [1, 1, 1, rows, tile_dim(D)]; strides of length-1 dims are replaced (unused, but TMA
+    wants 16-byte multiples)."""
     head_dim = shape[-1]
+    tile = tile_dim(head_dim)
     strides = [st if n > 1 else head_dim for n, st in zip(shape[:-1], stride[:-1])] + [1]
-    return TensorDescriptor(t, list(shape), strides, [1, 1, 1, rows, head_dim],
-                            _shared_layout(rows, head_dim, t.dtype))
+    return TensorDescriptor(t, list(shape), strides, [1, 1, 1, rows, tile],
+                            _shared_layout(rows, tile, t.dtype))
 
 
 def _unchecked(fields, t):
@@ -658,7 +673,7 @@ def _prepare(query, key, value, out, stats, gluon_plan):
     fields = descriptor_fields(descs)
     grid = (-(-L // block_m), Z1 * Z2 * HQ)
     ints = (stats.stride(0), Z2, HQ, HQ // ks[2], L, ks[3], scale * LOG2E)
-    meta = dict(CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=D,
+    meta = dict(CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=tile_dim(D),
                 STAGES=stages, num_warps=warps)
     if ws:
         meta["PINGPONG"] = ws == PINGPONG
