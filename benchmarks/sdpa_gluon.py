@@ -111,8 +111,8 @@ def host_overhead(D=128):
 
 def host_parts(D=128):
     """Where a Gluon forward call's host time goes (B 1, H 1, L 128): the whole call, the
-    kernel launch alone (sdpa_fwd_gluon.launch on kept tensors), its pieces (the four
-    descriptors, the launcher's key, the compiled kernel's own launcher with the descriptors
+    kernel launch alone (sdpa_fwd_gluon.launch on kept tensors), its pieces (the launch's
+    arguments with the four descriptors, the launcher's key, the compiled kernel's own launcher with the descriptors
     made), and the Triton forward's whole call beside; microseconds per call."""
     from attention_oracle.fast.launch import specialization_key
     q = torch.randn(1, 1, 128, D, device="cuda", dtype=torch.bfloat16)
@@ -124,12 +124,11 @@ def host_parts(D=128):
         plan = sdpa_fwd_gluon.plan((q5.shape,) * 3, (q5.stride(),) * 3, q.dtype, q.device,
                                    False, D ** -0.5)
         sdpa_fwd_gluon.launch(q5, q5, q5, out, stats, plan)
-        (fq, fk, fv, fo), grid, ints, meta, launcher = sdpa_fwd_gluon._PREPARED[
-            (plan, q.dtype, sdpa_fwd_gluon.CONFIG)]
+        prepared = sdpa_fwd_gluon._PREPARED[(plan, q.dtype, sdpa_fwd_gluon.CONFIG)]
+        _, grid, _, meta, launcher = prepared
 
         def descs():
-            u = sdpa_fwd_gluon._unchecked
-            return (u(fq, q5), u(fk, q5), u(fv, q5), u(fo, out), stats, *ints)
+            return sdpa_fwd_gluon.launch_args(prepared, q5, q5, q5, out, stats)
 
         args = descs()
         entry = launcher(grid, args, meta)  # this call's compiled kernel (launched directly)

@@ -194,10 +194,12 @@ GLUON_BWD = BuildGuard("fast.sdpa's Gluon backward (kernels/sdpa_bwd_gluon.py)")
 def set_forward_backend(backend):
     """The forward kernel of later calls: "triton" (every input), "gluon" (the Hopper
     warp-specialised kernel of :mod:`fast.kernels.sdpa_fwd_gluon` wherever it applies: sm_90,
-    fp16/bf16, head dims up to 128 that are multiples of 8, no mask, TMA-ready strides and
-    16-byte aligned data; other calls keep the Triton kernel) or "auto" (the Gluon kernel where it applies and measured
-    faster with its host cost: head dim 128 and at least ``sdpa_fwd_gluon.AUTO_MIN_SCORES``
-    scores). Default: $ATTENTION_ORACLE_FAST_SDPA_FWD or "auto". Returns the previous backend."""
+    fp16/bf16, head dims up to 128 that are multiples of 8, no mask or a boolean one or an
+    additive one of the inputs' dtype, TMA-ready strides and 16-byte aligned data; other calls
+    keep the Triton kernel) or "auto" (the Gluon kernel where it applies and measured faster
+    with its host cost: head dim 128, no mask and at least ``sdpa_fwd_gluon.AUTO_MIN_SCORES``
+    scores). Default: $ATTENTION_ORACLE_FAST_SDPA_FWD or "auto". Returns the previous
+    backend."""
     return _FWD_BACKEND.set(backend)
 
 
@@ -241,10 +243,13 @@ def deterministic():
     return _DQ_MODE.value == "kernel" and _BWD_BACKEND.value == "triton"
 
 
-def _gluon_backends(q_shape, k_shape, is_causal):
+def _gluon_backends(q_shape, k_shape, is_causal, masked=False):
     """The forward backends under which a call of these rank-5 shapes runs the Gluon kernel,
-    where its plan applies."""
-    return _GLUON_AUTO if sdpa_fwd_gluon.auto_takes(q_shape, k_shape, is_causal) else _GLUON_ALWAYS
+    where its plan applies: "auto" only where measured faster (no mask: a masked call's speed
+    under the Gluon kernel is not measured)."""
+    if not masked and sdpa_fwd_gluon.auto_takes(q_shape, k_shape, is_causal):
+        return _GLUON_AUTO
+    return _GLUON_ALWAYS
 
 
 def set_fp32_mode(mode):
@@ -403,14 +408,14 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
         lse_k.fill_(float("-inf"))
         return out.zero_(), lse_k
     backend = _FWD_BACKEND.value
-    if mask is None and backend != "triton" and backend in _gluon_backends(q.shape, k.shape,
-                                                                            is_causal):
+    if (backend != "triton" and (mask is None or sdpa_fwd_gluon.takes_mask(mask, q.dtype))
+            and backend in _gluon_backends(q.shape, k.shape, is_causal, mask is not None)):
         gluon_plan = sdpa_fwd_gluon.plan((q.shape, k.shape, v.shape),
                                          (q.stride(), k.stride(), v.stride()), q.dtype, q.device,
                                          is_causal, scale)
         if (gluon_plan is not None
                 and sdpa_fwd_gluon.aligned(q.data_ptr(), k.data_ptr(), v.data_ptr())
-                and GLUON_FWD(sdpa_fwd_gluon.launch, q, k, v, out, lse_k, gluon_plan)):
+                and GLUON_FWD(sdpa_fwd_gluon.launch, q, k, v, out, lse_k, gluon_plan, mask)):
             return out, lse_k
     natural = _natural(q.dtype, width)
     kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(

@@ -31,6 +31,14 @@ def test_auto_takes(heads, L, S, D, causal, takes):
     assert sdpa_fwd_gluon.auto_takes(q, k, causal) is takes, (heads, L, S, D, causal)
 
 
+def test_auto_leaves_masked_calls_to_triton():
+    """A masked call runs the Gluon forward only when asked ("gluon"): its speed with a mask is
+    not measured."""
+    q, k = (1, 1, 32, 4096, 128), (1, 1, 32, 4096, 128)
+    assert "auto" in fast_sdpa._gluon_backends(q, k, False)
+    assert fast_sdpa._gluon_backends(q, k, False, masked=True) == frozenset(("gluon",))
+
+
 def test_auto_counts_every_batch_dim():
     """Scores over the two leading (broadcast) dims count as heads do."""
     assert sdpa_fwd_gluon.auto_takes((2, 8, 1, 2048, 128), (2, 8, 1, 2048, 128), False)

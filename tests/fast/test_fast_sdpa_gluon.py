@@ -27,16 +27,18 @@ from tests.fast.test_fast_sdpa_smoke import check_case  # noqa: E402
 
 
 @contextlib.contextmanager
-def gluon_forward(monkeypatch, scale_error=1.0, backend="gluon"):
+def gluon_forward(monkeypatch, scale_error=1.0, backend="gluon", drop_mask=False):
     """``backend`` ("gluon") for the block, counting the Gluon launches; ``scale_error`` plants
-    a wrong softmax scale in them (the negative control)."""
+    a wrong softmax scale in them and ``drop_mask`` launches them without the call's mask
+    (the negative controls)."""
     calls = []
     launch = sdpa_fwd_gluon.launch
 
-    def counted(query, key, value, out, stats, plan):
+    def counted(query, key, value, out, stats, plan, mask=None):
         calls.append(plan[0][0])
         shapes, strides, causal, scale = plan
-        launch(query, key, value, out, stats, (shapes, strides, causal, scale * scale_error))
+        launch(query, key, value, out, stats, (shapes, strides, causal, scale * scale_error),
+               None if drop_mask else mask)
 
     monkeypatch.setattr(sdpa_fwd_gluon, "launch", counted)
     previous = fast_sdpa.set_forward_backend(backend)
@@ -111,6 +113,63 @@ def test_gluon_forward_and_backward_at_head_dims_between_tiles(D, is_causal, sch
             gluon_backward(monkeypatch, schedule=schedule) as bwd_calls:
         check_case(q, k, v, is_causal=is_causal)
     assert fwd_calls and bwd_calls, (fwd_calls, bwd_calls)
+
+
+def masks(kind, B, H, L, S, dtype, gen):
+    """A mask of ``kind`` for [B, H, L, S] scores: "bool" (random, a fully masked query row
+    and a fully masked key column), "add" (random additive values of ``dtype``, a row of
+    -inf and a row of finfo.min), "padding" (bool [B, 1, 1, S], each batch element its own
+    valid key count) or "add_rows" (additive [1, 1, L, S] of ``dtype``, shared by every
+    head and batch element)."""
+    if kind == "bool":
+        mask = torch.rand(B, H, L, S, generator=gen) > 0.3
+        mask[:, :, 5 % L] = False
+        mask[..., 7 % S] = False
+    elif kind == "add":
+        mask = torch.randn(B, H, L, S, generator=gen).to(dtype)
+        mask[:, :, 3 % L] = float("-inf")
+        mask[:, :, 4 % L] = torch.finfo(dtype).min
+    elif kind == "padding":
+        lengths = torch.tensor([S - 1, S // 3])[:B]
+        mask = (torch.arange(S)[None, :] < lengths[:, None])[:, None, None, :]
+    else:
+        mask = torch.randn(1, 1, L, S, generator=gen).to(dtype)
+    return mask.to("cuda")
+
+
+@pytest.mark.parametrize("kind", ["bool", "add", "padding", "add_rows"])
+@pytest.mark.parametrize("L,S,D", [(300, 777, 128), (129, 200, 64), (777, 300, 96), (1, 129, 128)])
+def test_gluon_forward_with_a_mask_agrees(kind, L, S, D, gen, monkeypatch):
+    """Boolean and additive masks (fully masked rows: out 0, lse -inf; finfo.min rows; masks
+    broadcast over heads, batch or queries; a mask excludes is_causal, as in PyTorch); the
+    Triton backward on the Gluon forward's statistics, in the units of the mask's kind."""
+    q = randn(2, 3, L, D, dtype=torch.bfloat16, gen=gen)
+    k = randn(2, 3, S, D, dtype=torch.bfloat16, gen=gen)
+    v = randn(2, 3, S, D, dtype=torch.bfloat16, gen=gen)
+    mask = masks(kind, 2, 3, L, S, torch.bfloat16, gen)
+    with gluon_forward(monkeypatch) as calls:
+        check_case(q, k, v, mask=mask)
+    assert calls, "the Gluon forward did not run"
+
+
+@pytest.mark.parametrize("kind", ["bool", "add"])
+def test_planted_ignored_mask_is_caught(kind, gen, monkeypatch):
+    """Negative control: the Gluon forward launched without the call's mask fails the rule."""
+    q = randn(2, 3, 300, 128, dtype=torch.bfloat16, gen=gen)
+    mask = masks(kind, 2, 3, 300, 300, torch.bfloat16, gen)
+    with gluon_forward(monkeypatch, drop_mask=True) as calls:
+        with pytest.raises(AssertionError):
+            check_case(q, q.flip(2), q.flip(0), mask=mask, backward=False)
+    assert calls
+
+
+def test_gluon_forward_leaves_other_masks_to_triton(gen, monkeypatch):
+    """An additive float32 mask beside 16-bit inputs is the Triton forward's."""
+    q = randn(1, 2, 200, 64, dtype=torch.bfloat16, gen=gen)
+    mask = torch.randn(1, 2, 200, 200, generator=gen).to("cuda")
+    with gluon_forward(monkeypatch) as calls:
+        check_case(q, q, q, mask=mask, backward=False)
+    assert not calls, calls
 
 
 @pytest.mark.parametrize("is_causal", [False, True])

@@ -4,7 +4,8 @@
 
 Names (all by default): ``dsa_fwd``, ``dsa_fwd_nope``, ``dsa_bwd``, ``dsa_bwd_nope``,
 ``dsa_fwd_prefetch``, ``dsa_bwd_prefetch`` (the L2 prefetch one block or pair ahead),
-``sdpa_fwd_d64``, ``sdpa_fwd_d128``, ``sdpa_fwd_d128_causal``, ``sdpa_fwd_d128_pingpong``,
+``sdpa_fwd_d64``, ``sdpa_fwd_d128``, ``sdpa_fwd_d128_causal``, ``sdpa_fwd_d128_bool_mask``,
+``sdpa_fwd_d64_add_mask`` (a boolean and an additive mask), ``sdpa_fwd_d128_pingpong``,
 ``sdpa_fwd_d128_causal_pingpong`` (the forward's opt-in ping-pong form), ``sdpa_bwd_d64``,
 ``sdpa_bwd_d128``, ``sdpa_bwd_d128_causal``, ``sdpa_bwd_d64_tma``, ``sdpa_bwd_d128_tma``,
 ``sdpa_bwd_d128_causal_split_tma``, ``sdpa_bwd_d64_tma_deferred``,
@@ -72,17 +73,19 @@ def _descriptor(rows, head_dim):
     return f"tensordesc<bf16[1, 1, 1, {rows}, {head_dim}],{layout!r}>"
 
 
-def _sdpa_fwd(head_dim, causal, pingpong=False, config=None):
+def _sdpa_fwd(head_dim, causal, pingpong=False, config=None, mask="*fp32"):
+    """``mask``: the Mask pointer's type (fp32: none, u8: boolean, bf16: additive)."""
     bm, bn, stages, warps, ws = config or sdpa_fwd_gluon.CONFIG
     kernel = sdpa_fwd_gluon.sdpa_fwd_gluon_ws_kernel if ws else sdpa_fwd_gluon.sdpa_fwd_gluon_kernel
-    signature = dict(_SDPA_SCALARS, q_desc=_descriptor(64 if ws and bm == 192 else bm, head_dim),
+    signature = dict(_SDPA_SCALARS, Mask=mask,
+                     q_desc=_descriptor(64 if ws and bm == 192 else bm, head_dim),
                      k_desc=_descriptor(bn, head_dim), v_desc=_descriptor(bn, head_dim),
                      o_desc=_descriptor(64 if ws else bm, head_dim))
     constexprs = dict(CAUSAL=causal, BLOCK_M=bm, BLOCK_N=bn, HEAD_D=head_dim, STAGES=stages,
                       num_warps=warps)
     if ws:
         constexprs["PINGPONG"] = pingpong
-    return _compile(kernel, signature, constexprs, ["Stats"])
+    return _compile(kernel, signature, constexprs, ["Stats", "Mask"])
 
 
 def _sdpa_bwd(head_dim, causal, schedule="serial"):
@@ -125,6 +128,8 @@ def variants():
         "sdpa_fwd_d64": lambda: _sdpa_fwd(64, False),
         "sdpa_fwd_d128": lambda: _sdpa_fwd(128, False),
         "sdpa_fwd_d128_causal": lambda: _sdpa_fwd(128, True),
+        "sdpa_fwd_d128_bool_mask": lambda: _sdpa_fwd(128, False, mask="*u8"),
+        "sdpa_fwd_d64_add_mask": lambda: _sdpa_fwd(64, False, mask="*bf16"),
         "sdpa_fwd_d128_pingpong": lambda: _sdpa_fwd(128, False, pingpong=True),
         "sdpa_fwd_d128_causal_pingpong": lambda: _sdpa_fwd(128, True, pingpong=True),
         "sdpa_fwd_d64_three": lambda: _sdpa_fwd(64, False, config=THREE_CONSUMERS),

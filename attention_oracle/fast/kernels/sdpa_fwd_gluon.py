@@ -88,32 +88,81 @@ _ELEMENT_SIZE = {torch.bfloat16: 2, torch.float16: 2}
 if GLUON_AVAILABLE:
 
     @gluon.jit
-    def _tile_softmax(s, m_i, l_i, start_m, start_n, S, qk_scale,
+    def _tile_softmax(s, m_i, l_i, start_m, start_n, L, S, qk_scale, mask_base, s_mm, s_mn,
                       s_layout: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
         """Online-softmax step of one score tile ``s [BLOCK_M, BLOCK_N]`` (raw q.k, fp32).
 
-        Returns (p, alpha, m_new, l_new) in log2 units: ``p = exp2(s * c - m_new)``,
-        ``alpha = exp2(m_i - m_new)``. MASKED applies ``key < S`` and, when CAUSAL,
-        ``key <= query``."""
-        if MASKED:
+        Returns (p, alpha, m_new, l_new): ``p = exp2(s * c - m_new)``, ``alpha = exp2(m_i -
+        m_new)`` in log2 units (c = ``qk_scale``); under an additive mask in natural units,
+        as the Triton forward keeps them there (``qk_scale`` the scale, ``p = exp2((s * scale
+        + mask - m_new) log2 e)``). MASKED applies ``key < S`` and, when CAUSAL, ``key <=
+        query``; a mask applies on every tile: ``mask_base`` is the program's [L, S] plane
+        (strides s_mm, s_mn) of a boolean mask (read as uint8) or an additive one (the inputs'
+        16-bit dtype), or an fp32 stand-in where there is none (the kind is the pointer's
+        element type: worker partitions take no constexpr arguments)."""
+        BOOL_MASK: gl.constexpr = mask_base.dtype.element_ty == gl.uint8
+        ADD_MASK: gl.constexpr = ((mask_base.dtype.element_ty == gl.float16)
+                                  or (mask_base.dtype.element_ty == gl.bfloat16))
+        if MASKED or BOOL_MASK or ADD_MASK:
             offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
             offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             keep = offs_n[None, :] < S
             if CAUSAL:
                 keep = keep & (offs_m[:, None] >= offs_n[None, :])
-            s2 = gl.where(keep, s * qk_scale, float("-inf"))
+            if BOOL_MASK or ADD_MASK:
+                ptrs = (mask_base + offs_m.to(gl.int64)[:, None] * s_mm
+                        + offs_n.to(gl.int64)[None, :] * s_mn)
+                inside = (offs_m[:, None] < L) & (offs_n[None, :] < S)
+            if BOOL_MASK:
+                keep = keep & (gl.load(ptrs, mask=inside, other=1) != 0)
+            if ADD_MASK:
+                added = gl.load(ptrs, mask=inside, other=0.0).to(gl.float32)
+                s2 = gl.where(keep, s * qk_scale + added, float("-inf"))
+            else:
+                s2 = gl.where(keep, s * qk_scale, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s2, 1))
             # a row with only -inf so far keeps m = -inf; shift by 0 (no inf - inf)
             m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-            p = gl.exp2(s2 - m_shift[:, None])
-            alpha = gl.exp2(m_i - m_shift)
+            if ADD_MASK:
+                p = gl.exp2((s2 - m_shift[:, None]) * 1.4426950408889634)
+                alpha = gl.exp2((m_i - m_shift) * 1.4426950408889634)
+            else:
+                p = gl.exp2(s2 - m_shift[:, None])
+                alpha = gl.exp2(m_i - m_shift)
         else:
             m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
             p = gl.exp2(s * qk_scale - m_new[:, None])
             alpha = gl.exp2(m_i - m_new)
         l_new = l_i * alpha + gl.sum(p, 1)
         return p, alpha, m_new, l_new
+
+    @gluon.jit
+    def _mask_plane(Mask, s_mz1, s_mz2, s_mh, z1, z2, h):
+        """The mask's [L, S] plane of program (z1, z2, h) (its rank-5 strides; a stand-in
+        fp32 pointer with zero strides where there is no mask)."""
+        return Mask + (z1.to(gl.int64) * s_mz1 + z2.to(gl.int64) * s_mz2
+                       + h.to(gl.int64) * s_mh)
+
+    @gluon.jit
+    def _store_row_stats(Stats, s_stat, Mask, pid_bh, offs_m, L, m_i, l_i):
+        """Rows m, log2 l and the public lse of query rows ``offs_m`` (those below L), as the
+        Triton forward stores them: m in the scores' units (natural under an additive
+        ``Mask``, else log2), and for a row that no key reached (l = 0: every key masked) m =
+        +inf and log l = 0, which make the backward's P exactly 0, and lse = -inf."""
+        ADD_MASK: gl.constexpr = ((Mask.dtype.element_ty == gl.float16)
+                                  or (Mask.dtype.element_ty == gl.bfloat16))
+        in_rows = offs_m < L
+        empty = l_i == 0.0
+        log_l = gl.log2(gl.where(empty, 1.0, l_i))
+        if ADD_MASK:
+            lse = m_i + log_l * 0.6931471805599453
+        else:
+            lse = (m_i + log_l) * 0.6931471805599453
+        ptrs = Stats + pid_bh.to(gl.int64) * L + offs_m
+        gl.store(ptrs, gl.where(empty, float("inf"), m_i), mask=in_rows)
+        gl.store(ptrs + s_stat, log_l, mask=in_rows)
+        gl.store(ptrs + s_stat + s_stat, gl.where(empty, float("-inf"), lse), mask=in_rows)
 
     @gluon.jit
     def _tile_view(ring, stage, BLOCK: gl.constexpr, HEAD_D: gl.constexpr):
@@ -129,7 +178,7 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def sdpa_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, Stats, s_stat,
-                              Z2, HQ, GROUP, L, S, qk_scale,
+                              Mask, s_mz1, s_mz2, s_mh, s_mm, s_mn, Z2, HQ, GROUP, L, S, qk_scale,
                               CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                               BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                               STAGES: gl.constexpr, num_warps: gl.constexpr):
@@ -144,6 +193,7 @@ if GLUON_AVAILABLE:
         z2 = (pid_bh // HQ) % Z2
         z1 = pid_bh // (HQ * Z2)
         hk = h // GROUP
+        Mask = _mask_plane(Mask, s_mz1, s_mz2, s_mh, z1, z2, h)
         start_m = pid_m * BLOCK_M
 
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -197,11 +247,11 @@ if GLUON_AVAILABLE:
         s_tok = warpgroup_mma(q_tile, k_t, s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s_tok, ))
         if free_hi > 0:
-            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, 0, S, qk_scale, s_layout,
-                                               False, CAUSAL, BLOCK_M, BLOCK_N)
+            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, 0, L, S, qk_scale, Mask, s_mm,
+                                               s_mn, s_layout, False, CAUSAL, BLOCK_M, BLOCK_N)
         else:
-            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, 0, S, qk_scale, s_layout,
-                                               True, CAUSAL, BLOCK_M, BLOCK_N)
+            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, 0, L, S, qk_scale, Mask, s_mm,
+                                               s_mn, s_layout, True, CAUSAL, BLOCK_M, BLOCK_N)
         partition_barrier()  # both warpgroups are done with K stage 0
         _load_tile(k_desc, k_ring, k_bars, 0, z1, z2, hk, STAGES * BLOCK_N, STAGES < n_tiles)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -220,11 +270,13 @@ if GLUON_AVAILABLE:
             s = warpgroup_mma_wait(1, deps=(s_tok, ))
             start_n = j * BLOCK_N
             if start_n < free_hi:
-                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, start_n, S, qk_scale,
-                                                   s_layout, False, CAUSAL, BLOCK_M, BLOCK_N)
+                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, start_n, L, S, qk_scale,
+                                                   Mask, s_mm, s_mn, s_layout, False, CAUSAL,
+                                                   BLOCK_M, BLOCK_N)
             else:
-                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, start_n, S, qk_scale,
-                                                   s_layout, True, CAUSAL, BLOCK_M, BLOCK_N)
+                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, start_n, L, S, qk_scale,
+                                                   Mask, s_mm, s_mn, s_layout, True, CAUSAL,
+                                                   BLOCK_M, BLOCK_N)
             acc = warpgroup_mma_wait(0, deps=(o_tok, ))
             partition_barrier()  # both warpgroups are done with K stage `stage`, V stage `prev`
             _load_tile(k_desc, k_ring, k_bars, stage, z1, z2, hk, (j + STAGES) * BLOCK_N,
@@ -257,12 +309,7 @@ if GLUON_AVAILABLE:
 
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
-        in_rows = offs_m < L
-        log_l = gl.log2(gl.where(l_i == 0.0, 1.0, l_i))
-        ptrs = Stats + pid_bh.to(gl.int64) * L + offs_m
-        gl.store(ptrs, m_i, mask=in_rows)
-        gl.store(ptrs + s_stat, log_l, mask=in_rows)
-        gl.store(ptrs + s_stat + s_stat, (m_i + log_l) * 0.6931471805599453, mask=in_rows)
+        _store_row_stats(Stats, s_stat, Mask, pid_bh, offs_m, L, m_i, l_i)
         tma.store_wait(pendings=0)
 
     # ------------------------------------------------------------------ warp-specialized form
@@ -295,11 +342,10 @@ if GLUON_AVAILABLE:
             _load_tile(v_desc, v_ring, v_full, stage, z1, z2, hk, j * BLOCK_N, True)
 
     @gluon.jit
-    def _ws_consumer(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
-                     k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
-                     qk_scale, ROW0: gl.constexpr, CAUSAL: gl.constexpr,
-                     ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                     STAGES: gl.constexpr):
+    def _ws_consumer(o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_smem, k_ring, v_ring, q_bar, k_full,
+                     v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles,
+                     L, S, qk_scale, ROW0: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr,
+                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
         """One warpgroup: query rows [start_m + ROW0, + ROWS) against every key tile, the
         intra-warpgroup overlap of :func:`sdpa_fwd_gluon_kernel`; frees each K stage after its
         S and each V stage after its P.V (thread 0 of the partition arrives: a partition
@@ -344,11 +390,11 @@ if GLUON_AVAILABLE:
         s = warpgroup_mma_wait(0, deps=(s_tok, ))
         _release(k_empty, 0)
         if free_hi > 0:
-            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, S, qk_scale, s_layout,
-                                               False, CAUSAL, ROWS, BLOCK_N)
+            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
+                                               s_mn, s_layout, False, CAUSAL, ROWS, BLOCK_N)
         else:
-            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, S, qk_scale, s_layout,
-                                               True, CAUSAL, ROWS, BLOCK_N)
+            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
+                                               s_mn, s_layout, True, CAUSAL, ROWS, BLOCK_N)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         alpha_o = gl.convert_layout(alpha, row_o)
 
@@ -370,11 +416,13 @@ if GLUON_AVAILABLE:
             _release(k_empty, stage)
             start_n = j * BLOCK_N
             if start_n < free_hi:
-                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, S, qk_scale,
-                                                   s_layout, False, CAUSAL, ROWS, BLOCK_N)
+                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, L, S, qk_scale,
+                                                   Mask, s_mm, s_mn, s_layout, False, CAUSAL, ROWS,
+                                                   BLOCK_N)
             else:
-                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, S, qk_scale,
-                                                   s_layout, True, CAUSAL, ROWS, BLOCK_N)
+                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, L, S, qk_scale,
+                                                   Mask, s_mm, s_mn, s_layout, True, CAUSAL, ROWS,
+                                                   BLOCK_N)
             acc = warpgroup_mma_wait(0, deps=(o_tok, ))
             _release(v_empty, prev)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -399,12 +447,7 @@ if GLUON_AVAILABLE:
         partition_barrier()
         tma.async_copy_shared_to_global(o_desc, [z1, z2, h, row_m, 0], q_tile)
         offs_m = row_m + gl.arange(0, ROWS, layout=row_s)
-        in_rows = offs_m < L
-        log_l = gl.log2(gl.where(l_i == 0.0, 1.0, l_i))
-        ptrs = Stats + pid_bh.to(gl.int64) * L + offs_m
-        gl.store(ptrs, m_i, mask=in_rows)
-        gl.store(ptrs + s_stat, log_l, mask=in_rows)
-        gl.store(ptrs + s_stat + s_stat, (m_i + log_l) * 0.6931471805599453, mask=in_rows)
+        _store_row_stats(Stats, s_stat, Mask, pid_bh, offs_m, L, m_i, l_i)
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -423,52 +466,53 @@ if GLUON_AVAILABLE:
         mbarrier.arrive(empty.index(stage), count=1)
 
     @gluon.jit
-    def _ws_consumer_hi(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
-                        k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L,
-                        S, qk_scale):
+    def _ws_consumer_hi(o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_smem, k_ring, v_ring, q_bar,
+                        k_full, v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi,
+                        n_tiles, L, S, qk_scale):
         """The second consumer (a worker partition), not causal."""
         ROWS: gl.constexpr = o_desc.block_type.shape[3]
-        _ws_consumer(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
-                     k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
-                     qk_scale, ROWS, False, ROWS, k_ring.shape[4], k_ring.shape[5],
+        _ws_consumer(o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_smem, k_ring, v_ring, q_bar, k_full,
+                     v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles,
+                     L, S, qk_scale, ROWS, False, ROWS, k_ring.shape[4], k_ring.shape[5],
                      k_ring.shape[0])
 
     @gluon.jit
-    def _ws_consumer_hi_causal(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full,
-                               v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m,
-                               free_hi, n_tiles, L, S, qk_scale):
+    def _ws_consumer_hi_causal(o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_smem, k_ring, v_ring,
+                               q_bar, k_full, v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh,
+                               start_m, free_hi, n_tiles, L, S, qk_scale):
         """The second consumer (a worker partition), causal."""
         ROWS: gl.constexpr = o_desc.block_type.shape[3]
-        _ws_consumer(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
-                     k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
-                     qk_scale, ROWS, True, ROWS, k_ring.shape[4], k_ring.shape[5],
+        _ws_consumer(o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_smem, k_ring, v_ring, q_bar, k_full,
+                     v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles,
+                     L, S, qk_scale, ROWS, True, ROWS, k_ring.shape[4], k_ring.shape[5],
                      k_ring.shape[0])
 
     @gluon.jit
-    def _ws_consumer_third(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
-                           k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles,
-                           L, S, qk_scale):
+    def _ws_consumer_third(o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_smem, k_ring, v_ring, q_bar,
+                           k_full, v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m,
+                           free_hi, n_tiles, L, S, qk_scale):
         """The third consumer (BLOCK_M 192), not causal."""
         ROWS: gl.constexpr = o_desc.block_type.shape[3]
-        _ws_consumer(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
-                     k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
-                     qk_scale, 2 * ROWS, False, ROWS, k_ring.shape[4], k_ring.shape[5],
+        _ws_consumer(o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_smem, k_ring, v_ring, q_bar, k_full,
+                     v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles,
+                     L, S, qk_scale, 2 * ROWS, False, ROWS, k_ring.shape[4], k_ring.shape[5],
                      k_ring.shape[0])
 
     @gluon.jit
-    def _ws_consumer_third_causal(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full,
-                                  v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m,
-                                  free_hi, n_tiles, L, S, qk_scale):
+    def _ws_consumer_third_causal(o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_smem, k_ring, v_ring,
+                                  q_bar, k_full, v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh,
+                                  start_m, free_hi, n_tiles, L, S, qk_scale):
         """The third consumer (BLOCK_M 192), causal."""
         ROWS: gl.constexpr = o_desc.block_type.shape[3]
-        _ws_consumer(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
-                     k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles, L, S,
-                     qk_scale, 2 * ROWS, True, ROWS, k_ring.shape[4], k_ring.shape[5],
+        _ws_consumer(o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_smem, k_ring, v_ring, q_bar, k_full,
+                     v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles,
+                     L, S, qk_scale, 2 * ROWS, True, ROWS, k_ring.shape[4], k_ring.shape[5],
                      k_ring.shape[0])
 
     @gluon.jit
     def sdpa_fwd_gluon_ws_kernel(q_desc, k_desc, v_desc, o_desc, Stats, s_stat,
-                                 Z2, HQ, GROUP, L, S, qk_scale,
+                                 Mask, s_mz1, s_mz2, s_mh, s_mm, s_mn, Z2, HQ, GROUP, L, S,
+                                 qk_scale,
                                  CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                                  BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                                  STAGES: gl.constexpr, num_warps: gl.constexpr,
@@ -489,6 +533,7 @@ if GLUON_AVAILABLE:
         z2 = (pid_bh // HQ) % Z2
         z1 = pid_bh // (HQ * Z2)
         hk = h // GROUP
+        Mask = _mask_plane(Mask, s_mz1, s_mz2, s_mh, z1, z2, h)
         start_m = pid_m * BLOCK_M
         dtype: gl.constexpr = q_desc.dtype
         if CONSUMERS == 3:  # 192 rows: one 64-row tile each (a block of 192 is no power of 2)
@@ -527,9 +572,9 @@ if GLUON_AVAILABLE:
             hi = S
             free_hi = (S // BLOCK_N) * BLOCK_N
         n_tiles = gl.cdiv(hi, BLOCK_N)
-        consumer_args = (o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
-                         k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi, n_tiles,
-                         L, S, qk_scale)
+        consumer_args = (o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_smem, k_ring, v_ring, q_bar,
+                         k_full, v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m,
+                         free_hi, n_tiles, L, S, qk_scale)
         producer_args = (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_bar, k_full, v_full,
                          k_empty, v_empty, z1, z2, h, hk, start_m, n_tiles)
         if CONSUMERS == 3:
@@ -672,26 +717,50 @@ def _prepare(query, key, value, out, stats, gluon_plan):
              _descriptor(out, os_, ost, 64 if ws else block_m))
     fields = descriptor_fields(descs)
     grid = (-(-L // block_m), Z1 * Z2 * HQ)
-    ints = (stats.stride(0), Z2, HQ, HQ // ks[2], L, ks[3], scale * LOG2E)
+    ints = (Z2, HQ, HQ // ks[2], L, ks[3])
+    # q.k's factor: log2 units, or natural ones under an additive mask (_tile_softmax)
+    scales = {None: scale * LOG2E, torch.bool: scale * LOG2E, query.dtype: scale}
     meta = dict(CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=tile_dim(D),
                 STAGES=stages, num_warps=warps)
     if ws:
         meta["PINGPONG"] = ws == PINGPONG
-    return fields, grid, ints, meta, _WS_LAUNCH if ws else _LAUNCH
+    return fields, grid, (stats.stride(0), ints, scales), meta, _WS_LAUNCH if ws else _LAUNCH
 
 
-def launch(query, key, value, out, stats, gluon_plan):
+def takes_mask(mask, dtype):
+    """Whether the kernels take ``mask`` (a rank-5 [Z1, Z2, HQ, L, S] view, any strides) beside
+    inputs of ``dtype``: a boolean mask (True keeps a score) or an additive one of the inputs'
+    dtype."""
+    return mask.dtype == torch.bool or mask.dtype == dtype
+
+
+def launch_args(prepared, query, key, value, out, stats, mask=None):
+    """The kernel's arguments for one call of a prepared plan (:func:`launch`)."""
+    (fq, fk, fv, fo), _, (s_stat, ints, scales), _, _ = prepared
+    if mask is None:  # a stand-in fp32 pointer: the kernels read no mask (_tile_softmax)
+        mask_args = (stats, 0, 0, 0, 0, 0)
+        qk_scale = scales[None]
+    else:
+        mask_args = (mask.view(torch.uint8) if mask.dtype == torch.bool else mask,
+                     *mask.stride())
+        qk_scale = scales[mask.dtype]
+    return (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
+            _unchecked(fo, out), stats, s_stat, *mask_args, *ints, qk_scale)
+
+
+def launch(query, key, value, out, stats, gluon_plan, mask=None):
     """Fill ``out`` (contiguous, [Z1, Z2, HQ, L, D] as rank 5) and ``stats``
     ([3, Z1*Z2*HQ*L] float32 rows m, log2 l, lse) from query, key, value read as the plan's
     rank-5 shapes and strides (a view shares its base's data pointer, so the caller's
-    tensors can be passed as they are). Launched through :class:`fast.launch.DirectLauncher`
-    (Triton's own path for the first launch of each specialization)."""
+    tensors can be passed as they are), under ``mask`` (None or one :func:`takes_mask`
+    takes: every tile reads it, and the statistics are in the Triton forward's units for it).
+    Launched through :class:`fast.launch.DirectLauncher` (Triton's own path for the first
+    launch of each specialization)."""
     cache_key = (gluon_plan, query.dtype, CONFIG)
     prepared = _PREPARED.get(cache_key) or keep_prepared(
         cache_key, _prepare(query, key, value, out, stats, gluon_plan))
-    (fq, fk, fv, fo), grid, ints, meta, launcher = prepared
-    args = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
-            _unchecked(fo, out), stats, *ints)
+    _, grid, _, meta, launcher = prepared
+    args = launch_args(prepared, query, key, value, out, stats, mask)
     # Triton launches on the current device: make the tensors' one current first
     on_device_of(stats, launcher, grid, args, meta)
 
