@@ -206,9 +206,10 @@ def set_forward_backend(backend):
 def set_backward_backend(backend):
     """The backward kernels of later calls: "triton" (every input: :func:`set_dq_mode`
     applies) or "gluon" (the Hopper warp-specialised kernel of
-    :mod:`fast.kernels.sdpa_bwd_gluon` wherever the Gluon forward's plan applies and dout is
-    TMA-ready too: dK, dV and dQ in one launch, dQ added by fp32 atomics in an order that
-    varies between runs; other calls keep the Triton kernels). Default:
+    :mod:`fast.kernels.sdpa_bwd_gluon` wherever the Gluon forward's plan applies, with a mask
+    it takes or none, and dout is TMA-ready too: dK, dV and dQ in one launch, dQ added by fp32
+    atomics or TMA reductions in an order that varies between runs; other calls keep the
+    Triton kernels). Default:
     $ATTENTION_ORACLE_FAST_SDPA_BWD or "triton". Returns the previous backend."""
     previous = _BWD_BACKEND.set(backend)
     _options_key()
@@ -477,13 +478,15 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
         lse_k = lse_k.contiguous()
     # the forward's statistics say which path made them (the fp32 mode may have changed since)
     natural = lse_k.shape[0] == stats_rows(True)
-    if mask is None and not natural and _BWD_BACKEND.value == "gluon":
+    if (not natural and _BWD_BACKEND.value == "gluon"
+            and (mask is None or sdpa_fwd_gluon.takes_mask(mask, q.dtype))):
         gluon_plan = sdpa_bwd_gluon.plan(
             sdpa_fwd_gluon.plan((q.shape, k.shape, v.shape), (q.stride(), k.stride(), v.stride()),
                                 q.dtype, q.device, is_causal, scale), dout.stride(), q.dtype)
         if gluon_plan is not None and dout.dtype == q.dtype and sdpa_fwd_gluon.aligned(
                 q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr()):
-            grads = _launch_bwd_gluon(dout, q, k, v, out, lse_k, dq, dk, dv, gluon_plan)
+            grads = _launch_bwd_gluon(dout, q, k, v, out, lse_k, dq, dk, dv, gluon_plan,
+                                      mask=mask)
             if grads is not None:
                 return grads
     prec = "ieee" if natural else _precision(q.dtype, max(E, v.shape[4]))
@@ -516,10 +519,11 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     return dq, dk, dv
 
 
-def _launch_bwd_gluon(dout, q, k, v, out, lse_k, dq, dk, dv, gluon_plan, pre=None):
+def _launch_bwd_gluon(dout, q, k, v, out, lse_k, dq, dk, dv, gluon_plan, pre=None, mask=None):
     """The Gluon backward (:func:`set_backward_backend`): Delta by the preprocess kernel
     (``pre``: a plan's bound launch of it, else a direct one), then dK, dV and dQ's fp32 sum
-    in one launch; dq, dk, dv contiguous as rank 5. None where the kernel does not build on
+    in one launch, under ``mask`` (None, or one the Gluon kernels take); dq, dk, dv contiguous
+    as rank 5. None where the kernel does not build on
     this Triton (``GLUON_BWD``): the caller runs the Triton backward."""
     if GLUON_BWD.failure is not None:
         return None
@@ -535,7 +539,7 @@ def _launch_bwd_gluon(dout, q, k, v, out, lse_k, dq, dk, dv, gluon_plan, pre=Non
         pre(delta)
     dq_sum = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device)
     if not GLUON_BWD(sdpa_bwd_gluon.launch, dout, q, k, v, lse_k, delta, dq_sum, dk, dv,
-                     gluon_plan):
+                     gluon_plan, mask):
         return None
     return dq.copy_(dq_sum), dk, dv
 

@@ -89,7 +89,8 @@ def test_backward_backend_dispatch(monkeypatch):
                                 scale))
     monkeypatch.setattr(sdpa_fwd_gluon, "aligned", lambda *ptrs: True)
     monkeypatch.setattr(sdpa_bwd_gluon, "plan", lambda fwd, dst, dtype: fwd + (tuple(dst),))
-    monkeypatch.setattr(sdpa_bwd_gluon, "launch", lambda *args: calls.append(args[-1][0][0]))
+    monkeypatch.setattr(sdpa_bwd_gluon, "launch",
+                        lambda *args, mask=None: calls.append(args[9][0][0]))  # args[9]: plan
     device = "cuda" if torch.cuda.is_available() else "cpu"
     q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16, device=device, requires_grad=True)
 
@@ -113,6 +114,35 @@ def test_backward_backend_dispatch(monkeypatch):
     finally:
         fast_sdpa.set_forward_backend(forward)
         fast_sdpa.set_backward_backend(backward)
+
+
+def test_backward_backend_dispatch_of_masked_calls(monkeypatch):
+    """Under "gluon" a masked call's backward goes to the Gluon launch with the call's mask as
+    a rank-5 view (a boolean one, and an additive one of the inputs' dtype); an fp32 additive
+    mask beside 16-bit inputs stays with the Triton backward. The kernel is stubbed."""
+    seen = []
+    monkeypatch.setattr(sdpa_fwd_gluon, "plan", lambda shapes, strides, dtype, device, causal,
+                        scale: (tuple(map(tuple, shapes)), tuple(map(tuple, strides)), causal,
+                                scale))
+    monkeypatch.setattr(sdpa_fwd_gluon, "aligned", lambda *ptrs: True)
+    monkeypatch.setattr(sdpa_bwd_gluon, "plan", lambda fwd, dst, dtype: fwd + (tuple(dst),))
+    monkeypatch.setattr(sdpa_bwd_gluon, "launch", lambda *args: seen.append(args[10]))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16, device=device, requires_grad=True)
+    masks = (torch.rand(1, 1, 16, 16, device=device) > 0.5,
+             torch.randn(1, 2, 16, 16, device=device).to(torch.bfloat16),
+             torch.randn(1, 2, 16, 16, device=device))
+    forward = fast_sdpa.set_forward_backend("triton")
+    backward = fast_sdpa.set_backward_backend("gluon")
+    try:
+        for mask in masks:
+            out = fast_sdpa.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+            torch.autograd.grad(out.float().sum(), q)
+    finally:
+        fast_sdpa.set_forward_backend(forward)
+        fast_sdpa.set_backward_backend(backward)
+    assert [(m.dim(), m.dtype) for m in seen] == [(5, torch.bool), (5, torch.bfloat16)], seen
+    assert seen[0].shape[-2:] == (16, 16) and seen[0].stride()[2] == 0  # broadcast heads
 
 
 def test_a_gluon_backward_that_does_not_build_falls_back(monkeypatch):
@@ -192,7 +222,8 @@ def test_gluon_descriptors_of_a_head_dim_between_tiles(D):
     for f in fields:
         assert list(f["shape"])[-1] == D and list(f["block_shape"])[-1] == tile
     dq_sum = torch.zeros(Z1, Z2, H, L, D)
-    fields, _, ints, meta = sdpa_bwd_gluon._prepare(q, q, q, q, dq_sum, fwd_plan + (st,), "auto")
+    fields, _, (ints, _, _), meta = sdpa_bwd_gluon._prepare(q, q, q, q, dq_sum, fwd_plan + (st,),
+                                                            "auto")
     assert [list(f["block_shape"])[-1] for f in fields] == [tile] * 4 + [64]
     assert list(fields[4]["shape"]) == [Z1 * Z2 * H * L, D]
     assert ints[5] == D  # HD, after Z2, HQ, GROUP, L, S

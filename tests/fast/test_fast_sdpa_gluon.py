@@ -50,18 +50,20 @@ def gluon_forward(monkeypatch, scale_error=1.0, backend="gluon", drop_mask=False
 
 
 @contextlib.contextmanager
-def gluon_backward(monkeypatch, scale_error=1.0, schedule="auto"):
+def gluon_backward(monkeypatch, scale_error=1.0, schedule="auto", drop_mask=False):
     """The "gluon" backward backend for the block under ``schedule``
     (``sdpa_bwd_gluon.SCHEDULES``), counting its launches; ``scale_error`` plants a wrong
-    softmax scale in them (the negative control)."""
+    softmax scale in them and ``drop_mask`` launches them without the call's mask (the
+    negative controls)."""
     calls = []
     launch = sdpa_bwd_gluon.launch
 
-    def counted(dout, query, key, value, stats, delta, dq_sum, dk, dv, plan):
+    def counted(dout, query, key, value, stats, delta, dq_sum, dk, dv, plan, mask=None):
         calls.append(plan[0][0])
         shapes, strides, causal, scale, dout_strides = plan
         launch(dout, query, key, value, stats, delta, dq_sum, dk, dv,
-               (shapes, strides, causal, scale * scale_error, dout_strides))
+               (shapes, strides, causal, scale * scale_error, dout_strides),
+               None if drop_mask else mask)
 
     monkeypatch.setattr(sdpa_bwd_gluon, "launch", counted)
     previous = fast_sdpa.set_backward_backend("gluon")
@@ -150,6 +152,34 @@ def test_gluon_forward_with_a_mask_agrees(kind, L, S, D, gen, monkeypatch):
     with gluon_forward(monkeypatch) as calls:
         check_case(q, k, v, mask=mask)
     assert calls, "the Gluon forward did not run"
+
+
+@pytest.mark.parametrize("gluon_fwd", [False, True], ids=["triton_fwd", "gluon_fwd"])
+@pytest.mark.parametrize("kind", ["bool", "add", "padding", "add_rows"])
+@pytest.mark.parametrize("L,S,D", [(300, 777, 128), (129, 200, 64), (777, 300, 96)])
+def test_gluon_backward_with_a_mask_agrees(kind, L, S, D, gluon_fwd, gen, monkeypatch):
+    """The Gluon backward under boolean and additive masks (as in the forward's test), on
+    either forward's statistics (the same units for a mask's kind)."""
+    q = randn(2, 3, L, D, dtype=torch.bfloat16, gen=gen)
+    k = randn(2, 3, S, D, dtype=torch.bfloat16, gen=gen)
+    v = randn(2, 3, S, D, dtype=torch.bfloat16, gen=gen)
+    mask = masks(kind, 2, 3, L, S, torch.bfloat16, gen)
+    with gluon_forward(monkeypatch, backend="gluon" if gluon_fwd else "triton") as fwd_calls, \
+            gluon_backward(monkeypatch) as bwd_calls:
+        check_case(q, k, v, mask=mask)
+    assert bwd_calls and bool(fwd_calls) == gluon_fwd, (fwd_calls, bwd_calls)
+
+
+@pytest.mark.parametrize("kind", ["bool", "add"])
+def test_planted_ignored_mask_in_the_backward_is_caught(kind, gen, monkeypatch):
+    """Negative control: the Gluon backward launched without the call's mask fails the rule
+    on the gradients."""
+    q = randn(2, 3, 300, 128, dtype=torch.bfloat16, gen=gen)
+    mask = masks(kind, 2, 3, 300, 300, torch.bfloat16, gen)
+    with gluon_backward(monkeypatch, drop_mask=True) as calls:
+        with pytest.raises(AssertionError):
+            check_case(q, q.flip(2), q.flip(0), mask=mask)
+    assert calls
 
 
 @pytest.mark.parametrize("kind", ["bool", "add"])

@@ -7,7 +7,8 @@ Names (all by default): ``dsa_fwd``, ``dsa_fwd_nope``, ``dsa_bwd``, ``dsa_bwd_no
 ``sdpa_fwd_d64``, ``sdpa_fwd_d128``, ``sdpa_fwd_d128_causal``, ``sdpa_fwd_d128_bool_mask``,
 ``sdpa_fwd_d64_add_mask`` (a boolean and an additive mask), ``sdpa_fwd_d128_pingpong``,
 ``sdpa_fwd_d128_causal_pingpong`` (the forward's opt-in ping-pong form), ``sdpa_bwd_d64``,
-``sdpa_bwd_d128``, ``sdpa_bwd_d128_causal``, ``sdpa_bwd_d64_tma``, ``sdpa_bwd_d128_tma``,
+``sdpa_bwd_d128``, ``sdpa_bwd_d128_causal``, ``sdpa_bwd_d128_bool_mask``,
+``sdpa_bwd_d64_add_mask``, ``sdpa_bwd_d64_tma``, ``sdpa_bwd_d128_tma``,
 ``sdpa_bwd_d128_causal_split_tma``, ``sdpa_bwd_d64_tma_deferred``,
 ``sdpa_bwd_d128_tma_deferred``, ``sdpa_bwd_d128_causal_tma_deferred`` (the backward's other
 schedules): the production configuration of each kernel in
@@ -88,18 +89,19 @@ def _sdpa_fwd(head_dim, causal, pingpong=False, config=None, mask="*fp32"):
     return _compile(kernel, signature, constexprs, ["Stats", "Mask"])
 
 
-def _sdpa_bwd(head_dim, causal, schedule="serial"):
+def _sdpa_bwd(head_dim, causal, schedule="serial", mask="*fp32"):
+    """``mask``: the Mask pointer's type (fp32: none, u8: boolean, bf16: additive)."""
     bm, bn = sdpa_bwd_gluon.BLOCK_M, sdpa_bwd_gluon.BLOCK_N
     split, dq_tma, dq_defer = sdpa_bwd_gluon.SCHEDULES[schedule]
     dq_layout = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float32)
-    signature = dict(_SDPA_SCALARS, q_desc=_descriptor(bm, head_dim),
+    signature = dict(_SDPA_SCALARS, Mask=mask, q_desc=_descriptor(bm, head_dim),
                      k_desc=_descriptor(bn, head_dim), v_desc=_descriptor(bn, head_dim),
                      do_desc=_descriptor(bm, head_dim),
                      dq_desc=f"tensordesc<fp32[64, 64],{dq_layout!r}>")
     return _compile(sdpa_bwd_gluon.sdpa_bwd_gluon_ws_kernel, signature,
                     dict(CAUSAL=causal, SPLIT=split, DQ_TMA=dq_tma, DQ_DEFER=dq_defer,
                          num_warps=4),
-                    ["Stats", "Delta", "DQ", "DK", "DV"])
+                    ["Stats", "Delta", "DQ", "DK", "DV", "Mask"])
 
 
 # FA3's head-dim-64 tile: 192 query rows, three consumer warpgroups
@@ -138,6 +140,8 @@ def variants():
         "sdpa_bwd_d64": lambda: _sdpa_bwd(64, False),
         "sdpa_bwd_d128": lambda: _sdpa_bwd(128, False),
         "sdpa_bwd_d128_causal": lambda: _sdpa_bwd(128, True),
+        "sdpa_bwd_d128_bool_mask": lambda: _sdpa_bwd(128, False, "tma", mask="*u8"),
+        "sdpa_bwd_d64_add_mask": lambda: _sdpa_bwd(64, False, mask="*bf16"),
         "sdpa_bwd_d64_tma": lambda: _sdpa_bwd(64, False, "tma"),
         "sdpa_bwd_d128_tma": lambda: _sdpa_bwd(128, False, "tma"),
         "sdpa_bwd_d128_causal_split_tma": lambda: _sdpa_bwd(128, True, "split_tma"),

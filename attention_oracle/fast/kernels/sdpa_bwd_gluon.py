@@ -40,6 +40,8 @@ checked on the GPU by ``tests/fast/test_fast_sdpa_gluon.py``.
 """
 import functools
 
+import torch
+
 from ..host import Choice
 from ..launch import DirectLauncher, on_device_of
 from .sdpa_fwd_gluon import _ELEMENT_SIZE, GLUON_AVAILABLE, _tma_strides, tile_dim
@@ -87,8 +89,8 @@ _INT32_MAX = 2**31 - 1
 # the deferral from the dQ tiles'.
 SCHEDULES = {"serial": (False, False, False), "tma": (False, True, False),
              "tma_deferred": (False, True, True), "split_tma": (True, True, False)}
-# "auto" (the default): "tma" on the 128-column tile, "serial" on the 64-column one (where the TMA reduction's wait
-# costs more than the atomics it replaces; docs/PERFORMANCE.md)
+# "auto" (the default): "tma" on the 128-column tile, "serial" on the 64-column one (where
+# the TMA reduction's wait costs more than the atomics it replaces; docs/PERFORMANCE.md)
 _SCHEDULE = Choice("ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE", ("auto", *SCHEDULES), "auto")
 
 
@@ -136,9 +138,9 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full, do_full,
-                  qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ,
-                  DK, DV, bh_q0, pid_bh, GROUP, L, S, HD, start_n, m0, n_m, n_steps, qk_scale,
-                  scale, dq_desc, dq_tma, W: gl.constexpr, CAUSAL: gl.constexpr):
+                  qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK,
+                  DV, Mask, s_mh, s_mm, s_mn, bh_q0, pid_bh, GROUP, L, S, HD, start_n, m0, n_m,
+                  n_steps, qk_scale, scale, dq_desc, dq_tma, W: gl.constexpr, CAUSAL: gl.constexpr):
         """Consumer W: key rows [start_n + 64 W, + 64); dQ columns [W D / 2, + D / 2) of the
         head-dim tile D (the head dim HD or more: columns past HD are TMA's zeros, never
         written). ``bh_q0``: the row of the group's first query head in Stats / Delta (units
@@ -204,12 +206,12 @@ if GLUON_AVAILABLE:
                                is_async=True)
             s, dp = warpgroup_mma_wait(0, deps=(s, dp))
             offs_q = start_m + gl.arange(0, 64, layout=queries_l)
-            p = gl.exp2((s * qk_scale - m_smem.index(W + zero).load(queries_l)[None, :])
-                        - l_smem.index(W + zero).load(queries_l)[None, :])
             keep = offs_key[:, None] < S
             if CAUSAL:
                 keep = keep & (offs_key[:, None] <= offs_q[None, :])
-            p = gl.where(keep, p, 0.0)
+            p = _probabilities(s, qk_scale, m_smem.index(W + zero).load(queries_l),
+                               l_smem.index(W + zero).load(queries_l), keep, Mask, h, s_mh,
+                               s_mm, s_mn, offs_key, offs_q, L, S)
             ds = p * (dp - d_smem.index(W + zero).load(queries_l)[None, :])
             p_op = gl.convert_layout(p.to(dtype), op_layout)
             ds_op = gl.convert_layout(ds.to(dtype), op_layout)
@@ -260,6 +262,33 @@ if GLUON_AVAILABLE:
         gl.store(DV + offs, dv.to(dtype), mask=inside)
 
     @gluon.jit
+    def _probabilities(s, qk_scale, m, log_l, keep, Mask, h, s_mh, s_mm, s_mn, offs_key, offs_q,
+                       L, S):
+        """P^T [64 keys, 64 queries] from the raw scores S^T = K Q^T, the queries' m and log2 l
+        and ``keep`` (key bound, causal): exp2((s c - m) - log2 l) in log2 units (c =
+        ``qk_scale``); under a mask, ``Mask`` the group's first query head's [L, S] plane (the
+        step's head ``h`` of the group at h * s_mh): a boolean mask joins ``keep``; an
+        additive one is added to s times the scale in natural units, where the forwards keep
+        m for it (c is the scale then). Without a mask ``Mask`` is an fp32 stand-in (the kind is
+        the pointer's element type: worker partitions take no constexprs)."""
+        BOOL_MASK: gl.constexpr = Mask.dtype.element_ty == gl.uint8
+        ADD_MASK: gl.constexpr = ((Mask.dtype.element_ty == gl.float16)
+                                  or (Mask.dtype.element_ty == gl.bfloat16))
+        if BOOL_MASK or ADD_MASK:
+            ptrs = (Mask + h.to(gl.int64) * s_mh + offs_q.to(gl.int64)[None, :] * s_mm
+                    + offs_key.to(gl.int64)[:, None] * s_mn)
+            inside = (offs_key[:, None] < S) & (offs_q[None, :] < L)
+        if ADD_MASK:
+            added = gl.load(ptrs, mask=inside, other=0.0).to(gl.float32)
+            p = gl.exp2((s * qk_scale + added - m[None, :]) * 1.4426950408889634
+                        - log_l[None, :])
+        else:
+            p = gl.exp2((s * qk_scale - m[None, :]) - log_l[None, :])
+        if BOOL_MASK:
+            keep = keep & (gl.load(ptrs, mask=inside, other=1) != 0)
+        return gl.where(keep, p, 0.0)
+
+    @gluon.jit
     def _row_stats(Stats, s_stat, Delta, row, start_m, L, pred):
         """(m, log2 l, Delta) of query rows [start_m, + 64) of the head whose first row is
         ``row``, [64] in a compact layout (one value a thread); rows past L (or every row
@@ -292,11 +321,11 @@ if GLUON_AVAILABLE:
     def _sink_dq(dq, DQ, dq_desc, dq_tma, dq_tile, head, start_m, L, scale, col0, D,
                  dq_layout: gl.constexpr):
         """DQ[head * L + start_m + i, col0 + c] (row stride D) += scale * dq[i, c] for the
-        [64, 64] tile dq, rows past L and columns past D left alone: one TMA reduction through ``dq_desc`` (DQ as
-        [rows, D]: a tile within the head's L rows) where ``dq_tma``, else (and for a head's
-        last, partial, tile) fp32 atomics. The reduction's source: the shared ``dq_tile``
-        where it is [64, 64] ("tma_deferred": free, as the caller waited; not waited for
-        here), else the register tile (waited for until read)."""
+        [64, 64] tile dq, rows past L and columns past D left alone: one TMA reduction through
+        ``dq_desc`` (DQ as [rows, D]: a tile within the head's L rows) where ``dq_tma``, else
+        (and for a head's last, partial, tile) fp32 atomics. The reduction's source: the
+        shared ``dq_tile`` where it is [64, 64] ("tma_deferred": free, as the caller waited;
+        not waited for here), else the register tile (waited for until read)."""
         if dq_tma and start_m + 64 <= L:
             if dq_tile.shape[0] == 64:
                 dq_tile.store(dq * scale)
@@ -315,26 +344,27 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _consumer1(k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full, do_full,
                    qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ,
-                   DK, DV, bh_q0, pid_bh, GROUP, L, S, HD, start_n, m0, n_m, n_steps, qk_scale,
-                   scale, dq_desc, dq_tma):
+                   DK, DV, Mask, s_mh, s_mm, s_mn, bh_q0, pid_bh, GROUP, L, S, HD, start_n, m0, n_m,
+                   n_steps, qk_scale, scale, dq_desc, dq_tma):
         _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full, do_full,
-                  qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ,
-                  DK, DV, bh_q0, pid_bh, GROUP, L, S, HD, start_n, m0, n_m, n_steps, qk_scale,
-                  scale, dq_desc, dq_tma, 1, False)
+                  qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK,
+                  DV, Mask, s_mh, s_mm, s_mn, bh_q0, pid_bh, GROUP, L, S, HD, start_n, m0, n_m,
+                  n_steps, qk_scale, scale, dq_desc, dq_tma, 1, False)
 
     @gluon.jit
     def _consumer1_causal(k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full,
                           do_full, qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats,
-                          s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L, S, HD, start_n, m0,
-                          n_m, n_steps, qk_scale, scale, dq_desc, dq_tma):
+                          s_stat, Delta, DQ, DK, DV, Mask, s_mh, s_mm, s_mn, bh_q0, pid_bh, GROUP,
+                          L, S, HD, start_n, m0, n_m, n_steps, qk_scale, scale, dq_desc, dq_tma):
         _consumer(k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full, do_full,
-                  qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ,
-                  DK, DV, bh_q0, pid_bh, GROUP, L, S, HD, start_n, m0, n_m, n_steps, qk_scale,
-                  scale, dq_desc, dq_tma, 1, True)
+                  qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta, DQ, DK,
+                  DV, Mask, s_mh, s_mm, s_mn, bh_q0, pid_bh, GROUP, L, S, HD, start_n, m0, n_m,
+                  n_steps, qk_scale, scale, dq_desc, dq_tma, 1, True)
 
     @gluon.jit
     def sdpa_bwd_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, Stats, s_stat,
-                                 Delta, DQ, DK, DV, Z2, HQ, GROUP, L, S, HD, qk_scale, scale,
+                                 Delta, DQ, DK, DV, Mask, s_mz1, s_mz2, s_mh, s_mm, s_mn, Z2, HQ,
+                                 GROUP, L, S, HD, qk_scale, scale,
                                  CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
                                  DQ_TMA: gl.constexpr, DQ_DEFER: gl.constexpr,
                                  num_warps: gl.constexpr):
@@ -342,7 +372,9 @@ if GLUON_AVAILABLE:
         D]) and k, v (blocks [1, 1, 1, 128, D]), D the head-dim tile of the head dim HD
         (sdpa_fwd_gluon.tile_dim); Stats rows m (log2 units) and log2 l (row stride s_stat),
         Delta [Z1*Z2*HQ, L] fp32; DQ rank-5 contiguous fp32 (added to), DK and DV rank-5
-        contiguous in the input dtype; dq_desc over DQ as [Z1*Z2*HQ*L, HD] (block [64, 64]);
+        contiguous in the input dtype; Mask a [Z1, Z2, HQ, L, S] mask's data (strides s_mz1 ..
+        s_mn: boolean as uint8, or additive in the inputs' dtype with ``qk_scale`` the scale),
+        or an fp32 stand-in with zero strides where there is none; dq_desc over DQ as [Z1*Z2*HQ*L, HD] (block [64, 64]);
         SPLIT, DQ_TMA and DQ_DEFER the schedule's (SCHEDULES)."""
         dtype: gl.constexpr = q_desc.dtype
         pid_n = gl.program_id(0)
@@ -361,6 +393,9 @@ if GLUON_AVAILABLE:
         # step (causal keys past every query) divides by 1, not 0 (its walk results are unused)
         n_m = gl.maximum(n_mb - m0, 1)
         bh_q0 = (z1 * Z2 + z2) * HQ + hk * GROUP
+        # the mask's [L, S] plane of the group's first query head (the consumers add a step's)
+        Mask = Mask + (z1.to(gl.int64) * s_mz1 + z2.to(gl.int64) * s_mz2
+                       + (hk * GROUP).to(gl.int64) * s_mh)
 
         # K and V as one-stage rings ([1] + block): views through an index (_consumer)
         k_smem = gl.allocate_shared_memory(dtype, [1] + k_desc.block_type.shape, k_desc.layout)
@@ -399,10 +434,10 @@ if GLUON_AVAILABLE:
         mbarrier.init(ds_free.index(0), count=2)
         fence_async_shared()
 
-        consumer_args = (k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full,
-                         do_full, qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats,
-                         s_stat, Delta, DQ, DK, DV, bh_q0, pid_bh, GROUP, L, S, HD, start_n,
-                         m0, n_m, n_steps, qk_scale, scale, dq_desc, DQ_TMA)
+        consumer_args = (k_smem, v_smem, q_ring, do_ring, ds_smem, dq_smem, kv_bar, q_full, do_full,
+                         qd_empty, ds_ready, ds_free, m_smem, l_smem, d_smem, Stats, s_stat, Delta,
+                         DQ, DK, DV, Mask, s_mh, s_mm, s_mn, bh_q0, pid_bh, GROUP, L, S, HD,
+                         start_n, m0, n_m, n_steps, qk_scale, scale, dq_desc, DQ_TMA)
         producer_args = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_ring, do_ring,
                          kv_bar, q_full, do_full, qd_empty, z1, z2, hk, GROUP, start_n, m0,
                          n_m, n_steps)
@@ -442,13 +477,16 @@ def _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule):
              _descriptor(value, vs, vst, BLOCK_N), _descriptor(dout, qs, dst, BLOCK_M))
     # rank 2, as Triton 3.6 lowers the TMA reduction of a rank-2 tile only into a rank-2 box
     dq_desc = TensorDescriptor(dq_sum, [Z1 * Z2 * HQ * L, D], [D, 1], [64, 64], _dq_layout())
-    ints = (Z2, HQ, HQ // HKV, L, S, D, scale * LOG2E, scale)
+    ints = (Z2, HQ, HQ // HKV, L, S, D)
+    # q.k's factor: log2 units, or natural ones under an additive mask (_probabilities)
+    scales = (scale * LOG2E, scale)  # [additive mask]
     split, dq_tma, dq_defer = SCHEDULES[resolved_schedule(schedule, D)]
     # the reduction's row coordinate (head * L + start_m) is an int32
     dq_tma = dq_tma and Z1 * Z2 * HQ * L <= _INT32_MAX
     meta = dict(CAUSAL=is_causal, SPLIT=split, DQ_TMA=dq_tma, DQ_DEFER=dq_tma and dq_defer,
                 num_warps=4)
-    return descriptor_fields(descs + (dq_desc, )), (-(-S // BLOCK_N), Z1 * Z2 * HKV), ints, meta
+    return (descriptor_fields(descs + (dq_desc, )), (-(-S // BLOCK_N), Z1 * Z2 * HKV),
+            (ints, scales, scale), meta)
 
 
 @functools.cache
@@ -456,19 +494,28 @@ def _dq_layout():
     return gl.NVMMASharedLayout.get_default_for([64, 64], gl.float32)
 
 
-def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan):
+def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan, mask=None):
     """Add dQ into ``dq_sum`` (fp32, zeroed by the caller) and fill dk and dv, all three
     contiguous as rank-5 [Z1, Z2, H, rows, D], from query, key, value and dout read as the
     plan's rank-5 shapes and strides; ``stats`` the forward's row statistics ([R, ...] float32,
-    rows m and log2 l), ``delta`` [Z1*Z2*HQ, L] float32 = rowsum(dO * O)."""
+    rows m and log2 l, in the units of the mask's kind), ``delta`` [Z1*Z2*HQ, L] float32 =
+    rowsum(dO * O); ``mask`` None or one ``sdpa_fwd_gluon.takes_mask`` takes (rank 5, any
+    strides)."""
     schedule = _SCHEDULE.value
     cache_key = (bwd_plan, query.dtype, schedule)  # a 5-tuple plan: never a forward's key
     prepared = _PREPARED.get(cache_key) or keep_prepared(
         cache_key, _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule))
-    (fq, fk, fv, fd, fdq), grid, ints, meta = prepared
+    (fq, fk, fv, fd, fdq), grid, (ints, scales, scale), meta = prepared
+    if mask is None:  # a stand-in fp32 pointer: the kernel reads no mask (_probabilities)
+        mask_args = (stats, 0, 0, 0, 0, 0)
+        qk_scale = scales[0]
+    else:
+        mask_args = (mask.view(torch.uint8) if mask.dtype == torch.bool else mask,
+                     *mask.stride())
+        qk_scale = scales[mask.dtype != torch.bool]
     args = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
             _unchecked(fd, dout), _unchecked(fdq, dq_sum), stats, stats.stride(0), delta, dq_sum,
-            dk, dv, *ints)
+            dk, dv, *mask_args, *ints, qk_scale, scale)
     on_device_of(dk, _LAUNCH, grid, args, meta)
 
 

@@ -719,7 +719,7 @@ def _prepare(query, key, value, out, stats, gluon_plan):
     grid = (-(-L // block_m), Z1 * Z2 * HQ)
     ints = (Z2, HQ, HQ // ks[2], L, ks[3])
     # q.k's factor: log2 units, or natural ones under an additive mask (_tile_softmax)
-    scales = {None: scale * LOG2E, torch.bool: scale * LOG2E, query.dtype: scale}
+    scales = (scale * LOG2E, scale)  # [additive mask]
     meta = dict(CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=tile_dim(D),
                 STAGES=stages, num_warps=warps)
     if ws:
@@ -739,11 +739,11 @@ def launch_args(prepared, query, key, value, out, stats, mask=None):
     (fq, fk, fv, fo), _, (s_stat, ints, scales), _, _ = prepared
     if mask is None:  # a stand-in fp32 pointer: the kernels read no mask (_tile_softmax)
         mask_args = (stats, 0, 0, 0, 0, 0)
-        qk_scale = scales[None]
+        qk_scale = scales[0]
     else:
         mask_args = (mask.view(torch.uint8) if mask.dtype == torch.bool else mask,
                      *mask.stride())
-        qk_scale = scales[mask.dtype]
+        qk_scale = scales[mask.dtype != torch.bool]
     return (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
             _unchecked(fo, out), stats, s_stat, *mask_args, *ints, qk_scale)
 
