@@ -125,7 +125,7 @@ def host_parts(D=128):
                                    False, D ** -0.5)
         sdpa_fwd_gluon.launch(q5, q5, q5, out, stats, plan)
         prepared = sdpa_fwd_gluon._PREPARED[(plan, q.dtype, sdpa_fwd_gluon.CONFIG)]
-        _, grid, _, meta, launcher = prepared
+        _, grid, _, meta, (launcher, _) = prepared  # the unmasked kernel
 
         def descs():
             return sdpa_fwd_gluon.launch_args(prepared, q5, q5, q5, out, stats)

@@ -77,7 +77,10 @@ def _descriptor(rows, head_dim):
 def _sdpa_fwd(head_dim, causal, pingpong=False, config=None, mask="*fp32"):
     """``mask``: the Mask pointer's type (fp32: none, u8: boolean, bf16: additive)."""
     bm, bn, stages, warps, ws = config or sdpa_fwd_gluon.CONFIG
-    kernel = sdpa_fwd_gluon.sdpa_fwd_gluon_ws_kernel if ws else sdpa_fwd_gluon.sdpa_fwd_gluon_kernel
+    g = sdpa_fwd_gluon
+    kernel = {(True, False): g.sdpa_fwd_gluon_ws_kernel, (False, False): g.sdpa_fwd_gluon_kernel,
+              (True, True): g.sdpa_fwd_gluon_ws_masked_kernel,
+              (False, True): g.sdpa_fwd_gluon_masked_kernel}[bool(ws), mask != "*fp32"]
     signature = dict(_SDPA_SCALARS, Mask=mask,
                      q_desc=_descriptor(64 if ws and bm == 192 else bm, head_dim),
                      k_desc=_descriptor(bn, head_dim), v_desc=_descriptor(bn, head_dim),
@@ -98,7 +101,9 @@ def _sdpa_bwd(head_dim, causal, schedule="serial", mask="*fp32"):
                      k_desc=_descriptor(bn, head_dim), v_desc=_descriptor(bn, head_dim),
                      do_desc=_descriptor(bm, head_dim),
                      dq_desc=f"tensordesc<fp32[64, 64],{dq_layout!r}>")
-    return _compile(sdpa_bwd_gluon.sdpa_bwd_gluon_ws_kernel, signature,
+    kernel = (sdpa_bwd_gluon.sdpa_bwd_gluon_ws_kernel if mask == "*fp32"
+              else sdpa_bwd_gluon.sdpa_bwd_gluon_ws_masked_kernel)
+    return _compile(kernel, signature,
                     dict(CAUSAL=causal, SPLIT=split, DQ_TMA=dq_tma, DQ_DEFER=dq_defer,
                          num_warps=4),
                     ["Stats", "Delta", "DQ", "DK", "DV", "Mask"])

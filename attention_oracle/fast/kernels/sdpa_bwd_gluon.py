@@ -363,11 +363,33 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def sdpa_bwd_gluon_ws_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, Stats, s_stat,
-                                 Delta, DQ, DK, DV, Mask, s_mz1, s_mz2, s_mh, s_mm, s_mn, Z2, HQ,
-                                 GROUP, L, S, HD, qk_scale, scale,
+                                 Delta, DQ, DK, DV, Z2, HQ, GROUP, L, S, HD, qk_scale, scale,
                                  CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
                                  DQ_TMA: gl.constexpr, DQ_DEFER: gl.constexpr,
                                  num_warps: gl.constexpr):
+        """:func:`_program` with no mask: the launch carries no mask arguments. Stats stands in
+        for the mask (fp32: none), s_stat for its strides, never read."""
+        _program(q_desc, k_desc, v_desc, do_desc, dq_desc, Stats, s_stat, Delta, DQ, DK, DV,
+                 Stats, s_stat, s_stat, s_stat, s_stat, s_stat, Z2, HQ, GROUP, L, S, HD,
+                 qk_scale, scale, CAUSAL, SPLIT, DQ_TMA, DQ_DEFER)
+
+    @gluon.jit
+    def sdpa_bwd_gluon_ws_masked_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, Stats,
+                                        s_stat, Delta, DQ, DK, DV, Mask, s_mz1, s_mz2, s_mh,
+                                        s_mm, s_mn, Z2, HQ, GROUP, L, S, HD, qk_scale, scale,
+                                        CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
+                                        DQ_TMA: gl.constexpr, DQ_DEFER: gl.constexpr,
+                                        num_warps: gl.constexpr):
+        """:func:`_program` under a mask."""
+        _program(q_desc, k_desc, v_desc, do_desc, dq_desc, Stats, s_stat, Delta, DQ, DK, DV,
+                 Mask, s_mz1, s_mz2, s_mh, s_mm, s_mn, Z2, HQ, GROUP, L, S, HD, qk_scale,
+                 scale, CAUSAL, SPLIT, DQ_TMA, DQ_DEFER)
+
+    @gluon.jit
+    def _program(q_desc, k_desc, v_desc, do_desc, dq_desc, Stats, s_stat, Delta, DQ, DK, DV,
+                 Mask, s_mz1, s_mz2, s_mh, s_mm, s_mn, Z2, HQ, GROUP, L, S, HD, qk_scale, scale,
+                 CAUSAL: gl.constexpr, SPLIT: gl.constexpr, DQ_TMA: gl.constexpr,
+                 DQ_DEFER: gl.constexpr):
         """Grid (cdiv(S, 128), Z1*Z2*HKV); descriptors over rank-5 q, dout (blocks [1, 1, 1, 64,
         D]) and k, v (blocks [1, 1, 1, 128, D]), D the head-dim tile of the head dim HD
         (sdpa_fwd_gluon.tile_dim); Stats rows m (log2 units) and log2 l (row stride s_stat),
@@ -506,20 +528,20 @@ def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan, mask
     prepared = _PREPARED.get(cache_key) or keep_prepared(
         cache_key, _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule))
     (fq, fk, fv, fd, fdq), grid, (ints, scales, scale), meta = prepared
-    if mask is None:  # a stand-in fp32 pointer: the kernel reads no mask (_probabilities)
-        mask_args = (stats, 0, 0, 0, 0, 0)
-        qk_scale = scales[0]
+    args = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
+            _unchecked(fd, dout), _unchecked(fdq, dq_sum), stats, stats.stride(0), delta, dq_sum,
+            dk, dv)
+    if mask is None:  # the unmasked kernel: no mask arguments
+        on_device_of(dk, _LAUNCH, grid, (*args, *ints, scales[0], scale), meta)
     else:
         mask_args = (mask.view(torch.uint8) if mask.dtype == torch.bool else mask,
                      *mask.stride())
-        qk_scale = scales[mask.dtype != torch.bool]
-    args = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
-            _unchecked(fd, dout), _unchecked(fdq, dq_sum), stats, stats.stride(0), delta, dq_sum,
-            dk, dv, *mask_args, *ints, qk_scale, scale)
-    on_device_of(dk, _LAUNCH, grid, args, meta)
+        on_device_of(dk, _MASKED_LAUNCH, grid,
+                     (*args, *mask_args, *ints, scales[mask.dtype != torch.bool], scale), meta)
 
 
 if GLUON_AVAILABLE:
     _LAUNCH = DirectLauncher(sdpa_bwd_gluon_ws_kernel)
+    _MASKED_LAUNCH = DirectLauncher(sdpa_bwd_gluon_ws_masked_kernel)
 else:  # pragma: no cover - depends on the installed Triton
-    _LAUNCH = None
+    _LAUNCH = _MASKED_LAUNCH = None

@@ -178,12 +178,35 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def sdpa_fwd_gluon_kernel(q_desc, k_desc, v_desc, o_desc, Stats, s_stat,
-                              Mask, s_mz1, s_mz2, s_mh, s_mm, s_mn, Z2, HQ, GROUP, L, S, qk_scale,
+                              Z2, HQ, GROUP, L, S, qk_scale,
                               CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                               BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                               STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """:func:`_program` with no mask (Stats stands in for it, s_stat for its strides)."""
+        _program(q_desc, k_desc, v_desc, o_desc, Stats, s_stat, Stats, s_stat, s_stat, s_stat,
+                 s_stat, s_stat, Z2, HQ, GROUP, L, S, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D,
+                 STAGES, num_warps)
+
+    @gluon.jit
+    def sdpa_fwd_gluon_masked_kernel(q_desc, k_desc, v_desc, o_desc, Stats, s_stat,
+                                     Mask, s_mz1, s_mz2, s_mh, s_mm, s_mn, Z2, HQ, GROUP, L, S,
+                                     qk_scale, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                                     STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """:func:`_program` under a mask (as :func:`sdpa_fwd_gluon_ws_masked_kernel`)."""
+        _program(q_desc, k_desc, v_desc, o_desc, Stats, s_stat, Mask, s_mz1, s_mz2, s_mh, s_mm,
+                 s_mn, Z2, HQ, GROUP, L, S, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                 num_warps)
+
+    @gluon.jit
+    def _program(q_desc, k_desc, v_desc, o_desc, Stats, s_stat, Mask, s_mz1, s_mz2, s_mh, s_mm,
+                 s_mn, Z2, HQ, GROUP, L, S, qk_scale, CAUSAL: gl.constexpr,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                 STAGES: gl.constexpr, num_warps: gl.constexpr):
         """Grid (cdiv(L, BLOCK_M), Z1*Z2*HQ); descriptors over rank-5 q, k, v, out with blocks
-        [1, 1, 1, BLOCK_{M,N}, HEAD_D]; Stats rows m, log2 l, lse (row stride s_stat)."""
+        [1, 1, 1, BLOCK_{M,N}, HEAD_D]; Stats rows m, log2 l, lse (row stride s_stat); Mask
+        a [Z1, Z2, HQ, L, S] mask's data (strides s_mz1 .. s_mn) or an fp32 stand-in
+        (_tile_softmax)."""
         dtype: gl.constexpr = q_desc.dtype
         pid_m = gl.program_id(0)
         if CAUSAL:  # heaviest query blocks first: better tail balance
@@ -511,12 +534,38 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def sdpa_fwd_gluon_ws_kernel(q_desc, k_desc, v_desc, o_desc, Stats, s_stat,
-                                 Mask, s_mz1, s_mz2, s_mh, s_mm, s_mn, Z2, HQ, GROUP, L, S,
-                                 qk_scale,
+                                 Z2, HQ, GROUP, L, S, qk_scale,
                                  CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                                  BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                                  STAGES: gl.constexpr, num_warps: gl.constexpr,
                                  PINGPONG: gl.constexpr = False):
+        """:func:`_ws_program` with no mask: the launch carries no mask arguments (its host
+        cost is the default path's). Stats stands in for the mask (fp32: none), s_stat for
+        its strides, never read."""
+        _ws_program(q_desc, k_desc, v_desc, o_desc, Stats, s_stat, Stats, s_stat, s_stat,
+                    s_stat, s_stat, s_stat, Z2, HQ, GROUP, L, S, qk_scale, CAUSAL, BLOCK_M,
+                    BLOCK_N, HEAD_D, STAGES, PINGPONG)
+
+    @gluon.jit
+    def sdpa_fwd_gluon_ws_masked_kernel(q_desc, k_desc, v_desc, o_desc, Stats, s_stat,
+                                        Mask, s_mz1, s_mz2, s_mh, s_mm, s_mn, Z2, HQ, GROUP, L,
+                                        S, qk_scale, CAUSAL: gl.constexpr,
+                                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                                        HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                                        num_warps: gl.constexpr,
+                                        PINGPONG: gl.constexpr = False):
+        """:func:`_ws_program` under a mask: Mask a [Z1, Z2, HQ, L, S] mask's data (strides
+        s_mz1 .. s_mn; boolean as uint8, or additive in the inputs' dtype with ``qk_scale``
+        the scale)."""
+        _ws_program(q_desc, k_desc, v_desc, o_desc, Stats, s_stat, Mask, s_mz1, s_mz2, s_mh,
+                    s_mm, s_mn, Z2, HQ, GROUP, L, S, qk_scale, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D,
+                    STAGES, PINGPONG)
+
+    @gluon.jit
+    def _ws_program(q_desc, k_desc, v_desc, o_desc, Stats, s_stat, Mask, s_mz1, s_mz2, s_mh,
+                    s_mm, s_mn, Z2, HQ, GROUP, L, S, qk_scale, CAUSAL: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                    STAGES: gl.constexpr, PINGPONG: gl.constexpr):
         """Warp-specialized form of :func:`sdpa_fwd_gluon_kernel` (FA3's roles): a producer
         warp loads Q and the K/V rings by TMA; BLOCK_M / 64 consumer warpgroups (2 or 3; the
         default partition: rows [0, 64); workers: the rest) run on their 64 rows each, freeing
@@ -724,7 +773,9 @@ def _prepare(query, key, value, out, stats, gluon_plan):
                 STAGES=stages, num_warps=warps)
     if ws:
         meta["PINGPONG"] = ws == PINGPONG
-    return fields, grid, (stats.stride(0), ints, scales), meta, _WS_LAUNCH if ws else _LAUNCH
+    # (no mask, masked) launchers: an unmasked launch carries no mask arguments
+    launchers = (_WS_LAUNCH, _WS_MASKED_LAUNCH) if ws else (_LAUNCH, _MASKED_LAUNCH)
+    return fields, grid, (stats.stride(0), ints, scales), meta, launchers
 
 
 def takes_mask(mask, dtype):
@@ -735,17 +786,15 @@ def takes_mask(mask, dtype):
 
 
 def launch_args(prepared, query, key, value, out, stats, mask=None):
-    """The kernel's arguments for one call of a prepared plan (:func:`launch`)."""
+    """The arguments of one call of a prepared plan (:func:`launch`), for its unmasked kernel
+    (``mask`` None) or its masked one."""
     (fq, fk, fv, fo), _, (s_stat, ints, scales), _, _ = prepared
-    if mask is None:  # a stand-in fp32 pointer: the kernels read no mask (_tile_softmax)
-        mask_args = (stats, 0, 0, 0, 0, 0)
-        qk_scale = scales[0]
-    else:
-        mask_args = (mask.view(torch.uint8) if mask.dtype == torch.bool else mask,
-                     *mask.stride())
-        qk_scale = scales[mask.dtype != torch.bool]
-    return (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
-            _unchecked(fo, out), stats, s_stat, *mask_args, *ints, qk_scale)
+    descs = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
+             _unchecked(fo, out), stats, s_stat)
+    if mask is None:
+        return (*descs, *ints, scales[0])
+    return (*descs, mask.view(torch.uint8) if mask.dtype == torch.bool else mask,
+            *mask.stride(), *ints, scales[mask.dtype != torch.bool])
 
 
 def launch(query, key, value, out, stats, gluon_plan, mask=None):
@@ -759,12 +808,15 @@ def launch(query, key, value, out, stats, gluon_plan, mask=None):
     cache_key = (gluon_plan, query.dtype, CONFIG)
     prepared = _PREPARED.get(cache_key) or keep_prepared(
         cache_key, _prepare(query, key, value, out, stats, gluon_plan))
-    _, grid, _, meta, launcher = prepared
+    _, grid, _, meta, launchers = prepared
     args = launch_args(prepared, query, key, value, out, stats, mask)
+    launcher = launchers[mask is not None]
     # Triton launches on the current device: make the tensors' one current first
     on_device_of(stats, launcher, grid, args, meta)
 
 
 if GLUON_AVAILABLE:
     _LAUNCH = DirectLauncher(sdpa_fwd_gluon_kernel)
+    _MASKED_LAUNCH = DirectLauncher(sdpa_fwd_gluon_masked_kernel)
     _WS_LAUNCH = DirectLauncher(sdpa_fwd_gluon_ws_kernel)
+    _WS_MASKED_LAUNCH = DirectLauncher(sdpa_fwd_gluon_ws_masked_kernel)
