@@ -29,6 +29,11 @@
 #                auto,tma_deferred), then the conformance SDPA checks under it (dsabwd's
 #                and sdpabwd's conformance runs give each check OPTIN_CHECK_S, 30 s: under the
 #                gpu profile's 120 s one check could use the whole BUDGET)
+#   gluoncover   what the Gluon SDPA kernels took on untimed: their offline build under this
+#                Triton (gluon_probe: masked forms, the deferred dQ schedule), their GPU tests of
+#                masks, head dims between the tiles and the "tma_deferred" schedule, then
+#                benchmarks.sdpa_gluon with each mask kind (D 128 and 96, L 4k) and
+#                benchmarks.sdpa_gluon_bwd under auto, tma_deferred and serial (L 4k, 16k)
 #   newbwd       both opt-in Gluon backwards in one call: the backwards' registers and spills
 #                under this Triton (gluon_probe), a small case of each backward (90 s each at
 #                most), then benchmarks.dsa_gluon --backward and benchmarks.sdpa_gluon_bwd at L 4k
@@ -359,6 +364,26 @@ task_newbwd() {
     fi
 }
 
+task_gluoncover() {
+    local d=$1
+    timeout 120 "$PY" -m attention_oracle.fast.kernels.gluon_probe sdpa_fwd_d128 sdpa_fwd_d128_bool_mask \
+        sdpa_fwd_d64_add_mask sdpa_bwd_d128_tma sdpa_bwd_d128_tma_deferred sdpa_bwd_d64_tma_deferred \
+        sdpa_bwd_d128_bool_mask sdpa_bwd_d64_add_mask > "$d/probe.log" 2>&1
+    note "gluon_probe (this machine's Triton): exit $?"; cut -c1-200 "$d/probe.log"
+    timeout 240 "$PY" -m pytest -q -p no:cacheprovider -n 8 -rfE --tb=short "$TESTS/test_fast_sdpa_gluon.py" \
+        -k "mask or between_tiles or tma_deferred" > "$d/tests.log" 2>&1
+    note "Gluon mask / head dim / deferred-schedule tests: exit $?"
+    grep -E "passed|failed|FAILED|ERROR" "$d/tests.log" | cut -c1-300 | tail -12
+    for m in bool padding add; do
+        timeout 60 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,1 --shapes 1 --causal 0 \
+            --dims 128,96 --mask "$m" --json "$d/gluon_mask_$m.json" > "$d/gluon_mask_$m.log" 2>&1
+        note "benchmarks.sdpa_gluon --mask $m: exit $?"; grep -v "^{" "$d/gluon_mask_$m.log" | tail -6
+    done
+    timeout 200 "$PY" -m benchmarks.sdpa_gluon_bwd --shapes 1,2 --schedules auto,tma_deferred,serial \
+        --json "$d/sdpa_gluon_bwd.json" > "$d/bench.log" 2>&1
+    note "benchmarks.sdpa_gluon_bwd (auto, tma_deferred, serial): exit $?"; cut -c1-400 "$d/bench.log"
+}
+
 # the L2 prefetch of key rows ahead of their gather (PREFETCH of the Gluon DSA kernels): its GPU
 # tests (no value moves), then the forward and the backward on doc_16384 and packed_glm_a with
 # 0, 1 and 2 blocks (pairs) ahead side by side
@@ -376,7 +401,7 @@ task_prefetch() {
 }
 
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,dsa,dsabwd,sdpabwd,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,dsa,dsabwd,sdpabwd,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
     exit 2
 }
 
@@ -388,7 +413,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|gluonfwd|dsa|dsabwd|sdpabwd|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|gluoncover|dsa|dsabwd|sdpabwd|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done

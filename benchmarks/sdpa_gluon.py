@@ -1,14 +1,18 @@
 """The Gluon SDPA forward beside the Triton forward and cuDNN (H200, bf16, head dims 64 and 128).
 
     python -m benchmarks.sdpa_gluon [--configs 128,128,2,8 128,128,2,4,1] [--shapes 0,1,2]
-                                    [--causal 0,1] [--dims 128] [--host-parts] [--json PATH]
+                                    [--causal 0,1] [--dims 128] [--mask none] [--host-parts]
+                                    [--json PATH]
 
 For each head dim, each shape (B*L = 16k tokens, H 32: L 1k, 4k, 16k; causal and not) and each config of the
 Gluon kernel (BLOCK_M, BLOCK_N, STAGES, num_warps[, WS]): correctness (max |gluon - triton| over the
 whole output, max error of each against float64 on the first head), then TFLOP/s of cuDNN,
 fast-triton and fast-gluon by both timing methods of :mod:`benchmarks.timing` (``queued_ms``: do_bench; ``synced_ms``: events and a sync per call).
 FLOPs: 4*B*H*L*S*D, halved when causal. The host microseconds per call of both forwards at a
-tiny shape (L 128) come first, per head dim.
+tiny shape (L 128) come first, per head dim. ``--mask`` times masked calls instead (never
+causal, as in PyTorch): "bool" (a random boolean [B, 1, L, L] mask, 20% excluded), "padding"
+(a boolean [B, 1, 1, L] key-padding mask) or "add" (an additive [B, 1, L, L] one of the
+inputs' dtype); a backend that refuses the mask (cuDNN may) is reported and left out.
 """
 import argparse
 import json
@@ -24,43 +28,68 @@ from benchmarks.timing import host_us, queued_ms, synced_ms, tflops
 SHAPES = [(16, 32, 1024), (4, 32, 4096), (1, 32, 16384)]
 
 
-def _gold_head(q, k, v, causal):
+MASKS = ("none", "bool", "padding", "add")
+
+
+def _mask(kind, B, L, dtype, gen):
+    """The --mask of a [B, H, L, L] call (module docstring), or None."""
+    if kind == "bool":
+        return torch.rand(B, 1, L, L, device="cuda", generator=gen) > 0.2
+    if kind == "padding":
+        lengths = torch.tensor([L - 7 * b for b in range(B)], device="cuda").clamp(min=1)
+        return (torch.arange(L, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]
+    if kind == "add":
+        return torch.randn(B, 1, L, L, device="cuda", generator=gen).to(dtype)
+    return None
+
+
+def _gold_head(q, k, v, causal, mask=None):
     """float64 output of batch 0, head 0."""
     q0, k0, v0 = (t[0, 0].double() for t in (q, k, v))
     s = (q0 @ k0.T) / math.sqrt(q.shape[-1])
     if causal:
         s = s.masked_fill(~torch.ones_like(s, dtype=torch.bool).tril(), float("-inf"))
+    if mask is not None:
+        m0 = mask[0, 0].expand(s.shape)
+        s = s.masked_fill(~m0, float("-inf")) if m0.dtype == torch.bool else s + m0.double()
     return torch.softmax(s, -1) @ v0
 
 
-def _run(backend, q, k, v, causal):
+def _run(backend, q, k, v, causal, mask=None):
     if backend == "cudnn":
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                    is_causal=causal)
     fast_sdpa.set_forward_backend(backend)
-    return fast_sdpa.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return fast_sdpa.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
 
-def measure(cfgs, B, H, L, causal, D=128, dtype=torch.bfloat16):
+def measure(cfgs, B, H, L, causal, D=128, dtype=torch.bfloat16, mask_kind="none"):
     """One shape: cuDNN and fast-triton once, fast-gluon per config (BLOCK_M, BLOCK_N, STAGES,
     num_warps); rows of TFLOP/s by both methods and the correctness figures."""
     gen = torch.Generator(device="cuda").manual_seed(L + causal)
     q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=dtype, generator=gen)
                for _ in range(3))
+    mask = _mask(mask_kind, B, L, dtype, gen)
     flop = 4 * B * H * L * L * D / (2 if causal else 1)
     rows = []
     with torch.no_grad():
-        gold = _gold_head(q, k, v, causal)
-        ref = {b: _run(b, q, k, v, causal) for b in ("cudnn", "triton")}
-        base = {}
+        gold = _gold_head(q, k, v, causal, mask)
+        ref, base = {}, {}
         for b in ("cudnn", "triton"):
-            fn = (lambda b=b: _run(b, q, k, v, causal))
+            fn = (lambda b=b: _run(b, q, k, v, causal, mask))
+            try:
+                ref[b] = fn()
+            except RuntimeError as exc:  # cuDNN may refuse a mask: report and leave it out
+                print(f"{b} B{B} L{L} mask={mask_kind}: {str(exc)[:200]}", flush=True)
+                base[b] = (math.nan, math.nan)
+                continue
             base[b] = (tflops(flop, queued_ms(fn)), tflops(flop, synced_ms(fn)))
         for cfg in cfgs:
             sdpa_fwd_gluon.CONFIG = cfg
             try:
-                out = _run("gluon", q, k, v, causal)
-                fn = (lambda: _run("gluon", q, k, v, causal))
+                out = _run("gluon", q, k, v, causal, mask)
+                fn = (lambda: _run("gluon", q, k, v, causal, mask))
                 timed = (tflops(flop, queued_ms(fn)), tflops(flop, synced_ms(fn)))
             except Exception as exc:  # report and go on with the next config
                 print(f"{cfg} B{B} L{L} causal={causal}: {type(exc).__name__}: "
@@ -68,7 +97,7 @@ def measure(cfgs, B, H, L, causal, D=128, dtype=torch.bfloat16):
                 continue
             finally:
                 fast_sdpa.set_forward_backend("triton")
-            row = dict(cfg=list(cfg), B=B, H=H, L=L, D=D, causal=causal,
+            row = dict(cfg=list(cfg), B=B, H=H, L=L, D=D, causal=causal, mask=mask_kind,
                        gluon_vs_triton=(out.float() - ref["triton"].float()).abs().max().item(),
                        err64_gluon=(out[0, 0].double() - gold).abs().max().item(),
                        **{f"err64_{b}": (o[0, 0].double() - gold).abs().max().item()
@@ -156,6 +185,8 @@ def main():
     ap.add_argument("--shapes", default="0,1,2", help="indices into SHAPES")
     ap.add_argument("--causal", default="0,1")
     ap.add_argument("--dims", default="128", help="head dims, comma-separated")
+    ap.add_argument("--mask", default="none", choices=MASKS,
+                    help="masked calls (never causal): module docstring")
     ap.add_argument("--host-parts", action="store_true",
                     help="only where the Gluon call's host time goes (host_parts)")
     ap.add_argument("--json", default=None)
@@ -174,7 +205,9 @@ def main():
         for i in args.shapes.split(","):
             B, H, L = SHAPES[int(i)]
             for causal in (c == "1" for c in args.causal.split(",")):
-                rows += measure(cfgs, B, H, L, causal, D)
+                if causal and args.mask != "none":
+                    continue  # a mask excludes is_causal (as in PyTorch)
+                rows += measure(cfgs, B, H, L, causal, D, mask_kind=args.mask)
     print("cfg            D   L      causal | queued: cudnn triton gluon g/c g/t | synced: cudnn "
           "triton gluon g/c g/t | max|g-t|  err64 t/g")
     for r in rows:
