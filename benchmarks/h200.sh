@@ -31,7 +31,7 @@
 #                gpu profile's 120 s one check could use the whole BUDGET)
 #   gluoncover   what the Gluon SDPA kernels took on untimed: their offline build under this
 #                Triton (gluon_probe: masked forms, the deferred dQ schedule), their GPU tests of
-#                masks, head dims between the tiles and the "tma_deferred" schedule, then
+#                masks, head dims between and past the tiles, the "tma_deferred" schedule, then
 #                benchmarks.sdpa_gluon with each mask kind (D 128 and 96, L 4k) and
 #                benchmarks.sdpa_gluon_bwd under auto, tma_deferred and serial (L 4k, 16k)
 #   newbwd       both opt-in Gluon backwards in one call: the backwards' registers and spills
@@ -371,7 +371,7 @@ task_gluoncover() {
         sdpa_bwd_d128_bool_mask sdpa_bwd_d64_add_mask > "$d/probe.log" 2>&1
     note "gluon_probe (this machine's Triton): exit $?"; cut -c1-200 "$d/probe.log"
     timeout 240 "$PY" -m pytest -q -p no:cacheprovider -n 8 -rfE --tb=short "$TESTS/test_fast_sdpa_gluon.py" \
-        -k "mask or between_tiles or tma_deferred" > "$d/tests.log" 2>&1
+        -k "mask or between_tiles or tma_deferred or 256_column" > "$d/tests.log" 2>&1
     note "Gluon mask / head dim / deferred-schedule tests: exit $?"
     grep -E "passed|failed|FAILED|ERROR" "$d/tests.log" | cut -c1-300 | tail -12
     for m in bool padding add; do

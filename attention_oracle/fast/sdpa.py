@@ -194,7 +194,7 @@ GLUON_BWD = BuildGuard("fast.sdpa's Gluon backward (kernels/sdpa_bwd_gluon.py)")
 def set_forward_backend(backend):
     """The forward kernel of later calls: "triton" (every input), "gluon" (the Hopper
     warp-specialised kernel of :mod:`fast.kernels.sdpa_fwd_gluon` wherever it applies: sm_90,
-    fp16/bf16, head dims up to 128 that are multiples of 8, no mask or a boolean one or an
+    fp16/bf16, head dims up to 256 that are multiples of 8, no mask or a boolean one or an
     additive one of the inputs' dtype, TMA-ready strides and 16-byte aligned data; other calls
     keep the Triton kernel) or "auto" (the Gluon kernel where it applies and measured faster
     with its host cost: head dim 128, no mask and at least ``sdpa_fwd_gluon.AUTO_MIN_SCORES``

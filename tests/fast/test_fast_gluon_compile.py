@@ -37,6 +37,7 @@ EXPECTED_FORMS = {
     "sdpa_fwd_d128": {"m64n128k16 A smem trans 00", "m64n128k16 A regs trans 1"},
     "sdpa_fwd_d128_causal": {"m64n128k16 A smem trans 00", "m64n128k16 A regs trans 1"},
     "sdpa_fwd_d128_bool_mask": {"m64n128k16 A smem trans 00", "m64n128k16 A regs trans 1"},
+    "sdpa_fwd_d256_causal": {"m64n64k16 A smem trans 00", "m64n256k16 A regs trans 1"},
     "sdpa_fwd_d64_add_mask": {"m64n128k16 A smem trans 00", "m64n64k16 A regs trans 1"},
     "sdpa_fwd_d128_pingpong": {"m64n128k16 A smem trans 00", "m64n128k16 A regs trans 1"},
     "sdpa_fwd_d128_causal_pingpong": {"m64n128k16 A smem trans 00",

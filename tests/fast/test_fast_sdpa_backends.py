@@ -197,11 +197,30 @@ def test_gluon_backward_schedule_resolves_by_head_dim(schedule, D, expect):
 
 
 @pytest.mark.parametrize("D,tile", [(8, 64), (40, 64), (64, 64), (72, 128), (96, 128),
-                                    (128, 128), (4, None), (100, None), (136, None), (256, None)])
+                                    (128, 128), (136, 256), (192, 256), (256, 256), (4, None),
+                                    (100, None), (264, None), (512, None)])
 def test_gluon_head_dims_run_on_the_smallest_tile_that_holds_them(D, tile):
-    """Multiples of 8 (16-byte rows, TMA's stride rule) up to 128 run on the 64- or 128-column
-    tile; others are not the Gluon kernels' (the Triton ones take them)."""
+    """Multiples of 8 (16-byte rows, TMA's stride rule) up to 256 run on the 64-, 128- or
+    256-column tile; others are not the Gluon kernels' (the Triton ones take them)."""
     assert sdpa_fwd_gluon.tile_dim(D) == tile
+
+
+@pytest.mark.skipif(not sdpa_fwd_gluon.GLUON_AVAILABLE, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("D", [136, 256])
+def test_the_256_column_tile_is_the_forwards_alone(D):
+    """On the 256-column tile the forward runs its own config (64-key stages: 128-key ones
+    overflow shared memory) and the Gluon backward does not apply (the Triton one runs)."""
+    Z1, Z2, H, L = 1, 1, 2, 100
+    q = torch.zeros(Z1, Z2, H, L, D, dtype=torch.bfloat16)
+    st = tuple(q.stride())
+    fwd_plan = (((Z1, Z2, H, L, D),) * 3, (st,) * 3, True, 0.1)
+    fields, _, _, meta, _ = sdpa_fwd_gluon._prepare(q, q, q, q, torch.zeros(3, L * H), fwd_plan)
+    assert (meta["HEAD_D"], meta["BLOCK_N"]) == (256, 64)
+    assert [list(f["block_shape"])[-2:] for f in fields] == [[128, 256], [64, 256], [64, 256],
+                                                            [64, 256]]
+    assert sdpa_bwd_gluon.plan(fwd_plan, st, torch.bfloat16) is None
+    assert sdpa_bwd_gluon.plan(((q.shape[:4] + (128,),) * 3,) + fwd_plan[1:], st,
+                               torch.bfloat16) is not None
 
 
 @pytest.mark.skipif(not sdpa_fwd_gluon.GLUON_AVAILABLE, reason="this Triton has no Gluon")

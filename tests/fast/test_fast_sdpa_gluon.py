@@ -117,6 +117,22 @@ def test_gluon_forward_and_backward_at_head_dims_between_tiles(D, is_causal, sch
     assert fwd_calls and bwd_calls, (fwd_calls, bwd_calls)
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("D", [136, 192, 256])
+def test_gluon_forward_on_the_256_column_tile_agrees(D, is_causal, gen, monkeypatch):
+    """Head dims past 128 (sdpa_fwd_gluon.TILE_CONFIGS: 64-key stages), ragged both ways; the
+    Triton backward on its statistics, also when the Gluon backward is asked for (it does
+    not take this tile)."""
+    for L, S in ((300, 777), (777, 300)):
+        q = randn(2, 3, L, D, dtype=torch.bfloat16, gen=gen)
+        k = randn(2, 3, S, D, dtype=torch.bfloat16, gen=gen)
+        v = randn(2, 3, S, D, dtype=torch.bfloat16, gen=gen)
+        with gluon_forward(monkeypatch) as fwd_calls, \
+                gluon_backward(monkeypatch) as bwd_calls:
+            check_case(q, k, v, is_causal=is_causal)
+        assert fwd_calls and not bwd_calls, (fwd_calls, bwd_calls)
+
+
 def masks(kind, B, H, L, S, dtype, gen):
     """A mask of ``kind`` for [B, H, L, S] scores: "bool" (random, a fully masked query row
     and a fully masked key column), "add" (random additive values of ``dtype``, a row of

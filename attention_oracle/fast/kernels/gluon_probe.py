@@ -5,7 +5,8 @@
 Names (all by default): ``dsa_fwd``, ``dsa_fwd_nope``, ``dsa_bwd``, ``dsa_bwd_nope``,
 ``dsa_fwd_prefetch``, ``dsa_bwd_prefetch`` (the L2 prefetch one block or pair ahead),
 ``sdpa_fwd_d64``, ``sdpa_fwd_d128``, ``sdpa_fwd_d128_causal``, ``sdpa_fwd_d128_bool_mask``,
-``sdpa_fwd_d64_add_mask`` (a boolean and an additive mask), ``sdpa_fwd_d128_pingpong``,
+``sdpa_fwd_d64_add_mask`` (a boolean and an additive mask), ``sdpa_fwd_d256_causal`` (the
+256-column tile's config), ``sdpa_fwd_d128_pingpong``,
 ``sdpa_fwd_d128_causal_pingpong`` (the forward's opt-in ping-pong form), ``sdpa_bwd_d64``,
 ``sdpa_bwd_d128``, ``sdpa_bwd_d128_causal``, ``sdpa_bwd_d128_bool_mask``,
 ``sdpa_bwd_d64_add_mask``, ``sdpa_bwd_d64_tma``, ``sdpa_bwd_d128_tma``,
@@ -136,6 +137,8 @@ def variants():
         "sdpa_fwd_d128": lambda: _sdpa_fwd(128, False),
         "sdpa_fwd_d128_causal": lambda: _sdpa_fwd(128, True),
         "sdpa_fwd_d128_bool_mask": lambda: _sdpa_fwd(128, False, mask="*u8"),
+        "sdpa_fwd_d256_causal": lambda: _sdpa_fwd(256, True,
+                                                  config=sdpa_fwd_gluon.TILE_CONFIGS[256]),
         "sdpa_fwd_d64_add_mask": lambda: _sdpa_fwd(64, False, mask="*bf16"),
         "sdpa_fwd_d128_pingpong": lambda: _sdpa_fwd(128, False, pingpong=True),
         "sdpa_fwd_d128_causal_pingpong": lambda: _sdpa_fwd(128, True, pingpong=True),

@@ -69,7 +69,9 @@ if GLUON_AVAILABLE:
         keep_prepared,
     )
 
-HEAD_DIMS = (64, 128)  # the head-dim tiles (sdpa_fwd_gluon.HEAD_DIMS)
+# the head-dim tiles it takes (of sdpa_fwd_gluon.HEAD_DIMS: dK and dV of 256 columns would
+# not fit a consumer's registers beside the step's tiles)
+HEAD_DIMS = (64, 128)
 BLOCK_M = 64    # query rows a step
 BLOCK_N = 128   # key rows a program (64 per consumer)
 STAGES = gl.constexpr(2) if GLUON_AVAILABLE else 2  # Q / dO tiles in flight
@@ -480,10 +482,12 @@ if GLUON_AVAILABLE:
 def plan(gluon_fwd_plan, dout_stride, dtype):
     """The Gluon backward's plan, or None where it does not apply: where the Gluon forward's
     plan applies (``gluon_fwd_plan``, :func:`sdpa_fwd_gluon.plan`: sm_90, 16-bit, q, k and v
-    of one head dim with a tile, TMA-ready strides) with a rank-5 dout of q's shape as
+    of one head dim, TMA-ready strides) on a tile in ``HEAD_DIMS`` (up to 128) with a rank-5
+    dout of q's shape as
     TMA-ready (no stride-0 broadcast). Data pointers are checked per call
     (:func:`sdpa_fwd_gluon.aligned`)."""
-    if gluon_fwd_plan is None or not GLUON_AVAILABLE:
+    if (gluon_fwd_plan is None or not GLUON_AVAILABLE
+            or tile_dim(gluon_fwd_plan[0][0][-1]) not in HEAD_DIMS):
         return None
     if not _tma_strides(gluon_fwd_plan[0][0], dout_stride, _ELEMENT_SIZE[dtype]):
         return None

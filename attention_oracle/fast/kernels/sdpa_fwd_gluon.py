@@ -1,5 +1,5 @@
-"""Hopper (sm_90) SDPA forward in Gluon for head dims up to 128 (multiples of 8, on tiles of 64
-or 128 columns: :func:`tile_dim`), 16-bit inputs, no mask.
+"""Hopper (sm_90) SDPA forward in Gluon for head dims up to 256 (multiples of 8, on tiles of 64,
+128 or 256 columns: :func:`tile_dim`), 16-bit inputs, no mask or a boolean or additive one.
 
 The same function as :func:`fast.kernels.sdpa_fwd.sdpa_fwd_kernel` on its 16-bit unmasked
 path (FOLD: scores in log2 units, ``exp2(qk * c - m)`` with ``c = scale * log2(e) > 0``),
@@ -53,8 +53,8 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 
 # the kernels' head-dim tiles: a head dim D of q, k and v (one for all three) runs on the
 # smallest tile of at least D (tile_dim), its columns past D read as zeros by TMA and never
-# written
-HEAD_DIMS = (64, 128)
+# written. The 256-column tile runs the forward only, in a config of its own (TILE_CONFIGS)
+HEAD_DIMS = (64, 128, 256)
 # registers per thread requested for the warp-specialized kernel's workers (consumer, producer)
 WORKER_REGS = gl.constexpr(232) if GLUON_AVAILABLE else 232
 # the same with three consumers (BLOCK_M 192, FA3's head-dim-64 tile; not yet timed): the
@@ -73,6 +73,9 @@ LN2 = 0.6931471805599453
 # "Gluon forward (opt-in), D 128").
 PINGPONG = 2
 CONFIG = (128, 128, 2, 4, True)
+# tiles that take another config than CONFIG: at 256 columns 64-key stages (128-key ones
+# would need 320 KiB of shared memory; this one 197 KiB, no spills offline, sm_90a)
+TILE_CONFIGS = {256: (128, 64, 2, 4, True)}
 # fast.sdpa's default forward backend ("auto") takes this kernel where it measured faster than
 # the Triton forward on the H200, its host cost included (docs/PERFORMANCE.md "Gluon forward"):
 # head dim 128 (1.23-1.45x Triton queued, 1.01-1.27x synced at L 1k-16k; at D 64 it trails
@@ -659,7 +662,7 @@ def _shared_layout(rows, head_dim, dtype):
 def tile_dim(head_dim):
     """The head-dim tile (in ``HEAD_DIMS``) a head dim runs on, or None: the smallest tile of
     at least ``head_dim``, for head dims whose rows are 16-byte multiples (TMA's stride rule:
-    a multiple of 8 at 16 bits). The tile's columns past the head dim are zeros as TMA loads
+    a multiple of 8 at 16 bits) up to 256. The tile's columns past the head dim are zeros as TMA loads
     them (out of the tensor's bounds), adding nothing to q.k, and the output's are clipped
     by the TMA store."""
     if head_dim % 8:
@@ -680,7 +683,7 @@ def plan(shapes, strides, dtype, device, is_causal, scale):
     """The Gluon forward's launch plan for rank-5 operands q, k, v given by their ``shapes`` and
     ``strides`` (three tuples each; the tensors themselves stay with the caller), or None where
     it does not apply: CUDA on sm_90, fp16/bf16, q, k and v of one head dim with a tile
-    (:func:`tile_dim`: a multiple of 8 up to 128), a positive scale, TMA-ready strides, non-empty (masks and dropout never reach it). Data
+    (:func:`tile_dim`: a multiple of 8 up to 256), a positive scale, TMA-ready strides, non-empty (masks and dropout never reach it). Data
     pointers are checked per call: TMA needs 16-byte aligned base addresses (:func:`aligned`)."""
     if not GLUON_AVAILABLE or not scale > 0 or dtype not in _GL_DTYPES or device.type != "cuda":
         return None
@@ -757,7 +760,7 @@ def keep_prepared(key, prepared):
 def _prepare(query, key, value, out, stats, gluon_plan):
     (qs, ks, vs), (qst, kst, vst), is_causal, scale = gluon_plan
     Z1, Z2, HQ, L, D = qs
-    block_m, block_n, stages, warps, ws = CONFIG
+    block_m, block_n, stages, warps, ws = TILE_CONFIGS.get(tile_dim(D), CONFIG)
     os_ = (Z1, Z2, HQ, L, D)
     ost = (Z2 * HQ * L * D, HQ * L * D, L * D, D, 1)
     q_rows = 64 if ws and block_m == 192 else block_m  # three consumers: a 64-row tile each
