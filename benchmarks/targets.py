@@ -177,9 +177,13 @@ def sdpa_step(files):
         for p in data["points"]:
             _ratio_cells(t, p.get("fwdbwd"), _point_where(p), SDPA_STEP, path)
     for _, path, data in _of(files, "sdpa_gluon_bwd"):
-        default = _settings(data, "sdpa", "backward_backend", SDPA_BWD_DEFAULT)
+        chosen = _settings(data, "sdpa", "backward_backend", SDPA_BWD_DEFAULT)
+        auto_dims = _settings(data, "sdpa", "auto_bwd_head_dims", [])
         for r in data["rows"]:
             where = f"D {r['D']} L {r['L']} {'causal' if r['causal'] else 'full'}"
+            # "auto" is the Gluon backward at the head dims it takes, else the Triton one
+            default = (("gluon" if r["D"] in auto_dims else "triton") if chosen == "auto"
+                       else chosen)
             for backend in BWD_BACKENDS:
                 ratios = r.get(f"{backend}_step_over_cudnn")
                 for i, method in enumerate(("queued", "synced")):

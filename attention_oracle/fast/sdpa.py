@@ -184,7 +184,7 @@ _FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_FWD", FWD_BACKENDS, "auto")
 # per backend: the Gluon forward takes a call its plan applies to ("gluon"), or where it is
 # also the faster one ("auto", sdpa_fwd_gluon.auto_takes), or never ("triton")
 _GLUON_ALWAYS, _GLUON_AUTO = frozenset(("gluon",)), frozenset(("gluon", "auto"))
-BWD_BACKENDS = ("triton", "gluon")
+BWD_BACKENDS = ("triton", "gluon", "auto")
 _BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_BWD", BWD_BACKENDS, "triton")
 # the Gluon kernels, turned off for the process if they fail to build on this Triton
 GLUON_FWD = BuildGuard("fast.sdpa's Gluon forward (kernels/sdpa_fwd_gluon.py)")
@@ -205,7 +205,9 @@ def set_forward_backend(backend):
 
 def set_backward_backend(backend):
     """The backward kernels of later calls: "triton" (every input: :func:`set_dq_mode`
-    applies) or "gluon" (the Hopper warp-specialised kernel of
+    applies), "auto" (the Gluon kernel where it applies and measured ahead of the Triton
+    backward: head dim 128, no mask, and not under ``torch.use_deterministic_algorithms``;
+    :func:`gluon_backward_takes`) or "gluon" (the Hopper warp-specialised kernel of
     :mod:`fast.kernels.sdpa_bwd_gluon` wherever the Gluon forward's plan applies, with a mask
     it takes or none, and dout is TMA-ready too: dK, dV and dQ in one launch, dQ added by fp32
     atomics or TMA reductions in an order that varies between runs; other calls keep the
@@ -234,14 +236,34 @@ def settings():
     """The process-wide options later calls run under, by name (what a benchmark records
     beside its figures)."""
     return {"forward_backend": _FWD_BACKEND.value, "backward_backend": _BWD_BACKEND.value,
-            "dq_mode": _DQ_MODE.value, "fp32_mode": _FP32.value,
-            "gluon_bwd_schedule": sdpa_bwd_gluon._SCHEDULE.value}
+            "auto_bwd_head_dims": list(AUTO_BWD_HEAD_DIMS), "dq_mode": _DQ_MODE.value,
+            "fp32_mode": _FP32.value, "gluon_bwd_schedule": sdpa_bwd_gluon._SCHEDULE.value}
 
 
 def deterministic():
     """Whether later calls give bitwise-equal outputs and gradients for equal inputs: in
-    :func:`set_dq_mode`'s "kernel" mode."""
-    return _DQ_MODE.value == "kernel" and _BWD_BACKEND.value == "triton"
+    :func:`set_dq_mode`'s "kernel" mode, with the Triton backward (under "auto": while
+    ``torch.use_deterministic_algorithms`` is on)."""
+    backend = _BWD_BACKEND.value
+    return _DQ_MODE.value == "kernel" and (
+        backend == "triton"
+        or backend == "auto" and torch.are_deterministic_algorithms_enabled())
+
+
+# head dims at which "auto" takes the Gluon backward: where it measured ahead of the Triton
+# backward at every length (H100, docs/PERFORMANCE.md "Gluon backward: where dQ goes"); at 64
+# it trails at L 1k, and other head dims and masked calls are untimed
+AUTO_BWD_HEAD_DIMS = (128,)
+
+
+def gluon_backward_takes(head_dim, masked):
+    """Whether the backward backend of later calls runs the Gluon backward for a call of
+    ``head_dim`` (with a mask or not) where its plan applies."""
+    backend = _BWD_BACKEND.value
+    if backend == "gluon":
+        return True
+    return (backend == "auto" and head_dim in AUTO_BWD_HEAD_DIMS and not masked
+            and not torch.are_deterministic_algorithms_enabled())
 
 
 def _gluon_backends(q_shape, k_shape, is_causal, masked=False):
@@ -478,7 +500,7 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
         lse_k = lse_k.contiguous()
     # the forward's statistics say which path made them (the fp32 mode may have changed since)
     natural = lse_k.shape[0] == stats_rows(True)
-    if (not natural and _BWD_BACKEND.value == "gluon"
+    if (not natural and gluon_backward_takes(E, mask is not None)
             and (mask is None or sdpa_fwd_gluon.takes_mask(mask, q.dtype))):
         gluon_plan = sdpa_bwd_gluon.plan(
             sdpa_fwd_gluon.plan((q.shape, k.shape, v.shape), (q.stride(), k.stride(), v.stride()),
@@ -812,9 +834,10 @@ class _CallPlan:
         return tuple(_grad_of_input(g, *s) for g, s in zip(grads, shapes))
 
     def _gluon_bwd_plan(self, dout, dst):
-        """The Gluon backward's plan for a dout of rank-5 strides ``dst`` under the "gluon"
-        backward backend (None where it does not apply)."""
-        if _BWD_BACKEND.value != "gluon" or self.gluon is None or dout.dtype != self.dtype:
+        """The Gluon backward's plan for a dout of rank-5 strides ``dst`` where the backward
+        backend takes it (:func:`gluon_backward_takes`; None where it does not apply)."""
+        if (self.gluon is None or dout.dtype != self.dtype
+                or not gluon_backward_takes(self.gluon[0][0][-1], False)):
             return None
         seen, gluon_plan = self.gluon_bwd
         if dst != seen:

@@ -69,8 +69,9 @@ def test_settings_name_the_options_later_calls_run_under():
     previous = fast_sdpa.set_backward_backend("gluon"), fast_dsa.set_fp32_mode("acc64")
     try:
         assert fast_sdpa.settings()["backward_backend"] == "gluon"
-        assert set(fast_sdpa.settings()) == {"forward_backend", "backward_backend", "dq_mode",
-                                             "fp32_mode", "gluon_bwd_schedule"}
+        assert set(fast_sdpa.settings()) == {"forward_backend", "backward_backend",
+                                             "auto_bwd_head_dims", "dq_mode", "fp32_mode",
+                                             "gluon_bwd_schedule"}
         assert fast_dsa.settings()["fp32_mode"] == "acc64"
     finally:
         fast_sdpa.set_backward_backend(previous[0])
@@ -112,6 +113,48 @@ def test_backward_backend_dispatch(monkeypatch):
         steps()
         assert len(calls) == 2
     finally:
+        fast_sdpa.set_forward_backend(forward)
+        fast_sdpa.set_backward_backend(backward)
+
+
+def test_auto_backward_takes_the_gluon_kernel_where_measured_ahead(monkeypatch):
+    """Under "auto" the Gluon backward serves head dim 128 unmasked (eager call plan and
+    general path), not head dim 64, not a masked call, and not while
+    torch.use_deterministic_algorithms is on, when the calls are deterministic again. The
+    kernel is stubbed."""
+    calls = []
+    monkeypatch.setattr(sdpa_fwd_gluon, "plan", lambda shapes, strides, dtype, device, causal,
+                        scale: (tuple(map(tuple, shapes)), tuple(map(tuple, strides)), causal,
+                                scale))
+    monkeypatch.setattr(sdpa_fwd_gluon, "aligned", lambda *ptrs: True)
+    monkeypatch.setattr(sdpa_bwd_gluon, "plan", lambda fwd, dst, dtype: fwd + (tuple(dst),))
+    monkeypatch.setattr(sdpa_bwd_gluon, "launch", lambda *args: calls.append(args[9][0][0][-1]))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def step(D, **kw):
+        q = torch.randn(1, 2, 16, D, dtype=torch.bfloat16, device=device, requires_grad=True)
+        for call in (fast_sdpa.scaled_dot_product_attention,
+                     fast_sdpa.scaled_dot_product_attention_with_lse):
+            out = call(q, q, q, **kw)
+            out = out[0] if isinstance(out, tuple) else out
+            torch.autograd.grad(out.float().sum(), q)
+
+    forward = fast_sdpa.set_forward_backend("triton")
+    backward = fast_sdpa.set_backward_backend("auto")
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        assert not fast_sdpa.deterministic()
+        assert fast_sdpa.settings()["auto_bwd_head_dims"] == [128]
+        step(128)
+        step(64)
+        step(128, attn_mask=torch.ones(16, 16, dtype=torch.bool, device=device))
+        assert calls == [128, 128], calls
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        assert fast_sdpa.deterministic()
+        step(128)
+        assert calls == [128, 128], calls
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic)
         fast_sdpa.set_forward_backend(forward)
         fast_sdpa.set_backward_backend(backward)
 

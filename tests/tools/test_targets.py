@@ -173,6 +173,20 @@ def test_cli_writes_every_cell_with_its_verdict(outputs, tmp_path, capsys):
     assert "MISS" in capsys.readouterr().out
 
 
+def test_under_the_auto_backward_each_head_dim_is_judged_on_the_backward_it_took(tmp_path):
+    """fast's "auto" SDPA backward is the Gluon one at the head dims its settings name
+    (``auto_bwd_head_dims``) and the Triton one elsewhere: the judged step cells follow."""
+    _write(tmp_path, "sdpa_gluon_bwd.json", {
+        "device": "H100", "fast_settings": {"sdpa": {"backward_backend": "auto",
+                                                     "auto_bwd_head_dims": [128]}},
+        "rows": [{"D": D, "L": 4096, "causal": False, "triton_step_over_cudnn": [0.8, 0.81],
+                  "gluon_step_over_cudnn": [0.96, 0.97]} for D in (64, 128)]})
+    t = _by_name(targets.load([str(tmp_path)]))["sdpa_step"]
+    judged = {(c.where, c.value) for c in t.judged()}
+    assert judged == {("D 64 L 4096 full", 0.8), ("D 64 L 4096 full", 0.81),
+                      ("D 128 L 4096 full", 0.96), ("D 128 L 4096 full", 0.97)}, judged
+
+
 def test_the_backward_a_json_ran_as_default_is_the_one_judged(tmp_path):
     """A Gluon backward benchmark run while the Triton backward was the default (its
     ``fast_settings``) is judged on the Triton rows; the Gluon rows are shown beside."""
