@@ -103,7 +103,8 @@ def test_gluon_forward_agrees(dtype, is_causal, L, S, D, gen, monkeypatch):
 @pytest.mark.parametrize("schedule", ["auto", "serial", "tma_deferred"])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("D", [8, 40, 72, 96, 120])
-def test_gluon_forward_and_backward_at_head_dims_between_tiles(D, is_causal, schedule, gen, monkeypatch):
+def test_gluon_forward_and_backward_at_head_dims_between_tiles(D, is_causal, schedule, gen,
+                                                               monkeypatch):
     """Head dims other than the tiles' (sdpa_fwd_gluon.tile_dim: 8 and 40 on the 64-column
     tile, the rest on the 128-column one), forward and backward: the columns past D are TMA's
     zeros and must never be written (a write past D lands in the next row, which the rule

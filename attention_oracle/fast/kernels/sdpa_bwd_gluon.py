@@ -398,8 +398,8 @@ if GLUON_AVAILABLE:
         Delta [Z1*Z2*HQ, L] fp32; DQ rank-5 contiguous fp32 (added to), DK and DV rank-5
         contiguous in the input dtype; Mask a [Z1, Z2, HQ, L, S] mask's data (strides s_mz1 ..
         s_mn: boolean as uint8, or additive in the inputs' dtype with ``qk_scale`` the scale),
-        or an fp32 stand-in with zero strides where there is none; dq_desc over DQ as [Z1*Z2*HQ*L, HD] (block [64, 64]);
-        SPLIT, DQ_TMA and DQ_DEFER the schedule's (SCHEDULES)."""
+        or an fp32 stand-in where there is none; dq_desc over DQ as [Z1*Z2*HQ*L, HD] (block
+        [64, 64]); SPLIT, DQ_TMA and DQ_DEFER the schedule's (SCHEDULES)."""
         dtype: gl.constexpr = q_desc.dtype
         pid_n = gl.program_id(0)
         pid_bh = gl.program_id(1)
