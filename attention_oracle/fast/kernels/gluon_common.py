@@ -9,6 +9,11 @@ H200 machines) and 3.8 (CI's pins, constraints.txt).
 ``opaque_zero(i)``: 0, which the compiler cannot see through, for shared-memory indices in
 loops (below).
 
+``mask_kind(ty)``: what an SDPA kernel's mask pointer of element type ``ty`` carries, as a
+constexpr: NO_MASK (an fp32 stand-in), BOOL_MASK (a boolean mask read as uint8) or ADD_MASK
+(an additive mask of the 16-bit inputs' dtype). The kind travels as the pointer's type
+because worker partitions take no constexpr arguments.
+
 ``tma_add(desc, coord, value)``: the block of ``desc`` at ``coord`` in global memory += value
 (a register tensor of the block's shape, leading unit dims dropped), as one TMA reduction
 (``cp.reduce.async.bulk.tensor``): Triton's descriptor reduce (what ``tl``'s
@@ -55,6 +60,18 @@ if GLUON_AVAILABLE:
         reloaded before every wgmma; docs/FINDINGS.md F31)."""
         return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [i], dtype=gl.int32,
                                          is_pure=False, pack=1)
+
+
+if GLUON_AVAILABLE:
+    NO_MASK, BOOL_MASK, ADD_MASK = gl.constexpr(0), gl.constexpr(1), gl.constexpr(2)
+
+    @gluon.constexpr_function
+    def mask_kind(ty):
+        if ty == gl.uint8:
+            return BOOL_MASK
+        if ty == gl.float16 or ty == gl.bfloat16:
+            return ADD_MASK
+        return NO_MASK
 
 
 try:  # Triton internals (3.6 and 3.8 have them): a Triton without them compiles no tma_add

@@ -58,7 +58,15 @@ if GLUON_AVAILABLE:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .gluon_common import opaque_zero, partition_barrier, tma_add, tma_add_shared
+    from .gluon_common import (
+        ADD_MASK,
+        BOOL_MASK,
+        mask_kind,
+        opaque_zero,
+        partition_barrier,
+        tma_add,
+        tma_add_shared,
+    )
     from .sdpa_fwd_gluon import (
         _PREPARED,
         _descriptor,
@@ -271,22 +279,20 @@ if GLUON_AVAILABLE:
         ``qk_scale``); under a mask, ``Mask`` the group's first query head's [L, S] plane (the
         step's head ``h`` of the group at h * s_mh): a boolean mask joins ``keep``; an
         additive one is added to s times the scale in natural units, where the forwards keep
-        m for it (c is the scale then). Without a mask ``Mask`` is an fp32 stand-in (the kind is
-        the pointer's element type: worker partitions take no constexprs)."""
-        BOOL_MASK: gl.constexpr = Mask.dtype.element_ty == gl.uint8
-        ADD_MASK: gl.constexpr = ((Mask.dtype.element_ty == gl.float16)
-                                  or (Mask.dtype.element_ty == gl.bfloat16))
-        if BOOL_MASK or ADD_MASK:
+        m for it (c is the scale then). Without a mask ``Mask`` is an fp32 stand-in
+        (gluon_common.mask_kind)."""
+        KIND: gl.constexpr = mask_kind(Mask.dtype.element_ty)
+        if KIND == BOOL_MASK or KIND == ADD_MASK:
             ptrs = (Mask + h.to(gl.int64) * s_mh + offs_q.to(gl.int64)[None, :] * s_mm
                     + offs_key.to(gl.int64)[:, None] * s_mn)
             inside = (offs_key[:, None] < S) & (offs_q[None, :] < L)
-        if ADD_MASK:
+        if KIND == ADD_MASK:
             added = gl.load(ptrs, mask=inside, other=0.0).to(gl.float32)
             p = gl.exp2((s * qk_scale + added - m[None, :]) * 1.4426950408889634
                         - log_l[None, :])
         else:
             p = gl.exp2((s * qk_scale - m[None, :]) - log_l[None, :])
-        if BOOL_MASK:
+        if KIND == BOOL_MASK:
             keep = keep & (gl.load(ptrs, mask=inside, other=1) != 0)
         return gl.where(keep, p, 0.0)
 

@@ -46,7 +46,7 @@ try:  # Gluon is experimental: a Triton without it (or with another API) leaves 
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .gluon_common import partition_barrier
+    from .gluon_common import ADD_MASK, BOOL_MASK, mask_kind, partition_barrier
     GLUON_AVAILABLE = True
 except ImportError:  # pragma: no cover - depends on the installed Triton
     GLUON_AVAILABLE = False
@@ -102,24 +102,21 @@ if GLUON_AVAILABLE:
         + mask - m_new) log2 e)``). MASKED applies ``key < S`` and, when CAUSAL, ``key <=
         query``; a mask applies on every tile: ``mask_base`` is the program's [L, S] plane
         (strides s_mm, s_mn) of a boolean mask (read as uint8) or an additive one (the inputs'
-        16-bit dtype), or an fp32 stand-in where there is none (the kind is the pointer's
-        element type: worker partitions take no constexpr arguments)."""
-        BOOL_MASK: gl.constexpr = mask_base.dtype.element_ty == gl.uint8
-        ADD_MASK: gl.constexpr = ((mask_base.dtype.element_ty == gl.float16)
-                                  or (mask_base.dtype.element_ty == gl.bfloat16))
-        if MASKED or BOOL_MASK or ADD_MASK:
+        16-bit dtype), or an fp32 stand-in where there is none (gluon_common.mask_kind)."""
+        KIND: gl.constexpr = mask_kind(mask_base.dtype.element_ty)
+        if MASKED or KIND == BOOL_MASK or KIND == ADD_MASK:
             offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
             offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             keep = offs_n[None, :] < S
             if CAUSAL:
                 keep = keep & (offs_m[:, None] >= offs_n[None, :])
-            if BOOL_MASK or ADD_MASK:
+            if KIND == BOOL_MASK or KIND == ADD_MASK:
                 ptrs = (mask_base + offs_m.to(gl.int64)[:, None] * s_mm
                         + offs_n.to(gl.int64)[None, :] * s_mn)
                 inside = (offs_m[:, None] < L) & (offs_n[None, :] < S)
-            if BOOL_MASK:
+            if KIND == BOOL_MASK:
                 keep = keep & (gl.load(ptrs, mask=inside, other=1) != 0)
-            if ADD_MASK:
+            if KIND == ADD_MASK:
                 added = gl.load(ptrs, mask=inside, other=0.0).to(gl.float32)
                 s2 = gl.where(keep, s * qk_scale + added, float("-inf"))
             else:
@@ -127,7 +124,7 @@ if GLUON_AVAILABLE:
             m_new = gl.maximum(m_i, gl.max(s2, 1))
             # a row with only -inf so far keeps m = -inf; shift by 0 (no inf - inf)
             m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-            if ADD_MASK:
+            if KIND == ADD_MASK:
                 p = gl.exp2((s2 - m_shift[:, None]) * 1.4426950408889634)
                 alpha = gl.exp2((m_i - m_shift) * 1.4426950408889634)
             else:
@@ -153,12 +150,11 @@ if GLUON_AVAILABLE:
         Triton forward stores them: m in the scores' units (natural under an additive
         ``Mask``, else log2), and for a row that no key reached (l = 0: every key masked) m =
         +inf and log l = 0, which make the backward's P exactly 0, and lse = -inf."""
-        ADD_MASK: gl.constexpr = ((Mask.dtype.element_ty == gl.float16)
-                                  or (Mask.dtype.element_ty == gl.bfloat16))
+        KIND: gl.constexpr = mask_kind(Mask.dtype.element_ty)
         in_rows = offs_m < L
         empty = l_i == 0.0
         log_l = gl.log2(gl.where(empty, 1.0, l_i))
-        if ADD_MASK:
+        if KIND == ADD_MASK:
             lse = m_i + log_l * 0.6931471805599453
         else:
             lse = (m_i + log_l) * 0.6931471805599453
@@ -662,9 +658,9 @@ def _shared_layout(rows, head_dim, dtype):
 def tile_dim(head_dim):
     """The head-dim tile (in ``HEAD_DIMS``) a head dim runs on, or None: the smallest tile of
     at least ``head_dim``, for head dims whose rows are 16-byte multiples (TMA's stride rule:
-    a multiple of 8 at 16 bits) up to 256. The tile's columns past the head dim are zeros as TMA loads
-    them (out of the tensor's bounds), adding nothing to q.k, and the output's are clipped
-    by the TMA store."""
+    a multiple of 8 at 16 bits) up to 256. The tile's columns past the head dim are zeros as
+    TMA loads them (out of the tensor's bounds), adding nothing to q.k, and the output's are
+    clipped by the TMA store."""
     if head_dim % 8:
         return None
     return next((d for d in HEAD_DIMS if head_dim <= d), None)
