@@ -31,8 +31,9 @@
 #                gpu profile's 120 s one check could use the whole BUDGET)
 #   gluoncover   what the Gluon SDPA kernels took on untimed: their offline build under this
 #                Triton (gluon_probe: masked forms, the deferred dQ schedule), their GPU tests of
-#                masks, head dims between and past the tiles, the "tma_deferred" schedule, then
-#                benchmarks.sdpa_gluon with each mask kind (D 128 and 96, L 4k) and
+#                masks, head dims between and past the tiles, the "tma_deferred" schedule and
+#                the persistent forward, then benchmarks.sdpa_gluon: the persistent program
+#                beside the WS default (D 128, L 1k, 4k), each mask kind (D 128 and 96, L 4k); and
 #                benchmarks.sdpa_gluon_bwd under auto, tma_deferred and serial (L 4k, 16k)
 #   newbwd       both opt-in Gluon backwards in one call: the backwards' registers and spills
 #                under this Triton (gluon_probe), a small case of each backward (90 s each at
@@ -370,10 +371,14 @@ task_gluoncover() {
         sdpa_fwd_d64_add_mask sdpa_bwd_d128_tma sdpa_bwd_d128_tma_deferred sdpa_bwd_d64_tma_deferred \
         sdpa_bwd_d128_bool_mask sdpa_bwd_d64_add_mask > "$d/probe.log" 2>&1
     note "gluon_probe (this machine's Triton): exit $?"; cut -c1-200 "$d/probe.log"
-    timeout 240 "$PY" -m pytest -q -p no:cacheprovider -n 8 -rfE --tb=short "$TESTS/test_fast_sdpa_gluon.py" \
-        -k "mask or between_tiles or tma_deferred or 256_column" > "$d/tests.log" 2>&1
-    note "Gluon mask / head dim / deferred-schedule tests: exit $?"
+    ATTENTION_ORACLE_GLUON_VARIANTS=1 timeout 240 "$PY" -m pytest -q -p no:cacheprovider -n 8 -rfE \
+        --tb=short "$TESTS/test_fast_sdpa_gluon.py" \
+        -k "mask or between_tiles or tma_deferred or 256_column or persistent" > "$d/tests.log" 2>&1
+    note "Gluon mask / head dim / deferred-schedule / persistent tests: exit $?"
     grep -E "passed|failed|FAILED|ERROR" "$d/tests.log" | cut -c1-300 | tail -12
+    timeout 100 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,1 128,128,2,4,3 --shapes 0,1 \
+        --dims 128 --json "$d/gluon_persistent.json" > "$d/gluon_persistent.log" 2>&1
+    note "benchmarks.sdpa_gluon (WS, persistent): exit $?"; grep -v "^{" "$d/gluon_persistent.log" | tail -10
     for m in bool padding add; do
         timeout 60 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,1 --shapes 1 --causal 0 \
             --dims 128,96 --mask "$m" --json "$d/gluon_mask_$m.json" > "$d/gluon_mask_$m.log" 2>&1

@@ -112,10 +112,12 @@ def measure(cfgs, B, H, L, causal, D=128, dtype=torch.bfloat16, mask_kind="none"
 
 def _config(text):
     """"BLOCK_M,BLOCK_N,STAGES,num_warps[,WS]" -> sdpa_fwd_gluon.CONFIG (WS 1: the
-    warp-specialized kernel; 2: its ping-pong form, sdpa_fwd_gluon.PINGPONG)."""
+    warp-specialized kernel; 2: its ping-pong form, sdpa_fwd_gluon.PINGPONG; 3: its
+    persistent program, sdpa_fwd_gluon.PERSISTENT)."""
     c = [int(x) for x in text.split(",")]
     ws = c[4] if len(c) > 4 else 0
-    return (*c[:4], ws if ws == sdpa_fwd_gluon.PINGPONG else bool(ws))
+    return (*c[:4], ws if ws in (sdpa_fwd_gluon.PINGPONG, sdpa_fwd_gluon.PERSISTENT)
+            else bool(ws))
 
 
 def host_overhead(D=128):
@@ -154,7 +156,7 @@ def host_parts(D=128):
                                    False, D ** -0.5)
         sdpa_fwd_gluon.launch(q5, q5, q5, out, stats, plan)
         prepared = sdpa_fwd_gluon._PREPARED[(plan, q.dtype, sdpa_fwd_gluon.CONFIG)]
-        _, grid, _, meta, (launcher, _) = prepared  # the unmasked kernel
+        _, grid, _, meta, ((launcher, _, _), _) = prepared  # the unmasked kernel
 
         def descs():
             return sdpa_fwd_gluon.launch_args(prepared, q5, q5, q5, out, stats)

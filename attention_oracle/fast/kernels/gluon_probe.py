@@ -6,7 +6,8 @@ Names (all by default): ``dsa_fwd``, ``dsa_fwd_nope``, ``dsa_bwd``, ``dsa_bwd_no
 ``dsa_fwd_prefetch``, ``dsa_bwd_prefetch`` (the L2 prefetch one block or pair ahead),
 ``sdpa_fwd_d64``, ``sdpa_fwd_d128``, ``sdpa_fwd_d128_causal``, ``sdpa_fwd_d128_bool_mask``,
 ``sdpa_fwd_d64_add_mask`` (a boolean and an additive mask), ``sdpa_fwd_d256_causal`` (the
-256-column tile's config), ``sdpa_fwd_d128_pingpong``,
+256-column tile's config), ``sdpa_fwd_d128_persistent``, ``sdpa_fwd_d64_causal_persistent``
+(the persistent program), ``sdpa_fwd_d128_pingpong``,
 ``sdpa_fwd_d128_causal_pingpong`` (the forward's opt-in ping-pong form), ``sdpa_bwd_d64``,
 ``sdpa_bwd_d128``, ``sdpa_bwd_d128_causal``, ``sdpa_bwd_d128_bool_mask``,
 ``sdpa_bwd_d64_add_mask``, ``sdpa_bwd_d64_tma``, ``sdpa_bwd_d128_tma``,
@@ -82,6 +83,8 @@ def _sdpa_fwd(head_dim, causal, pingpong=False, config=None, mask="*fp32"):
     kernel = {(True, False): g.sdpa_fwd_gluon_ws_kernel, (False, False): g.sdpa_fwd_gluon_kernel,
               (True, True): g.sdpa_fwd_gluon_ws_masked_kernel,
               (False, True): g.sdpa_fwd_gluon_masked_kernel}[bool(ws), mask != "*fp32"]
+    if ws == g.PERSISTENT:
+        kernel = g.sdpa_fwd_gluon_ws_persistent_kernel
     signature = dict(_SDPA_SCALARS, Mask=mask,
                      q_desc=_descriptor(64 if ws and bm == 192 else bm, head_dim),
                      k_desc=_descriptor(bn, head_dim), v_desc=_descriptor(bn, head_dim),
@@ -112,6 +115,8 @@ def _sdpa_bwd(head_dim, causal, schedule="serial", mask="*fp32"):
 
 # FA3's head-dim-64 tile: 192 query rows, three consumer warpgroups
 THREE_CONSUMERS = (192, 128, 2, 4, True)
+# the default tile as a persistent program
+PERSISTENT_TILE = (128, 128, 2, 4, 3)  # sdpa_fwd_gluon.PERSISTENT
 
 
 def variants():
@@ -137,6 +142,8 @@ def variants():
         "sdpa_fwd_d128": lambda: _sdpa_fwd(128, False),
         "sdpa_fwd_d128_causal": lambda: _sdpa_fwd(128, True),
         "sdpa_fwd_d128_bool_mask": lambda: _sdpa_fwd(128, False, mask="*u8"),
+        "sdpa_fwd_d128_persistent": lambda: _sdpa_fwd(128, False, config=PERSISTENT_TILE),
+        "sdpa_fwd_d64_causal_persistent": lambda: _sdpa_fwd(64, True, config=PERSISTENT_TILE),
         "sdpa_fwd_d256_causal": lambda: _sdpa_fwd(256, True,
                                                   config=sdpa_fwd_gluon.TILE_CONFIGS[256]),
         "sdpa_fwd_d64_add_mask": lambda: _sdpa_fwd(64, False, mask="*bf16"),

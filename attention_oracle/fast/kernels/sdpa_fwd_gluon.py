@@ -72,6 +72,10 @@ LN2 = 0.6931471805599453
 # L 4096 D 128: 631 / 586 TFLOP/s queued / synced against 520 / 462 for WS=False (docs/PERFORMANCE.md,
 # "Gluon forward (opt-in), D 128").
 PINGPONG = 2
+# WS=PERSISTENT: the warp-specialized kernel as a persistent program (one per SM, query blocks
+# in turn, Q double-buffered so that the next block's Q and keys load while this one ends;
+# two consumers; unmasked calls; not yet timed)
+PERSISTENT = 3
 CONFIG = (128, 128, 2, 4, True)
 # tiles that take another config than CONFIG: at 256 columns 64-key stages (128-key ones
 # would need 320 KiB of shared memory; this one 197 KiB, no spills offline, sm_90a)
@@ -375,14 +379,6 @@ if GLUON_AVAILABLE:
         issue their products, FA3's ping-pong: a round's wgmmas (S_j, and P_{j-1} V_{j-1})
         wait for ``turn[ME]`` and pass the turn on once issued, so one warpgroup's softmax
         runs while the other's products hold the tensor cores."""
-        dtype: gl.constexpr = q_smem.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_D, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         ME: gl.constexpr = ROW0 // ROWS
         if len(q_smem.shape) == 6:  # one 64-row Q tile per consumer (three consumers)
             CONSUMERS: gl.constexpr = q_smem.shape[0]
@@ -392,25 +388,51 @@ if GLUON_AVAILABLE:
             CONSUMERS: gl.constexpr = q_smem.shape[3] // ROWS
             q_tile = q_smem.slice(ROW0, ROWS, dim=3)
             q_rows = q_smem.reshape([q_smem.shape[3], HEAD_D]).slice(ROW0, ROWS)
-        row_m = start_m + ROW0
         PINGPONG: gl.constexpr = turn.shape[0] > 1
         NEXT: gl.constexpr = (ME + 1) % CONSUMERS  # the consumer whose turn comes next
+        mbarrier.wait(q_bar.index(0), 0)
+        _consume_item(o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_tile, q_rows, k_ring, v_ring,
+                      k_full, v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi,
+                      n_tiles, L, S, qk_scale, 0, ROW0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, ME,
+                      NEXT, PINGPONG)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _consume_item(o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_tile, q_rows, k_ring, v_ring,
+                      k_full, v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi,
+                      n_tiles, L, S, qk_scale, it0, ROW0: gl.constexpr, CAUSAL: gl.constexpr,
+                      ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                      STAGES: gl.constexpr, ME: gl.constexpr, NEXT: gl.constexpr,
+                      PINGPONG: gl.constexpr):
+        """:func:`_ws_consumer`'s work on one query block whose Q (``q_rows``, this
+        consumer's rows, in ``q_tile``) has landed: its key tiles are the rings' it0, it0 + 1,
+        ... (the count of tiles taken before it: a persistent program's blocks share the
+        rings), out is stored from ``q_tile`` by TMA, not waited for."""
+        dtype: gl.constexpr = q_rows.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        row_m = start_m + ROW0
 
         s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
         acc = gl.zeros([ROWS, HEAD_D], gl.float32, layout=o_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.zeros([ROWS], gl.float32, layout=row_s)
-        mbarrier.wait(q_bar.index(0), 0)
 
-        mbarrier.wait(k_full.index(0), 0)
+        first = it0 % STAGES
+        mbarrier.wait(k_full.index(first), (it0 // STAGES) & 1)
         if PINGPONG:
             _take_turn(turn, ME, 0)
-        s_tok = warpgroup_mma(q_rows, _tile_view(k_ring, 0, BLOCK_N, HEAD_D).permute((1, 0)),
+        s_tok = warpgroup_mma(q_rows, _tile_view(k_ring, first, BLOCK_N, HEAD_D).permute((1, 0)),
                               s_zero, use_acc=False, is_async=True)
         if PINGPONG:
             _release(turn, NEXT)
         s = warpgroup_mma_wait(0, deps=(s_tok, ))
-        _release(k_empty, 0)
+        _release(k_empty, first)
         if free_hi > 0:
             p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
                                                s_mn, s_layout, False, CAUSAL, ROWS, BLOCK_N)
@@ -421,15 +443,15 @@ if GLUON_AVAILABLE:
         alpha_o = gl.convert_layout(alpha, row_o)
 
         for j in range(1, n_tiles):
-            stage = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_full.index(stage), (j // STAGES) & 1)
+            stage = (it0 + j) % STAGES
+            prev = (it0 + j - 1) % STAGES
+            mbarrier.wait(k_full.index(stage), ((it0 + j) // STAGES) & 1)
             k_t = _tile_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0))
             if PINGPONG:
                 _take_turn(turn, ME, j)
             s_tok = warpgroup_mma(q_rows, k_t, s_zero, use_acc=False, is_async=True)
             acc = acc * alpha_o[:, None]
-            mbarrier.wait(v_full.index(prev), ((j - 1) // STAGES) & 1)
+            mbarrier.wait(v_full.index(prev), ((it0 + j - 1) // STAGES) & 1)
             o_tok = warpgroup_mma(p_op, _tile_view(v_ring, prev, BLOCK_N, HEAD_D), acc,
                                   is_async=True)
             if PINGPONG:
@@ -450,9 +472,9 @@ if GLUON_AVAILABLE:
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             alpha_o = gl.convert_layout(alpha, row_o)
 
-        last = (n_tiles - 1) % STAGES
+        last = (it0 + n_tiles - 1) % STAGES
         acc = acc * alpha_o[:, None]
-        mbarrier.wait(v_full.index(last), ((n_tiles - 1) // STAGES) & 1)
+        mbarrier.wait(v_full.index(last), ((it0 + n_tiles - 1) // STAGES) & 1)
         if PINGPONG:
             _take_turn(turn, ME, n_tiles)
         o_tok = warpgroup_mma(p_op, _tile_view(v_ring, last, BLOCK_N, HEAD_D), acc,
@@ -470,7 +492,6 @@ if GLUON_AVAILABLE:
         tma.async_copy_shared_to_global(o_desc, [z1, z2, h, row_m, 0], q_tile)
         offs_m = row_m + gl.arange(0, ROWS, layout=row_s)
         _store_row_stats(Stats, s_stat, Mask, pid_bh, offs_m, L, m_i, l_i)
-        tma.store_wait(pendings=0)
 
     @gluon.jit
     def _take_turn(turn, me, rnd):
@@ -648,6 +669,188 @@ if GLUON_AVAILABLE:
             ], [4, 1], [WORKER_REGS, PRODUCER_REGS])
 
 
+    # ------------------------------------------------------------------ persistent form
+
+    @gluon.jit
+    def _work_item(w, n_bh, n_m, HQ, Z2, GROUP, S, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """Query block ``w`` of a persistent program's sequence (w = m * n_bh + bh; causal:
+        heaviest query blocks first, as the one-block programs' grid order): (z1, z2, h, hk,
+        pid_bh, start_m, free_hi, n_tiles) as :func:`_ws_program` derives them."""
+        m_rev = w // n_bh
+        pid_bh = w % n_bh
+        if CAUSAL:
+            pid_m = n_m - 1 - m_rev
+        else:
+            pid_m = m_rev
+        h = pid_bh % HQ
+        z2 = (pid_bh // HQ) % Z2
+        z1 = pid_bh // (HQ * Z2)
+        hk = h // GROUP
+        start_m = pid_m * BLOCK_M
+        if CAUSAL:
+            hi = gl.minimum(start_m + BLOCK_M, S)
+            free_hi = gl.minimum((start_m // BLOCK_N) * BLOCK_N, (S // BLOCK_N) * BLOCK_N)
+        else:
+            hi = S
+            free_hi = (S // BLOCK_N) * BLOCK_N
+        return z1, z2, h, hk, pid_bh, start_m, free_hi, gl.cdiv(hi, BLOCK_N)
+
+    @gluon.jit
+    def _persistent_produce(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_full, q_empty,
+                            k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S, n_bh, n_m,
+                            CAUSAL: gl.constexpr):
+        """One warp, over the program's query blocks: each block's Q into the Q buffer of its
+        parity once both consumers freed it (their out of the block two before has left it),
+        then its K_j and V_j into the rings, whose stages count on across blocks."""
+        STAGES: gl.constexpr = k_ring.shape[0]
+        BLOCK_M: gl.constexpr = q_smem.shape[4]
+        BLOCK_N: gl.constexpr = k_ring.shape[4]
+        it = 0
+        t = 0
+        for w in range(gl.program_id(0), n_bh * n_m, gl.num_programs(0)):
+            z1, z2, h, hk, pid_bh, start_m, free_hi, n_tiles = _work_item(
+                w, n_bh, n_m, HQ, Z2, GROUP, S, BLOCK_M, BLOCK_N, CAUSAL)
+            qb = t % 2
+            mbarrier.wait(q_empty.index(qb), ((t // 2) & 1) ^ 1)  # fresh: passes at once
+            mbarrier.expect(q_full.index(qb), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [z1, z2, h, start_m, 0], q_full.index(qb),
+                                            q_smem.index(qb))
+            for j in range(n_tiles):
+                stage = it % STAGES
+                free_phase = ((it // STAGES) & 1) ^ 1
+                mbarrier.wait(k_empty.index(stage), free_phase)
+                _load_tile(k_desc, k_ring, k_full, stage, z1, z2, hk, j * BLOCK_N, True)
+                mbarrier.wait(v_empty.index(stage), free_phase)
+                _load_tile(v_desc, v_ring, v_full, stage, z1, z2, hk, j * BLOCK_N, True)
+                it += 1
+            t += 1
+
+    @gluon.jit
+    def _persistent_producer(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_full, q_empty,
+                             k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S, n_bh, n_m):
+        _persistent_produce(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_full, q_empty,
+                            k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S, n_bh, n_m, False)
+
+    @gluon.jit
+    def _persistent_producer_causal(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_full,
+                                    q_empty, k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S,
+                                    n_bh, n_m):
+        _persistent_produce(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_full, q_empty,
+                            k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S, n_bh, n_m, True)
+
+    @gluon.jit
+    def _persistent_consume(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_full, q_empty,
+                            k_full, v_full, k_empty, v_empty, turn, Z2, HQ, GROUP, L, S,
+                            qk_scale, n_bh, n_m, ROW0: gl.constexpr, CAUSAL: gl.constexpr,
+                            ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                            STAGES: gl.constexpr):
+        """Consumer ROW0 // ROWS over the program's query blocks: :func:`_consume_item` on its
+        rows of each, then, once its out has left the Q buffer (the TMA store's read), that
+        buffer freed for the block two ahead."""
+        BLOCK_M: gl.constexpr = q_smem.shape[4]
+        ME: gl.constexpr = ROW0 // ROWS
+        NEXT: gl.constexpr = (ME + 1) % (BLOCK_M // ROWS)
+        it = 0
+        t = 0
+        for w in range(gl.program_id(0), n_bh * n_m, gl.num_programs(0)):
+            z1, z2, h, hk, pid_bh, start_m, free_hi, n_tiles = _work_item(
+                w, n_bh, n_m, HQ, Z2, GROUP, S, BLOCK_M, BLOCK_N, CAUSAL)
+            qb = t % 2
+            q_buf = q_smem.index(qb)
+            q_tile = q_buf.slice(ROW0, ROWS, dim=3)
+            q_rows = q_buf.reshape([BLOCK_M, HEAD_D]).slice(ROW0, ROWS)
+            mbarrier.wait(q_full.index(qb), (t // 2) & 1)
+            # no mask: Stats stands in for it (gluon_common.mask_kind), s_stat for its strides
+            _consume_item(o_desc, Stats, s_stat, Stats, s_stat, s_stat, q_tile, q_rows, k_ring,
+                          v_ring, k_full, v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh,
+                          start_m, free_hi, n_tiles, L, S, qk_scale, it, ROW0, CAUSAL, ROWS,
+                          BLOCK_N, HEAD_D, STAGES, ME, NEXT, False)
+            tma.store_wait(pendings=0)
+            _release(q_empty, qb)
+            it += n_tiles
+            t += 1
+
+    @gluon.jit
+    def _persistent_consumer_hi(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_full,
+                                q_empty, k_full, v_full, k_empty, v_empty, turn, Z2, HQ, GROUP,
+                                L, S, qk_scale, n_bh, n_m):
+        """The second consumer (a worker partition), not causal."""
+        ROWS: gl.constexpr = o_desc.block_type.shape[3]
+        _persistent_consume(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_full, q_empty,
+                            k_full, v_full, k_empty, v_empty, turn, Z2, HQ, GROUP, L, S,
+                            qk_scale, n_bh, n_m, ROWS, False, ROWS, k_ring.shape[4],
+                            k_ring.shape[5], k_ring.shape[0])
+
+    @gluon.jit
+    def _persistent_consumer_hi_causal(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_full,
+                                       q_empty, k_full, v_full, k_empty, v_empty, turn, Z2, HQ,
+                                       GROUP, L, S, qk_scale, n_bh, n_m):
+        """The second consumer (a worker partition), causal."""
+        ROWS: gl.constexpr = o_desc.block_type.shape[3]
+        _persistent_consume(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_full, q_empty,
+                            k_full, v_full, k_empty, v_empty, turn, Z2, HQ, GROUP, L, S,
+                            qk_scale, n_bh, n_m, ROWS, True, ROWS, k_ring.shape[4],
+                            k_ring.shape[5], k_ring.shape[0])
+
+    @gluon.jit
+    def sdpa_fwd_gluon_ws_persistent_kernel(q_desc, k_desc, v_desc, o_desc, Stats, s_stat,
+                                            Z2, HQ, GROUP, L, S, qk_scale, n_bh,
+                                            CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                                            BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                                            STAGES: gl.constexpr, num_warps: gl.constexpr,
+                                            PINGPONG: gl.constexpr = False):
+        """:func:`_ws_program` as a persistent program (CONFIG's WS = PERSISTENT): grid (at
+        most one program an SM); program p takes the query blocks w = p, p + grid, ... of
+        the n_bh * cdiv(L, BLOCK_M) (:func:`_work_item`); BLOCK_M 128 (two consumers), Q in
+        two buffers (a block's Q loads while the block before runs), the K/V rings' stages
+        counted on across blocks; unmasked (PINGPONG must stay False: the consumers' turns
+        are not counted across blocks)."""
+        ROWS: gl.constexpr = 64
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        k_ring = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape,
+                                           k_desc.layout)
+        v_ring = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape,
+                                           v_desc.layout)
+        q_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())  # unused
+        for i in gl.static_range(2):
+            mbarrier.init(q_full.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=2)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_full.index(i), count=1)
+            mbarrier.init(v_full.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=2)
+            mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(turn.index(0), count=1)
+        fence_async_shared()
+        n_m = gl.cdiv(L, BLOCK_M)
+        consumer_args = (o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_full, q_empty, k_full,
+                         v_full, k_empty, v_empty, turn, Z2, HQ, GROUP, L, S, qk_scale, n_bh,
+                         n_m)
+        producer_args = (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_full, q_empty,
+                         k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S, n_bh, n_m)
+        if CAUSAL:
+            gl.warp_specialize([
+                (_persistent_consume,
+                 consumer_args + (0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES)),
+                (_persistent_consumer_hi_causal, consumer_args),
+                (_persistent_producer_causal, producer_args),
+            ], [4, 1], [WORKER_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_persistent_consume,
+                 consumer_args + (0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES)),
+                (_persistent_consumer_hi, consumer_args),
+                (_persistent_producer, producer_args),
+            ], [4, 1], [WORKER_REGS, PRODUCER_REGS])
+
 @functools.lru_cache(maxsize=64)
 def _shared_layout(rows, head_dim, dtype):
     """The TMA / wgmma shared layout of a [1, 1, 1, rows, head_dim] block (cached: ~17 us each)."""
@@ -772,9 +975,24 @@ def _prepare(query, key, value, out, stats, gluon_plan):
                 STAGES=stages, num_warps=warps)
     if ws:
         meta["PINGPONG"] = ws == PINGPONG
-    # (no mask, masked) launchers: an unmasked launch carries no mask arguments
-    launchers = (_WS_LAUNCH, _WS_MASKED_LAUNCH) if ws else (_LAUNCH, _MASKED_LAUNCH)
-    return fields, grid, (stats.stride(0), ints, scales), meta, launchers
+    # (launcher, grid, trailing arguments) of an unmasked and a masked call: an unmasked
+    # launch carries no mask arguments; the persistent program takes masked calls to the
+    # warp-specialized kernel
+    masked = (_WS_MASKED_LAUNCH if ws else _MASKED_LAUNCH, grid, ())
+    if ws == PERSISTENT:
+        if block_m != 128:
+            raise ValueError(f"the persistent program takes two consumers (BLOCK_M 128), not "
+                             f"BLOCK_M {block_m}")
+        plain = (_WS_PERSISTENT_LAUNCH,
+                 (min(grid[0] * grid[1], _sm_count(query.device)), ), (grid[1], ))
+    else:
+        plain = (_WS_LAUNCH if ws else _LAUNCH, grid, ())
+    return fields, plain[1], (stats.stride(0), ints, scales), meta, (plain, masked)
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device):
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def takes_mask(mask, dtype):
@@ -787,11 +1005,11 @@ def takes_mask(mask, dtype):
 def launch_args(prepared, query, key, value, out, stats, mask=None):
     """The arguments of one call of a prepared plan (:func:`launch`), for its unmasked kernel
     (``mask`` None) or its masked one."""
-    (fq, fk, fv, fo), _, (s_stat, ints, scales), _, _ = prepared
+    (fq, fk, fv, fo), _, (s_stat, ints, scales), _, (plain, _) = prepared
     descs = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
              _unchecked(fo, out), stats, s_stat)
     if mask is None:
-        return (*descs, *ints, scales[0])
+        return (*descs, *ints, scales[0], *plain[2])
     return (*descs, mask.view(torch.uint8) if mask.dtype == torch.bool else mask,
             *mask.stride(), *ints, scales[mask.dtype != torch.bool])
 
@@ -807,9 +1025,9 @@ def launch(query, key, value, out, stats, gluon_plan, mask=None):
     cache_key = (gluon_plan, query.dtype, CONFIG)
     prepared = _PREPARED.get(cache_key) or keep_prepared(
         cache_key, _prepare(query, key, value, out, stats, gluon_plan))
-    _, grid, _, meta, launchers = prepared
+    _, _, _, meta, launches = prepared
     args = launch_args(prepared, query, key, value, out, stats, mask)
-    launcher = launchers[mask is not None]
+    launcher, grid, _ = launches[mask is not None]
     # Triton launches on the current device: make the tensors' one current first
     on_device_of(stats, launcher, grid, args, meta)
 
@@ -819,3 +1037,4 @@ if GLUON_AVAILABLE:
     _MASKED_LAUNCH = DirectLauncher(sdpa_fwd_gluon_masked_kernel)
     _WS_LAUNCH = DirectLauncher(sdpa_fwd_gluon_ws_kernel)
     _WS_MASKED_LAUNCH = DirectLauncher(sdpa_fwd_gluon_ws_masked_kernel)
+    _WS_PERSISTENT_LAUNCH = DirectLauncher(sdpa_fwd_gluon_ws_persistent_kernel)
