@@ -23,7 +23,10 @@ tile).
 Writes ``out`` (rank 5, contiguous, through a TMA store) and the saved row statistics
 ``Stats [3, Z1*Z2*HQ*L]`` as the Triton forward does: m (log2 units), log2 l and the public
 natural-log lse. Tiles past S (ragged S) and, when causal, keys after the query (top-left)
-are masked to -inf; every row sees key 0, so no row is empty (S > 0 is the launcher's case).
+are masked to -inf; so are the scores a boolean mask excludes, and an additive mask is added
+to the scores in natural units (as the Triton forward keeps them under one). Without a mask
+every row sees key 0 (S > 0 is the launcher's case); a row a mask leaves empty gets out 0 and
+the Triton forward's statistics for it (m +inf, lse -inf).
 
 Gluon does not run under Triton's CPU interpreter: CI checks the Triton forward; this one is
 checked on the GPU by ``tests/fast/test_fast_sdpa_gluon.py``.
