@@ -1,6 +1,6 @@
 """Hopper (sm_90) warp-specialised SDPA backward in Gluon for head dims up to 128 (multiples of
 8, on the forward's tiles of 64 or 128 columns: ``sdpa_fwd_gluon.tile_dim``), 16-bit inputs,
-no mask: dK and dV of a key block, with dQ added to an fp32 buffer by TMA reductions
+no mask or the forward's (boolean, or additive of the inputs' dtype): dK and dV of a key block, with dQ added to an fp32 buffer by TMA reductions
 or atomics (the order of the additions varies between runs, as in ``fast.sdpa``'s "atomic" dQ
 mode).
 
@@ -34,8 +34,9 @@ roles:
   column, without waiting for the other (twice the additions). SCHEDULES below; why the
   reduction matters: docs/FINDINGS.md F77.
 
-Masked out: keys past S, queries past L (their statistics read as m = +inf: P = 0) and, when
-causal, keys after the query. Gluon does not run under Triton's CPU interpreter: this kernel is
+Masked out: keys past S, queries past L (their statistics read as m = +inf: P = 0), when
+causal keys after the query, and what a boolean mask excludes; an additive mask enters the
+scores in natural units, against the forwards' m in the same units (:func:`_probabilities`). Gluon does not run under Triton's CPU interpreter: this kernel is
 checked on the GPU by ``tests/fast/test_fast_sdpa_gluon.py``.
 """
 import functools
