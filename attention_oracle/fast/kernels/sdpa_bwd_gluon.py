@@ -1,8 +1,8 @@
 """Hopper (sm_90) warp-specialised SDPA backward in Gluon for head dims up to 128 (multiples of
 8, on the forward's tiles of 64 or 128 columns: ``sdpa_fwd_gluon.tile_dim``), 16-bit inputs,
-no mask or the forward's (boolean, or additive of the inputs' dtype): dK and dV of a key block, with dQ added to an fp32 buffer by TMA reductions
-or atomics (the order of the additions varies between runs, as in ``fast.sdpa``'s "atomic" dQ
-mode).
+no mask or the forward's (boolean, or additive of the inputs' dtype): dK and dV of a key
+block, with dQ added to an fp32 buffer by TMA reductions or atomics (the order of the additions
+varies between runs, as in ``fast.sdpa``'s "atomic" dQ mode).
 
 The same function as the Triton backward's 16-bit path (:mod:`fast.kernels.sdpa_bwd`): with
 the forward's row statistics m (log2 units) and log2 l, and Delta = rowsum(dO * O) from the
@@ -36,8 +36,9 @@ roles:
 
 Masked out: keys past S, queries past L (their statistics read as m = +inf: P = 0), when
 causal keys after the query, and what a boolean mask excludes; an additive mask enters the
-scores in natural units, against the forwards' m in the same units (:func:`_probabilities`). Gluon does not run under Triton's CPU interpreter: this kernel is
-checked on the GPU by ``tests/fast/test_fast_sdpa_gluon.py``.
+scores in natural units, against the forwards' m in the same units (:func:`_probabilities`).
+Gluon does not run under Triton's CPU interpreter: this kernel is checked on the GPU by
+``tests/fast/test_fast_sdpa_gluon.py``.
 """
 import functools
 
