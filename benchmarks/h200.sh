@@ -29,11 +29,12 @@
 #                auto,tma_deferred), then the conformance SDPA checks under it (dsabwd's
 #                and sdpabwd's conformance runs give each check OPTIN_CHECK_S, 30 s: under the
 #                gpu profile's 120 s one check could use the whole BUDGET)
-#   gluoncover   what the Gluon SDPA kernels took on untimed: their offline build under this
-#                Triton (gluon_probe: masked forms, the deferred dQ schedule), their GPU tests of
-#                masks, head dims between and past the tiles, the "tma_deferred" schedule and
-#                the persistent forward, then benchmarks.sdpa_gluon: the persistent program
-#                beside the WS default (D 128, L 1k, 4k), each mask kind (D 128 and 96, L 4k); and
+#   gluoncover   what the Gluon SDPA kernels took on untimed, checked: their offline build under
+#                this Triton (gluon_probe: masked forms, the deferred dQ schedule), their GPU
+#                tests of masks, head dims between and past the tiles, the "tma_deferred"
+#                schedule, and (a run of its own) the persistent forward
+#   gluontime    the same, timed: benchmarks.sdpa_gluon with the persistent program beside the
+#                WS default (D 128, L 1k, 4k) and each mask kind (D 128 and 96, L 4k), then
 #                benchmarks.sdpa_gluon_bwd under auto, tma_deferred and serial (L 4k, 16k)
 #   newbwd       both opt-in Gluon backwards in one call: the backwards' registers and spills
 #                under this Triton (gluon_probe), a small case of each backward (90 s each at
@@ -369,7 +370,8 @@ task_gluoncover() {
     local d=$1
     timeout 120 "$PY" -m attention_oracle.fast.kernels.gluon_probe sdpa_fwd_d128 sdpa_fwd_d128_bool_mask \
         sdpa_fwd_d64_add_mask sdpa_bwd_d128_tma sdpa_bwd_d128_tma_deferred sdpa_bwd_d64_tma_deferred \
-        sdpa_bwd_d128_bool_mask sdpa_bwd_d64_add_mask > "$d/probe.log" 2>&1
+        sdpa_bwd_d128_bool_mask sdpa_bwd_d64_add_mask sdpa_fwd_d128_persistent sdpa_fwd_d256_causal \
+        > "$d/probe.log" 2>&1
     note "gluon_probe (this machine's Triton): exit $?"; cut -c1-200 "$d/probe.log"
     timeout 240 "$PY" -m pytest -q -p no:cacheprovider -n 8 -rfE --tb=short "$TESTS/test_fast_sdpa_gluon.py" \
         -k "mask or between_tiles or tma_deferred or 256_column" > "$d/tests.log" 2>&1
@@ -379,6 +381,10 @@ task_gluoncover() {
     ATTENTION_ORACLE_GLUON_VARIANTS=1 timeout 120 "$PY" -m pytest -q -p no:cacheprovider -rfE --tb=short \
         "$TESTS/test_fast_sdpa_gluon.py" -k persistent > "$d/persistent_tests.log" 2>&1
     note "Gluon persistent forward tests: exit $?"; tail -6 "$d/persistent_tests.log" | cut -c1-300
+}
+
+task_gluontime() {
+    local d=$1
     timeout 100 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,1 128,128,2,4,3 --shapes 0,1 \
         --dims 128 --json "$d/gluon_persistent.json" > "$d/gluon_persistent.log" 2>&1
     note "benchmarks.sdpa_gluon (WS, persistent): exit $?"; grep -v "^{" "$d/gluon_persistent.log" | tail -10
@@ -409,7 +415,7 @@ task_prefetch() {
 }
 
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,dsa,dsabwd,sdpabwd,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,dsa,dsabwd,sdpabwd,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
     exit 2
 }
 
@@ -421,7 +427,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|gluonfwd|gluoncover|dsa|dsabwd|sdpabwd|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|gluoncover|gluontime|dsa|dsabwd|sdpabwd|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done
