@@ -397,7 +397,7 @@ if GLUON_AVAILABLE:
         _consume_item(o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_tile, q_rows, k_ring, v_ring,
                       k_full, v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi,
                       n_tiles, L, S, qk_scale, 0, ROW0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, ME,
-                      NEXT, PINGPONG)
+                      NEXT, PINGPONG, False)
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -406,11 +406,13 @@ if GLUON_AVAILABLE:
                       n_tiles, L, S, qk_scale, it0, ROW0: gl.constexpr, CAUSAL: gl.constexpr,
                       ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                       STAGES: gl.constexpr, ME: gl.constexpr, NEXT: gl.constexpr,
-                      PINGPONG: gl.constexpr):
+                      PINGPONG: gl.constexpr, RELEASE_LAST: gl.constexpr):
         """:func:`_ws_consumer`'s work on one query block whose Q (``q_rows``, this
         consumer's rows, in ``q_tile``) has landed: its key tiles are the rings' it0, it0 + 1,
         ... (the count of tiles taken before it: a persistent program's blocks share the
-        rings), out is stored from ``q_tile`` by TMA, not waited for."""
+        rings), out is stored from ``q_tile`` by TMA, not waited for. RELEASE_LAST frees the
+        last V stage too (a persistent program's next block loads into it; a one-block
+        program ends)."""
         dtype: gl.constexpr = q_rows.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -485,6 +487,8 @@ if GLUON_AVAILABLE:
         if PINGPONG:
             _release(turn, NEXT)
         acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+        if RELEASE_LAST:
+            _release(v_empty, last)
 
         l_o = gl.convert_layout(l_i, row_o)
         out = acc / gl.where(l_o == 0.0, 1.0, l_o)[:, None]
@@ -701,8 +705,8 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _persistent_produce(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_full, q_empty,
-                            k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S, n_bh, n_m,
-                            CAUSAL: gl.constexpr):
+                            k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S, n_bh, n_m, pid,
+                            n_prog, CAUSAL: gl.constexpr):
         """One warp, over the program's query blocks: each block's Q into the Q buffer of its
         parity once both consumers freed it (their out of the block two before has left it),
         then its K_j and V_j into the rings, whose stages count on across blocks."""
@@ -711,7 +715,7 @@ if GLUON_AVAILABLE:
         BLOCK_N: gl.constexpr = k_ring.shape[4]
         it = 0
         t = 0
-        for w in range(gl.program_id(0), n_bh * n_m, gl.num_programs(0)):
+        for w in range(pid, n_bh * n_m, n_prog):
             z1, z2, h, hk, pid_bh, start_m, free_hi, n_tiles = _work_item(
                 w, n_bh, n_m, HQ, Z2, GROUP, S, BLOCK_M, BLOCK_N, CAUSAL)
             qb = t % 2
@@ -731,21 +735,25 @@ if GLUON_AVAILABLE:
 
     @gluon.jit
     def _persistent_producer(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_full, q_empty,
-                             k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S, n_bh, n_m):
+                             k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S, n_bh, n_m, pid,
+                             n_prog):
         _persistent_produce(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_full, q_empty,
-                            k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S, n_bh, n_m, False)
+                            k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S, n_bh, n_m, pid,
+                            n_prog, False)
 
     @gluon.jit
     def _persistent_producer_causal(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_full,
                                     q_empty, k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S,
-                                    n_bh, n_m):
+                                    n_bh, n_m, pid, n_prog):
         _persistent_produce(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_full, q_empty,
-                            k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S, n_bh, n_m, True)
+                            k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S, n_bh, n_m, pid,
+                            n_prog, True)
 
     @gluon.jit
     def _persistent_consume(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_full, q_empty,
                             k_full, v_full, k_empty, v_empty, turn, Z2, HQ, GROUP, L, S,
-                            qk_scale, n_bh, n_m, ROW0: gl.constexpr, CAUSAL: gl.constexpr,
+                            qk_scale, n_bh, n_m, pid, n_prog, ROW0: gl.constexpr,
+                            CAUSAL: gl.constexpr,
                             ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                             STAGES: gl.constexpr):
         """Consumer ROW0 // ROWS over the program's query blocks: :func:`_consume_item` on its
@@ -756,7 +764,7 @@ if GLUON_AVAILABLE:
         NEXT: gl.constexpr = (ME + 1) % (BLOCK_M // ROWS)
         it = 0
         t = 0
-        for w in range(gl.program_id(0), n_bh * n_m, gl.num_programs(0)):
+        for w in range(pid, n_bh * n_m, n_prog):
             z1, z2, h, hk, pid_bh, start_m, free_hi, n_tiles = _work_item(
                 w, n_bh, n_m, HQ, Z2, GROUP, S, BLOCK_M, BLOCK_N, CAUSAL)
             qb = t % 2
@@ -768,7 +776,7 @@ if GLUON_AVAILABLE:
             _consume_item(o_desc, Stats, s_stat, Stats, s_stat, s_stat, q_tile, q_rows, k_ring,
                           v_ring, k_full, v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh,
                           start_m, free_hi, n_tiles, L, S, qk_scale, it, ROW0, CAUSAL, ROWS,
-                          BLOCK_N, HEAD_D, STAGES, ME, NEXT, False)
+                          BLOCK_N, HEAD_D, STAGES, ME, NEXT, False, True)
             tma.store_wait(pendings=0)
             _release(q_empty, qb)
             it += n_tiles
@@ -777,23 +785,23 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _persistent_consumer_hi(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_full,
                                 q_empty, k_full, v_full, k_empty, v_empty, turn, Z2, HQ, GROUP,
-                                L, S, qk_scale, n_bh, n_m):
+                                L, S, qk_scale, n_bh, n_m, pid, n_prog):
         """The second consumer (a worker partition), not causal."""
         ROWS: gl.constexpr = o_desc.block_type.shape[3]
         _persistent_consume(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_full, q_empty,
                             k_full, v_full, k_empty, v_empty, turn, Z2, HQ, GROUP, L, S,
-                            qk_scale, n_bh, n_m, ROWS, False, ROWS, k_ring.shape[4],
+                            qk_scale, n_bh, n_m, pid, n_prog, ROWS, False, ROWS, k_ring.shape[4],
                             k_ring.shape[5], k_ring.shape[0])
 
     @gluon.jit
     def _persistent_consumer_hi_causal(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_full,
                                        q_empty, k_full, v_full, k_empty, v_empty, turn, Z2, HQ,
-                                       GROUP, L, S, qk_scale, n_bh, n_m):
+                                       GROUP, L, S, qk_scale, n_bh, n_m, pid, n_prog):
         """The second consumer (a worker partition), causal."""
         ROWS: gl.constexpr = o_desc.block_type.shape[3]
         _persistent_consume(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_full, q_empty,
                             k_full, v_full, k_empty, v_empty, turn, Z2, HQ, GROUP, L, S,
-                            qk_scale, n_bh, n_m, ROWS, True, ROWS, k_ring.shape[4],
+                            qk_scale, n_bh, n_m, pid, n_prog, ROWS, True, ROWS, k_ring.shape[4],
                             k_ring.shape[5], k_ring.shape[0])
 
     @gluon.jit
@@ -834,11 +842,16 @@ if GLUON_AVAILABLE:
         mbarrier.init(turn.index(0), count=1)
         fence_async_shared()
         n_m = gl.cdiv(L, BLOCK_M)
+        # the program's place in the grid, taken here and passed: every partition walks the
+        # same query blocks
+        pid = gl.program_id(0)
+        n_prog = gl.num_programs(0)
         consumer_args = (o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_full, q_empty, k_full,
                          v_full, k_empty, v_empty, turn, Z2, HQ, GROUP, L, S, qk_scale, n_bh,
-                         n_m)
+                         n_m, pid, n_prog)
         producer_args = (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_full, q_empty,
-                         k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S, n_bh, n_m)
+                         k_full, v_full, k_empty, v_empty, Z2, HQ, GROUP, S, n_bh, n_m, pid,
+                         n_prog)
         if CAUSAL:
             gl.warp_specialize([
                 (_persistent_consume,
