@@ -229,13 +229,13 @@ def test_a_gluon_backward_that_does_not_build_falls_back(monkeypatch):
 
 
 @pytest.mark.parametrize("schedule,D,expect", [
-    ("auto", 128, "tma"), ("auto", 64, "serial"),
+    ("auto", 128, "tma_deferred"), ("auto", 64, "tma_deferred"), ("auto", 40, "tma_deferred"),
     ("serial", 128, "serial"), ("tma", 64, "tma"), ("split_tma", 128, "split_tma"),
-    ("tma_deferred", 64, "tma_deferred"), ("auto", 96, "tma"), ("auto", 40, "serial"),
+    ("tma_deferred", 64, "tma_deferred"),
 ])
 def test_gluon_backward_schedule_resolves_by_head_dim(schedule, D, expect):
-    """"auto" adds dQ by TMA reductions at head dim 128 and by atomics at 64 (where the
-    reduction's wait measured slower); a named schedule is taken as it is."""
+    """"auto" adds dQ by TMA reductions waited for only before the next tile, at every head
+    dim (ahead of the others where timed); a named schedule is taken as it is."""
     assert sdpa_bwd_gluon.resolved_schedule(schedule, D) == expect
 
 
@@ -289,7 +289,7 @@ def test_gluon_descriptors_of_a_head_dim_between_tiles(D):
     assert [list(f["block_shape"])[-1] for f in fields] == [tile] * 4 + [64]
     assert list(fields[4]["shape"]) == [Z1 * Z2 * H * L, D]
     assert ints[5] == D  # HD, after Z2, HQ, GROUP, L, S
-    assert meta["DQ_TMA"] is (tile == 128)
+    assert meta["DQ_TMA"] is True and meta["DQ_DEFER"] is True  # "auto": tma_deferred
 
 
 @pytest.mark.skipif(not sdpa_fwd_gluon.GLUON_AVAILABLE, reason="this Triton has no Gluon")

@@ -25,8 +25,8 @@ roles:
   forms dQ's columns [w D / 2, (w + 1) D / 2) of the query block over all 128 keys (dS from
   that tile, K's columns from shared memory) and adds them, times the scale, to the fp32 dQ
   buffer (at D 64 the consumers take the steps' dQ in turn). Each [64, 64] tile goes there by
-  one TMA reduction ("tma" schedule, what "auto" takes at D 128) or by fp32 atomics ("serial",
-  "auto" at D 64; and a head's partial last tile under any schedule). Under "tma" the consumer
+  one TMA reduction ("tma" and "tma_deferred", what "auto" takes) or by fp32 atomics
+  ("serial"; and a head's partial last tile under any schedule). Under "tma" the consumer
   waits after each reduction until the TMA has read its tile; under "tma_deferred" the tile is
   a shared one of the consumer's own, and that wait moves to its next dQ product (the
   reduction had the step's products to finish in). Under "split_tma" each
@@ -101,16 +101,15 @@ _INT32_MAX = 2**31 - 1
 # the deferral from the dQ tiles'.
 SCHEDULES = {"serial": (False, False, False), "tma": (False, True, False),
              "tma_deferred": (False, True, True), "split_tma": (True, True, False)}
-# "auto" (the default): "tma" on the 128-column tile, "serial" on the 64-column one (where
-# the TMA reduction's wait costs more than the atomics it replaces; docs/PERFORMANCE.md)
+# "auto" (the default): "tma_deferred" on either tile, ahead of "tma" and "serial" at every
+# length and head dim timed (H100; docs/PERFORMANCE.md "Gluon backward: where dQ goes")
 _SCHEDULE = Choice("ATTENTION_ORACLE_FAST_SDPA_GLUON_BWD_SCHEDULE", ("auto", *SCHEDULES), "auto")
 
 
 def resolved_schedule(schedule, head_dim):
-    """The schedule a launch at ``head_dim`` runs under ``schedule`` (a name, or "auto": by the
-    head dim's tile)."""
+    """The schedule a launch at ``head_dim`` runs under ``schedule`` (a name, or "auto")."""
     if schedule == "auto":
-        return "tma" if tile_dim(head_dim) == 128 else "serial"
+        return "tma_deferred"
     return schedule
 
 
