@@ -206,7 +206,8 @@ def set_forward_backend(backend):
 def set_backward_backend(backend):
     """The backward kernels of later calls: "triton" (every input: :func:`set_dq_mode`
     applies), "auto" (the Gluon kernel where it applies and measured ahead of the Triton
-    backward: head dim 128, no mask, and not under ``torch.use_deterministic_algorithms``;
+    backward with its host cost: head dim 128, no mask, at least ``AUTO_BWD_MIN_SCORES``
+    scores, and not under ``torch.use_deterministic_algorithms``;
     :func:`gluon_backward_takes`) or "gluon" (the Hopper warp-specialised kernel of
     :mod:`fast.kernels.sdpa_bwd_gluon` wherever the Gluon forward's plan applies, with a mask
     it takes or none, and dout is TMA-ready too: dK, dV and dQ in one launch, dQ added by fp32
@@ -252,18 +253,32 @@ def deterministic():
 
 # head dims at which "auto" takes the Gluon backward: where it measured ahead of the Triton
 # backward at every length (H100, docs/PERFORMANCE.md "Gluon backward: where dQ goes"); at 64
-# it trails at L 1k, and other head dims and masked calls are untimed
+# it is level at L 1k, and other head dims and masked calls are untimed
 AUTO_BWD_HEAD_DIMS = (128,)
+# and calls of at least this many scores (half under causal): its host time per call measured
+# ~50 us above the Triton backward's (172 against 122 us at L 128, H100), which a backward
+# ~10% faster repays from ~500 us of kernel time, ~2**27 D-128 scores at ~450 TFLOP/s
+AUTO_BWD_MIN_SCORES = 2 ** 27
 
 
-def gluon_backward_takes(head_dim, masked):
+def gluon_backward_takes(head_dim, masked, scores):
     """Whether the backward backend of later calls runs the Gluon backward for a call of
-    ``head_dim`` (with a mask or not) where its plan applies."""
+    ``head_dim`` (with a mask or not) computing ``scores`` score elements (halved under
+    causal) where its plan applies."""
     backend = _BWD_BACKEND.value
     if backend == "gluon":
         return True
     return (backend == "auto" and head_dim in AUTO_BWD_HEAD_DIMS and not masked
+            and scores >= AUTO_BWD_MIN_SCORES
             and not torch.are_deterministic_algorithms_enabled())
+
+
+def _scores(q_shape, k_shape, is_causal):
+    """Score elements a call of these rank-5 shapes computes (half under causal)."""
+    n = q_shape[-2] * k_shape[-2]
+    for d in q_shape[:-2]:
+        n *= d
+    return n >> 1 if is_causal else n
 
 
 def _gluon_backends(q_shape, k_shape, is_causal, masked=False):
@@ -500,7 +515,8 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
         lse_k = lse_k.contiguous()
     # the forward's statistics say which path made them (the fp32 mode may have changed since)
     natural = lse_k.shape[0] == stats_rows(True)
-    if (not natural and gluon_backward_takes(E, mask is not None)
+    if (not natural
+            and gluon_backward_takes(E, mask is not None, _scores(q.shape, k.shape, is_causal))
             and (mask is None or sdpa_fwd_gluon.takes_mask(mask, q.dtype))):
         gluon_plan = sdpa_bwd_gluon.plan(
             sdpa_fwd_gluon.plan((q.shape, k.shape, v.shape), (q.stride(), k.stride(), v.stride()),
@@ -837,7 +853,9 @@ class _CallPlan:
         """The Gluon backward's plan for a dout of rank-5 strides ``dst`` where the backward
         backend takes it (:func:`gluon_backward_takes`; None where it does not apply)."""
         if (self.gluon is None or dout.dtype != self.dtype
-                or not gluon_backward_takes(self.gluon[0][0][-1], False)):
+                or not gluon_backward_takes(self.gluon[0][0][-1], False,
+                                            _scores(self.gluon[0][0], self.gluon[0][1],
+                                                    self.gluon[2]))):
             return None
         seen, gluon_plan = self.gluon_bwd
         if dst != seen:

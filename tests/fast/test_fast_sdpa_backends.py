@@ -118,8 +118,9 @@ def test_backward_backend_dispatch(monkeypatch):
 
 
 def test_auto_backward_takes_the_gluon_kernel_where_measured_ahead(monkeypatch):
-    """Under "auto" the Gluon backward serves head dim 128 unmasked (eager call plan and
-    general path), not head dim 64, not a masked call, and not while
+    """Under "auto" the Gluon backward serves head dim 128 unmasked from AUTO_BWD_MIN_SCORES
+    scores (eager call plan and general path), not head dim 64, not a masked call, not a
+    smaller call, and not while
     torch.use_deterministic_algorithms is on, when the calls are deterministic again. The
     kernel is stubbed."""
     calls = []
@@ -139,6 +140,7 @@ def test_auto_backward_takes_the_gluon_kernel_where_measured_ahead(monkeypatch):
             out = out[0] if isinstance(out, tuple) else out
             torch.autograd.grad(out.float().sum(), q)
 
+    monkeypatch.setattr(fast_sdpa, "AUTO_BWD_MIN_SCORES", 2 * 16 * 16)  # these calls' scores
     forward = fast_sdpa.set_forward_backend("triton")
     backward = fast_sdpa.set_backward_backend("auto")
     was_deterministic = torch.are_deterministic_algorithms_enabled()
@@ -149,6 +151,10 @@ def test_auto_backward_takes_the_gluon_kernel_where_measured_ahead(monkeypatch):
         step(64)
         step(128, attn_mask=torch.ones(16, 16, dtype=torch.bool, device=device))
         assert calls == [128, 128], calls
+        monkeypatch.setattr(fast_sdpa, "AUTO_BWD_MIN_SCORES", 2 * 16 * 16 + 1)
+        step(128)  # below the size whose kernel time repays the Gluon backward's host time
+        assert calls == [128, 128], calls
+        monkeypatch.setattr(fast_sdpa, "AUTO_BWD_MIN_SCORES", 2 * 16 * 16)
         torch.use_deterministic_algorithms(True, warn_only=True)
         assert fast_sdpa.deterministic()
         step(128)
