@@ -46,7 +46,13 @@ import torch
 
 from ..host import Choice
 from ..launch import DirectLauncher, on_device_of
-from .sdpa_fwd_gluon import _ELEMENT_SIZE, GLUON_AVAILABLE, _tma_strides, tile_dim
+from .sdpa_fwd_gluon import (
+    _ELEMENT_SIZE,
+    GLUON_AVAILABLE,
+    _tma_strides,
+    mask_arguments,
+    tile_dim,
+)
 
 if GLUON_AVAILABLE:
     from triton.experimental import gluon
@@ -545,10 +551,9 @@ def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan, mask
     if mask is None:  # the unmasked kernel: no mask arguments
         on_device_of(dk, _LAUNCH, grid, (*args, *ints, scales[0], scale), meta)
     else:
-        mask_args = (mask.view(torch.uint8) if mask.dtype == torch.bool else mask,
-                     *mask.stride())
         on_device_of(dk, _MASKED_LAUNCH, grid,
-                     (*args, *mask_args, *ints, scales[mask.dtype != torch.bool], scale), meta)
+                     (*args, *mask_arguments(mask), *ints, scales[mask.dtype != torch.bool],
+                      scale), meta)
 
 
 if GLUON_AVAILABLE:

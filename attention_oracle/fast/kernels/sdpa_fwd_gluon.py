@@ -145,6 +145,21 @@ if GLUON_AVAILABLE:
         return p, alpha, m_new, l_new
 
     @gluon.jit
+    def _key_tiles(start_m, S, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   CAUSAL: gl.constexpr):
+        """(free_hi, n_tiles) of the query block from row start_m: key tiles [0, free_hi) need
+        no mask, the rest of its n_tiles take the bound and causal masks."""
+        if CAUSAL:
+            hi = gl.minimum(start_m + BLOCK_M, S)
+            # whole key tiles before the block's first row: a multiple of BLOCK_N (a tile wider
+            # than the query block straddles start_m and needs the causal mask)
+            free_hi = gl.minimum((start_m // BLOCK_N) * BLOCK_N, (S // BLOCK_N) * BLOCK_N)
+        else:
+            hi = S
+            free_hi = (S // BLOCK_N) * BLOCK_N
+        return free_hi, gl.cdiv(hi, BLOCK_N)
+
+    @gluon.jit
     def _mask_plane(Mask, s_mz1, s_mz2, s_mh, z1, z2, h):
         """The mask's [L, S] plane of program (z1, z2, h) (its rank-5 strides; a stand-in
         fp32 pointer with zero strides where there is no mask)."""
@@ -246,16 +261,7 @@ if GLUON_AVAILABLE:
             mbarrier.init(v_bars.index(i), count=1)
         fence_async_shared()
 
-        # key tiles [0, free_hi) need no mask; [free_hi, hi) take the bound and causal masks
-        if CAUSAL:
-            hi = gl.minimum(start_m + BLOCK_M, S)
-            # whole key tiles before the block's first row: a multiple of BLOCK_N (a tile wider
-            # than the query block straddles start_m and needs the causal mask)
-            free_hi = gl.minimum((start_m // BLOCK_N) * BLOCK_N, (S // BLOCK_N) * BLOCK_N)
-        else:
-            hi = S
-            free_hi = (S // BLOCK_N) * BLOCK_N
-        n_tiles = gl.cdiv(hi, BLOCK_N)
+        free_hi, n_tiles = _key_tiles(start_m, S, BLOCK_M, BLOCK_N, CAUSAL)
 
         mbarrier.expect(q_bar.index(0), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [z1, z2, h, start_m, 0], q_bar.index(0), q_smem)
@@ -639,15 +645,7 @@ if GLUON_AVAILABLE:
         for i in gl.static_range(CONSUMERS if PINGPONG else 1):
             mbarrier.init(turn.index(i), count=1)
         fence_async_shared()
-        if CAUSAL:
-            hi = gl.minimum(start_m + BLOCK_M, S)
-            # whole key tiles before the block's first row: a multiple of BLOCK_N (a tile wider
-            # than the query block straddles start_m and needs the causal mask)
-            free_hi = gl.minimum((start_m // BLOCK_N) * BLOCK_N, (S // BLOCK_N) * BLOCK_N)
-        else:
-            hi = S
-            free_hi = (S // BLOCK_N) * BLOCK_N
-        n_tiles = gl.cdiv(hi, BLOCK_N)
+        free_hi, n_tiles = _key_tiles(start_m, S, BLOCK_M, BLOCK_N, CAUSAL)
         consumer_args = (o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_smem, k_ring, v_ring, q_bar,
                          k_full, v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m,
                          free_hi, n_tiles, L, S, qk_scale)
@@ -695,13 +693,8 @@ if GLUON_AVAILABLE:
         z1 = pid_bh // (HQ * Z2)
         hk = h // GROUP
         start_m = pid_m * BLOCK_M
-        if CAUSAL:
-            hi = gl.minimum(start_m + BLOCK_M, S)
-            free_hi = gl.minimum((start_m // BLOCK_N) * BLOCK_N, (S // BLOCK_N) * BLOCK_N)
-        else:
-            hi = S
-            free_hi = (S // BLOCK_N) * BLOCK_N
-        return z1, z2, h, hk, pid_bh, start_m, free_hi, gl.cdiv(hi, BLOCK_N)
+        free_hi, n_tiles = _key_tiles(start_m, S, BLOCK_M, BLOCK_N, CAUSAL)
+        return z1, z2, h, hk, pid_bh, start_m, free_hi, n_tiles
 
     @gluon.jit
     def _persistent_produce(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_full, q_empty,
@@ -1026,8 +1019,13 @@ def launch_args(prepared, query, key, value, out, stats, mask=None):
              _unchecked(fo, out), stats, s_stat)
     if mask is None:
         return (*descs, *ints, scales[0], *plain[2])
-    return (*descs, mask.view(torch.uint8) if mask.dtype == torch.bool else mask,
-            *mask.stride(), *ints, scales[mask.dtype != torch.bool])
+    return (*descs, *mask_arguments(mask), *ints, scales[mask.dtype != torch.bool])
+
+
+def mask_arguments(mask):
+    """A masked kernel's six mask arguments: the data (a boolean mask read as uint8) and its
+    five rank-5 strides."""
+    return (mask.view(torch.uint8) if mask.dtype == torch.bool else mask, *mask.stride())
 
 
 def launch(query, key, value, out, stats, gluon_plan, mask=None):
