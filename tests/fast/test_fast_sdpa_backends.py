@@ -79,17 +79,22 @@ def test_settings_name_the_options_later_calls_run_under():
     assert fast_sdpa.settings()["backward_backend"] == previous[0]
 
 
+def stub_gluon_plans(monkeypatch):
+    """Gluon plans for any call on any device (the kernels themselves stubbed by the test)."""
+    monkeypatch.setattr(sdpa_fwd_gluon, "plan", lambda shapes, strides, dtype, device, causal,
+                        scale: (tuple(map(tuple, shapes)), tuple(map(tuple, strides)), causal,
+                                scale))
+    monkeypatch.setattr(sdpa_fwd_gluon, "aligned", lambda *ptrs: True)
+    monkeypatch.setattr(sdpa_bwd_gluon, "plan", lambda fwd, dst, dtype: fwd + (tuple(dst),))
+
+
 def test_backward_backend_dispatch(monkeypatch):
     """Under "gluon" the backward of a call the Gluon plans take goes to the Gluon launch,
     through the eager call plan and the general path, and the calls are no longer
     deterministic; under "triton" it never does. The kernel is stubbed (its gradients are the
     stub's zeros)."""
     calls = []
-    monkeypatch.setattr(sdpa_fwd_gluon, "plan", lambda shapes, strides, dtype, device, causal,
-                        scale: (tuple(map(tuple, shapes)), tuple(map(tuple, strides)), causal,
-                                scale))
-    monkeypatch.setattr(sdpa_fwd_gluon, "aligned", lambda *ptrs: True)
-    monkeypatch.setattr(sdpa_bwd_gluon, "plan", lambda fwd, dst, dtype: fwd + (tuple(dst),))
+    stub_gluon_plans(monkeypatch)
     monkeypatch.setattr(sdpa_bwd_gluon, "launch",
                         lambda *args, mask=None: calls.append(args[9][0][0]))  # args[9]: plan
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -124,11 +129,7 @@ def test_auto_backward_takes_the_gluon_kernel_where_measured_ahead(monkeypatch):
     torch.use_deterministic_algorithms is on, when the calls are deterministic again. The
     kernel is stubbed."""
     calls = []
-    monkeypatch.setattr(sdpa_fwd_gluon, "plan", lambda shapes, strides, dtype, device, causal,
-                        scale: (tuple(map(tuple, shapes)), tuple(map(tuple, strides)), causal,
-                                scale))
-    monkeypatch.setattr(sdpa_fwd_gluon, "aligned", lambda *ptrs: True)
-    monkeypatch.setattr(sdpa_bwd_gluon, "plan", lambda fwd, dst, dtype: fwd + (tuple(dst),))
+    stub_gluon_plans(monkeypatch)
     monkeypatch.setattr(sdpa_bwd_gluon, "launch", lambda *args: calls.append(args[9][0][0][-1]))
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -170,11 +171,7 @@ def test_backward_backend_dispatch_of_masked_calls(monkeypatch):
     a rank-5 view (a boolean one, and an additive one of the inputs' dtype); an fp32 additive
     mask beside 16-bit inputs stays with the Triton backward. The kernel is stubbed."""
     seen = []
-    monkeypatch.setattr(sdpa_fwd_gluon, "plan", lambda shapes, strides, dtype, device, causal,
-                        scale: (tuple(map(tuple, shapes)), tuple(map(tuple, strides)), causal,
-                                scale))
-    monkeypatch.setattr(sdpa_fwd_gluon, "aligned", lambda *ptrs: True)
-    monkeypatch.setattr(sdpa_bwd_gluon, "plan", lambda fwd, dst, dtype: fwd + (tuple(dst),))
+    stub_gluon_plans(monkeypatch)
     monkeypatch.setattr(sdpa_bwd_gluon, "launch", lambda *args: seen.append(args[10]))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16, device=device, requires_grad=True)
@@ -204,11 +201,7 @@ def test_a_gluon_backward_that_does_not_build_falls_back(monkeypatch):
         attempts.append(args)
         raise OutOfResources(300000, 232448, "shared memory")
 
-    monkeypatch.setattr(sdpa_fwd_gluon, "plan", lambda shapes, strides, dtype, device, causal,
-                        scale: (tuple(map(tuple, shapes)), tuple(map(tuple, strides)), causal,
-                                scale))
-    monkeypatch.setattr(sdpa_fwd_gluon, "aligned", lambda *ptrs: True)
-    monkeypatch.setattr(sdpa_bwd_gluon, "plan", lambda fwd, dst, dtype: fwd + (tuple(dst),))
+    stub_gluon_plans(monkeypatch)
     monkeypatch.setattr(sdpa_bwd_gluon, "launch", fails)
     monkeypatch.setattr(fast_sdpa, "GLUON_BWD", fast_sdpa.BuildGuard("the stub"))
     device = "cuda" if torch.cuda.is_available() else "cpu"
