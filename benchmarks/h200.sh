@@ -36,6 +36,11 @@
 #   gluontime    the same, timed: benchmarks.sdpa_gluon with the persistent program beside the
 #                WS default (D 128, L 1k, 4k) and each mask kind (D 128 and 96, L 4k), then
 #                benchmarks.sdpa_gluon_bwd under auto, tma_deferred and serial (L 4k, 16k)
+#   bwddefault   what the Gluon SDPA backward as the default ("auto") needs: fast's SDPA GPU tests
+#                with every backward the Gluon kernel can take given to it
+#                (ATTENTION_ORACLE_FAST_SDPA_BWD=gluon), the SDPA conformance checks and the
+#                regression corpus under it (BWD_BUDGET, 300 s), then the determinism check under
+#                the default (judged under torch.use_deterministic_algorithms)
 #   newbwd       both opt-in Gluon backwards in one call: the backwards' registers and spills
 #                under this Triton (gluon_probe), a small case of each backward (90 s each at
 #                most), then benchmarks.dsa_gluon --backward and benchmarks.sdpa_gluon_bwd at L 4k
@@ -349,6 +354,22 @@ task_sdpabwd() {
     note "conformance -k sdpa under the Gluon backward; report $d/conformance-sdpa.json"
 }
 
+task_bwddefault() {
+    local d=$1
+    ATTENTION_ORACLE_FAST_SDPA_BWD=gluon timeout "${SMOKE_S:-300}" "$PY" -m pytest -p no:cacheprovider \
+        -q -n 8 -rfE --tb=short "$TESTS"/test_fast_sdpa_smoke.py "$TESTS"/test_fast_sdpa_edges.py \
+        "$TESTS"/test_fast_sdpa_gluon.py "$TESTS"/test_fast_sdpa_backends.py \
+        "$TESTS"/test_fast_reliability.py "$TESTS"/test_fast_perf_paths.py > "$d/tests.log" 2>&1
+    note "fast's SDPA GPU tests under the Gluon backward: exit $?"
+    grep -E "passed|failed|FAILED|ERROR|Error" "$d/tests.log" | cut -c1-300 | tail -12
+    ATTENTION_ORACLE_FAST_SDPA_BWD=gluon OUT=$d BUDGET=${BWD_BUDGET:-300} WORKERS=${WORKERS:-12} \
+        bash .ci/gpu sdpa_gluon_bwd --impl fast attention_oracle/conformance/test_sdpa.py \
+        attention_oracle/conformance/test_regressions.py
+    OUT=$d BUDGET=120 WORKERS=4 bash .ci/gpu sdpa_auto_determinism --impl fast \
+        attention_oracle/conformance/test_sdpa.py -k determinism
+    note "conformance under the Gluon backward, determinism under the default; reports $d/*.json"
+}
+
 task_newbwd() {
     local d=$1
     timeout 90 "$PY" -m attention_oracle.fast.kernels.gluon_probe dsa_bwd sdpa_bwd_d128 sdpa_bwd_d64 \
@@ -415,7 +436,7 @@ task_prefetch() {
 }
 
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,dsa,dsabwd,sdpabwd,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
     exit 2
 }
 
@@ -427,7 +448,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|gluonfwd|gluoncover|gluontime|dsa|dsabwd|sdpabwd|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|gluoncover|gluontime|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done

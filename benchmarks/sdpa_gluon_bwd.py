@@ -45,12 +45,19 @@ def _forward(backend, q, k, v, causal):
 
 
 _SCHEDULES = [sdpa_bwd_gluon._SCHEDULE.value]  # the first: "gluon" (main sets them)
+_DEFAULT_BWD = fast_sdpa.settings()["backward_backend"]  # the process's, restored after a row
 
 
 def _restore_defaults():
-    """After a row: fast's default backward backend and the run's first Gluon schedule."""
-    fast_sdpa.set_backward_backend("triton")
+    """After a row: the process's backward backend and the run's first Gluon schedule."""
+    fast_sdpa.set_backward_backend(_DEFAULT_BWD)
     sdpa_bwd_gluon.set_schedule(_SCHEDULES[0])
+
+
+def _default_backward(B, H, L, D, causal):
+    """The backward the process's backend gives this unmasked call: "gluon" or "triton"."""
+    q_shape = (B, 1, H, L, D)
+    return "gluon" if fast_sdpa.gluon_backward_takes(q_shape, q_shape, causal) else "triton"
 
 
 def _backends():
@@ -69,7 +76,8 @@ def measure(B, H, L, causal, D, dtype=torch.bfloat16):
     xs = [t.requires_grad_(True) for t in (q, k, v)]
     scale = 0.5 if causal else 1.0
     flop = {"bwd": 10 * B * H * L * L * D * scale, "step": 14 * B * H * L * L * D * scale}
-    row = dict(B=B, H=H, L=L, D=D, causal=causal)
+    row = dict(B=B, H=H, L=L, D=D, causal=causal,
+               default_backward=_default_backward(B, H, L, D, causal))
     grads = {}
     for backend in _backends():
         out = _forward(backend, *xs, causal)

@@ -181,9 +181,10 @@ def sdpa_step(files):
         auto_dims = _settings(data, "sdpa", "auto_bwd_head_dims", [])
         for r in data["rows"]:
             where = f"D {r['D']} L {r['L']} {'causal' if r['causal'] else 'full'}"
-            # "auto" is the Gluon backward at the head dims it takes, else the Triton one
-            default = (("gluon" if r["D"] in auto_dims else "triton") if chosen == "auto"
-                       else chosen)
+            # what the run's backend gave the row ("auto": the Gluon backward where it takes
+            # the call, else the Triton one); older runs: "auto" by head dim alone
+            default = r.get("default_backward") or (
+                ("gluon" if r["D"] in auto_dims else "triton") if chosen == "auto" else chosen)
             for backend in BWD_BACKENDS:
                 ratios = r.get(f"{backend}_step_over_cudnn")
                 for i, method in enumerate(("queued", "synced")):

@@ -204,6 +204,30 @@ class Nondeterministic(_Base):
         return out
 
 
+class NondeterministicOnRequest(Nondeterministic):
+    """The same drift, declared repeatable only under ``torch.use_deterministic_algorithms``
+    (as PyTorch's backends and fast's "auto" backward are) and drifting under it too: the
+    determinism check judges it under that mode and catches it."""
+
+    ATTENTION_ORACLE_CAPABILITIES = {"deterministic_on_request": True}
+
+
+class RepeatableOnRequest(Nondeterministic):
+    """Not a control: the drift only while ``torch.use_deterministic_algorithms`` is off, as
+    declared. The determinism check must pass it (the positive beside
+    ``NondeterministicOnRequest``)."""
+
+    ATTENTION_ORACLE_CAPABILITIES = {"deterministic_on_request": True}
+
+    def scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                     is_causal=False, scale=None, enable_gqa=False):
+        if torch.are_deterministic_algorithms_enabled():
+            return oracle.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                       is_causal, scale, enable_gqa)
+        return super().scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                    is_causal, scale, enable_gqa)
+
+
 class Rank3ScaleHalved(_Base):
     """Rank-3 inputs (with N, L > 1) get half the scale; rank 4 is right."""
 
@@ -253,6 +277,7 @@ CONTROLS = {
     "DoutPlanCachedByShape": "strided_dout",
     "NanOnEmptyRows": "fully_masked_rows",
     "Nondeterministic": "determinism",
+    "NondeterministicOnRequest": "determinism",
     "Rank3ScaleHalved": "rank3_equals_rank4",
     "InputsAssumedContiguous": "misaligned_inputs",
     "KeyGradientMissesScale": "gradient_agreement",

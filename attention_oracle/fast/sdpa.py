@@ -185,7 +185,7 @@ _FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_FWD", FWD_BACKENDS, "auto")
 # also the faster one ("auto", sdpa_fwd_gluon.auto_takes), or never ("triton")
 _GLUON_ALWAYS, _GLUON_AUTO = frozenset(("gluon",)), frozenset(("gluon", "auto"))
 BWD_BACKENDS = ("triton", "gluon", "auto")
-_BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_BWD", BWD_BACKENDS, "triton")
+_BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_BWD", BWD_BACKENDS, "auto")
 # the Gluon kernels, turned off for the process if they fail to build on this Triton
 GLUON_FWD = BuildGuard("fast.sdpa's Gluon forward (kernels/sdpa_fwd_gluon.py)")
 GLUON_BWD = BuildGuard("fast.sdpa's Gluon backward (kernels/sdpa_bwd_gluon.py)")
@@ -206,14 +206,15 @@ def set_forward_backend(backend):
 def set_backward_backend(backend):
     """The backward kernels of later calls: "triton" (every input: :func:`set_dq_mode`
     applies), "auto" (the Gluon kernel where it applies and measured ahead of the Triton
-    backward with its host cost: head dim 128, no mask, at least ``AUTO_BWD_MIN_SCORES``
-    scores, and not under ``torch.use_deterministic_algorithms``;
-    :func:`gluon_backward_takes`) or "gluon" (the Hopper warp-specialised kernel of
+    backward with its host cost: head dims 64 and 128, no mask, no GQA, at least
+    ``AUTO_BWD_MIN_SCORES[head_dim]`` scores, and not under
+    ``torch.use_deterministic_algorithms``; :func:`gluon_backward_takes`) or "gluon" (the
+    Hopper warp-specialised kernel of
     :mod:`fast.kernels.sdpa_bwd_gluon` wherever the Gluon forward's plan applies, with a mask
     it takes or none, and dout is TMA-ready too: dK, dV and dQ in one launch, dQ added by fp32
     atomics or TMA reductions in an order that varies between runs; other calls keep the
     Triton kernels). Default:
-    $ATTENTION_ORACLE_FAST_SDPA_BWD or "triton". Returns the previous backend."""
+    $ATTENTION_ORACLE_FAST_SDPA_BWD or "auto". Returns the previous backend."""
     previous = _BWD_BACKEND.set(backend)
     _options_key()
     return previous
@@ -237,7 +238,8 @@ def settings():
     """The process-wide options later calls run under, by name (what a benchmark records
     beside its figures)."""
     return {"forward_backend": _FWD_BACKEND.value, "backward_backend": _BWD_BACKEND.value,
-            "auto_bwd_head_dims": list(AUTO_BWD_HEAD_DIMS), "dq_mode": _DQ_MODE.value,
+            "auto_bwd_min_scores": {str(d): n for d, n in AUTO_BWD_MIN_SCORES.items()},
+            "dq_mode": _DQ_MODE.value,
             "fp32_mode": _FP32.value, "gluon_bwd_schedule": sdpa_bwd_gluon._SCHEDULE.value}
 
 
@@ -245,31 +247,39 @@ def deterministic():
     """Whether later calls give bitwise-equal outputs and gradients for equal inputs: in
     :func:`set_dq_mode`'s "kernel" mode, with the Triton backward (under "auto": while
     ``torch.use_deterministic_algorithms`` is on)."""
-    backend = _BWD_BACKEND.value
     return _DQ_MODE.value == "kernel" and (
-        backend == "triton"
-        or backend == "auto" and torch.are_deterministic_algorithms_enabled())
+        _BWD_BACKEND.value == "triton"
+        or deterministic_on_request() and torch.are_deterministic_algorithms_enabled())
 
 
-# head dims at which "auto" takes the Gluon backward: where it measured ahead of the Triton
-# backward at every length (H100, docs/PERFORMANCE.md "Gluon backward: where dQ goes"); at 64
-# it is level at L 1k, and other head dims and masked calls are untimed
-AUTO_BWD_HEAD_DIMS = (128,)
-# and calls of at least this many scores (half under causal): its host time per call measured
-# ~50 us above the Triton backward's (172 against 122 us at L 128, H100), which a backward
-# ~10% faster repays from ~500 us of kernel time, ~2**27 D-128 scores at ~450 TFLOP/s
-AUTO_BWD_MIN_SCORES = 2 ** 27
+def deterministic_on_request():
+    """Whether later calls are bitwise repeatable while ``torch.use_deterministic_algorithms``
+    is on: in "kernel" dQ mode under the "triton" and "auto" backward backends ("gluon"
+    adds dQ in an order that varies between runs, whatever the mode)."""
+    return _DQ_MODE.value == "kernel" and _BWD_BACKEND.value in ("triton", "auto")
 
 
-def gluon_backward_takes(head_dim, masked, scores):
-    """Whether the backward backend of later calls runs the Gluon backward for a call of
-    ``head_dim`` (with a mask or not) computing ``scores`` score elements (halved under
-    causal) where its plan applies."""
+# the calls "auto" gives the Gluon backward, by head dim: from this many scores (half under
+# causal). Its host time per call measured ~50 us above the Triton backward's (172 against 122
+# us at L 128, H100), which a backward ~10% faster repays from ~500 us of kernel time: ~2**27
+# D-128 scores at ~450 TFLOP/s. At D 64 it is level with the Triton backward at L 1k (B 16 H
+# 32: 2**29 scores) and ahead of it from L 4k (2**30 causal), at D 128 ahead at every length
+# (H100, docs/PERFORMANCE.md "Gluon backward: where dQ goes"); other head dims and masked
+# calls are untimed
+AUTO_BWD_MIN_SCORES = {128: 2 ** 27, 64: 2 ** 30}
+
+
+def gluon_backward_takes(q_shape, k_shape, is_causal, masked=False):
+    """Whether the backward backend of later calls runs the Gluon backward for a call of these
+    rank-5 shapes (with a mask or not) where its plan applies. "auto" leaves GQA calls to the
+    Triton backward: the Gluon one walks a kv head's query heads in one program (the Triton
+    one spreads dQ over them), and is not timed there."""
     backend = _BWD_BACKEND.value
     if backend == "gluon":
         return True
-    return (backend == "auto" and head_dim in AUTO_BWD_HEAD_DIMS and not masked
-            and scores >= AUTO_BWD_MIN_SCORES
+    return (backend == "auto" and not masked and q_shape[2] == k_shape[2]
+            and _scores(q_shape, k_shape, is_causal)
+            >= AUTO_BWD_MIN_SCORES.get(q_shape[-1], float("inf"))
             and not torch.are_deterministic_algorithms_enabled())
 
 
@@ -516,7 +526,7 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     # the forward's statistics say which path made them (the fp32 mode may have changed since)
     natural = lse_k.shape[0] == stats_rows(True)
     if (not natural
-            and gluon_backward_takes(E, mask is not None, _scores(q.shape, k.shape, is_causal))
+            and gluon_backward_takes(q.shape, k.shape, is_causal, mask is not None)
             and (mask is None or sdpa_fwd_gluon.takes_mask(mask, q.dtype))):
         gluon_plan = sdpa_bwd_gluon.plan(
             sdpa_fwd_gluon.plan((q.shape, k.shape, v.shape), (q.stride(), k.stride(), v.stride()),
@@ -853,9 +863,8 @@ class _CallPlan:
         """The Gluon backward's plan for a dout of rank-5 strides ``dst`` where the backward
         backend takes it (:func:`gluon_backward_takes`; None where it does not apply)."""
         if (self.gluon is None or dout.dtype != self.dtype
-                or not gluon_backward_takes(self.gluon[0][0][-1], False,
-                                            _scores(self.gluon[0][0], self.gluon[0][1],
-                                                    self.gluon[2]))):
+                or not gluon_backward_takes(self.gluon[0][0], self.gluon[0][1],
+                                            self.gluon[2])):
             return None
         seen, gluon_plan = self.gluon_bwd
         if dst != seen:

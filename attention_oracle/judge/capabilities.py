@@ -25,6 +25,9 @@ Fields (every one optional; the default is "everything the contract allows"):
 - ``deterministic``: the same call twice gives bitwise-equal outputs and gradients (the
   contract does not require it: FlashAttention-2's, cuDNN's and PyTorch's EFFICIENT backwards
   accumulate with atomics; checked, by ``sdpa.determinism``, only where declared);
+  ``deterministic_on_request``: the same, while ``torch.use_deterministic_algorithms`` is on
+  (PyTorch's convention for its own backends: atomics by default, a repeatable path on
+  request); ``sdpa.determinism`` then judges the calls under that mode;
 - ``layouts``: input layouts (``contiguous``, ``transposed``, ``sliced``, ``misaligned``;
   DSA's ``kv3d``, ``packed``, ``packed_filler``, ``channel_slice`` count as ``contiguous``/
   ``sliced`` views of one buffer and are drawn where ``sliced`` is declared);
@@ -93,6 +96,7 @@ class Capabilities:
     causal_square: bool = False
     same_head_dims: bool = False
     deterministic: bool = False
+    deterministic_on_request: bool = False
     ranks: tuple = RANKS
     gqa: bool = True
     layouts: tuple = LAYOUTS

@@ -103,6 +103,7 @@ def load(name: str, device: torch.device | None = None) -> Target:
             dtypes=dtypes, default_scale=True,
             functions={"scaled_dot_product_attention": {"max_head_dim": 256}},
             index_dtypes=(torch.int32, torch.int64), deterministic=fast.sdpa.deterministic(),
+            deterministic_on_request=fast.sdpa.deterministic_on_request(),
             size="interpreted" if _interpreted() else "native"))
     if name == "torch":
         return Target(name, TorchSDPA(None), device, capabilities=_torch_capabilities(None, device))

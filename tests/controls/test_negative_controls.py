@@ -17,6 +17,7 @@ from attention_oracle.controls import sdpa_broken
 from attention_oracle.judge import record
 from attention_oracle.judge.agreement import FLOOR_ULPS, OracleMismatch, assert_agrees, eps
 from attention_oracle.judge.targets import load
+from attention_oracle.run import grid
 from attention_oracle.run.runner import run_check
 from tests.helpers import caught_message
 
@@ -34,6 +35,22 @@ def test_sdpa_control_is_caught(control):
     message = caught_message(check, target, cases)
     assert f"sdpa.{check_name}" in message
     assert control in message
+
+
+def test_determinism_on_request_is_judged_under_the_deterministic_mode():
+    """An implementation declared repeatable only under torch.use_deterministic_algorithms
+    (``RepeatableOnRequest``: drifts without it) passes the determinism check on its grid,
+    which turns the mode on for it and restores the process's setting after; the same drift
+    under the mode too (``NondeterministicOnRequest``) is caught by test_sdpa_control_is_caught."""
+    target = load("attention_oracle.controls.sdpa_broken:RepeatableOnRequest")
+    check = sdpa_checks.CHECKS["determinism"]
+    was = torch.are_deterministic_algorithms_enabled()
+    judged = 0
+    with record.silenced():
+        for _, case in grid.cases(check, target, ""):
+            run_check(check, target, case)
+            judged += 1
+    assert judged and torch.are_deterministic_algorithms_enabled() == was
 
 
 def _zero_gold(n=16):

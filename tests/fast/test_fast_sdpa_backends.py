@@ -70,7 +70,7 @@ def test_settings_name_the_options_later_calls_run_under():
     try:
         assert fast_sdpa.settings()["backward_backend"] == "gluon"
         assert set(fast_sdpa.settings()) == {"forward_backend", "backward_backend",
-                                             "auto_bwd_head_dims", "dq_mode", "fp32_mode",
+                                             "auto_bwd_min_scores", "dq_mode", "fp32_mode",
                                              "gluon_bwd_schedule"}
         assert fast_dsa.settings()["fp32_mode"] == "acc64"
     finally:
@@ -110,7 +110,7 @@ def test_backward_backend_dispatch(monkeypatch):
     forward = fast_sdpa.set_forward_backend("triton")
     backward = fast_sdpa.set_backward_backend("gluon")
     try:
-        assert not fast_sdpa.deterministic()
+        assert not fast_sdpa.deterministic() and not fast_sdpa.deterministic_on_request()
         steps()
         assert calls == [(1, 1, 2, 16, 64)] * 2, calls
         fast_sdpa.set_backward_backend("triton")
@@ -123,11 +123,10 @@ def test_backward_backend_dispatch(monkeypatch):
 
 
 def test_auto_backward_takes_the_gluon_kernel_where_measured_ahead(monkeypatch):
-    """Under "auto" the Gluon backward serves head dim 128 unmasked from AUTO_BWD_MIN_SCORES
-    scores (eager call plan and general path), not head dim 64, not a masked call, not a
-    smaller call, and not while
-    torch.use_deterministic_algorithms is on, when the calls are deterministic again. The
-    kernel is stubbed."""
+    """Under "auto" (the default) the Gluon backward serves head dims 64 and 128 unmasked from
+    their AUTO_BWD_MIN_SCORES (eager call plan and general path), not another head dim, not a
+    GQA call, not a masked call, not a smaller call, and not while torch.use_deterministic_algorithms is on,
+    when the calls are deterministic again. The kernel is stubbed."""
     calls = []
     stub_gluon_plans(monkeypatch)
     monkeypatch.setattr(sdpa_bwd_gluon, "launch", lambda *args: calls.append(args[9][0][0][-1]))
@@ -141,25 +140,36 @@ def test_auto_backward_takes_the_gluon_kernel_where_measured_ahead(monkeypatch):
             out = out[0] if isinstance(out, tuple) else out
             torch.autograd.grad(out.float().sum(), q)
 
-    monkeypatch.setattr(fast_sdpa, "AUTO_BWD_MIN_SCORES", 2 * 16 * 16)  # these calls' scores
+    assert fast_sdpa._BWD_BACKEND.default == "auto"
+    assert set(fast_sdpa.AUTO_BWD_MIN_SCORES) == {64, 128}
+    def step_gqa(D):  # two query heads on one kv head: the same scores as step's calls
+        q = torch.randn(1, 2, 16, D, dtype=torch.bfloat16, device=device, requires_grad=True)
+        k = torch.randn(1, 1, 16, D, dtype=torch.bfloat16, device=device, requires_grad=True)
+        out = fast_sdpa.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+        torch.autograd.grad(out.float().sum(), (q, k))
+
+    these = {64: 2 * 16 * 16, 128: 2 * 16 * 16}  # these calls' scores
+    monkeypatch.setattr(fast_sdpa, "AUTO_BWD_MIN_SCORES", these)
     forward = fast_sdpa.set_forward_backend("triton")
     backward = fast_sdpa.set_backward_backend("auto")
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     try:
-        assert not fast_sdpa.deterministic()
-        assert fast_sdpa.settings()["auto_bwd_head_dims"] == [128]
+        assert not fast_sdpa.deterministic() and fast_sdpa.deterministic_on_request()
+        assert fast_sdpa.settings()["auto_bwd_min_scores"] == {"64": 512, "128": 512}
         step(128)
         step(64)
+        step(96)
+        step_gqa(128)
         step(128, attn_mask=torch.ones(16, 16, dtype=torch.bool, device=device))
-        assert calls == [128, 128], calls
-        monkeypatch.setattr(fast_sdpa, "AUTO_BWD_MIN_SCORES", 2 * 16 * 16 + 1)
-        step(128)  # below the size whose kernel time repays the Gluon backward's host time
-        assert calls == [128, 128], calls
-        monkeypatch.setattr(fast_sdpa, "AUTO_BWD_MIN_SCORES", 2 * 16 * 16)
+        assert calls == [128, 128, 64, 64], calls
+        monkeypatch.setattr(fast_sdpa, "AUTO_BWD_MIN_SCORES", {64: 513, 128: 512})
+        step(64)  # below the size whose kernel time repays the Gluon backward's host time
+        assert calls == [128, 128, 64, 64], calls
+        monkeypatch.setattr(fast_sdpa, "AUTO_BWD_MIN_SCORES", these)
         torch.use_deterministic_algorithms(True, warn_only=True)
         assert fast_sdpa.deterministic()
         step(128)
-        assert calls == [128, 128], calls
+        assert calls == [128, 128, 64, 64], calls
     finally:
         torch.use_deterministic_algorithms(was_deterministic)
         fast_sdpa.set_forward_backend(forward)

@@ -674,9 +674,11 @@ def test_atomic_dq_backward_agrees(dtype, case, mode, gen):
     from attention_oracle.judge.targets import load
     fp32 = fsdpa.set_fp32_mode(dtype) if isinstance(dtype, str) else None
     dtype = torch.float32 if isinstance(dtype, str) else dtype
+    declared = _determinism(load("fast").capabilities)
     previous = fsdpa.set_dq_mode(mode)
     try:
-        assert not fsdpa.deterministic() and not load("fast").capabilities.deterministic
+        assert not fsdpa.deterministic() and not fsdpa.deterministic_on_request()
+        assert _determinism(load("fast").capabilities) == (False, False)
         hq, hkv = (4, 2) if case == "causal_gqa" else (2, 2)
         L, S = (70, 131) if case == "edges" else (100, 150)
         assert fsdpa._atomic_dq(False, fsdpa._precision(dtype, 40), False, 40,
@@ -695,7 +697,11 @@ def test_atomic_dq_backward_agrees(dtype, case, mode, gen):
         fsdpa.set_dq_mode(previous)
         if fp32 is not None:
             fsdpa.set_fp32_mode(fp32)
-    assert fsdpa.deterministic() and load("fast").capabilities.deterministic
+    assert _determinism(load("fast").capabilities) == declared
+
+
+def _determinism(caps):
+    return caps.deterministic, caps.deterministic_on_request
 
 
 def test_atomic_dq_tf32x3_head_dim_128_with_a_float_mask(gen):

@@ -187,6 +187,21 @@ def test_under_the_auto_backward_each_head_dim_is_judged_on_the_backward_it_took
                       ("D 128 L 4096 full", 0.96), ("D 128 L 4096 full", 0.97)}, judged
 
 
+def test_a_row_that_names_its_default_backward_is_judged_on_it(tmp_path):
+    """Rows that record the backward the run's default gave them (``default_backward``: "auto"
+    takes the Gluon backward from a size on) are judged on that backward, whatever the head
+    dim."""
+    _write(tmp_path, "sdpa_gluon_bwd.json", {
+        "device": "H100", "fast_settings": {"sdpa": {"backward_backend": "auto"}},
+        "rows": [{"D": 64, "L": L, "causal": False, "default_backward": default,
+                  "triton_step_over_cudnn": [0.8, 0.81], "gluon_step_over_cudnn": [0.96, 0.97]}
+                 for L, default in ((1024, "triton"), (4096, "gluon"))]})
+    t = _by_name(targets.load([str(tmp_path)]))["sdpa_step"]
+    judged = {(c.where, c.value) for c in t.judged()}
+    assert judged == {("D 64 L 1024 full", 0.8), ("D 64 L 1024 full", 0.81),
+                      ("D 64 L 4096 full", 0.96), ("D 64 L 4096 full", 0.97)}, judged
+
+
 def test_the_backward_a_json_ran_as_default_is_the_one_judged(tmp_path):
     """A Gluon backward benchmark run while the Triton backward was the default (its
     ``fast_settings``) is judged on the Triton rows; the Gluon rows are shown beside."""

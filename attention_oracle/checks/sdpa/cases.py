@@ -274,7 +274,8 @@ REQUIREMENTS = {
     "masks": lambda caps: ("" if caps.causal != "only" and _mask_choices(caps, False, True)
                            else "needs masks"),
     "misaligned": lambda caps: "" if "misaligned" in caps.layouts else "misaligned inputs not declared",
-    "deterministic": lambda caps: "" if caps.deterministic else "determinism not declared",
+    "deterministic": lambda caps: ("" if caps.deterministic or caps.deterministic_on_request
+                                   else "determinism not declared"),
     "gradients": lambda caps: "" if caps.gradients else "gradients not declared (forward only)",
 }
 

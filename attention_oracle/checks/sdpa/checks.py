@@ -7,7 +7,8 @@ strided_dout: gradients for a strided ``dout`` equal those for ``dout.contiguous
     ``dout`` is not modified.
 rank3_equals_rank4: ``[N, L, E]`` inputs give what the same data as ``[1, N, L, E]`` gives.
 fully_masked_rows: out = 0 exactly, zero gradients, nothing non-finite, lse = -inf.
-determinism: the same call twice gives bitwise-equal outputs and gradients.
+determinism: the same call twice gives bitwise-equal outputs and gradients (under
+    ``torch.use_deterministic_algorithms`` where only that is declared).
 misaligned_inputs: q, k, v and dout at odd row strides and offsets (legal strides that
     16-byte vector loads cannot take): outputs and gradients agree, or the call is refused.
     On CUDA it runs each example in a subprocess: a kernel that faults on misaligned
@@ -15,6 +16,7 @@ misaligned_inputs: q, k, v and dout at odd row strides and offsets (legal stride
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -22,6 +24,7 @@ import torch
 from attention_oracle.checks.sdpa.cases import SdpaCase, SdpaInputs, build
 from attention_oracle.judge import known
 from attention_oracle.judge.agreement import AFTER_STRIDED
+from attention_oracle.judge.capabilities import resolve
 from attention_oracle.judge.judge import Judge
 from attention_oracle.judge.registry import declare, declared
 from attention_oracle.oracle.sdpa import ALGORITHMS, lp_algorithms, sdpa_reference
@@ -201,16 +204,34 @@ def fully_masked_rows(judge: Judge, case: SdpaCase) -> None:
                     select=rows.to(lse.device))
 
 
+@contextlib.contextmanager
+def _deterministic_algorithms(on: bool):
+    """``torch.use_deterministic_algorithms(True, warn_only=True)`` inside (when ``on``), the
+    process's setting restored after."""
+    if not on:
+        yield
+        return
+    was, warn = torch.are_deterministic_algorithms_enabled(), \
+        torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn)
+
+
 @declare("sdpa", requires=("deterministic", "gradients"))
 def determinism(judge: Judge, case: SdpaCase) -> None:
     """The same call twice gives bitwise-equal outputs and gradients (beyond the contract: only
-    for implementations that declare ``deterministic``)."""
+    for implementations that declare ``deterministic``, or ``deterministic_on_request``: then
+    both calls run under ``torch.use_deterministic_algorithms``)."""
     inp = build(case, judge.target.device)
     dout = inp.dout.contiguous()
     results = []
-    for _ in range(2):
-        out = call(judge.target, inp)
-        results.append({"out": out.detach(), **_grads(out, inp, dout)})
+    with _deterministic_algorithms(not resolve(judge.target, FN).deterministic):
+        for _ in range(2):
+            out = call(judge.target, inp)
+            results.append({"out": out.detach(), **_grads(out, inp, dout)})
     for name in results[0]:
         judge.exact(name, results[1][name], results[0][name], what="second identical call differs")
 
