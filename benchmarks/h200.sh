@@ -40,7 +40,7 @@
 #                with every backward the Gluon kernel can take given to it
 #                (ATTENTION_ORACLE_FAST_SDPA_BWD=gluon), the SDPA conformance checks and the
 #                regression corpus under it (BWD_BUDGET, 300 s), then the determinism check under
-#                the default (judged under torch.use_deterministic_algorithms)
+#                "auto" (judged under torch.use_deterministic_algorithms)
 #   newbwd       both opt-in Gluon backwards in one call: the backwards' registers and spills
 #                under this Triton (gluon_probe), a small case of each backward (90 s each at
 #                most), then benchmarks.dsa_gluon --backward and benchmarks.sdpa_gluon_bwd at L 4k
@@ -365,9 +365,9 @@ task_bwddefault() {
     ATTENTION_ORACLE_FAST_SDPA_BWD=gluon OUT=$d BUDGET=${BWD_BUDGET:-300} WORKERS=${WORKERS:-12} \
         bash .ci/gpu sdpa_gluon_bwd --impl fast attention_oracle/conformance/test_sdpa.py \
         attention_oracle/conformance/test_regressions.py
-    OUT=$d BUDGET=90 WORKERS=4 bash .ci/gpu sdpa_auto_determinism --impl fast \
+    ATTENTION_ORACLE_FAST_SDPA_BWD=auto OUT=$d BUDGET=90 WORKERS=4 bash .ci/gpu sdpa_auto_determinism --impl fast \
         --oracle-check-budget 60 attention_oracle/conformance/test_sdpa.py -k determinism
-    note "conformance under the Gluon backward, determinism under the default; reports $d/*.json"
+    note "conformance under the Gluon backward, determinism under auto; reports $d/*.json"
 }
 
 task_newbwd() {

@@ -123,7 +123,7 @@ def test_backward_backend_dispatch(monkeypatch):
 
 
 def test_auto_backward_takes_the_gluon_kernel_where_measured_ahead(monkeypatch):
-    """Under "auto" (the default) the Gluon backward serves head dims 64 and 128 unmasked from
+    """Under "auto" the Gluon backward serves head dims 64 and 128 unmasked from
     their AUTO_BWD_MIN_SCORES (eager call plan and general path), not another head dim, not a
     GQA call, not a masked call, not a smaller call, and not while torch.use_deterministic_algorithms is on,
     when the calls are deterministic again. The kernel is stubbed."""
@@ -140,7 +140,6 @@ def test_auto_backward_takes_the_gluon_kernel_where_measured_ahead(monkeypatch):
             out = out[0] if isinstance(out, tuple) else out
             torch.autograd.grad(out.float().sum(), q)
 
-    assert fast_sdpa._BWD_BACKEND.default == "auto"
     assert set(fast_sdpa.AUTO_BWD_MIN_SCORES) == {64, 128}
     def step_gqa(D):  # two query heads on one kv head: the same scores as step's calls
         q = torch.randn(1, 2, 16, D, dtype=torch.bfloat16, device=device, requires_grad=True)
