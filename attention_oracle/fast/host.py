@@ -59,7 +59,7 @@ class Choice:
     by :meth:`set`. A bad value raises ``ValueError`` naming the variable or the argument."""
 
     def __init__(self, env, choices, default):
-        self.choices, self.default = tuple(choices), default
+        self.choices = tuple(choices)
         self.value = os.environ.get(env, default)
         if self.value not in self.choices:
             raise ValueError(f"{env} must be one of {self.choices}, got {self.value!r}")
