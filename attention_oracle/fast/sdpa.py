@@ -185,9 +185,9 @@ _FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_FWD", FWD_BACKENDS, "auto")
 # also the faster one ("auto", sdpa_fwd_gluon.auto_takes), or never ("triton")
 _GLUON_ALWAYS, _GLUON_AUTO = frozenset(("gluon",)), frozenset(("gluon", "auto"))
 BWD_BACKENDS = ("triton", "gluon", "auto")
-# "auto" becomes the default once the suite passes under the Gluon backward on a GPU
-# (`bash benchmarks/h200.sh bwddefault`; docs/DESIGN.md 10)
-_BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_BWD", BWD_BACKENDS, "triton")
+# "auto" is the default: the suite passed under the Gluon backward wherever it applies, and the
+# determinism check under "auto" (`bash benchmarks/h200.sh bwddefault`; docs/DESIGN.md 10)
+_BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_BWD", BWD_BACKENDS, "auto")
 # the Gluon kernels, turned off for the process if they fail to build on this Triton
 GLUON_FWD = BuildGuard("fast.sdpa's Gluon forward (kernels/sdpa_fwd_gluon.py)")
 GLUON_BWD = BuildGuard("fast.sdpa's Gluon backward (kernels/sdpa_bwd_gluon.py)")
@@ -216,7 +216,7 @@ def set_backward_backend(backend):
     it takes or none, and dout is TMA-ready too: dK, dV and dQ in one launch, dQ added by fp32
     atomics or TMA reductions in an order that varies between runs; other calls keep the
     Triton kernels). Default:
-    $ATTENTION_ORACLE_FAST_SDPA_BWD or "triton". Returns the previous backend."""
+    $ATTENTION_ORACLE_FAST_SDPA_BWD or "auto". Returns the previous backend."""
     previous = _BWD_BACKEND.set(backend)
     _options_key()
     return previous

@@ -234,14 +234,15 @@ def test_gluon_gqa_layouts_and_scale(is_causal, gen, monkeypatch):
 
 
 def test_falls_back_outside_its_domain(gen, monkeypatch):
-    """Head dim 96, q and v of different head dims, a mask, fp32 and a broadcast batch take
-    the Triton forward."""
-    q = randn(1, 2, 200, 96, dtype=torch.bfloat16, gen=gen)
+    """A head dim without a tile (not a multiple of 8), q and v of different head dims, an
+    additive mask of another dtype than the inputs' (fp32 beside bf16), fp32 inputs and a
+    broadcast batch take the Triton forward."""
+    q100 = randn(1, 2, 200, 100, dtype=torch.bfloat16, gen=gen)
     q128 = randn(1, 2, 200, 128, dtype=torch.bfloat16, gen=gen)
     v64 = randn(1, 2, 200, 64, dtype=torch.bfloat16, gen=gen)
-    mask = torch.ones(200, 200, dtype=torch.bool, device="cuda").tril()
+    mask = torch.zeros(200, 200, dtype=torch.float32, device="cuda")
     with gluon_forward(monkeypatch) as calls:
-        check_case(q, q, q, backward=False)
+        check_case(q100, q100, q100, backward=False)
         check_case(q128, q128, v64, backward=False)
         check_case(q128, q128, q128, mask=mask, backward=False)
         check_case(q128.float(), q128.float(), q128.float(), backward=False)
