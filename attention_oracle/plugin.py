@@ -674,7 +674,8 @@ def progress_line(ident: dict, outcome: str, info: dict, per_search: int, test: 
     calls = info.get("examples", 0) - info.get("refused", 0)
     nothing = " - NOTHING JUDGED" if judged == 0 and outcome != "skipped" else ""
     return (f"attention-oracle: {ident['impl']} {ident['check']} {outcome}: {judged} examples judged "
-            f"({info.get('grid', 0)} grid, {info.get('search', 0)} search), {refused} refused, "
+            f"({info.get('grid', 0)} grid, {info.get('search', 0)} search, "
+            f"{info.get('replay', 0)} replay), {refused} refused, "
             f"{calls} calls compared{nothing}; {per_search} examples per search ({test})")
 
 

@@ -6,6 +6,7 @@ replay the implementation's capability declaration excludes is skipped as not ve
 import pytest
 
 from attention_oracle.checks import catalogue
+from attention_oracle.judge import record
 from attention_oracle.run import corpus, fuzzing
 from attention_oracle.run.runner import run_check
 
@@ -49,5 +50,10 @@ def test_regression(request, impl, name, entry):
     why = _declared_away(check, impl, case)
     if why:
         pytest.skip(f"not verified: regression {name}: {why} (capabilities declared by {impl.name})")
-    if not run_check(check, impl, case):
+    judged = True  # a replay that fails (raises) was judged
+    try:
+        judged = run_check(check, impl, case)
+    finally:
+        record.record_example(None, refused=not judged, replay=True)
+    if not judged:
         pytest.skip(f"unsupported: {impl.name} refused regression {name}")

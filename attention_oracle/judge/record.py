@@ -37,10 +37,12 @@ class Sink:
         self.judged: list[list] = []
         self.variant = ""
         self.case_worst = 0.0
-        # examples run (``record_example``): grid cases (distinct names), search examples, and of
-        # all of them those the implementation refused and those judged
+        # examples run (``record_example``): grid cases (distinct names), search examples, saved
+        # cases replayed (the regression corpus), and of all of them those the implementation
+        # refused and those judged
         self.grid_names: set[str] = set()
-        self.counts = {"grid": 0, "search": 0, "refused_examples": 0, "judged_examples": 0}
+        self.counts = {"grid": 0, "search": 0, "replay": 0, "refused_examples": 0,
+                       "judged_examples": 0}
 
     def as_dict(self) -> dict:
         return {"worst": self.worst, "examples": self.examples, "refused": self.refused,
@@ -150,9 +152,10 @@ def record_bug(signature: dict) -> None:
         sink.bugs.append(signature)
 
 
-def record_example(grid_name: str | None, refused: bool) -> None:
+def record_example(grid_name: str | None, refused: bool, replay: bool = False) -> None:
     """One example ran: a grid case (``grid_name``, counted once however many search rounds
-    rerun it) or a search example (None); refused, or judged (passed, failed or known)."""
+    rerun it), a saved case replayed (``replay``: the regression corpus) or a search example;
+    refused, or judged (passed, failed or known)."""
     sink = _sink.get()
     if sink is None:
         return
@@ -160,7 +163,7 @@ def record_example(grid_name: str | None, refused: bool) -> None:
         if grid_name in sink.grid_names:
             return
         sink.grid_names.add(grid_name)
-    sink.counts["grid" if grid_name is not None else "search"] += 1
+    sink.counts["grid" if grid_name is not None else "replay" if replay else "search"] += 1
     sink.counts["refused_examples" if refused else "judged_examples"] += 1
 
 

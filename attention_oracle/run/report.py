@@ -12,8 +12,9 @@ import math
 from collections import defaultdict
 
 OUTCOMES = ("passed", "failed", "skipped", "unsupported", "xfail")
-# examples per row (``record.record_example``): grid cases, search examples, refused, judged
-EXAMPLE_COUNTS = ("grid", "search", "refused_examples", "judged_examples")
+# examples per row (``record.record_example``): grid cases, search examples, saved cases
+# replayed, refused, judged
+EXAMPLE_COUNTS = ("grid", "search", "replay", "refused_examples", "judged_examples")
 
 
 CASES_CAP = 256  # judged cases kept per row and variant (the first): what --baseline replays
@@ -80,7 +81,7 @@ class Table:
         if not self.rows:
             return "(no oracle checks ran)"
         head = ("implementation", "check", "pass", "fail", "skip", "unsup", "xfail", "known",
-                "grid", "search", "refused", "judged", "worst ratio")
+                "grid", "search", "replay", "refused", "judged", "worst ratio")
         lines = [head]
         for (impl, check), r in sorted(self.rows.items()):
             worst = r["worst_ratio"]

@@ -125,5 +125,20 @@ def test_the_progress_line_says_when_nothing_was_judged():
     assert "NOTHING JUDGED" not in progress_line(ident, "skipped", {}, 40, "t")
     judged = {"examples": 3, "refused": 0, "judged_examples": 2, "grid": 2}
     line = progress_line(ident, "passed", judged, 40, "t")
-    assert "2 examples judged (2 grid, 0 search), 0 refused, 3 calls compared;" in line, line
+    assert "2 examples judged (2 grid, 0 search, 0 replay), 0 refused, 3 calls compared;" in line, line
+
+
+def test_a_regression_replay_counts_as_judged(tmp_path):
+    """A replayed corpus case is an example judged: its progress line and its row count it as
+    a replay (they said "0 examples judged - NOTHING JUDGED" for a replay that had compared
+    its calls and passed)."""
+    proc, rep = _pytest("attention_oracle/conformance/test_regressions.py::"
+                        "test_regression[oracle-sdpa_all_rows_masked]", "--impl", "oracle",
+                        "--oracle-progress", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    (line,) = [x for x in proc.stdout.splitlines() if "attention-oracle: oracle regressions" in x]
+    assert "1 examples judged (0 grid, 0 search, 1 replay)" in line, line
+    assert "NOTHING JUDGED" not in line, line
+    (row,) = rep["rows"]
+    assert row["replay"] == 1 and row["judged_examples"] == 1, row
 
