@@ -11,8 +11,8 @@ fast-triton and fast-gluon by both timing methods of :mod:`benchmarks.timing` (`
 FLOPs: 4*B*H*L*S*D, halved when causal. The host microseconds per call of both forwards at a
 tiny shape (L 128) come first, per head dim. ``--mask`` times masked calls instead (never
 causal, as in PyTorch): "bool" (a random boolean [B, 1, L, L] mask, 20% excluded), "padding"
-(a boolean [B, 1, 1, L] key-padding mask) or "add" (an additive [B, 1, L, L] one of the
-inputs' dtype); a backend that refuses the mask (cuDNN may) is reported and left out.
+(a boolean [B, 1, 1, L] key-padding mask), "add" (an additive [B, 1, L, L] one of the
+inputs' dtype) or "padding_add" (the key-padding mask as an additive one: 0 or finfo.min); a backend that refuses the mask (cuDNN may) is reported and left out.
 """
 import argparse
 import json
@@ -28,7 +28,7 @@ from benchmarks.timing import host_us, queued_ms, synced_ms, tflops
 SHAPES = [(16, 32, 1024), (4, 32, 4096), (1, 32, 16384)]
 
 
-MASKS = ("none", "bool", "padding", "add")
+MASKS = ("none", "bool", "padding", "add", "padding_add")
 
 
 def _mask(kind, B, L, dtype, gen):
@@ -40,6 +40,10 @@ def _mask(kind, B, L, dtype, gen):
         return (torch.arange(L, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]
     if kind == "add":
         return torch.randn(B, 1, L, L, device="cuda", generator=gen).to(dtype)
+    if kind == "padding_add":  # "padding" as an additive mask: 0 kept, finfo.min padded
+        keep = _mask("padding", B, L, dtype, gen)
+        return torch.zeros(keep.shape, dtype=dtype, device="cuda").masked_fill(
+            ~keep, torch.finfo(dtype).min)
     return None
 
 

@@ -293,11 +293,27 @@ def _scores(q_shape, k_shape, is_causal):
     return n >> 1 if is_causal else n
 
 
-def _gluon_backends(q_shape, k_shape, is_causal, masked=False):
-    """The forward backends under which a call of these rank-5 shapes runs the Gluon kernel,
-    where its plan applies: "auto" only where measured faster (no mask: a masked call's speed
-    under the Gluon kernel is not measured)."""
-    if not masked and sdpa_fwd_gluon.auto_takes(q_shape, k_shape, is_causal):
+# the masks "auto" gives the Gluon forward (sdpa_fwd_gluon.auto_takes the size): key-padding
+# ones (every query row reads the same mask row), where it measured ahead of the Triton forward
+# (boolean [B, 1, 1, L]: 1.23-1.38x at D 128 and 96, L 4k, H100; docs/PERFORMANCE.md). A dense
+# mask read in the softmax's path costs the Gluon kernel more than the Triton one (boolean
+# [B, 1, L, L]: 0.79-0.86x; additive: 0.66-0.78x)
+AUTO_FWD_MASKS = frozenset((torch.bool,))
+
+
+def _auto_mask(mask):
+    """Whether "auto" may give the Gluon forward a call under ``mask`` (None, or the call's
+    rank-5 [Z1, Z2, HQ, L, S] view): none, or a key-padding mask (query-row stride 0) of a
+    dtype in ``AUTO_FWD_MASKS``."""
+    return mask is None or (mask.dtype in AUTO_FWD_MASKS
+                            and (mask.shape[3] == 1 or mask.stride(3) == 0))
+
+
+def _gluon_backends(q_shape, k_shape, is_causal, mask=None):
+    """The forward backends under which a call of these rank-5 shapes under ``mask`` runs the
+    Gluon kernel, where its plan applies: "auto" only where measured faster (sizes:
+    ``sdpa_fwd_gluon.auto_takes``; masks: :func:`_auto_mask`)."""
+    if _auto_mask(mask) and sdpa_fwd_gluon.auto_takes(q_shape, k_shape, is_causal):
         return _GLUON_AUTO
     return _GLUON_ALWAYS
 
@@ -459,7 +475,7 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
         return out.zero_(), lse_k
     backend = _FWD_BACKEND.value
     if (backend != "triton" and (mask is None or sdpa_fwd_gluon.takes_mask(mask, q.dtype))
-            and backend in _gluon_backends(q.shape, k.shape, is_causal, mask is not None)):
+            and backend in _gluon_backends(q.shape, k.shape, is_causal, mask)):
         gluon_plan = sdpa_fwd_gluon.plan((q.shape, k.shape, v.shape),
                                          (q.stride(), k.stride(), v.stride()), q.dtype, q.device,
                                          is_causal, scale)

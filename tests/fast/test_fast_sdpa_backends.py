@@ -31,12 +31,38 @@ def test_auto_takes(heads, L, S, D, causal, takes):
     assert sdpa_fwd_gluon.auto_takes(q, k, causal) is takes, (heads, L, S, D, causal)
 
 
-def test_auto_leaves_masked_calls_to_triton():
-    """A masked call runs the Gluon forward only when asked ("gluon"): its speed with a mask is
-    not measured."""
-    q, k = (1, 1, 32, 4096, 128), (1, 1, 32, 4096, 128)
+def _mask5(shape, dtype, L=4096, S=4096):
+    """A mask of ``shape`` (torch's broadcast rules) as the rank-5 [1, B, H, L, S] view fast's
+    kernels read."""
+    m = torch.zeros(shape, dtype=dtype)
+    return m.expand(4, 32, L, S)[None]
+
+
+@pytest.mark.parametrize("shape,dtype,padding", [
+    ((4, 1, 1, 4096), torch.bool, True),
+    ((1, 4096), torch.bool, True),  # one row for every batch and head
+    ((4, 1, 4096, 4096), torch.bool, False),
+    ((4096, 4096), torch.bool, False),
+    ((4, 1, 1, 4096), torch.bfloat16, True),
+    ((4, 1, 4096, 4096), torch.bfloat16, False),
+])
+def test_auto_takes_masks_measured_faster(shape, dtype, padding):
+    """A masked call runs the Gluon forward under "auto" only for a key-padding mask (every
+    query row reads one mask row) of a kind in ``AUTO_FWD_MASKS`` (boolean: measured ahead of
+    the Triton forward), else only when asked ("gluon"); a dense mask never under "auto"."""
+    assert torch.bool in fast_sdpa.AUTO_FWD_MASKS
+    q, k = (1, 4, 32, 4096, 128), (1, 4, 32, 4096, 128)
+    backends = fast_sdpa._gluon_backends(q, k, False, _mask5(shape, dtype))
+    expected = padding and dtype in fast_sdpa.AUTO_FWD_MASKS
+    assert ("auto" in backends) is expected and "gluon" in backends, (shape, dtype, backends)
     assert "auto" in fast_sdpa._gluon_backends(q, k, False)
-    assert fast_sdpa._gluon_backends(q, k, False, masked=True) == frozenset(("gluon",))
+
+
+def test_auto_takes_no_small_masked_call():
+    """Too few scores for "auto", with a key-padding mask as without one."""
+    q = (1, 1, 1, 128, 128)
+    mask = torch.ones(128, dtype=torch.bool).expand(1, 1, 1, 128, 128)
+    assert fast_sdpa._gluon_backends(q, q, False, mask) == frozenset(("gluon",))
 
 
 def test_auto_counts_every_batch_dim():

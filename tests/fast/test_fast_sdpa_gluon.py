@@ -269,6 +269,27 @@ def test_auto_takes_gluon_where_faster(with_lse, gen, monkeypatch):
     torch.cuda.synchronize()
 
 
+def test_auto_takes_gluon_for_key_padding_masks(gen, monkeypatch):
+    """Under "auto" a boolean key-padding mask ([B, 1, 1, S]) at 2**26 scores of D 128 runs the
+    Gluon kernel, a dense boolean mask the Triton one; the padded call's output matches the
+    Triton forward's within the 16-bit output's rounding."""
+    big = randn(1, 16, 2048, 128, dtype=torch.bfloat16, gen=gen)
+    padding = (torch.arange(2048, device="cuda") < 1900)[None, None, None, :]
+    dense = torch.rand(2048, 2048, device="cuda", generator=gen) > 0.2
+    with gluon_forward(monkeypatch, backend="auto") as calls:
+        out = fast_sdpa.scaled_dot_product_attention(big, big, big, attn_mask=padding)
+        assert len(calls) == 1, "auto did not take the Gluon kernel under a key-padding mask"
+        fast_sdpa.scaled_dot_product_attention(big, big, big, attn_mask=dense)
+    assert len(calls) == 1, calls
+    previous = fast_sdpa.set_forward_backend("triton")
+    try:
+        ref = fast_sdpa.scaled_dot_product_attention(big, big, big, attn_mask=padding)
+    finally:
+        fast_sdpa.set_forward_backend(previous)
+    scale = ref.abs().max().item()
+    assert (out.float() - ref.float()).abs().max().item() <= 2 ** -6 * scale
+
+
 def test_repeat_calls_launch_directly(gen, monkeypatch):
     """After a shape's first call, the Gluon kernel is launched through its compiled launcher
     (fast.launch.DirectLauncher), not Triton's per-call binder; the result is unchanged."""
