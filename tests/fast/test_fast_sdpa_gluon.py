@@ -271,23 +271,33 @@ def test_auto_takes_gluon_where_faster(with_lse, gen, monkeypatch):
 
 def test_auto_takes_gluon_for_key_padding_masks(gen, monkeypatch):
     """Under "auto" a boolean key-padding mask ([B, 1, 1, S]) at 2**26 scores of D 128 runs the
-    Gluon kernel, a dense boolean mask the Triton one; the padded call's output matches the
-    Triton forward's within the 16-bit output's rounding."""
+    Gluon kernel, a dense boolean mask the Triton one; the padded call's output and gradients
+    (the backward on the Gluon forward's statistics) match the Triton forward's call within
+    16-bit rounding."""
     big = randn(1, 16, 2048, 128, dtype=torch.bfloat16, gen=gen)
+    dout = randn(1, 16, 2048, 128, dtype=torch.bfloat16, gen=gen)
     padding = (torch.arange(2048, device="cuda") < 1900)[None, None, None, :]
     dense = torch.rand(2048, 2048, device="cuda", generator=gen) > 0.2
+
+    def padded_call():
+        leaves = [big.detach().requires_grad_() for _ in range(3)]
+        out = fast_sdpa.scaled_dot_product_attention(*leaves, attn_mask=padding)
+        out.backward(dout)
+        return [out.detach()] + [t.grad for t in leaves]
+
     with gluon_forward(monkeypatch, backend="auto") as calls:
-        out = fast_sdpa.scaled_dot_product_attention(big, big, big, attn_mask=padding)
+        got = padded_call()
         assert len(calls) == 1, "auto did not take the Gluon kernel under a key-padding mask"
         fast_sdpa.scaled_dot_product_attention(big, big, big, attn_mask=dense)
     assert len(calls) == 1, calls
     previous = fast_sdpa.set_forward_backend("triton")
     try:
-        ref = fast_sdpa.scaled_dot_product_attention(big, big, big, attn_mask=padding)
+        want = padded_call()
     finally:
         fast_sdpa.set_forward_backend(previous)
-    scale = ref.abs().max().item()
-    assert (out.float() - ref.float()).abs().max().item() <= 2 ** -6 * scale
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        scale = b.abs().max().item()
+        assert (a.float() - b.float()).abs().max().item() <= 2 ** -6 * scale, name
 
 
 def test_repeat_calls_launch_directly(gen, monkeypatch):
