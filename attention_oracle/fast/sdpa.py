@@ -199,9 +199,9 @@ def set_forward_backend(backend):
     fp16/bf16, head dims up to 256 that are multiples of 8, no mask or a boolean one or an
     additive one of the inputs' dtype, TMA-ready strides and 16-byte aligned data; other calls
     keep the Triton kernel) or "auto" (the Gluon kernel where it applies and measured faster
-    with its host cost: head dim 128, no mask and at least ``sdpa_fwd_gluon.AUTO_MIN_SCORES``
-    scores). Default: $ATTENTION_ORACLE_FAST_SDPA_FWD or "auto". Returns the previous
-    backend."""
+    with its host cost: head dim 128, no mask or a key-padding one of a kind in
+    ``AUTO_FWD_MASKS``, and at least ``sdpa_fwd_gluon.AUTO_MIN_SCORES`` scores). Default:
+    $ATTENTION_ORACLE_FAST_SDPA_FWD or "auto". Returns the previous backend."""
     return _FWD_BACKEND.set(backend)
 
 
