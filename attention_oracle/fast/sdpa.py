@@ -295,10 +295,11 @@ def _scores(q_shape, k_shape, is_causal):
 
 # the masks "auto" gives the Gluon forward (sdpa_fwd_gluon.auto_takes the size): key-padding
 # ones (every query row reads the same mask row), where it measured ahead of the Triton forward
-# (boolean [B, 1, 1, L]: 1.23-1.38x at D 128 and 96, L 4k, H100; docs/PERFORMANCE.md). A dense
-# mask read in the softmax's path costs the Gluon kernel more than the Triton one (boolean
-# [B, 1, L, L]: 0.79-0.86x; additive: 0.66-0.78x)
-AUTO_FWD_MASKS = frozenset((torch.bool,))
+# (boolean [B, 1, 1, L]: 1.23-1.38x at D 128 and 96, L 4k; additive of the inputs' dtype, 0 or
+# finfo.min: 1.46x at D 128, L 4k, bf16; H100, docs/PERFORMANCE.md). A dense mask read in the
+# softmax's path costs the Gluon kernel more than the Triton one (boolean [B, 1, L, L]:
+# 0.79-0.86x; additive: 0.66-0.78x)
+AUTO_FWD_MASKS = frozenset((torch.bool, torch.bfloat16, torch.float16))
 
 
 def _auto_mask(mask):

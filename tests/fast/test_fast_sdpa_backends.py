@@ -48,9 +48,10 @@ def _mask5(shape, dtype, L=4096, S=4096):
 ])
 def test_auto_takes_masks_measured_faster(shape, dtype, padding):
     """A masked call runs the Gluon forward under "auto" only for a key-padding mask (every
-    query row reads one mask row) of a kind in ``AUTO_FWD_MASKS`` (boolean: measured ahead of
-    the Triton forward), else only when asked ("gluon"); a dense mask never under "auto"."""
-    assert torch.bool in fast_sdpa.AUTO_FWD_MASKS
+    query row reads one mask row) of a kind in ``AUTO_FWD_MASKS`` (boolean and additive:
+    measured ahead of the Triton forward), else only when asked ("gluon"); a dense mask never
+    under "auto"."""
+    assert {torch.bool, torch.bfloat16} <= fast_sdpa.AUTO_FWD_MASKS
     q, k = (1, 4, 32, 4096, 128), (1, 4, 32, 4096, 128)
     backends = fast_sdpa._gluon_backends(q, k, False, _mask5(shape, dtype))
     expected = padding and dtype in fast_sdpa.AUTO_FWD_MASKS

@@ -277,7 +277,7 @@ def test_auto_takes_gluon_for_key_padding_masks(gen, monkeypatch):
     big = randn(1, 16, 2048, 128, dtype=torch.bfloat16, gen=gen)
     dout = randn(1, 16, 2048, 128, dtype=torch.bfloat16, gen=gen)
     padding = (torch.arange(2048, device="cuda") < 1900)[None, None, None, :]
-    dense = torch.rand(2048, 2048, device="cuda", generator=gen) > 0.2
+    dense = (torch.rand(2048, 2048, generator=gen) > 0.2).cuda()
 
     def padded_call():
         leaves = [big.detach().requires_grad_() for _ in range(3)]
