@@ -36,12 +36,12 @@
 #   gluontime    the same, timed: benchmarks.sdpa_gluon with the persistent program beside the
 #                WS default (D 128, L 1k, 4k) and each mask kind (D 128 and 96, L 4k), then
 #                benchmarks.sdpa_gluon_bwd under auto, tma_deferred and serial (L 4k, 16k)
-#   bwddefault   what the Gluon SDPA backward as the default ("auto") needs: fast's SDPA GPU tests
-#                with every backward the Gluon kernel can take given to it
+#   bwddefault   what keeps the "auto" SDPA backward (the default) the default: fast's SDPA GPU
+#                tests with every backward the Gluon kernel can take given to it
 #                (ATTENTION_ORACLE_FAST_SDPA_BWD=gluon), the SDPA conformance checks and the
 #                regression corpus under it (BWD_BUDGET, 200 s; BWD_CHECK_S, 40 s a check), then
 #                the determinism check under "auto" (judged under torch.use_deterministic_algorithms);
-#                about 550 s with the default budgets on an H200 (615 tests: ~240 s at -n 8)
+#                about 400-550 s with the default budgets (H100: 400 s, 651 tests in 181 s at -n 8)
 #   newbwd       both opt-in Gluon backwards in one call: the backwards' registers and spills
 #                under this Triton (gluon_probe), a small case of each backward (90 s each at
 #                most), then benchmarks.dsa_gluon --backward and benchmarks.sdpa_gluon_bwd at L 4k
