@@ -12,7 +12,8 @@ FLOPs: 4*B*H*L*S*D, halved when causal. The host microseconds per call of both f
 tiny shape (L 128) come first, per head dim. ``--mask`` times masked calls instead (never
 causal, as in PyTorch): "bool" (a random boolean [B, 1, L, L] mask, 20% excluded), "padding"
 (a boolean [B, 1, 1, L] key-padding mask), "add" (an additive [B, 1, L, L] one of the
-inputs' dtype) or "padding_add" (the key-padding mask as an additive one: 0 or finfo.min); a backend that refuses the mask (cuDNN may) is reported and left out.
+inputs' dtype) or "padding_add" (the key-padding mask as an additive one: 0 or finfo.min); a
+backend that refuses the mask (cuDNN may) is reported and left out.
 """
 import argparse
 import json
