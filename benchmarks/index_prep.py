@@ -2,7 +2,7 @@
 bytes, both timed in the same run under both methods, per kernel variant.
 
     python -m benchmarks.index_prep [--out out/index_prep.json] [--warps 0,4,8,16] [--reps 50]
-                                    [--pipeline 4x3,2x3] [--holes]
+                                    [--pipeline 4x3,2x3] [--holes] [--host-parts]
 
 Problems: one causal document of T = 4096 and 16384 tokens, top-k 2048, local indices as
 benchmarks.dsa draws them (distinct random keys j <= pos, -1 where fewer exist), compacted
@@ -52,6 +52,54 @@ def synced_with_host(fn, reps, warmup=2):
     return times[len(times) // 2], host[len(host) // 2]
 
 
+def host_parts(T=4096, K=2048):
+    """Where an index-preparation call's host time goes (one causal document of T tokens, top-k
+    K, compacted): the whole call, its validation (check_index_inputs), its two allocations,
+    the bound launch alone on kept tensors (fast.launch.BoundLaunch), the compiled kernel's
+    launcher alone with the tensors and with their addresses as ints (no pointer query per
+    argument in Triton's C launcher), and a device copy of the rows; microseconds per call, the
+    host's time before the sync (the device idle or not)."""
+    from attention_oracle.fast.index import _PLANS
+    from attention_oracle.validation import check_index_inputs
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    cu = [0, T]
+    local = causal_local_indices(cu, cu, gen)
+    cu_t = torch.tensor(cu, dtype=torch.int32, device="cuda")
+
+    def call():
+        return offset_gather_kv_indices(local, cu_t, cu_t, causal=True, compact=True,
+                                        return_topk_length=True)
+    result, lengths = call()
+    call()
+    bound = next(plan[0] for plan in _PLANS.values() if plan[0].bound is not None)
+    entry, rest, _, tail = bound.bound
+    tensors = (local, cu_t, cu_t, lengths, result, lengths, lengths)
+    ptrs = tuple(t.data_ptr() for t in tensors)
+    g0, g1, g2 = bound.grid3
+    stream = _OFFSET_LAUNCH.stream(_OFFSET_LAUNCH.device_of())
+    dst = torch.empty_like(local)
+    row = {}
+    for name, fn in (
+            ("call", call),
+            ("validation", lambda: check_index_inputs(local, cu_t, cu_t, None, None)),
+            ("allocations", lambda: (torch.empty((T, K), dtype=torch.int32, device="cuda"),
+                                     torch.empty((T, ), dtype=torch.int32, device="cuda"))),
+            ("bound_launch", lambda: bound.fixed(tensors, rest)),
+            ("compiled_launcher_tensors", lambda: entry.run(
+                g0, g1, g2, stream, entry.function, entry.packed, None, None, None, *tensors,
+                *tail)),
+            ("compiled_launcher_ints", lambda: entry.run(
+                g0, g1, g2, stream, entry.function, entry.packed, None, None, None, *ptrs,
+                *tail)),
+            ("copy", lambda: dst.copy_(local))):
+        issue = {}
+        host_us(fn, calls=100, issue=issue)
+        row[name] = issue["us"]
+    print(f"host us before the sync, T {T}: "
+          + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
+    return dict(row, T=T, K=K)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="out/index_prep.json")
@@ -60,7 +108,12 @@ def main():
     ap.add_argument("--pipeline", default="4x3",
                     help="programs per SM x num_stages settings, comma-separated")
     ap.add_argument("--holes", action="store_true", help="also the rows with shuffled slots")
+    ap.add_argument("--host-parts", action="store_true",
+                    help="only where a call's host time goes (host_parts), T 4096 and 16384")
     args = ap.parse_args()
+    if args.host_parts:
+        write_json(args.out, [host_parts(T) for T in (4096, 16384)])
+        return
     pipelines = [tuple(int(v) for v in x.split("x")) for x in args.pipeline.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(5)
     res = {}

@@ -147,9 +147,12 @@ def host_overhead(D=128):
 
 def host_parts(D=128):
     """Where a Gluon forward call's host time goes (B 1, H 1, L 128): the whole call, the
-    kernel launch alone (sdpa_fwd_gluon.launch on kept tensors), its pieces (the launch's
-    arguments with the four descriptors, the launcher's key, the compiled kernel's own launcher with the descriptors
-    made), and the Triton forward's whole call beside; microseconds per call."""
+    kernel launch alone (sdpa_fwd_gluon.launch on kept tensors: the bound path once bound),
+    the pieces of the launcher's path (the launch's arguments with the four descriptors, the
+    launcher's key, the compiled kernel's own launcher with Triton expanding the descriptors),
+    the bound path alone (fast.launch.TmaBoundLaunch: the descriptors expanded here), the
+    Triton forward's whole call, then a forward+backward call under the Gluon kernels and
+    under the Triton ones; microseconds per call."""
     from attention_oracle.fast.launch import specialization_key
     q = torch.randn(1, 1, 128, D, device="cuda", dtype=torch.bfloat16)
     fast_sdpa.set_forward_backend("gluon")
@@ -161,7 +164,7 @@ def host_parts(D=128):
                                    False, D ** -0.5)
         sdpa_fwd_gluon.launch(q5, q5, q5, out, stats, plan)
         prepared = sdpa_fwd_gluon._PREPARED[(plan, q.dtype, sdpa_fwd_gluon.CONFIG)]
-        _, grid, _, meta, ((launcher, _, _), _) = prepared  # the unmasked kernel
+        _, grid, _, meta, ((launcher, _, _), _), _ = prepared  # the unmasked kernel
 
         def descs():
             return sdpa_fwd_gluon.launch_args(prepared, q5, q5, q5, out, stats)
@@ -180,10 +183,33 @@ def host_parts(D=128):
                 g0, g1, 1, stream, entry.function, entry.packed, None, None, None, *args,
                 *entry.tail)),
         }
+        bound, rests = prepared[5]
+        rest = rests[stats.stride(0)]
+        row["bound_launch"] = host_us(lambda: bound.fixed((q5, q5, q5, out), (stats, ), rest))
         row["call_triton"] = host_us(lambda: _run("triton", q, q, q, False))
+    row.update(_step_host(q))
     fast_sdpa.set_forward_backend("triton")
-    print(f"host us, D {D}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
-    return dict(row, D=D)
+    print(f"host us, D {D}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items())
+          + f"; bound path {'on' if bound.bound is not None else 'off: ' + str(bound.failure)}",
+          flush=True)
+    return dict(row, D=D, bound=bound.bound is not None, bound_failure=bound.failure)
+
+
+def _step_host(q):
+    """Host microseconds of a forward+backward call at q's shape, under the Gluon forward and
+    backward and under the Triton ones."""
+    x = q.detach().requires_grad_()
+    dout = torch.ones_like(q)
+    row = {}
+    for backend in ("gluon", "triton"):
+        fast_sdpa.set_forward_backend(backend)
+        previous = fast_sdpa.set_backward_backend(backend)
+        try:
+            row[f"step_{backend}"] = host_us(
+                lambda: fast_sdpa.scaled_dot_product_attention(x, x, x).backward(dout))
+        finally:
+            fast_sdpa.set_backward_backend(previous)
+    return row
 
 
 def main():

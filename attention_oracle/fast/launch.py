@@ -323,6 +323,181 @@ class BoundLaunch:
             self.bound = (entry, rest, tensor_keys(tensors), rest + entry.tail)
 
 
+class TmaBoundLaunch:
+    """``bound.fixed(bases, tensors, rest)`` launches ``launcher[grid](*descriptors, *middle,
+    **kwargs)`` for one call site of a kernel whose leading arguments are host TMA descriptors
+    (Gluon's ``TensorDescriptor``): ``make(fields[i], bases[i])`` each, the fields fixed per
+    call site; ``middle`` holds ``tensors`` at the positions ``tensor_slots`` (default: first)
+    and ``rest``'s values elsewhere, in order.
+
+    Triton's launcher expands each descriptor argument in Python on every launch (its tensor
+    map encoded, then its shape and strides: ~10 us of host time for four,
+    docs/PERFORMANCE.md "Gluon forward (opt-in), D 64 and 128, direct launches"). Once
+    ``launcher`` (a :class:`DirectLauncher`) has launched this call site directly, the
+    compiled kernel's C launcher is called with the arguments expanded here: each tensor map
+    encoded by the driver's encoder with the arguments Triton would pass (computed once), then
+    its shape and strides. The binding compares that expansion with Triton's own for the same
+    descriptors, the tensor maps byte for byte; any difference, or a Triton whose launcher is
+    not laid out as :func:`tma_expansion` expects, leaves the call site on the launcher's path.
+    As in :class:`BoundLaunch`, a later call whose ``rest`` is the same object and whose
+    tensors (``bases`` and ``tensors``) have the same keys takes the bound path; anything else
+    goes through ``launcher``."""
+    __slots__ = ("launcher", "grid", "grid3", "kwargs", "fields", "make", "tensor_slots",
+                 "utils", "bound", "failure", "refused")
+
+    def __init__(self, launcher, grid, kwargs, fields, make, tensor_slots=None, utils=None):
+        """``utils``: the driver's utility module with the encoder (the active CUDA driver's
+        by default)."""
+        self.launcher, self.grid, self.grid3, self.kwargs = launcher, grid, _grid3(grid), kwargs
+        self.fields, self.make = tuple(fields), make
+        self.tensor_slots, self.utils = tensor_slots, utils
+        # (entry, rest, tensor keys, launcher without the descriptor wrapper, argument template,
+        # ((slot, encoder, its arguments after the address) per descriptor), tensor slots)
+        self.bound = None
+        self.failure = None  # why the last binding was refused (None: bound, or not yet tried)
+        self.refused = None  # the compiled kernel it was refused for (not tried again)
+
+    def middle(self, tensors, rest):
+        """The arguments after the descriptors."""
+        slots = self.tensor_slots
+        if slots is None:
+            return tuple(tensors) + tuple(rest)
+        out, it_t, it_r = [], iter(tensors), iter(rest)
+        for i in range(len(tensors) + len(rest)):
+            out.append(next(it_t) if i in slots else next(it_r))
+        return tuple(out)
+
+    def fixed(self, bases, tensors, rest):
+        """One launch (class docstring)."""
+        bound = self.bound
+        if bound is not None and rest is bound[1] and _MODE.value == "direct":
+            launcher = self.launcher
+            if (launcher.usable and other_device(bases[0]) is None and not launcher.hooked()
+                    and tensor_keys(bases + tensors) == bound[2]):
+                entry, _, _, run, template, maps, slots = bound
+                g0, g1, g2 = self.grid3
+                try:
+                    args = template[:]
+                    for (slot, encode, enc_args), t in zip(maps, bases):
+                        args[slot] = encode(t.data_ptr(), *enc_args)
+                    for slot, t in zip(slots, tensors):
+                        args[slot] = t
+                    run(g0, g1, g2, launcher.stream(launcher.device_of()), entry.function,
+                        entry.packed, None, None, None, *args)
+                    launcher.direct_launches += 1
+                    return
+                except Exception:  # noqa: BLE001 - the launcher's own path decides (and warns)
+                    self.bound = None
+        descs = tuple(self.make(f, t) for f, t in zip(self.fields, bases))
+        middle = self.middle(tensors, rest)
+        # Triton launches on the current device: the tensors' one is made current first
+        entry = on_device_of(bases[0], self.launcher, self.grid, descs + middle, self.kwargs)
+        if entry is not None and other_device(bases[0]) is None:
+            self._bind(entry, descs, middle, bases, tensors, rest)
+
+    def _bind(self, entry, descs, middle, bases, tensors, rest):
+        """Keeps what the bound path needs after this direct launch, or the reason it cannot."""
+        if entry is self.refused:
+            return
+        try:
+            expansion = tma_expansion(entry.run, descs, self.utils)
+        except Exception as exc:  # noqa: BLE001 - an unexpected layout: the launcher's path
+            expansion, self.failure = None, f"{type(exc).__name__}: {exc}"
+        if expansion is None:
+            self.failure = self.failure or "Triton's launcher is not laid out as expected"
+            self.bound, self.refused = None, entry
+            return
+        run, maps = expansion
+        template, map_slots = [], []
+        for (encode, enc_args, tail) in maps:
+            map_slots.append((len(template), encode, enc_args))
+            template.append(None)
+            template.extend(tail)
+        start = len(template)
+        template.extend(middle)
+        template.extend(entry.tail)
+        positions = range(len(tensors)) if self.tensor_slots is None else self.tensor_slots
+        slots = [start + i for i in positions]
+        for slot in slots:
+            template[slot] = None
+        self.failure = None
+        self.bound = (entry, rest, tensor_keys(bases + tensors), run, template, tuple(map_slots),
+                      tuple(slots))
+
+
+def tma_expansion(run, descs, utils=None):
+    """(a launcher without Triton's descriptor wrapper, ((encoder, its arguments after the
+    base address, shape and strides) per descriptor)) for ``run`` (a compiled kernel's
+    ``CudaLauncher``) whose leading descriptor arguments are ``descs``; None where Triton's
+    launcher is laid out otherwise or the expansion made here differs from Triton's own.
+
+    What Triton 3.4-3.8 share: the launcher's ``launch`` attribute is a closure (``inner``)
+    over the raw C ``launcher`` and the kernel's ``tensordesc_meta`` (one dict per descriptor
+    argument: swizzle, element size and type, block), and the module's ``make_tensordesc_arg``
+    turns a descriptor into [tensor map, *shape, *strides]; the raw launcher takes those
+    expanded arguments where the wrapper would have put them. ``utils``: the driver's utility
+    module (the active CUDA driver's by default)."""
+    inner = getattr(run, "launch", None)
+    closure, code = getattr(inner, "__closure__", None), getattr(inner, "__code__", None)
+    if not closure or code is None:
+        return None
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in closure)))
+    raw, metas = cells.get("launcher"), cells.get("tensordesc_meta")
+    make = cells.get("make_tensordesc_arg") or inner.__globals__.get("make_tensordesc_arg")
+    if raw is None or make is None or not metas or len(metas) < len(descs):
+        return None
+    import copy
+    import sys
+    driver_module = sys.modules.get(type(run).__module__)
+    to_host = getattr(driver_module, "TMA_DTYPE_DEVICE_TO_HOST", None)
+    if utils is None:
+        from triton.runtime.driver import driver
+        utils = driver.active.utils
+    encode = (getattr(utils, "fill_tma_descriptor_tiled", None)
+              or getattr(utils, "fill_tma_descriptor", None))
+    if to_host is None or encode is None:
+        return None
+    maps = []
+    for desc, meta in zip(descs, metas):
+        if (not isinstance(meta, dict) or meta.get("fp4_padded") or meta.get("is_im2col")
+                or getattr(desc, "round_f32_to_tf32", False)):
+            return None
+        enc_args = (meta["swizzle"], meta["elem_size"], to_host[meta["elem_type"]],
+                    list(meta["block_size"]), list(desc.shape), list(desc.strides),
+                    1 if getattr(desc, "padding", None) == "nan" else 0)
+        tail = (*desc.shape, *desc.strides)
+        ours = [encode(desc.base.data_ptr(), *enc_args), *tail]
+        try:
+            theirs = make(desc, meta)
+        except TypeError:  # Triton >= 3.7: (arg, metadata, base arguments)
+            theirs = make(desc, meta, ())
+        theirs = list(theirs)
+        if (len(theirs) != len(ours) or theirs[1:] != ours[1:]
+                or type(theirs[0]) is not type(ours[0])):
+            return None
+        mine, tritons = _map_bytes(ours[0]), _map_bytes(theirs[0])
+        if mine is None or mine != tritons:
+            return None
+        maps.append((encode, enc_args, tail))
+    direct = copy.copy(run)
+    direct.launch = raw
+    return direct, tuple(maps)
+
+
+def _map_bytes(tensor_map):
+    """The 128 bytes of an encoded tensor map (Triton's PyCUtensorMap keeps them at the end of
+    the object), or the object's buffer; None where neither is readable."""
+    try:
+        return bytes(memoryview(tensor_map))
+    except TypeError:
+        pass
+    size = type(tensor_map).__basicsize__
+    if type(tensor_map).__name__ != "PyCUtensorMap" or size < 144:
+        return None
+    import ctypes
+    return ctypes.string_at(id(tensor_map) + size - 128, 128)
+
+
 def _pipeline_failure(exc):
     """Whether ``exc`` is Triton's report of a failed MLIR pass (``pm.run``: "PassManager::run
     failed"), the way a lowering bug of one Triton release surfaces (F78)."""

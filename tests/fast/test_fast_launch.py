@@ -597,3 +597,189 @@ def test_tma_descriptor_cache_keeps_equal_encodings():
     assert other is not first and encoded == [4096, 8192]
     assert launch.set_tma_descriptor_cache(False, utils)
     assert utils.fill_tma_descriptor is fill_tma_descriptor
+
+
+# ---------------------------------------------------------------- TMA descriptors, expanded here
+
+TMA_DTYPE_DEVICE_TO_HOST = {1: 10}  # what tma_expansion reads from the launcher's module
+_TMA_META = {"swizzle": 3, "elem_size": 2, "elem_type": 1, "block_size": [1, 64, 128]}
+
+
+def _tma_kernel(A, B, X, n, scale, BLOCK: tl.constexpr, FLAG: tl.constexpr = 3):
+    pass
+
+
+def _fill_tma_descriptor_tiled(ptr, swizzle, elem, dtype, block, shape, strides, padding):
+    """A stand-in encoder: the "tensor map" is its arguments as bytes."""
+    return repr((ptr, swizzle, elem, dtype, block, shape, strides, padding)).encode()
+
+
+def _make_tensordesc_arg(arg, meta):
+    """Triton's expansion of one descriptor (tiled, no padding): map, shape, strides."""
+    tensor_map = _fill_tma_descriptor_tiled(
+        arg.base.data_ptr(), meta["swizzle"], meta["elem_size"],
+        TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]], meta["block_size"], list(arg.shape),
+        list(arg.strides), 0)
+    return [tensor_map, *arg.shape, *arg.strides]
+
+
+class FakeCudaLauncher:
+    """Laid out as Triton's CudaLauncher: ``launch`` is a closure over the raw C launcher and
+    the descriptors' metadata that expands each descriptor argument first."""
+
+    def __init__(self, raw, metas, make=_make_tensordesc_arg):
+        launcher, tensordesc_meta, make_tensordesc_arg = raw, metas, make
+
+        def inner(*args):
+            base, kernel_args = args[:9], args[9:]  # grid, stream, function, metadata, hooks
+            final = []
+            for i, a in enumerate(kernel_args):
+                if i < len(tensordesc_meta):
+                    final.extend(make_tensordesc_arg(a, tensordesc_meta[i]))
+                else:
+                    final.append(a)
+            return launcher(*base, *final)
+        self.launch = inner
+
+    def __call__(self, grid_x, grid_y, grid_z, stream, function, *args):
+        self.launch(grid_x, grid_y, grid_z, stream, function, *args)
+
+
+class FakeDescriptor:
+    """What the launcher reads of a host TensorDescriptor."""
+
+    def __init__(self, fields, base):
+        self.base, self.padding = base, "zero"
+        self.shape, self.strides = fields["shape"], fields["strides"]
+        self.block_shape, self.layout = fields["block_shape"], fields["layout"]
+
+
+def _tma_fields(rows):
+    return {"shape": [2, rows, 128], "strides": [rows * 128, 128, 1], "block_shape": [1, 64, 128],
+            "layout": "nvmma"}
+
+
+@pytest.fixture
+def tma_rig(monkeypatch):
+    """A TmaBoundLaunch over a real JITFunction whose ``run`` hands out compiled kernels laid
+    out as Triton's (two descriptors, then a tensor and two scalars), a log of the raw
+    launcher's calls and of the launches through the launcher."""
+    jit = JITFunction(_tma_kernel)
+    log, compiled = [], {}
+    monkeypatch.setattr(launch, "TMA_DTYPE_DEVICE_TO_HOST", TMA_DTYPE_DEVICE_TO_HOST,
+                        raising=False)
+
+    def raw(*args):
+        log.append(("raw", args))
+
+    def run(*args, grid, warmup, **kwargs):
+        key = (specialization_key(args), tuple(sorted(kwargs.items())))
+        if key not in compiled:
+            kernel = types.SimpleNamespace(function="fn", packed_metadata="meta",
+                                           run=FakeCudaLauncher(raw, [_TMA_META, _TMA_META]))
+            compiled[key] = kernel
+        if not warmup:
+            log.append(("triton", args))
+            compiled[key].run(*grid, 1, 77, "fn", "meta", None, None, None, *args)
+        return compiled[key]
+
+    monkeypatch.setattr(jit, "run", run, raising=False)
+    launcher = DirectLauncher(jit)
+    launcher.driver = object()
+    launcher.device_of = lambda: 0
+    launcher.stream = lambda device: 77
+    launcher.knobs = types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    utils = types.SimpleNamespace(fill_tma_descriptor_tiled=_fill_tma_descriptor_tiled)
+    bound = launch.TmaBoundLaunch(launcher, (3, 2), {"BLOCK": 32}, (_tma_fields(64),
+                                                                    _tma_fields(96)),
+                                  FakeDescriptor, utils=utils)
+    # tma_expansion reads the encoder's dtype table from the launcher's module: this one
+    monkeypatch.setattr(FakeCudaLauncher, "__module__", __name__)
+    previous = set_launch_mode("direct")
+    yield bound, launcher, log
+    set_launch_mode(previous)
+
+
+def test_tma_bound_launch_expands_the_descriptors_as_triton_does(tma_rig):
+    """Call 1 goes through Triton, call 2 directly through the launcher (whose wrapper expands
+    the descriptors), later ones on the bound path: the raw launcher gets the same expanded
+    arguments from both (tensor maps of the new bases, shapes, strides, then the tensor and
+    the scalars in place)."""
+    bound, launcher, log = tma_rig
+    a, b, x = torch.empty(2, 64, 128), torch.empty(2, 96, 128), torch.empty(16)
+    rest = (7, 0.5)
+    for _ in range(4):
+        bound.fixed((a, b), (x, ), rest)
+    assert bound.failure is None and bound.bound is not None
+    raws = [e[1] for e in log if e[0] == "raw"]
+    assert [e[0] for e in log].count("triton") == 1 and len(raws) == 4
+    assert launcher.direct_launches == 3
+    assert raws[1] == raws[2] == raws[3], "the bound path passes other arguments"
+    a2, x2 = torch.empty(2, 64, 128), torch.empty(16)
+    bound.fixed((a2, b), (x2, ), rest)
+    mine = [e[1] for e in log if e[0] == "raw"][-1]
+    expected = (3, 2, 1, 77, "fn", "meta", None, None, None,
+                *_make_tensordesc_arg(FakeDescriptor(_tma_fields(64), a2), _TMA_META),
+                *_make_tensordesc_arg(FakeDescriptor(_tma_fields(96), b), _TMA_META), x2, 7, 0.5)
+    assert mine[:len(expected)] == expected
+    assert mine[len(expected):] == (32, 3), "the constexprs after the arguments"
+
+
+def test_tma_bound_launch_puts_tensors_in_their_slots(tma_rig):
+    bound, _, log = tma_rig
+    bound.tensor_slots = (1, )
+    a, b, x = torch.empty(2, 64, 128), torch.empty(2, 96, 128), torch.empty(16)
+    for _ in range(3):
+        bound.fixed((a, b), (x, ), (7, 0.5))
+    raws = [e[1] for e in log if e[0] == "raw"]
+    assert raws[-1][-5:-2] == (7, x, 0.5) and raws[-1][:-5] == raws[-2][:-5]
+
+
+@pytest.mark.parametrize("change", ["encoder", "layout"])
+def test_tma_bound_launch_refuses_an_expansion_unlike_tritons(tma_rig, change):
+    """An encoder whose maps differ from Triton's, or a launcher without the expected closure,
+    is never bound: every call goes through the launcher (the reason is kept)."""
+    bound, launcher, log = tma_rig
+    if change == "encoder":
+        bound.utils = types.SimpleNamespace(
+            fill_tma_descriptor_tiled=lambda *args: _fill_tma_descriptor_tiled(*args) + b"!")
+    else:
+        original = launcher.jit.run
+
+        def unwrapped(*args, **kwargs):
+            kernel = original(*args, **kwargs)
+            kernel.run.launch = lambda *a: log.append(("raw", a))
+            return kernel
+        launcher.jit.run = unwrapped
+    a, b, x = torch.empty(2, 64, 128), torch.empty(2, 96, 128), torch.empty(16)
+    for _ in range(4):
+        bound.fixed((a, b), (x, ), (7, 0.5))
+    assert bound.bound is None and bound.failure
+    assert launcher.direct_launches == 3  # through the launcher's own path, never bound
+
+
+@pytest.mark.parametrize("change", ["rest", "dtype", "alignment", "triton_mode", "hook"])
+def test_tma_bound_launch_leaves_the_bound_path_on_any_change(tma_rig, change):
+    bound, launcher, log = tma_rig
+    buf = torch.empty(2 * 64 * 128 + 1)
+    a, b, x = buf[:2 * 64 * 128].view(2, 64, 128), torch.empty(2, 96, 128), torch.empty(16)
+    rest = (7, 0.5)
+    for _ in range(3):
+        bound.fixed((a, b), (x, ), rest)
+    before = launcher.direct_launches
+    calls = []
+    inner = launcher._launch
+    launcher._launch = lambda *args: calls.append(1) or inner(*args)
+    if change == "rest":
+        rest = tuple([7, 0.5])  # equal values, another object: the launcher decides
+    elif change == "dtype":
+        x = torch.empty(16, dtype=torch.float16)
+    elif change == "alignment":
+        a = buf[1:].view(2, 64, 128)
+    elif change == "triton_mode":
+        set_launch_mode("triton")
+    else:
+        launcher.knobs.launch_enter_hook = print
+    bound.fixed((a, b), (x, ), rest)
+    assert calls, f"{change}: the bound path was taken"
+    assert launcher.direct_launches <= before + 1

@@ -292,7 +292,7 @@ def test_the_256_column_tile_is_the_forwards_alone(D):
     q = torch.zeros(Z1, Z2, H, L, D, dtype=torch.bfloat16)
     st = tuple(q.stride())
     fwd_plan = (((Z1, Z2, H, L, D),) * 3, (st,) * 3, True, 0.1)
-    fields, _, _, meta, _ = sdpa_fwd_gluon._prepare(q, q, q, q, torch.zeros(3, L * H), fwd_plan)
+    fields, _, _, meta, _, _ = sdpa_fwd_gluon._prepare(q, q, q, q, torch.zeros(3, L * H), fwd_plan)
     assert (meta["HEAD_D"], meta["BLOCK_N"]) == (256, 64)
     assert [list(f["block_shape"])[-2:] for f in fields] == [[128, 256], [64, 256], [64, 256],
                                                             [64, 256]]
@@ -314,12 +314,12 @@ def test_gluon_descriptors_of_a_head_dim_between_tiles(D):
     st = tuple(q.stride())
     fwd_plan = (((Z1, Z2, H, L, D),) * 3, (st,) * 3, False, 0.125)
     stats = torch.zeros(3, Z1 * Z2 * H * L)
-    fields, _, _, meta, _ = sdpa_fwd_gluon._prepare(q, q, q, q, stats, fwd_plan)
+    fields, _, _, meta, _, _ = sdpa_fwd_gluon._prepare(q, q, q, q, stats, fwd_plan)
     assert meta["HEAD_D"] == tile
     for f in fields:
         assert list(f["shape"])[-1] == D and list(f["block_shape"])[-1] == tile
     dq_sum = torch.zeros(Z1, Z2, H, L, D)
-    fields, _, (ints, _, _), meta = sdpa_bwd_gluon._prepare(q, q, q, q, dq_sum, fwd_plan + (st,),
+    fields, _, (ints, _, _), meta, _ = sdpa_bwd_gluon._prepare(q, q, q, q, dq_sum, fwd_plan + (st,),
                                                             "auto")
     assert [list(f["block_shape"])[-1] for f in fields] == [tile] * 4 + [64]
     assert list(fields[4]["shape"]) == [Z1 * Z2 * H * L, D]
@@ -370,7 +370,7 @@ def test_gluon_backward_launch_constants_follow_the_schedule(schedule, D):
     st = tuple(q.stride())
     plan = (((Z1, Z2, H, L, D),) * 3, (st,) * 3, False, 0.125, st)
     dq_sum = torch.zeros(Z1, Z2, H, L, D)
-    fields, grid, ints, meta = sdpa_bwd_gluon._prepare(q, q, q, q, dq_sum, plan, schedule)
+    fields, grid, ints, meta, _ = sdpa_bwd_gluon._prepare(q, q, q, q, dq_sum, plan, schedule)
     split, dq_tma, dq_defer = sdpa_bwd_gluon.SCHEDULES[
         sdpa_bwd_gluon.resolved_schedule(schedule, D)]
     assert meta == dict(CAUSAL=False, SPLIT=split, DQ_TMA=dq_tma, DQ_DEFER=dq_defer,

@@ -314,6 +314,43 @@ def test_repeat_calls_launch_directly(gen, monkeypatch):
         assert torch.equal(out, first)
 
 
+def test_repeat_calls_expand_their_descriptors_here(gen, monkeypatch):
+    """From a shape's third call on, the Gluon forward and backward launch through
+    fast.launch.TmaBoundLaunch (the tensor maps encoded here, Triton's expansion bypassed),
+    bound after their expansion matched Triton's byte for byte; with new tensors every call
+    (new addresses in the maps) the results equal those of Triton's own launch path: out, dk
+    and dv bitwise, dq (added by TMA reductions, in no fixed order) within a few ulps."""
+    from attention_oracle.fast.launch import TmaBoundLaunch, set_launch_mode
+
+    def step(q, k, v, dout):
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        out = fast_sdpa.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(dout)
+        return out, q.grad, k.grad, v.grad
+
+    cases = [tuple(randn(2, 4, 300, 128, dtype=torch.bfloat16, gen=gen) for _ in range(4))
+             for _ in range(4)]
+    with gluon_forward(monkeypatch) as fwd_calls, gluon_backward(monkeypatch) as bwd_calls:
+        got = [step(*c) for c in cases]
+        bounds = [p[-1][0] for p in sdpa_fwd_gluon._PREPARED.values()
+                  if isinstance(p[-1][0], TmaBoundLaunch)]
+        previous = set_launch_mode("triton")
+        try:
+            want = [step(*c) for c in cases]
+        finally:
+            set_launch_mode(previous)
+    assert len(fwd_calls) == len(bwd_calls) == 8
+    bound = [b for b in bounds if b.bound is not None]
+    assert len(bound) >= 2, [b.failure for b in bounds]
+    for g, w in zip(got, want):
+        for name, a, b in zip(("out", "dq", "dk", "dv"), g, w):
+            if name == "dq":
+                scale = b.abs().max().item()
+                assert (a.float() - b.float()).abs().max().item() <= 2 ** -7 * scale, name
+            else:
+                assert torch.equal(a, b), name
+
+
 def test_planted_wrong_scale_is_caught(gen, monkeypatch):
     """Negative control: the Gluon forward with the log2(e) factor of its exp2 scale left out
     (scores in natural units fed to exp2, a softmax temperature 1/ln 2 off) fails the rule.

@@ -45,7 +45,7 @@ import functools
 import torch
 
 from ..host import Choice
-from ..launch import DirectLauncher, on_device_of
+from ..launch import DirectLauncher, TmaBoundLaunch, on_device_of
 from .sdpa_fwd_gluon import (
     _ELEMENT_SIZE,
     GLUON_AVAILABLE,
@@ -508,7 +508,8 @@ def plan(gluon_fwd_plan, dout_stride, dtype):
 
 
 def _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule):
-    """The descriptors' fields, the grid, the int arguments and the constexprs of one plan."""
+    """The descriptors' fields, the grid, the int arguments, the constexprs and the unmasked
+    call's bound launch with its kept arguments, of one plan."""
     (qs, ks, vs), (qst, kst, vst), is_causal, scale, dst = bwd_plan
     Z1, Z2, HQ, L, D = qs
     HKV, S = ks[2], ks[3]
@@ -524,8 +525,12 @@ def _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule):
     dq_tma = dq_tma and Z1 * Z2 * HQ * L <= _INT32_MAX
     meta = dict(CAUSAL=is_causal, SPLIT=split, DQ_TMA=dq_tma, DQ_DEFER=dq_tma and dq_defer,
                 num_warps=4)
-    return (descriptor_fields(descs + (dq_desc, )), (-(-S // BLOCK_N), Z1 * Z2 * HKV),
-            (ints, scales, scale), meta)
+    fields, grid = descriptor_fields(descs + (dq_desc, )), (-(-S // BLOCK_N), Z1 * Z2 * HKV)
+    # an unmasked call's launch with its descriptors expanded here (fast.launch.TmaBoundLaunch):
+    # Stats, Delta, DQ, DK and DV among the arguments after the descriptors, the rest kept as
+    # one tuple per Stats row stride (the same object: the same values)
+    bound = TmaBoundLaunch(_LAUNCH, grid, meta, fields, _unchecked, tensor_slots=(0, 2, 3, 4, 5))
+    return fields, grid, (ints, scales, scale), meta, (bound, {})
 
 
 @functools.cache
@@ -544,7 +549,12 @@ def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan, mask
     cache_key = (bwd_plan, query.dtype, schedule)  # a 5-tuple plan: never a forward's key
     prepared = _PREPARED.get(cache_key) or keep_prepared(
         cache_key, _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule))
-    (fq, fk, fv, fd, fdq), grid, (ints, scales, scale), meta = prepared
+    (fq, fk, fv, fd, fdq), grid, (ints, scales, scale), meta, (bound, rests) = prepared
+    if mask is None:
+        s_stat = stats.stride(0)
+        rest = rests.get(s_stat) or rests.setdefault(s_stat, (s_stat, *ints, scales[0], scale))
+        bound.fixed((query, key, value, dout, dq_sum), (stats, delta, dq_sum, dk, dv), rest)
+        return
     args = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
             _unchecked(fd, dout), _unchecked(fdq, dq_sum), stats, stats.stride(0), delta, dq_sum,
             dk, dv)

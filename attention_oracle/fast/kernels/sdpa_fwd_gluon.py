@@ -35,7 +35,7 @@ import functools
 
 import torch
 
-from ..launch import DirectLauncher, is_sm90, on_device_of
+from ..launch import DirectLauncher, TmaBoundLaunch, is_sm90, on_device_of
 
 try:  # Gluon is experimental: a Triton without it (or with another API) leaves the path off
     from triton.experimental import gluon
@@ -996,7 +996,11 @@ def _prepare(query, key, value, out, stats, gluon_plan):
                  (min(grid[0] * grid[1], _sm_count(query.device)), ), (grid[1], ))
     else:
         plain = (_WS_LAUNCH if ws else _LAUNCH, grid, ())
-    return fields, plain[1], (stats.stride(0), ints, scales), meta, (plain, masked)
+    # an unmasked call's launch with its descriptors expanded here (fast.launch.TmaBoundLaunch),
+    # and its non-tensor arguments per Stats row stride as one kept tuple (the same object: the
+    # same values)
+    bound = TmaBoundLaunch(plain[0], plain[1], meta, fields, _unchecked)
+    return fields, plain[1], (stats.stride(0), ints, scales), meta, (plain, masked), (bound, {})
 
 
 @functools.lru_cache(maxsize=16)
@@ -1014,7 +1018,7 @@ def takes_mask(mask, dtype):
 def launch_args(prepared, query, key, value, out, stats, mask=None):
     """The arguments of one call of a prepared plan (:func:`launch`), for its unmasked kernel
     (``mask`` None) or its masked one."""
-    (fq, fk, fv, fo), _, (s_stat, ints, scales), _, (plain, _) = prepared
+    (fq, fk, fv, fo), _, (s_stat, ints, scales), _, (plain, _), _ = prepared
     descs = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
              _unchecked(fo, out), stats, s_stat)
     if mask is None:
@@ -1035,11 +1039,18 @@ def launch(query, key, value, out, stats, gluon_plan, mask=None):
     tensors can be passed as they are), under ``mask`` (None or one :func:`takes_mask`
     takes: every tile reads it, and the statistics are in the Triton forward's units for it).
     Launched through :class:`fast.launch.DirectLauncher` (Triton's own path for the first
-    launch of each specialization)."""
+    launch of each specialization), an unmasked call from its second launch on through a
+    :class:`fast.launch.TmaBoundLaunch` (the descriptors expanded here)."""
     cache_key = (gluon_plan, query.dtype, CONFIG)
     prepared = _PREPARED.get(cache_key) or keep_prepared(
         cache_key, _prepare(query, key, value, out, stats, gluon_plan))
-    _, _, _, meta, launches = prepared
+    _, _, (_, ints, scales), meta, launches, (bound, rests) = prepared
+    if mask is None:
+        s_stat = stats.stride(0)
+        rest = rests.get(s_stat) or rests.setdefault(
+            s_stat, (s_stat, *ints, scales[0], *launches[0][2]))
+        bound.fixed((query, key, value, out), (stats, ), rest)
+        return
     args = launch_args(prepared, query, key, value, out, stats, mask)
     launcher, grid, _ = launches[mask is not None]
     # Triton launches on the current device: make the tensors' one current first
