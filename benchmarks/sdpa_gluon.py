@@ -150,7 +150,8 @@ def host_parts(D=128):
     kernel launch alone (sdpa_fwd_gluon.launch on kept tensors: the bound path once bound),
     the pieces of the launcher's path (the launch's arguments with the four descriptors, the
     launcher's key, the compiled kernel's own launcher with Triton expanding the descriptors),
-    the bound path alone (fast.launch.TmaBoundLaunch: the descriptors expanded here), the
+    the bound path alone (fast.launch.TmaBoundLaunch: the descriptors expanded here, their
+    maps kept per address) and one map's encoding by the driver, the
     Triton forward's whole call, then a forward+backward call under the Gluon kernels and
     under the Triton ones; microseconds per call."""
     from attention_oracle.fast.launch import specialization_key
@@ -186,6 +187,9 @@ def host_parts(D=128):
         bound, rests = prepared[5]
         rest = rests[stats.stride(0)]
         row["bound_launch"] = host_us(lambda: bound.fixed((q5, q5, q5, out), (stats, ), rest))
+        if bound.bound is not None:  # one tensor map encoded by the driver (what the keeping saves)
+            _, kept, encode, enc_args = bound.bound[5][0]
+            row["encode_one"] = host_us(lambda: encode(q5.data_ptr(), *enc_args))
         row["call_triton"] = host_us(lambda: _run("triton", q, q, q, False))
     row.update(_step_host(q))
     fast_sdpa.set_forward_backend("triton")

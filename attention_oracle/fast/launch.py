@@ -49,6 +49,7 @@ _I32_MIN, _I32_MAX = -2**31, 2**31 - 1
 _I64_MIN, _I64_MAX = -2**63, 2**63 - 1
 _ONE, _FLOAT, _BOOL, _NONE = 6, 7, 8, 9
 _MAX_KERNELS = 4096  # entries per launcher before the cache is emptied (shapes are in the key)
+_MAX_MAPS = 64  # tensor maps kept per descriptor of a TmaBoundLaunch (by base address)
 
 
 def set_launch_mode(mode):
@@ -336,8 +337,11 @@ class TmaBoundLaunch:
     ``launcher`` (a :class:`DirectLauncher`) has launched this call site directly, the
     compiled kernel's C launcher is called with the arguments expanded here: each tensor map
     encoded by the driver's encoder with the arguments Triton would pass (computed once), then
-    its shape and strides. The binding compares that expansion with Triton's own for the same
-    descriptors, the tensor maps byte for byte; any difference, or a Triton whose launcher is
+    its shape and strides. A map is a function of the base address and those fixed arguments
+    alone, so each descriptor keeps the maps of up to ``_MAX_MAPS`` addresses it met (the
+    caching allocator hands the same addresses to the same shapes call after call, and the
+    driver's encoding is most of the expansion's host time). The binding compares that expansion with Triton's own
+    for the same descriptors, the tensor maps byte for byte; any difference, or a Triton whose launcher is
     not laid out as :func:`tma_expansion` expects, leaves the call site on the launcher's path.
     As in :class:`BoundLaunch`, a later call whose ``rest`` is the same object and whose
     tensors (``bases`` and ``tensors``) have the same keys takes the bound path; anything else
@@ -352,7 +356,8 @@ class TmaBoundLaunch:
         self.fields, self.make = tuple(fields), make
         self.tensor_slots, self.utils = tensor_slots, utils
         # (entry, rest, tensor keys, launcher without the descriptor wrapper, argument template,
-        # ((slot, encoder, its arguments after the address) per descriptor), tensor slots)
+        # ((slot, maps by address, encoder, its arguments after the address) per descriptor),
+        # tensor slots)
         self.bound = None
         self.failure = None  # why the last binding was refused (None: bound, or not yet tried)
         self.refused = None  # the compiled kernel it was refused for (not tried again)
@@ -378,8 +383,14 @@ class TmaBoundLaunch:
                 g0, g1, g2 = self.grid3
                 try:
                     args = template[:]
-                    for (slot, encode, enc_args), t in zip(maps, bases):
-                        args[slot] = encode(t.data_ptr(), *enc_args)
+                    for (slot, kept, encode, enc_args), t in zip(maps, bases):
+                        ptr = t.data_ptr()
+                        tensor_map = kept.get(ptr)
+                        if tensor_map is None:
+                            if len(kept) >= _MAX_MAPS:
+                                kept.clear()
+                            tensor_map = kept[ptr] = encode(ptr, *enc_args)
+                        args[slot] = tensor_map
                     for slot, t in zip(slots, tensors):
                         args[slot] = t
                     run(g0, g1, g2, launcher.stream(launcher.device_of()), entry.function,
@@ -410,7 +421,7 @@ class TmaBoundLaunch:
         run, maps = expansion
         template, map_slots = [], []
         for (encode, enc_args, tail) in maps:
-            map_slots.append((len(template), encode, enc_args))
+            map_slots.append((len(template), {}, encode, enc_args))
             template.append(None)
             template.extend(tail)
         start = len(template)

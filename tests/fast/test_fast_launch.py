@@ -783,3 +783,30 @@ def test_tma_bound_launch_leaves_the_bound_path_on_any_change(tma_rig, change):
     bound.fixed((a, b), (x, ), rest)
     assert calls, f"{change}: the bound path was taken"
     assert launcher.direct_launches <= before + 1
+
+
+def test_tma_bound_launch_encodes_each_address_once(tma_rig):
+    """On the bound path a descriptor's map is encoded once per base address (a map is a
+    function of the address and the fixed fields alone): a repeated address reuses it, a new
+    one is encoded, and the raw launcher gets the map of the call's own address."""
+    bound, _, log = tma_rig
+    encoded = []
+
+    def counting(ptr, *args):
+        encoded.append(ptr)
+        return _fill_tma_descriptor_tiled(ptr, *args)
+    bound.utils = types.SimpleNamespace(fill_tma_descriptor_tiled=counting)
+    a, b, x = torch.empty(2, 64, 128), torch.empty(2, 96, 128), torch.empty(16)
+    rest = (7, 0.5)
+    for _ in range(2):
+        bound.fixed((a, b), (x, ), rest)
+    assert bound.bound is not None
+    del encoded[:]
+    for _ in range(3):
+        bound.fixed((a, b), (x, ), rest)
+    assert encoded == [a.data_ptr(), b.data_ptr()]
+    a2 = torch.empty(2, 64, 128)
+    bound.fixed((a2, b), (x, ), rest)
+    assert encoded[-1] == a2.data_ptr() and len(encoded) == 3
+    raw = [e[1] for e in log if e[0] == "raw"][-1]
+    assert raw[9] == _make_tensordesc_arg(FakeDescriptor(_tma_fields(64), a2), _TMA_META)[0]
