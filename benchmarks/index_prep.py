@@ -71,7 +71,8 @@ def host_parts(T=4096, K=2048):
                                         return_topk_length=True)
     result, lengths = call()
     call()
-    bound = next(plan[0] for plan in _PLANS.values() if plan[0].bound is not None)
+    bound = next(plan[0] for key, plan in _PLANS.items()
+                 if key[1] == T and plan[0].bound is not None)  # this T's plan
     entry, rest, _, tail = bound.bound
     tensors = (local, cu_t, cu_t, lengths, result, lengths, lengths)
     ptrs = tuple(t.data_ptr() for t in tensors)

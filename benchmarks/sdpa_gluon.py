@@ -145,6 +145,9 @@ def host_overhead(D=128):
     return dict(row, D=D)
 
 
+PAIRS = 15  # host_parts: alternated timings of the Gluon and the Triton forward calls
+
+
 def host_parts(D=128):
     """Where a Gluon forward call's host time goes (B 1, H 1, L 128): the whole call, the
     kernel launch alone (sdpa_fwd_gluon.launch on kept tensors: the bound path once bound),
@@ -152,8 +155,9 @@ def host_parts(D=128):
     launcher's key, the compiled kernel's own launcher with Triton expanding the descriptors),
     the bound path alone (fast.launch.TmaBoundLaunch: the descriptors expanded here, their
     maps kept per address) and one map's encoding by the driver, the
-    Triton forward's whole call, then a forward+backward call under the Gluon kernels and
-    under the Triton ones; microseconds per call."""
+    Triton forward's whole call and the median ratio of the two calls timed in turn (``PAIRS``
+    pairs), then a forward+backward call under the Gluon kernels and under the Triton ones;
+    microseconds per call."""
     from attention_oracle.fast.launch import specialization_key
     q = torch.randn(1, 1, 128, D, device="cuda", dtype=torch.bfloat16)
     fast_sdpa.set_forward_backend("gluon")
@@ -191,6 +195,12 @@ def host_parts(D=128):
             _, kept, encode, enc_args = bound.bound[5][0]
             row["encode_one"] = host_us(lambda: encode(q5.data_ptr(), *enc_args))
         row["call_triton"] = host_us(lambda: _run("triton", q, q, q, False))
+        # the two calls in turn, PAIRS times: the median of gluon / triton (a noisy host moves
+        # both figures of a pair alike)
+        ratios = sorted(host_us(lambda: _run("gluon", q, q, q, False), calls=100, rounds=1)
+                        / host_us(lambda: _run("triton", q, q, q, False), calls=100, rounds=1)
+                        for _ in range(PAIRS))
+        row["paired_gluon_over_triton"] = ratios[len(ratios) // 2]
     row.update(_step_host(q))
     fast_sdpa.set_forward_backend("triton")
     print(f"host us, D {D}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items())
