@@ -4,7 +4,8 @@
                                     [--causal 0,1] [--dims 128] [--mask none] [--host-parts]
                                     [--json PATH]
 
-For each head dim, each shape (B*L = 16k tokens, H 32: L 1k, 4k, 16k; causal and not) and each config of the
+For each head dim, each shape (``--shapes`` indexes SHAPES: 0-2 B*L = 16k tokens, H 32, L 1k,
+4k, 16k; 3-5 smaller calls, B 4 L 256 and 512, B 16 L 512; causal and not) and each config of the
 Gluon kernel (BLOCK_M, BLOCK_N, STAGES, num_warps[, WS]): correctness (max |gluon - triton| over the
 whole output, max error of each against float64 on the first head), then TFLOP/s of cuDNN,
 fast-triton and fast-gluon by both timing methods of :mod:`benchmarks.timing` (``queued_ms``: do_bench; ``synced_ms``: events and a sync per call).
@@ -26,7 +27,8 @@ from attention_oracle.fast import sdpa as fast_sdpa
 from attention_oracle.fast.kernels import sdpa_fwd_gluon
 from benchmarks.timing import host_us, queued_ms, synced_ms, tflops
 
-SHAPES = [(16, 32, 1024), (4, 32, 4096), (1, 32, 16384)]
+SHAPES = [(16, 32, 1024), (4, 32, 4096), (1, 32, 16384),
+          (4, 32, 256), (4, 32, 512), (16, 32, 512)]  # 3-5: below "auto"'s threshold
 
 
 MASKS = ("none", "bool", "padding", "add", "padding_add")
