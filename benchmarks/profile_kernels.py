@@ -8,7 +8,10 @@ their peers: a target missed is stated with what limits it, measured.
 Each workload runs twice untimed (compilation, autotuning, caches), then once between
 ``cudaProfilerStart`` and ``cudaProfilerStop``, so ncu sees only that call's kernels. Without
 ncu the script just runs them. Workloads (bf16 unless named):
-sdpa_fwd_fast / sdpa_fwd_cudnn (B 4, H 32, L 4096, D 128), sdpa_bwd_fast / sdpa_bwd_cudnn
+sdpa_fwd_fast / sdpa_fwd_cudnn (B 4, H 32, L 4096, D 128), sdpa_fwd_fast_1k_causal /
+sdpa_fwd_cudnn_1k_causal (B 16, H 32, L 1024, D 128, causal; fast's default there is the Gluon
+forward), sdpa_fwd_gluon_persistent_1k_causal (the same under the Gluon forward's persistent
+config, kept for the workloads after it), sdpa_bwd_fast / sdpa_bwd_cudnn
 (the backward of the same), sdpa_bwd_fast_atomic / sdpa_bwd_fast_atomic_element (fast's backward
 under those dQ modes, ``set_dq_mode``), dsa_fwd_fast / dsa_bwd_fast (doc_16384, H 64, 512 + 64, top-k 2048;
 the default forward, Gluon on sm_90), dsa_fwd_fast_triton (the Triton forward; the backend stays
@@ -43,17 +46,17 @@ def _inputs(B, H, L, D, dtype):
     return [torch.randn(B, H, L, D, device="cuda", dtype=dtype, generator=g) for _ in range(4)]
 
 
-def _sdpa(impl, backward, dtype=torch.bfloat16, shape=(4, 32, 4096, 128)):
+def _sdpa(impl, backward, dtype=torch.bfloat16, shape=(4, 32, 4096, 128), causal=False):
     q, k, v, dout = _inputs(*shape, dtype)
     leaves = [t.requires_grad_(backward) for t in (q, k, v)]
 
     def forward():
         if impl == "cudnn":
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                return F.scaled_dot_product_attention(*leaves)
+                return F.scaled_dot_product_attention(*leaves, is_causal=causal)
         if impl == "torch":
-            return F.scaled_dot_product_attention(*leaves)
-        return fast_sdpa.scaled_dot_product_attention(*leaves)
+            return F.scaled_dot_product_attention(*leaves, is_causal=causal)
+        return fast_sdpa.scaled_dot_product_attention(*leaves, is_causal=causal)
 
     if not backward:
         def run():
@@ -106,9 +109,22 @@ def _dsa_module():
 
 
 FP32 = dict(dtype=torch.float32, shape=(2, 16, 2048, 128))
+def _persistent_forward():
+    """The Gluon forward under its persistent config (``sdpa_fwd_gluon.PERSISTENT``), kept for
+    the workloads after it."""
+    from attention_oracle.fast.kernels import sdpa_fwd_gluon
+    sdpa_fwd_gluon.CONFIG = (128, 128, 2, 4, sdpa_fwd_gluon.PERSISTENT)
+    return _sdpa("fast", False, shape=SHORT, causal=True)
+
+
+SHORT = (16, 32, 1024, 128)  # the causal L 1k rows: B 16, H 32, D 128
+
 WORKLOADS = {
     "sdpa_fwd_fast": lambda: _sdpa("fast", False),
     "sdpa_fwd_cudnn": lambda: _sdpa("cudnn", False),
+    "sdpa_fwd_fast_1k_causal": lambda: _sdpa("fast", False, shape=SHORT, causal=True),
+    "sdpa_fwd_cudnn_1k_causal": lambda: _sdpa("cudnn", False, shape=SHORT, causal=True),
+    "sdpa_fwd_gluon_persistent_1k_causal": _persistent_forward,
     "sdpa_bwd_fast": lambda: _sdpa("fast", True),
     "sdpa_bwd_cudnn": lambda: _sdpa("cudnn", True),
     "sdpa_bwd_fast_atomic": lambda: _sdpa("fast", True),
