@@ -679,13 +679,24 @@ if GLUON_AVAILABLE:
     # ------------------------------------------------------------------ persistent form
 
     @gluon.jit
-    def _work_item(w, n_bh, n_m, HQ, Z2, GROUP, S, BLOCK_M: gl.constexpr,
+    def _work_item(w, n_bh, n_m, heads, HQ, Z2, GROUP, S, BLOCK_M: gl.constexpr,
                    BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-        """Query block ``w`` of a persistent program's sequence (w = m * n_bh + bh; causal:
-        heaviest query blocks first, as the one-block programs' grid order): (z1, z2, h, hk,
-        pid_bh, start_m, free_hi, n_tiles) as :func:`_ws_program` derives them."""
-        m_rev = w // n_bh
-        pid_bh = w % n_bh
+        """Query block ``w`` of the persistent programs' sequence: (z1, z2, h, hk, pid_bh,
+        start_m, free_hi, n_tiles) as :func:`_ws_program` derives them. The sequence takes
+        the rows of blocks (z1, z2, h) in groups of ``heads`` (the last group what is left),
+        one group after another, and inside a group query-block level by level (causal:
+        heaviest first) over the group's rows: with ``heads`` about the programs over the
+        levels, the blocks running at once share their rows' keys in the L2, and program p's
+        blocks (w = p, p + grid, ...) sweep the levels. (Level-major over all rows, the blocks
+        running at once read as many rows' keys: 11% L2 hits on an H100 at L 1k, 2.9 TB/s
+        from DRAM.)"""
+        span = heads * n_m
+        group = w // span
+        first = group * heads
+        size = gl.minimum(heads, n_bh - first)
+        r = w - group * span
+        m_rev = r // size
+        pid_bh = first + r % size
         if CAUSAL:
             pid_m = n_m - 1 - m_rev
         else:
@@ -710,9 +721,10 @@ if GLUON_AVAILABLE:
         BLOCK_N: gl.constexpr = k_ring.shape[4]
         it = 0
         t = 0
+        heads = gl.maximum(n_prog // n_m, 1)
         for w in range(pid, n_bh * n_m, n_prog):
             z1, z2, h, hk, pid_bh, start_m, free_hi, n_tiles = _work_item(
-                w, n_bh, n_m, HQ, Z2, GROUP, S, BLOCK_M, BLOCK_N, CAUSAL)
+                w, n_bh, n_m, heads, HQ, Z2, GROUP, S, BLOCK_M, BLOCK_N, CAUSAL)
             qb = t % 2
             mbarrier.wait(q_empty.index(qb), ((t // 2) & 1) ^ 1)  # fresh: passes at once
             mbarrier.expect(q_full.index(qb), q_desc.block_type.nbytes)
@@ -759,9 +771,10 @@ if GLUON_AVAILABLE:
         NEXT: gl.constexpr = (ME + 1) % (BLOCK_M // ROWS)
         it = 0
         t = 0
+        heads = gl.maximum(n_prog // n_m, 1)
         for w in range(pid, n_bh * n_m, n_prog):
             z1, z2, h, hk, pid_bh, start_m, free_hi, n_tiles = _work_item(
-                w, n_bh, n_m, HQ, Z2, GROUP, S, BLOCK_M, BLOCK_N, CAUSAL)
+                w, n_bh, n_m, heads, HQ, Z2, GROUP, S, BLOCK_M, BLOCK_N, CAUSAL)
             qb = t % 2
             q_buf = q_smem.index(qb)
             q_tile = q_buf.slice(ROW0, ROWS, dim=3)
