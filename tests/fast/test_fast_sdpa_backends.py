@@ -331,12 +331,13 @@ def test_gluon_descriptors_of_a_head_dim_between_tiles(D):
 def test_the_persistent_forward_takes_one_program_an_sm_and_leaves_masks_to_the_ws_kernel(
         monkeypatch):
     """Under CONFIG's WS = PERSISTENT an unmasked call launches the persistent program on at
-    most one program an SM, told the query-block count per row of blocks (Z1 Z2 HQ); a masked
+    most one program an SM and at most one a pair of query blocks, told the number of rows of
+    blocks (Z1 Z2 HQ); a masked
     call launches the warp-specialized kernel on the one-block grid; three consumers are
     refused with a ValueError."""
     monkeypatch.setattr(sdpa_fwd_gluon, "_sm_count", lambda device: 132)
     monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", (128, 128, 2, 4, sdpa_fwd_gluon.PERSISTENT))
-    for L, H, programs in ((1000, 16, 128), (1000, 64, 132)):
+    for L, H, programs in ((1000, 16, 64), (1000, 64, 132)):  # 8 blocks a row: 4 pairs
         q = torch.zeros(1, 1, H, L, 128, dtype=torch.bfloat16)
         st = tuple(q.stride())
         plan = ((q.shape,) * 3, (st,) * 3, False, 0.1)

@@ -425,21 +425,23 @@ def test_planted_wrong_scale_in_the_backward_is_caught(schedule, gen, monkeypatc
 @pytest.mark.skipif(os.environ.get("ATTENTION_ORACLE_GLUON_VARIANTS", "0") in ("", "0"),
                     reason="set ATTENTION_ORACLE_GLUON_VARIANTS=1 to check the other Gluon configs")
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_persistent_program_takes_several_query_blocks(is_causal, gen, monkeypatch):
-    """The persistent program (CONFIG's WS = PERSISTENT) on more query blocks than SMs (8 x 64
-    = 512, ragged L and S): a program takes several, each's Q in the buffer of its parity and
-    the K/V ring's stages counted on across them; a masked call beside it runs the
-    warp-specialized kernel; the Triton backward on its statistics."""
+@pytest.mark.parametrize("L,S", [(1000, 997), (1100, 1000)])
+def test_persistent_program_takes_several_query_blocks(is_causal, L, S, gen, monkeypatch):
+    """The persistent program (CONFIG's WS = PERSISTENT) on more pairs of query blocks than
+    SMs (64 rows of 8 or 9 blocks, the ninth a pair of its own; ragged L and S): a program
+    takes several, each block's Q in the buffer of its parity and the K/V ring's stages
+    counted on across them; a masked call beside it runs the warp-specialized kernel; the
+    Triton backward on its statistics."""
     monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", (128, 128, 2, 4, sdpa_fwd_gluon.PERSISTENT))
-    assert 4 * 16 * 8 > torch.cuda.get_device_properties(0).multi_processor_count
-    q = randn(4, 16, 1000, 128, dtype=torch.bfloat16, gen=gen)
-    k = randn(4, 16, 997, 128, dtype=torch.bfloat16, gen=gen)
-    v = randn(4, 16, 997, 128, dtype=torch.bfloat16, gen=gen)
+    assert 4 * 16 * 4 > torch.cuda.get_device_properties(0).multi_processor_count
+    q = randn(4, 16, L, 128, dtype=torch.bfloat16, gen=gen)
+    k = randn(4, 16, S, 128, dtype=torch.bfloat16, gen=gen)
+    v = randn(4, 16, S, 128, dtype=torch.bfloat16, gen=gen)
     with gluon_forward(monkeypatch) as calls:
         check_case(q, k, v, is_causal=is_causal)
         if not is_causal:
             check_case(q[:1, :2], k[:1, :2], v[:1, :2],
-                       mask=masks("bool", 1, 2, 1000, 997, torch.bfloat16, gen), backward=False)
+                       mask=masks("bool", 1, 2, L, S, torch.bfloat16, gen), backward=False)
     assert len(calls) == 1 + (not is_causal), calls
 
 
