@@ -304,7 +304,9 @@ def test_repeat_calls_launch_directly(gen, monkeypatch):
     """After a shape's first call, the Gluon kernel is launched through its compiled launcher
     (fast.launch.DirectLauncher), not Triton's per-call binder; the result is unchanged."""
     q = randn(1, 2, 256, 64, dtype=torch.bfloat16, gen=gen)
-    launcher = sdpa_fwd_gluon._WS_LAUNCH if sdpa_fwd_gluon.CONFIG[4] else sdpa_fwd_gluon._LAUNCH
+    launcher = {False: sdpa_fwd_gluon._LAUNCH,
+                sdpa_fwd_gluon.PERSISTENT: sdpa_fwd_gluon._WS_PERSISTENT_LAUNCH}.get(
+                    sdpa_fwd_gluon.CONFIG[4], sdpa_fwd_gluon._WS_LAUNCH)
     with gluon_forward(monkeypatch):
         first = fast_sdpa.scaled_dot_product_attention(q, q, q)
         before = launcher.direct_launches

@@ -14,11 +14,13 @@ written the way FA3 feeds the tensor cores:
   ``O += P_{j-1} V_{j-1}``, waits for S_j alone and runs softmax(j) while the P.V product of
   the previous tile is still on the tensor cores.
 
-A warp-specialized form (``sdpa_fwd_gluon_ws_kernel``, ``CONFIG[4]``, the default config; FA3's
-roles): one producer warp issues every TMA load; the two 64-row consumer warpgroups are
-separate partitions that free each ring stage through an empty mbarrier of count 2, so they
-never wait for each other (in the default kernel both warpgroups meet at CTA barriers each
-tile).
+A warp-specialized form (``sdpa_fwd_gluon_ws_kernel``, ``CONFIG[4]``; FA3's roles): one
+producer warp issues every TMA load; the two 64-row consumer warpgroups are separate
+partitions that free each ring stage through an empty mbarrier of count 2, so they never wait
+for each other (in the plain kernel both warpgroups meet at CTA barriers each tile). The
+default config runs it as a persistent program (``sdpa_fwd_gluon_ws_persistent_kernel``: one
+an SM over pairs of query blocks, a heavy causal block with a light one) on unmasked calls,
+and as one program a query block on masked ones.
 
 Writes ``out`` (rank 5, contiguous, through a TMA store) and the saved row statistics
 ``Stats [3, Z1*Z2*HQ*L]`` as the Triton forward does: m (log2 units), log2 l and the public
@@ -75,11 +77,14 @@ LN2 = 0.6931471805599453
 # L 4096 D 128: 631 / 586 TFLOP/s queued / synced against 520 / 462 for WS=False (docs/PERFORMANCE.md,
 # "Gluon forward (opt-in), D 128").
 PINGPONG = 2
-# WS=PERSISTENT: the warp-specialized kernel as a persistent program (one per SM, query blocks
-# in turn, Q double-buffered so that the next block's Q and keys load while this one ends;
-# two consumers; unmasked calls; not yet timed)
+# WS=PERSISTENT: the warp-specialized kernel as a persistent program (one per SM, pairs of
+# query blocks in turn, Q double-buffered so that the next block's Q and keys load while this
+# one ends; two consumers; unmasked calls, a masked one runs the one-block WS kernel). The
+# default config: on an H100 at D 128 it is 1.02-1.10x the one-block kernel queued at L 1k
+# and 4k (causal L 1k 0.82 -> 0.88 of cuDNN), level with it at 16k (0.95-1.06x;
+# docs/PERFORMANCE.md "Gluon forward: the persistent program by pairs of query blocks")
 PERSISTENT = 3
-CONFIG = (128, 128, 2, 4, True)
+CONFIG = (128, 128, 2, 4, PERSISTENT)
 # tiles that take another config than CONFIG: at 256 columns 64-key stages (128-key ones
 # would need 320 KiB of shared memory; this one 197 KiB, no spills offline, sm_90a)
 TILE_CONFIGS = {256: (128, 64, 2, 4, True)}
