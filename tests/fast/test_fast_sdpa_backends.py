@@ -303,11 +303,12 @@ def test_the_256_column_tile_is_the_forwards_alone(D):
 
 @pytest.mark.skipif(not sdpa_fwd_gluon.GLUON_AVAILABLE, reason="this Triton has no Gluon")
 @pytest.mark.parametrize("D", [40, 96])
-def test_gluon_descriptors_of_a_head_dim_between_tiles(D):
+def test_gluon_descriptors_of_a_head_dim_between_tiles(D, monkeypatch):
     """A head dim between tiles: every descriptor's box is the tile's width over the tensor's
     own head dim (TMA reads zeros past it and clips the stores), the kernels' HEAD_D is the
     tile, and the backward is told the head dim (its dK, dV and atomic dQ row stride and
     column mask) beside a dQ descriptor over [rows, D]."""
+    monkeypatch.setattr(sdpa_fwd_gluon, "_sm_count", lambda device: 132)  # the persistent grid
     tile = sdpa_fwd_gluon.tile_dim(D)
     Z1, Z2, H, L = 1, 2, 3, 200
     q = torch.zeros(Z1, Z2, H, L, D, dtype=torch.bfloat16)
