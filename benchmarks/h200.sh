@@ -14,7 +14,7 @@
 #                fp32 rows included), benchmarks.compare fast vs torch; ATOMIC_DQ=1 adds
 #                forward+backward under the atomic-dQ mode, SDPA_LENGTHS the lengths
 #   gluonfwd     the Gluon forward's tiles: their GPU tests (ATTENTION_ORACLE_GLUON_VARIANTS=1),
-#                then benchmarks.sdpa_gluon: the WS default beside its ping-pong form (D 64, 128),
+#                then benchmarks.sdpa_gluon: the one-block WS tile beside its ping-pong form (D 64, 128),
 #                the three-consumer tile and its ping-pong form (D 64), and where its host time goes
 #   dsa          benchmarks.dsa --quick (doc_4096, doc_16384, packed_glm_a, NoPE rows, index
 #                preparation, PDL), then benchmarks.dsa_gluon (the forward's Triton and Gluon
@@ -33,8 +33,9 @@
 #                this Triton (gluon_probe: masked forms, the deferred dQ schedule), their GPU
 #                tests of masks, head dims between and past the tiles, the "tma_deferred"
 #                schedule, and (a run of its own) the persistent forward
-#   gluontime    the same, timed: benchmarks.sdpa_gluon with the persistent program beside the
-#                WS default (D 128, L 1k, 4k) and each mask kind (D 128 and 96, L 4k), then
+#   gluontime    the same, timed: benchmarks.sdpa_gluon with the persistent program (the default
+#                config) beside the one-block WS kernel (D 128, L 1k, 4k) and each mask kind
+#                (D 128 and 96, L 4k), then
 #                benchmarks.sdpa_gluon_bwd under auto, tma_deferred and serial (L 4k, 16k)
 #   bwddefault   what keeps the "auto" SDPA backward (the default) the default: fast's SDPA GPU
 #                tests with every backward the Gluon kernel can take given to it
@@ -401,7 +402,7 @@ task_gluoncover() {
     note "Gluon mask / head dim / deferred-schedule tests: exit $?"
     grep -E "passed|failed|FAILED|ERROR" "$d/tests.log" | cut -c1-300 | tail -12
     # apart: a hang of the persistent program's barriers ends this run alone (its timeout)
-    ATTENTION_ORACLE_GLUON_VARIANTS=1 timeout 120 "$PY" -m pytest -q -p no:cacheprovider -rfE --tb=short \
+    timeout 120 "$PY" -m pytest -q -p no:cacheprovider -rfE --tb=short \
         "$TESTS/test_fast_sdpa_gluon.py" -k persistent > "$d/persistent_tests.log" 2>&1
     note "Gluon persistent forward tests: exit $?"; tail -6 "$d/persistent_tests.log" | cut -c1-300
 }

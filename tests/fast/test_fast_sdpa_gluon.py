@@ -422,14 +422,10 @@ def test_planted_wrong_scale_in_the_backward_is_caught(schedule, gen, monkeypatc
     assert calls
 
 
-# the other configs are not the default and cost a compile each: they run when asked
-# (`bash benchmarks/h200.sh check`, `optin` and `gluoncover` ask)
-@pytest.mark.skipif(os.environ.get("ATTENTION_ORACLE_GLUON_VARIANTS", "0") in ("", "0"),
-                    reason="set ATTENTION_ORACLE_GLUON_VARIANTS=1 to check the other Gluon configs")
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("L,S", [(1000, 997), (1100, 1000)])
 def test_persistent_program_takes_several_query_blocks(is_causal, L, S, gen, monkeypatch):
-    """The persistent program (CONFIG's WS = PERSISTENT) on more pairs of query blocks than
+    """The persistent program (the default CONFIG) on more pairs of query blocks than
     SMs (64 rows of 8 or 9 blocks, the ninth a pair of its own; ragged L and S): a program
     takes several, each block's Q in the buffer of its parity and the K/V ring's stages
     counted on across them; a masked call beside it runs the warp-specialized kernel; the
@@ -448,7 +444,8 @@ def test_persistent_program_takes_several_query_blocks(is_causal, L, S, gen, mon
 
 
 # the other configs are not the default and cost a compile each: they run when asked
-# (`bash benchmarks/h200.sh check` and `optin` ask)
+# (`bash benchmarks/h200.sh check` and `optin` ask); the one-block WS tile (128, 128, 2, 4,
+# True) runs every masked call of the default tests, and unmasked calls here
 @pytest.mark.skipif(os.environ.get("ATTENTION_ORACLE_GLUON_VARIANTS", "0") in ("", "0"),
                     reason="set ATTENTION_ORACLE_GLUON_VARIANTS=1 to check the other Gluon configs")
 # (config, head dim): the 128 x 256 tile fits shared memory at head dim 64 only
@@ -458,8 +455,8 @@ def test_persistent_program_takes_several_query_blocks(is_causal, L, S, gen, mon
                                       ((128, 128, 2, 4, sdpa_fwd_gluon.PINGPONG), 64),
                                       ((192, 128, 2, 4, True), 64),
                                       ((192, 128, 2, 4, sdpa_fwd_gluon.PINGPONG), 64),
-                                      ((128, 128, 2, 4, sdpa_fwd_gluon.PERSISTENT), 128),
-                                      ((128, 128, 2, 4, sdpa_fwd_gluon.PERSISTENT), 64)],
+                                      ((128, 128, 2, 4, True), 128),
+                                      ((128, 128, 2, 4, True), 64)],
                          ids=str)
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_other_configs_agree(config, D, is_causal, gen, monkeypatch):
