@@ -30,9 +30,16 @@ compiled kernel it would run for those arguments; a mismatch sends the launcher 
 Triton's path with a warning. Modes (``set_launch_mode`` / ``$ATTENTION_ORACLE_FAST_LAUNCH``):
 ``direct`` (default), ``triton`` (always ``kernel[grid](...)``), ``check`` (every direct launch
 is checked so, and a mismatch raises).
+
+:class:`BoundLaunch` and :class:`TmaBoundLaunch` (kernels whose leading arguments are host TMA
+descriptors) keep one call site's launch once it went direct, so that a repeat call builds no
+key; the second also expands the descriptors itself (:func:`tma_expansion`).
 """
+import copy
+import ctypes
 import functools
 import inspect
+import sys
 import warnings
 
 import torch
@@ -331,21 +338,21 @@ class TmaBoundLaunch:
     call site; ``middle`` holds ``tensors`` at the positions ``tensor_slots`` (default: first)
     and ``rest``'s values elsewhere, in order.
 
-    Triton's launcher expands each descriptor argument in Python on every launch (its tensor
-    map encoded, then its shape and strides: ~10 us of host time for four,
-    docs/PERFORMANCE.md "Gluon forward (opt-in), D 64 and 128, direct launches"). Once
-    ``launcher`` (a :class:`DirectLauncher`) has launched this call site directly, the
-    compiled kernel's C launcher is called with the arguments expanded here: each tensor map
-    encoded by the driver's encoder with the arguments Triton would pass (computed once), then
-    its shape and strides. A map is a function of the base address and those fixed arguments
-    alone, so each descriptor keeps the maps of up to ``_MAX_MAPS`` addresses it met (the
-    caching allocator hands the same addresses to the same shapes call after call, and the
-    driver's encoding is most of the expansion's host time). The binding compares that expansion with Triton's own
-    for the same descriptors, the tensor maps byte for byte; any difference, or a Triton whose launcher is
-    not laid out as :func:`tma_expansion` expects, leaves the call site on the launcher's path.
-    As in :class:`BoundLaunch`, a later call whose ``rest`` is the same object and whose
-    tensors (``bases`` and ``tensors``) have the same keys takes the bound path; anything else
-    goes through ``launcher``."""
+    Through :class:`DirectLauncher` a launch builds the descriptor objects and the launcher's
+    key over them, and Triton's launcher expands each descriptor in Python (its tensor map
+    encoded, then its shape and strides): ~10 us of host time a call at four descriptors
+    (docs/PERFORMANCE.md "Gluon launches: the descriptors expanded here"). Once ``launcher``
+    has launched this call site directly, the compiled kernel's C launcher is called with the
+    arguments expanded here: each tensor map encoded by the driver's encoder with the
+    arguments Triton would pass (computed once), then its shape and strides. A map is a
+    function of the base address and those fixed arguments alone, so each descriptor keeps the
+    maps of up to ``_MAX_MAPS`` addresses (0.5-0.6 us each to encode; the caching allocator
+    hands the same addresses to the same shapes call after call). The binding compares that
+    expansion with Triton's own for the same descriptors, the tensor maps byte for byte; any
+    difference, or a Triton whose launcher is not laid out as :func:`tma_expansion` expects,
+    leaves the call site on the launcher's path. As in :class:`BoundLaunch`, a later call
+    whose ``rest`` is the same object and whose tensors (``bases`` and ``tensors``) have the
+    same keys takes the bound path; anything else goes through ``launcher``."""
     __slots__ = ("launcher", "grid", "grid3", "kwargs", "fields", "make", "tensor_slots",
                  "utils", "bound", "failure", "refused")
 
@@ -442,7 +449,8 @@ def tma_expansion(run, descs, utils=None):
     ``CudaLauncher``) whose leading descriptor arguments are ``descs``; None where Triton's
     launcher is laid out otherwise or the expansion made here differs from Triton's own.
 
-    What Triton 3.4-3.8 share: the launcher's ``launch`` attribute is a closure (``inner``)
+    What Triton's sources from 3.4 to 3.8 share (run on 3.6): the launcher's ``launch``
+    attribute is a closure (``inner``)
     over the raw C ``launcher`` and the kernel's ``tensordesc_meta`` (one dict per descriptor
     argument: swizzle, element size and type, block), and the module's ``make_tensordesc_arg``
     turns a descriptor into [tensor map, *shape, *strides]; the raw launcher takes those
@@ -457,8 +465,6 @@ def tma_expansion(run, descs, utils=None):
     make = cells.get("make_tensordesc_arg") or inner.__globals__.get("make_tensordesc_arg")
     if raw is None or make is None or not metas or len(metas) < len(descs):
         return None
-    import copy
-    import sys
     driver_module = sys.modules.get(type(run).__module__)
     to_host = getattr(driver_module, "TMA_DTYPE_DEVICE_TO_HOST", None)
     if utils is None:
@@ -505,7 +511,6 @@ def _map_bytes(tensor_map):
     size = type(tensor_map).__basicsize__
     if type(tensor_map).__name__ != "PyCUtensorMap" or size < 144:
         return None
-    import ctypes
     return ctypes.string_at(id(tensor_map) + size - 128, 128)
 
 
