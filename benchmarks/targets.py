@@ -6,7 +6,8 @@ Reads every ``*.json`` under the paths (a file or a directory, searched recursiv
 ``$OUT`` of ``benchmarks/h200.sh``) and recognises each benchmark's output by its content, not
 its name: ``benchmarks.sdpa``, ``benchmarks.dsa``, ``benchmarks.overhead``,
 ``benchmarks.index_prep``, ``benchmarks.dsa_gluon [--backward]``, ``benchmarks.sdpa_gluon_bwd``
-and ``benchmarks.sdpa_gluon`` (its host rows). Every figure it judges was measured against its
+and ``benchmarks.sdpa_gluon`` (its host rows, and with ``--host-parts`` the paired median of
+the Gluon call's host time over the Triton call's). Every figure it judges was measured against its
 peer in the same run by the benchmark that wrote it; nothing is re-timed here.
 
 A target has cells: one measured figure each (a problem or point, a timing method), its bound,
@@ -220,6 +221,11 @@ def sdpa_ws_default(files):
             if "gluon_tma_cache" in r:
                 t.cells.append(Cell(where, "gluon / triton", r["gluon_tma_cache"] / r["triton"],
                                     1.0, "max", source=path, aside="opt-in TMA descriptor cache"))
+    for _, path, data in _of(files, "sdpa_gluon_host_parts"):
+        for r in data:  # --host-parts: the two calls timed in turn, the median of their ratio
+            if isinstance(r, dict) and "paired_gluon_over_triton" in r:
+                t.cells.append(Cell(f"host per call, L 128 D {r['D']}", "paired gluon / triton",
+                                    r["paired_gluon_over_triton"], 1.0, "max", source=path))
     return t
 
 

@@ -75,6 +75,8 @@ def outputs(tmp_path):
          "triton_step_over_cudnn": [0.96, 0.95]}]})
     _write(tmp_path, "gluon.json", [{"host_us": {"triton": 16.4, "gluon": 31.0,
                                                  "gluon_tma_cache": 15.0, "D": 128}}])
+    _write(tmp_path, "gluon_host.json", [{"call_gluon": 19.5, "call_triton": 17.3,
+                                          "paired_gluon_over_triton": 1.15, "D": 128}])
     _write(tmp_path, "triton_cache/kernel.json", {"name": "sdpa_fwd_kernel", "num_warps": 4})
     return targets.load([str(tmp_path)])
 
@@ -86,7 +88,7 @@ def _by_name(files):
 def test_each_benchmark_output_is_recognised_by_its_content(outputs):
     kinds = sorted(kind for kind, _, _ in outputs)
     assert kinds == ["dsa", "dsa_gluon_bwd", "index_prep", "overhead", "sdpa", "sdpa_gluon",
-                     "sdpa_gluon_bwd"]  # the Triton cache's JSON is not a benchmark output
+                     "sdpa_gluon_bwd", "sdpa_gluon_host_parts"]  # not the Triton cache's JSON
 
 
 def test_a_cell_below_its_bound_misses_the_target_and_is_named(outputs):
@@ -122,6 +124,8 @@ def test_aside_cells_are_shown_but_do_not_decide(outputs):
     assert host.verdict() == "missed"
     cache = [c for c in host.cells if c.aside]
     assert len(cache) == 1 and cache[0].met  # 15.0 / 16.4 with the opt-in cache
+    paired = [c for c in host.cells if c.method == "paired gluon / triton"]
+    assert [(c.value, c.met) for c in paired] == [(1.15, False)]  # --host-parts' paired median
 
 
 def test_max_bounds_and_paired_medians(outputs):
