@@ -331,24 +331,32 @@ def test_gluon_descriptors_of_a_head_dim_between_tiles(D, monkeypatch):
 @pytest.mark.skipif(not sdpa_fwd_gluon.GLUON_AVAILABLE, reason="this Triton has no Gluon")
 def test_the_persistent_forward_takes_one_program_an_sm_and_leaves_masks_to_the_ws_kernel(
         monkeypatch):
-    """Under CONFIG's WS = PERSISTENT an unmasked call launches the persistent program on at
-    most one program an SM and at most one a pair of query blocks, told the number of rows of
-    blocks (Z1 Z2 HQ); a masked
-    call launches the warp-specialized kernel on the one-block grid; three consumers are
-    refused with a ValueError."""
-    monkeypatch.setattr(sdpa_fwd_gluon, "_sm_count", lambda device: 132)
+    """Under CONFIG's WS = PERSISTENT an unmasked call launches the persistent program on one
+    program an SM where the pairs of query blocks are at least as many as the SMs, told the
+    number of rows of blocks (Z1 Z2 HQ), and the one-block warp-specialized kernel where they
+    are fewer (one program a block: more SMs busy); a masked call launches the
+    warp-specialized kernel on the one-block grid; three consumers are refused with a
+    ValueError."""
     monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", (128, 128, 2, 4, sdpa_fwd_gluon.PERSISTENT))
-    for L, H, programs in ((1000, 16, 64), (1000, 64, 132)):  # 8 blocks a row: 4 pairs
+    # L 1000: 8 query blocks a row, 4 pairs
+    for L, H, sms, persistent in ((1000, 16, 48, True), (1000, 64, 132, True),
+                                  (1000, 16, 132, False), (1100, 12, 60, True)):
+        monkeypatch.setattr(sdpa_fwd_gluon, "_sm_count", lambda device, sms=sms: sms)
         q = torch.zeros(1, 1, H, L, 128, dtype=torch.bfloat16)
         st = tuple(q.stride())
         plan = ((q.shape,) * 3, (st,) * 3, False, 0.1)
         prepared = sdpa_fwd_gluon._prepare(q, q, q, q, torch.zeros(3, H * L), plan)
         (plain, pgrid, tail), (masked, mgrid, mtail) = prepared[4]
-        assert plain is sdpa_fwd_gluon._WS_PERSISTENT_LAUNCH and pgrid == (programs, )
-        assert tail == (H, ) and prepared[1] == pgrid
-        assert masked is sdpa_fwd_gluon._WS_MASKED_LAUNCH and mgrid == (8, H) and mtail == ()
+        blocks = -(-L // 128)
+        if persistent:
+            assert plain is sdpa_fwd_gluon._WS_PERSISTENT_LAUNCH and pgrid == (sms, )
+            assert tail == (H, ) and prepared[1] == pgrid
+        else:
+            assert plain is sdpa_fwd_gluon._WS_LAUNCH and pgrid == (blocks, H) and tail == ()
+        assert masked is sdpa_fwd_gluon._WS_MASKED_LAUNCH and mgrid == (blocks, H)
+        assert mtail == ()
         args = sdpa_fwd_gluon.launch_args(prepared, q, q, q, q, q)
-        assert args[-2:] == (0.1 * sdpa_fwd_gluon.LOG2E, H)  # qk_scale, then the tail
+        assert args[-1 - len(tail):] == (0.1 * sdpa_fwd_gluon.LOG2E, *tail)  # qk_scale, tail
     monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", (192, 128, 2, 4, sdpa_fwd_gluon.PERSISTENT))
     with pytest.raises(ValueError, match="two consumers"):
         sdpa_fwd_gluon._prepare(q, q, q, q, torch.zeros(3, H * L), plan)

@@ -79,7 +79,8 @@ LN2 = 0.6931471805599453
 PINGPONG = 2
 # WS=PERSISTENT: the warp-specialized kernel as a persistent program (one per SM, pairs of
 # query blocks in turn, Q double-buffered so that the next block's Q and keys load while this
-# one ends; two consumers; unmasked calls, a masked one runs the one-block WS kernel). The
+# one ends; two consumers; unmasked calls, a masked one runs the one-block WS kernel, and so
+# does a call with fewer pairs of blocks than SMs, which one program a block spreads wider). The
 # default config: on an H100 at D 128 it is 1.02-1.10x the one-block kernel queued at L 1k
 # and 4k (causal L 1k 0.82 -> 0.88 of cuDNN), level with it at 16k (0.95-1.06x;
 # docs/PERFORMANCE.md "Gluon forward: the persistent program by pairs of query blocks")
@@ -1013,9 +1014,11 @@ def _prepare(query, key, value, out, stats, gluon_plan):
         if block_m != 128:
             raise ValueError(f"the persistent program takes two consumers (BLOCK_M 128), not "
                              f"BLOCK_M {block_m}")
-        # at most one program an SM, and none past the pairs of query blocks (_pair_item)
-        plain = (_WS_PERSISTENT_LAUNCH,
-                 (min(-(-grid[0] // 2) * grid[1], _sm_count(query.device)), ), (grid[1], ))
+        pairs, sms = -(-grid[0] // 2) * grid[1], _sm_count(query.device)
+        if pairs >= sms:  # one program an SM, each over pairs of query blocks (_pair_item)
+            plain = (_WS_PERSISTENT_LAUNCH, (sms, ), (grid[1], ))
+        else:  # fewer pairs than SMs: one program a block keeps more SMs busy
+            plain = (_WS_LAUNCH, grid, ())
     else:
         plain = (_WS_LAUNCH if ws else _LAUNCH, grid, ())
     # an unmasked call's launch with its descriptors expanded here (fast.launch.TmaBoundLaunch),
