@@ -16,6 +16,10 @@
 #   gluonfwd     the Gluon forward's tiles: their GPU tests (ATTENTION_ORACLE_GLUON_VARIANTS=1),
 #                then benchmarks.sdpa_gluon: the one-block WS tile beside its ping-pong form (D 64, 128),
 #                the three-consumer tile and its ping-pong form (D 64), and where its host time goes
+#   persistent   the Gluon forward's default config, the persistent program by pairs of query
+#                blocks: its GPU tests, benchmarks.sdpa_gluon beside the one-block WS kernel at
+#                D 64 and 128 (L 1k, 4k, 16k, causal and not), its host parts, then Nsight
+#                Compute on the causal L 1k forward (fast, cuDNN) when ncu is there
 #   dsa          benchmarks.dsa --quick (doc_4096, doc_16384, packed_glm_a, NoPE rows, index
 #                preparation, PDL), then benchmarks.dsa_gluon (the forward's Triton and Gluon
 #                backends side by side); FP32=1 adds the fp32 section, TUNE=a,b,... runs
@@ -407,6 +411,28 @@ task_gluoncover() {
     note "Gluon persistent forward tests: exit $?"; tail -6 "$d/persistent_tests.log" | cut -c1-300
 }
 
+task_persistent() {
+    local d=$1
+    timeout 150 "$PY" -m pytest -q -p no:cacheprovider -n 8 -rfE --tb=short \
+        "$TESTS/test_fast_sdpa_gluon.py" -k "persistent or repeat_calls or gluon_forward_agrees" \
+        > "$d/tests.log" 2>&1
+    note "Gluon forward tests (persistent default): exit $?"; tail -3 "$d/tests.log" | cut -c1-300
+    timeout 300 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,3 128,128,2,4,1 \
+        --shapes 0,1,2 --dims 64,128 --json "$d/gluon_persistent.json" > "$d/gluon.log" 2>&1
+    note "benchmarks.sdpa_gluon (persistent, one-block WS): exit $?"; grep -v "^{" "$d/gluon.log" | tail -28
+    timeout 60 "$PY" -m benchmarks.sdpa_gluon --host-parts --dims 64,128 \
+        --json "$d/gluon_host.json" > "$d/gluon_host.log" 2>&1
+    note "benchmarks.sdpa_gluon --host-parts: exit $?"; tail -2 "$d/gluon_host.log"
+    if command -v ncu > /dev/null; then
+        timeout 120 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+            --section MemoryWorkloadAnalysis --section WarpStateStats \
+            "$PY" -m benchmarks.profile_kernels --only sdpa_fwd_fast_1k_causal,sdpa_fwd_cudnn_1k_causal \
+            > "$d/ncu.txt" 2>&1
+        note "ncu: exit $?"; grep -E "^  [a-zA-Z_].*\(|Duration|L2 Hit|Compute \(SM\)|No Eligible" \
+            "$d/ncu.txt" | cut -c1-150
+    fi
+}
+
 task_gluontime() {
     local d=$1
     timeout 100 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,1 128,128,2,4,3 --shapes 0,1 \
@@ -439,7 +465,7 @@ task_prefetch() {
 }
 
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
     exit 2
 }
 
@@ -451,7 +477,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|gluonfwd|gluoncover|gluontime|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|gluoncover|gluontime|persistent|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done
