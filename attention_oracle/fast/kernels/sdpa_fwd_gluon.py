@@ -81,9 +81,9 @@ PINGPONG = 2
 # query blocks in turn, Q double-buffered so that the next block's Q and keys load while this
 # one ends; two consumers; unmasked calls, a masked one runs the one-block WS kernel, and so
 # does a call with fewer pairs of blocks than SMs, which one program a block spreads wider). The
-# default config: on an H100 at D 128 it is 1.02-1.10x the one-block kernel queued at L 1k
-# and 4k (causal L 1k 0.82 -> 0.88 of cuDNN), level with it at 16k (0.95-1.06x;
-# docs/PERFORMANCE.md "Gluon forward: the persistent program by pairs of query blocks")
+# default config: on an H100 at D 128 it is 1.05-1.10x the one-block kernel queued at L 1k
+# and 4k (causal L 1k 0.82 -> 0.88 of cuDNN), 0.94-1.04x at 16k (docs/PERFORMANCE.md "Gluon
+# forward: the persistent program by pairs of query blocks")
 PERSISTENT = 3
 CONFIG = (128, 128, 2, 4, PERSISTENT)
 # tiles that take another config than CONFIG: at 256 columns 64-key stages (128-key ones
