@@ -443,6 +443,41 @@ def test_persistent_program_takes_several_query_blocks(is_causal, L, S, gen, mon
     assert len(calls) == 1 + (not is_causal), calls
 
 
+@pytest.fixture
+def persistent_everywhere(monkeypatch):
+    """The persistent program on every unmasked Gluon call however few its pairs of query
+    blocks (a call with fewer pairs than SMs otherwise runs the one-block kernel): an SM count
+    of 4, and no plan prepared before under the real one."""
+    monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", (128, 128, 2, 4, sdpa_fwd_gluon.PERSISTENT))
+    monkeypatch.setattr(sdpa_fwd_gluon, "_sm_count", lambda device: 4)
+    monkeypatch.setattr(sdpa_fwd_gluon, "_PREPARED", {})
+
+
+@pytest.mark.parametrize("case", ["gqa_causal", "d96", "fp16_ragged_causal", "single_query",
+                                  "d64_causal"])
+def test_persistent_program_on_small_calls(case, persistent_everywhere, gen, monkeypatch):
+    """The persistent program (4 programs, several pairs each) where the default now runs the
+    one-block kernel: GQA in a [B, L, H, D] layout, head dims 96 and 64, fp16 with L > S and
+    the causal mask, a single query; gradients through the backward on its statistics. Each
+    prepared plan launched the persistent program."""
+    dtype = torch.float16 if case.startswith("fp16") else torch.bfloat16
+    kwargs = dict(is_causal=case.endswith("causal"))
+    if case == "gqa_causal":
+        q = randn(2, 700, 8, 128, dtype=dtype, gen=gen).transpose(1, 2)
+        k, v = (randn(2, 513, 2, 128, dtype=dtype, gen=gen).transpose(1, 2) for _ in range(2))
+        kwargs["enable_gqa"] = True
+    else:
+        L, S, D = {"d96": (300, 300, 96), "fp16_ragged_causal": (777, 300, 128),
+                   "single_query": (1, 129, 128), "d64_causal": (1000, 1000, 64)}[case]
+        q = randn(2, 3, L, D, dtype=dtype, gen=gen)
+        k, v = (randn(2, 3, S, D, dtype=dtype, gen=gen) for _ in range(2))
+    with gluon_forward(monkeypatch) as calls:
+        check_case(q, k, v, **kwargs)
+    assert calls
+    plains = [p[4][0][0] for p in sdpa_fwd_gluon._PREPARED.values() if len(p) == 6]
+    assert plains and all(p is sdpa_fwd_gluon._WS_PERSISTENT_LAUNCH for p in plains), plains
+
+
 # the other configs are not the default and cost a compile each: they run when asked
 # (`bash benchmarks/h200.sh check` and `optin` ask); the one-block WS tile (128, 128, 2, 4,
 # True) runs every masked call of the default tests, and unmasked calls here
