@@ -190,8 +190,8 @@ def host_parts(D=128):
                 g0, g1, 1, stream, entry.function, entry.packed, None, None, None, *args,
                 *entry.tail)),
         }
-        bound, rests = prepared[5]
-        rest = rests[stats.stride(0)]
+        bound = prepared[5][0]
+        rest = sdpa_fwd_gluon.unmasked_rest(prepared, stats.stride(0))
         row["bound_launch"] = host_us(lambda: bound.fixed((q5, q5, q5, out), (stats, ), rest))
         if bound.bound is not None:  # one tensor map encoded by the driver (what the keeping saves)
             _, kept, encode, enc_args = bound.bound[5][0]

@@ -558,12 +558,9 @@ def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan, mask
     args = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
             _unchecked(fd, dout), _unchecked(fdq, dq_sum), stats, stats.stride(0), delta, dq_sum,
             dk, dv)
-    if mask is None:  # the unmasked kernel: no mask arguments
-        on_device_of(dk, _LAUNCH, grid, (*args, *ints, scales[0], scale), meta)
-    else:
-        on_device_of(dk, _MASKED_LAUNCH, grid,
-                     (*args, *mask_arguments(mask), *ints, scales[mask.dtype != torch.bool],
-                      scale), meta)
+    on_device_of(dk, _MASKED_LAUNCH, grid,
+                 (*args, *mask_arguments(mask), *ints, scales[mask.dtype != torch.bool], scale),
+                 meta)
 
 
 if GLUON_AVAILABLE:

@@ -1043,12 +1043,23 @@ def takes_mask(mask, dtype):
 def launch_args(prepared, query, key, value, out, stats, mask=None):
     """The arguments of one call of a prepared plan (:func:`launch`), for its unmasked kernel
     (``mask`` None) or its masked one."""
-    (fq, fk, fv, fo), _, (s_stat, ints, scales), _, (plain, _), _ = prepared
+    (fq, fk, fv, fo), _, (s_stat, ints, scales), _, _, _ = prepared
     descs = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
-             _unchecked(fo, out), stats, s_stat)
+             _unchecked(fo, out), stats)
     if mask is None:
-        return (*descs, *ints, scales[0], *plain[2])
-    return (*descs, *mask_arguments(mask), *ints, scales[mask.dtype != torch.bool])
+        return (*descs, *unmasked_rest(prepared, s_stat))
+    return (*descs, s_stat, *mask_arguments(mask), *ints, scales[mask.dtype != torch.bool])
+
+
+def unmasked_rest(prepared, s_stat):
+    """An unmasked call's arguments after Stats for a Stats row stride ``s_stat``: one tuple
+    kept per stride in the prepared plan (the same object while the values are the same, which
+    is what :meth:`fast.launch.TmaBoundLaunch.fixed` compares)."""
+    _, _, (_, ints, scales), _, ((_, _, tail), _), (_, rests) = prepared
+    rest = rests.get(s_stat)
+    if rest is None:
+        rest = rests[s_stat] = (s_stat, *ints, scales[0], *tail)
+    return rest
 
 
 def mask_arguments(mask):
@@ -1069,15 +1080,12 @@ def launch(query, key, value, out, stats, gluon_plan, mask=None):
     cache_key = (gluon_plan, query.dtype, CONFIG)
     prepared = _PREPARED.get(cache_key) or keep_prepared(
         cache_key, _prepare(query, key, value, out, stats, gluon_plan))
-    _, _, (_, ints, scales), meta, launches, (bound, rests) = prepared
+    _, _, _, meta, launches, (bound, _) = prepared
     if mask is None:
-        s_stat = stats.stride(0)
-        rest = rests.get(s_stat) or rests.setdefault(
-            s_stat, (s_stat, *ints, scales[0], *launches[0][2]))
-        bound.fixed((query, key, value, out), (stats, ), rest)
+        bound.fixed((query, key, value, out), (stats, ), unmasked_rest(prepared, stats.stride(0)))
         return
     args = launch_args(prepared, query, key, value, out, stats, mask)
-    launcher, grid, _ = launches[mask is not None]
+    launcher, grid, _ = launches[1]  # the masked kernel's
     # Triton launches on the current device: make the tensors' one current first
     on_device_of(stats, launcher, grid, args, meta)
 
