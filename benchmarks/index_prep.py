@@ -54,12 +54,14 @@ def synced_with_host(fn, reps, warmup=2):
 
 def host_parts(T=4096, K=2048):
     """Where an index-preparation call's host time goes (one causal document of T tokens, top-k
-    K, compacted): the whole call, its validation (check_index_inputs), its two allocations,
-    the bound launch alone on kept tensors (fast.launch.BoundLaunch), the compiled kernel's
-    launcher alone with the tensors and with their addresses as ints (no pointer query per
-    argument in Triton's C launcher), and a device copy of the rows; microseconds per call, the
-    host's time before the sync (the device idle or not)."""
-    from attention_oracle.fast.index import _PLANS
+    K, compacted): the whole call (a repeat: its kept call), the validating general path the
+    first call of a signature takes, the signature itself, the validation
+    (check_index_inputs), two allocations against one buffer with two views, the bound launch
+    alone on kept tensors (fast.launch.BoundLaunch, by tensors and by addresses), the compiled
+    kernel's launcher alone with the tensors and with their addresses as ints (no pointer query
+    per argument in Triton's C launcher), and a device copy of the rows; microseconds per call,
+    the host's time before the sync (the device idle or not)."""
+    from attention_oracle.fast.index import _CALLS, _PLANS, _general_rows, _signature
     from attention_oracle.validation import check_index_inputs
     gen = torch.Generator(device="cuda").manual_seed(5)
     cu = [0, T]
@@ -73,19 +75,29 @@ def host_parts(T=4096, K=2048):
     call()
     bound = next(plan[0] for key, plan in _PLANS.items()
                  if key[1] == T and plan[0].bound is not None)  # this T's plan
-    entry, rest, _, tail = bound.bound
+    entry, rest, _, tail, _ = bound.bound
     tensors = (local, cu_t, cu_t, lengths, result, lengths, lengths)
     ptrs = tuple(t.data_ptr() for t in tensors)
     g0, g1, g2 = bound.grid3
     stream = _OFFSET_LAUNCH.stream(_OFFSET_LAUNCH.device_of())
     dst = torch.empty_like(local)
     row = {}
+    assert any(sig[0][0] == T for sig in _CALLS), "the repeat call took no kept call"
+
+    def one_buffer():
+        buf = torch.empty((T * K + T,), dtype=torch.int32, device="cuda")
+        return buf[:T * K].view(T, K), buf[T * K:]
     for name, fn in (
             ("call", call),
+            ("general_path", lambda: _general_rows(local, cu_t, cu_t, True, None, True, None,
+                                                   None, None, None)),
+            ("signature", lambda: _signature(local, cu_t, cu_t, None, True, True, None, None)),
             ("validation", lambda: check_index_inputs(local, cu_t, cu_t, None, None)),
             ("allocations", lambda: (torch.empty((T, K), dtype=torch.int32, device="cuda"),
                                      torch.empty((T, ), dtype=torch.int32, device="cuda"))),
+            ("one_buffer", one_buffer),
             ("bound_launch", lambda: bound.fixed(tensors, rest)),
+            ("bound_launch_addresses", lambda: bound.addresses(tensors, rest)),
             ("compiled_launcher_tensors", lambda: entry.run(
                 g0, g1, g2, stream, entry.function, entry.packed, None, None, None, *tensors,
                 *tail)),

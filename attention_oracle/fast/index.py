@@ -32,6 +32,8 @@ _OFFSET_LAUNCH = DirectLauncher(offset_gather_kernel, n_tensors=7)
 # per problem shape (and settings): the launch with its grid and constexprs fixed
 _PLANS = {}
 _MAX_PLANS = 1024
+# per call signature (offset_rows): the validated calls served on CUDA without out
+_CALLS = {}
 _SMS = {}
 
 
@@ -41,12 +43,19 @@ _WARPS = {"num_warps": None}
 # rows of one block: programs per multiprocessor (each takes a run of rows) and the row
 # loop's pipeline depth; benchmarks sweep them
 _PIPELINE = {"per_sm": 4, "num_stages": 3}
+# the three settings above as one value, in the plans' and the call signatures' keys
+_SETTINGS = [(None, 4, 3, False)]
+
+
+def _settings_changed():
+    _SETTINGS[0] = (_WARPS["num_warps"], _PIPELINE["per_sm"], _PIPELINE["num_stages"], _PDL["on"])
 
 
 def set_num_warps(num_warps=None):
     """The offset kernel's ``num_warps`` for later calls (None: the default rule); returns the
     previous value."""
     previous, _WARPS["num_warps"] = _WARPS["num_warps"], num_warps
+    _settings_changed()
     return previous
 
 
@@ -55,6 +64,7 @@ def set_pipeline(per_sm=4, num_stages=3):
     later calls; returns the previous (per_sm, num_stages)."""
     previous = _PIPELINE["per_sm"], _PIPELINE["num_stages"]
     _PIPELINE["per_sm"], _PIPELINE["num_stages"] = int(per_sm), int(num_stages)
+    _settings_changed()
     return previous
 
 
@@ -62,6 +72,7 @@ def set_pdl(on):
     """Programmatic dependent launch for index preparation -> DSA forward (kernels.pdl); off by
     default. Returns whether it is on (it stays off where Triton lacks the intrinsics)."""
     _PDL["on"] = bool(on) and pdl.AVAILABLE
+    _settings_changed()
     return _PDL["on"]
 
 
@@ -140,9 +151,85 @@ def offset_gather_kv_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, c
 def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, out=None,
                 compact=False, topk_length=None, key_rows=None, key_rows_name=None):
     """:func:`offset_gather_kv_indices` returning (rows, lengths); ``key_rows`` (the S of the
-    keys the rows will index, named ``key_rows_name`` in errors) also bounds cu_seqlens_k[-1]."""
+    keys the rows will index, named ``key_rows_name`` in errors) also bounds cu_seqlens_k[-1].
+
+    A call without ``out`` whose signature (:func:`_signature`) was validated and served on
+    CUDA before takes its kept :class:`_Call`; any other runs :func:`_general_rows`, which
+    keeps a ``_Call`` for the signature when one can serve it."""
+    sig = None
+    if out is None:
+        sig = _signature(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, causal,
+                         compact, key_rows, key_rows_name)
+        if sig is not None:
+            call = _CALLS.get(sig)
+            if call is not None:
+                return call(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length)
+    return _general_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal, out, compact,
+                         topk_length, key_rows, key_rows_name, sig)
+
+
+def _signature(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, causal, compact,
+               key_rows, key_rows_name):
+    """Everything a call's validation and plan depend on (None for arguments of types it does
+    not key on, and for negative-bit views: those take the general path every time). Only
+    strided tensors have strides: a sparse, nested or mkldnn tensor raises in ``stride()`` and
+    gets None (validation names the argument)."""
+    if causal.__class__ is not bool or compact.__class__ is not bool:
+        return None  # 1 or 0.0 equal True and False and would match their keys
+    if key_rows is not None and key_rows.__class__ is not int:
+        return None
+    Tensor = torch.Tensor
+    if not (isinstance(gather_kv_indices, Tensor) and isinstance(cu_seqlens_q, Tensor)
+            and isinstance(cu_seqlens_k, Tensor)):
+        return None
+    try:
+        if gather_kv_indices.is_neg() or cu_seqlens_q.is_neg() or cu_seqlens_k.is_neg():
+            return None
+        lengths = None
+        if topk_length is not None:
+            if not isinstance(topk_length, Tensor) or topk_length.is_neg():
+                return None
+            lengths = (topk_length.shape, topk_length.stride(), topk_length.dtype,
+                       topk_length.device)
+        return (gather_kv_indices.shape, gather_kv_indices.stride(), gather_kv_indices.dtype,
+                gather_kv_indices.device, cu_seqlens_q.shape, cu_seqlens_q.stride(),
+                cu_seqlens_q.dtype, cu_seqlens_q.device, cu_seqlens_k.shape,
+                cu_seqlens_k.stride(), cu_seqlens_k.dtype, cu_seqlens_k.device, lengths,
+                causal, compact, key_rows, key_rows_name, _SETTINGS[0])
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+class _Call:
+    """One validated call signature served on CUDA without ``out``: its rows and lengths come
+    from one allocation, and the launch is its plan's with the kept non-tensor arguments."""
+    __slots__ = ("shape", "size", "device", "launch", "rest", "all_holes")
+
+    def __init__(self, T, K, device, launch, rest, all_holes):
+        self.shape, self.size, self.device = (T, K), T * K + T, device
+        self.launch, self.rest, self.all_holes = launch, rest, all_holes
+
+    def __call__(self, gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length):
+        T, K = self.shape
+        buf = torch.empty((self.size,), dtype=torch.int32, device=self.device)
+        result, lengths = buf[:T * K].view(T, K), buf[T * K:]
+        self.launch.addresses((gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
+                               lengths if topk_length is None else topk_length, result,
+                               lengths, lengths), self.rest)
+        if self.all_holes:
+            result.fill_(-1)
+            lengths.zero_()
+        return result, lengths
+
+
+def _general_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal, out, compact,
+                  topk_length, key_rows, key_rows_name, sig):
+    """The validating path of :func:`offset_rows` (every check, aliasing, the CPU interpreter);
+    keeps a :class:`_Call` under ``sig`` when the call ran on CUDA with inputs the kernel
+    reads as they are."""
     T, K = check_index_inputs(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, out)
     check_flags(causal=causal, compact=compact)
+    given = (gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length)
     if (gather_kv_indices.is_neg() or cu_seqlens_q.is_neg() or cu_seqlens_k.is_neg()
             or (topk_length is not None and topk_length.is_neg())):
         # a negative-bit view reads as -x from storage holding x (docs/FINDINGS.md F46)
@@ -166,9 +253,11 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
     n_docs = cu_seqlens_q.shape[0] - 1
     on_cuda = device.type == "cuda"
     use_pdl = _PDL["on"] and on_cuda
+    # the dtypes too: a plan's launch then always sees the same dtype at each position
+    # (BoundLaunch.addresses keys on the alignment alone)
     plan_key = (device, T, K, n_docs, key_rows, bool(causal), bool(compact),
-                topk_length is None, use_pdl, _WARPS["num_warps"], _PIPELINE["per_sm"],
-                _PIPELINE["num_stages"])
+                None if topk_length is None else topk_length.dtype, gather_kv_indices.dtype,
+                cu_seqlens_q.dtype, cu_seqlens_k.dtype, use_pdl, _SETTINGS[0])
     plan = _PLANS.get(plan_key)
     if plan is None:
         plan = _plan(device, T, K, n_docs, key_rows, causal, compact, topk_length is None,
@@ -192,11 +281,19 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
         lengths, flags = buf[:T], buf[T:]
     launch.fixed((gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
                   lengths if topk_length is None else topk_length, result, lengths, flags), rest)
-    if T > 0 and ints[1] == 0:  # no slot or no document: all holes
+    all_holes = T > 0 and ints[1] == 0  # no slot or no document
+    if all_holes:
         result.fill_(-1)
         lengths.zero_()
     if not on_cuda:
         raise_on_bad_metadata(flags, key_rows_name)
+    elif sig is not None and all(a is b for a, b in zip(
+            given, (gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length))):
+        # validated, on CUDA, and every input read as given (none copied): later calls of this
+        # signature take the kept call
+        if len(_CALLS) >= _MAX_PLANS:
+            _CALLS.clear()
+        _CALLS[sig] = _Call(T, K, device, launch, rest, all_holes)
     if out is not None and result is not out:
         out.copy_(result)
         result = out

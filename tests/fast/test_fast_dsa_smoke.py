@@ -573,6 +573,42 @@ def test_offset_gather_matches_naive(causal, compact, K):
         assert torch.equal(res.cpu().long(), ref) and torch.equal(lengths.cpu(), ref_len)
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="kept calls serve CUDA calls alone (the "
+                    "interpreter takes the validating path every time)")
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("starts_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("K", [7, 4100])
+def test_kept_calls_agree_with_naive(index_dtype, starts_dtype, K):
+    """A repeated call signature takes its kept call (fast.index._CALLS: rows and lengths from
+    one buffer, launched by addresses): every call equal to the naive rows, with and without
+    topk_length, causal and compacted or not; then a view of the same signature 4 bytes off
+    16-byte alignment (another specialization: launched with the aligned one's kernel, its
+    vector loads would fault or read the wrong rows)."""
+    from attention_oracle.fast import index
+    g = torch.Generator().manual_seed(K + 3)
+    cuq, cuk = [0, 3, 3, 8, 9], [0, 5, 8, 14, 16]
+    T = cuq[-1]
+    idx = torch.randint(-2, 9, (T, K), generator=g, dtype=torch.int32)
+    topk_length = torch.randint(-1, K + 2, (T,), generator=g, dtype=torch.int32)
+    cu_q = torch.tensor(cuq, dtype=starts_dtype, device=DEVICE)
+    cu_k = torch.tensor(cuk, dtype=starts_dtype, device=DEVICE)
+    shifted = torch.empty(T * K + 1, dtype=index_dtype, device=DEVICE)
+    shifted[1:] = idx.to(DEVICE).flatten().to(index_dtype)
+    for causal, compact, lengths in ((False, False, None), (True, True, None),
+                                     (True, False, topk_length), (False, True, topk_length)):
+        ref = naive_offset(idx, cuq, cuk, causal, compact, lengths)
+        on_device = None if lengths is None else lengths.to(DEVICE)
+        aligned = idx.to(index_dtype).to(DEVICE)
+        for local in (aligned, aligned, aligned, shifted[1:].view(T, K)):
+            rows, counts = offset_gather_kv_indices(local, cu_q, cu_k, causal=causal,
+                                                    compact=compact, topk_length=on_device,
+                                                    return_topk_length=True)
+            assert rows.dtype == torch.int32 and rows.shape == (T, K) and rows.is_contiguous()
+            assert torch.equal(rows.cpu().long(), ref[0]) and torch.equal(counts.cpu(), ref[1])
+        assert index._signature(aligned, cu_q, cu_k, on_device, causal, compact, None,
+                                None) in index._CALLS, "the repeated signature kept no call"
+
+
 def test_varlen_equals_offset_then_global():
     g = torch.Generator().manual_seed(9)
     cuq = torch.tensor([0, 3, 3, 7], dtype=torch.int32, device=DEVICE)
