@@ -37,6 +37,9 @@
 #                this Triton (gluon_probe: masked forms, the deferred dQ schedule), their GPU
 #                tests of masks, head dims between and past the tiles, the "tma_deferred"
 #                schedule, and (a run of its own) the persistent forward
+#   index        index preparation's host path: its GPU tests (kept calls, launches by address,
+#                the varlen entry), benchmarks.index_prep --host-parts (where a call's host time
+#                goes), then its table against a device copy (the kept call beside the general path)
 #   gluontime    the same, timed: benchmarks.sdpa_gluon with the persistent program (the default
 #                config) beside the one-block WS kernel (D 128, L 1k, 4k) and each mask kind
 #                (D 128 and 96, L 4k), then
@@ -433,6 +436,20 @@ task_persistent() {
     fi
 }
 
+task_index() {
+    local d=$1
+    timeout 240 "$PY" -m pytest -q -p no:cacheprovider -n 8 -rfE --tb=short \
+        "$TESTS/test_fast_dsa_smoke.py" "$TESTS/test_fast_launch.py" \
+        -k "kept or offset or index or addresses or varlen or strided_lengths" > "$d/tests.log" 2>&1
+    note "index preparation and launch tests: exit $?"; tail -3 "$d/tests.log" | cut -c1-300
+    timeout 90 "$PY" -m benchmarks.index_prep --host-parts --out "$d/index_host.json" \
+        > "$d/host.log" 2>&1
+    note "benchmarks.index_prep --host-parts: exit $?"; tail -2 "$d/host.log"
+    timeout 150 "$PY" -m benchmarks.index_prep --warps 0 --out "$d/index_prep.json" \
+        > "$d/table.log" 2>&1
+    note "benchmarks.index_prep --warps 0: exit $?"; tail -4 "$d/table.log"
+}
+
 task_gluontime() {
     local d=$1
     timeout 100 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,1 128,128,2,4,3 --shapes 0,1 \
@@ -465,7 +482,7 @@ task_prefetch() {
 }
 
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,index,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
     exit 2
 }
 
@@ -477,7 +494,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|gluonfwd|gluoncover|gluontime|persistent|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|gluoncover|gluontime|persistent|index|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done
