@@ -63,7 +63,7 @@ def host_parts(T=4096, K=2048):
     """Where an index-preparation call's host time goes (one causal document of T tokens, top-k
     K, compacted): the whole call (a repeat: its kept call), the validating general path the
     first call of a signature takes, the signature itself, the validation
-    (check_index_inputs), two allocations against one buffer with two views, the bound launch
+    (check_index_inputs), two allocations (torch.empty, and Tensor.new_empty), the bound launch
     alone on kept tensors (fast.launch.BoundLaunch, by tensors and by addresses), the compiled
     kernel's launcher alone with the tensors and with their addresses as ints (no pointer query
     per argument in Triton's C launcher), and a device copy of the rows; microseconds per call,
@@ -91,9 +91,6 @@ def host_parts(T=4096, K=2048):
     row = {}
     assert any(sig[0][0] == T for sig in _CALLS), "the repeat call took no kept call"
 
-    def one_buffer():
-        buf = torch.empty((T * K + T,), dtype=torch.int32, device="cuda")
-        return buf[:T * K].view(T, K), buf[T * K:]
     for name, fn in (
             ("call", call),
             ("general_path", lambda: _general_rows(local, cu_t, cu_t, True, None, True, None,
@@ -102,9 +99,10 @@ def host_parts(T=4096, K=2048):
             ("validation", lambda: check_index_inputs(local, cu_t, cu_t, None, None)),
             ("allocations", lambda: (torch.empty((T, K), dtype=torch.int32, device="cuda"),
                                      torch.empty((T, ), dtype=torch.int32, device="cuda"))),
-            ("one_buffer", one_buffer),
+            ("new_empty", lambda: (local.new_empty((T, K), dtype=torch.int32),
+                                   local.new_empty((T, ), dtype=torch.int32))),
             ("bound_launch", lambda: bound.fixed(tensors, rest)),
-            ("bound_launch_addresses", lambda: bound.addresses(tensors, rest)),
+            ("bound_launch_addresses", lambda: bound.addresses(ptrs, local.get_device(), rest)),
             ("compiled_launcher_tensors", lambda: entry.run(
                 g0, g1, g2, stream, entry.function, entry.packed, None, None, None, *tensors,
                 *tail)),

@@ -140,7 +140,8 @@ def offset_gather_kv_indices(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, c
     ``return_topk_length`` also lengths [T] int32: the count of valid slots when compact,
     else the last valid slot + 1 (0 for an empty row). Bad metadata fails (module docstring).
     """
-    check_flags(return_topk_length=return_topk_length)
+    if return_topk_length.__class__ is not bool:
+        check_flags(return_topk_length=return_topk_length)
     result, lengths = offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal=causal,
                                   out=out, compact=compact, topk_length=topk_length)
     if return_topk_length:
@@ -201,19 +202,28 @@ def _signature(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, causa
 
 
 class _Call:
-    """One validated call signature served on CUDA without ``out``: its rows and lengths come
-    from one allocation, and the launch is its plan's with the kept non-tensor arguments."""
-    __slots__ = ("shape", "size", "device", "launch", "rest", "all_holes")
+    """One validated call signature served on CUDA without ``out``: the launch is its plan's
+    with the kept non-tensor arguments, given the tensors' addresses
+    (:meth:`fast.launch.BoundLaunch.addresses`)."""
+    __slots__ = ("rows_shape", "lengths_shape", "device", "index", "launch", "rest",
+                 "all_holes")
 
     def __init__(self, T, K, device, launch, rest, all_holes):
-        self.shape, self.size, self.device = (T, K), T * K + T, device
+        self.rows_shape, self.lengths_shape = (T, K), (T,)
+        self.device, self.index = device, device.index
         self.launch, self.rest, self.all_holes = launch, rest, all_holes
 
     def __call__(self, gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length):
-        T, K = self.shape
-        buf = torch.empty((self.size,), dtype=torch.int32, device=self.device)
-        result, lengths = buf[:T * K].view(T, K), buf[T * K:]
-        self.launch.addresses((gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
+        # two allocations: one buffer cut into two views costs more host time (slicing and
+        # viewing, ~1.1 us each; docs/PERFORMANCE.md "Index preparation and PDL")
+        result = torch.empty(self.rows_shape, dtype=torch.int32, device=self.device)
+        lengths = torch.empty(self.lengths_shape, dtype=torch.int32, device=self.device)
+        own = lengths.data_ptr()
+        ptrs = (gather_kv_indices.data_ptr(), cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
+                own if topk_length is None else topk_length.data_ptr(), result.data_ptr(), own,
+                own)
+        if not self.launch.addresses(ptrs, self.index, self.rest):
+            self.launch.fixed((gather_kv_indices, cu_seqlens_q, cu_seqlens_k,
                                lengths if topk_length is None else topk_length, result,
                                lengths, lengths), self.rest)
         if self.all_holes:

@@ -329,31 +329,36 @@ class BoundLaunch:
         entry = self.launcher(self.grid, tensors + rest, self.kwargs)
         if entry is not None and other_device(tensors[0]) is None:
             keys = tensor_keys(tensors)
-            self.bound = (entry, rest, keys, rest + entry.tail, tuple([k[1] for k in keys]))
+            self.bound = (entry, rest, keys, rest + entry.tail, all(k[1] for k in keys))
 
-    def addresses(self, tensors, rest):
-        """:meth:`fixed` for a caller whose tensors are CUDA tensors of one device, validated,
-        with the same dtype at each position in every call of this object: the compiled
-        launcher gets their addresses as ints. Triton's C launcher asks the driver about each
-        tensor argument's pointer (what turns a CPU tensor into an error); these tensors are
-        known to be device memory, so that query (~0.15 us a tensor) and the dtype keys are
-        skipped, and only the 16-byte alignment is compared."""
+    def addresses(self, ptrs, device, rest):
+        """The bound launch with ``ptrs`` (ints) in the tensors' places, for a caller whose
+        tensors are validated CUDA tensors of device ``device`` (an index) with the same dtype at
+        each position in every call of this object; returns whether it launched (False: call
+        :meth:`fixed` with the tensors instead). Triton's C launcher asks the driver about each
+        tensor argument's pointer (what turns a CPU tensor into an error); these are known to be
+        device memory, so that query and the dtype keys are skipped. Only launches whose bound
+        tensors were all 16-byte aligned, with every address here aligned too, take it."""
         bound = self.bound
-        if bound is not None and rest is bound[1] and _MODE.value == "direct":
-            launcher = self.launcher
-            ptrs = [t.data_ptr() for t in tensors]
-            if (launcher.usable and other_device(tensors[0]) is None and not launcher.hooked()
-                    and tuple([p & 15 == 0 for p in ptrs]) == bound[4]):
-                entry = bound[0]
-                g0, g1, g2 = self.grid3
-                try:
-                    entry.run(g0, g1, g2, launcher.stream(launcher.device_of()), entry.function,
-                              entry.packed, None, None, None, *ptrs, *bound[3])
-                    launcher.direct_launches += 1
-                    return
-                except Exception:  # noqa: BLE001 - the launcher's own path decides (and warns)
-                    self.bound = None
-        self.fixed(tensors, rest)
+        if bound is None or rest is not bound[1] or not bound[4] or _MODE.value != "direct":
+            return False
+        m = 0
+        for p in ptrs:
+            m |= p
+        launcher = self.launcher
+        if (m & 15 or not launcher.usable or launcher.hooked()
+                or (_several_gpus() and device != torch.cuda.current_device())):
+            return False
+        entry = bound[0]
+        g0, g1, g2 = self.grid3
+        try:
+            entry.run(g0, g1, g2, launcher.stream(device), entry.function, entry.packed, None,
+                      None, None, *ptrs, *bound[3])
+        except Exception:  # noqa: BLE001 - the launcher's own path decides (and warns)
+            self.bound = None
+            return False
+        launcher.direct_launches += 1
+        return True
 
 
 class TmaBoundLaunch:

@@ -296,21 +296,24 @@ def test_bound_launch_leaves_the_bound_path_on_any_change(bound_rig, change):
     assert paths(log) and paths(log)[0] != "bound", f"{change}: the bound path was taken"
 
 
-@pytest.mark.parametrize("change", [None, "alignment", "rest", "check_mode", "hook"])
+@pytest.mark.parametrize("change", [None, "alignment", "rest", "check_mode", "hook",
+                                    "misaligned_binding"])
 def test_bound_launch_by_addresses(bound_rig, change):
     """BoundLaunch.addresses (a caller whose tensors are validated device tensors of fixed
-    dtypes): the bound path gets the tensors' addresses as ints, with the arguments the bound
-    launch by tensors passes otherwise; a misaligned tensor, another ``rest`` object, check
-    mode or a launch hook goes through the launcher instead."""
+    dtypes): the bound path gets the addresses as ints, with the arguments the bound launch by
+    tensors passes otherwise; a misaligned address, another ``rest`` object, check mode, a
+    launch hook or a binding made with a misaligned tensor launches nothing (the caller then
+    calls ``fixed``)."""
     bound, launcher, log, _ = bound_rig
     buf = torch.empty(64)
-    x = buf[:16]
+    x = buf[1:17] if change == "misaligned_binding" else buf[:16]
     for _ in range(3):
         bound((x, 16, 0.5))
     rest = bound.bound[1]
     by_tensor = [e for e in log if e[0] == "direct"][-1][2]
+    ptr = x.data_ptr()
     if change == "alignment":
-        x = buf[1:17]
+        ptr += 4
     elif change == "rest":
         rest = (16, 0.5)
     elif change == "check_mode":
@@ -318,13 +321,13 @@ def test_bound_launch_by_addresses(bound_rig, change):
     elif change == "hook":
         launcher.knobs.launch_enter_hook = print
     del log[:]
-    bound.addresses((x,), rest)
+    launched = bound.addresses((ptr,), 0, rest)
     if change is None:
-        assert paths(log) == ["bound"]
+        assert launched and paths(log) == ["bound"]
         args = log[-1][2]
-        assert args[9] == x.data_ptr() and args[10:] == by_tensor[10:]
+        assert args[9] == ptr and args[10:] == by_tensor[10:]
     else:
-        assert paths(log) and paths(log)[0] != "bound", f"{change}: the bound path was taken"
+        assert not launched and not log, f"{change}: the bound path was taken"
 
 
 def test_bound_launch_follows_a_failure_to_the_launcher(bound_rig):
