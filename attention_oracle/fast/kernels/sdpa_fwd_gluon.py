@@ -409,24 +409,28 @@ if GLUON_AVAILABLE:
         NEXT: gl.constexpr = (ME + 1) % CONSUMERS  # the consumer whose turn comes next
         mbarrier.wait(q_bar.index(0), 0)
         _consume_item(o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_tile, q_rows, k_ring, v_ring,
-                      k_full, v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi,
-                      n_tiles, L, S, qk_scale, 0, ROW0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, ME,
-                      NEXT, PINGPONG, False)
+                      k_full, v_full, k_empty, v_empty, turn, q_bar, -1, z1, z2, h, pid_bh,
+                      start_m, free_hi, n_tiles, L, S, qk_scale, 0, ROW0, CAUSAL, ROWS, BLOCK_N,
+                      HEAD_D, STAGES, ME, NEXT, PINGPONG, False)
         tma.store_wait(pendings=0)
 
     @gluon.jit
     def _consume_item(o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_tile, q_rows, k_ring, v_ring,
-                      k_full, v_full, k_empty, v_empty, turn, z1, z2, h, pid_bh, start_m, free_hi,
-                      n_tiles, L, S, qk_scale, it0, ROW0: gl.constexpr, CAUSAL: gl.constexpr,
-                      ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                      STAGES: gl.constexpr, ME: gl.constexpr, NEXT: gl.constexpr,
-                      PINGPONG: gl.constexpr, RELEASE_LAST: gl.constexpr):
+                      k_full, v_full, k_empty, v_empty, turn, q_empty, prev_qb, z1, z2, h, pid_bh,
+                      start_m, free_hi, n_tiles, L, S, qk_scale, it0, ROW0: gl.constexpr,
+                      CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                      HEAD_D: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr,
+                      NEXT: gl.constexpr, PINGPONG: gl.constexpr, RELEASE_LAST: gl.constexpr):
         """:func:`_ws_consumer`'s work on one query block whose Q (``q_rows``, this
         consumer's rows, in ``q_tile``) has landed: its key tiles are the rings' it0, it0 + 1,
         ... (the count of tiles taken before it: a persistent program's blocks share the
         rings), out is stored from ``q_tile`` by TMA, not waited for. RELEASE_LAST frees the
         last V stage too (a persistent program's next block loads into it; a one-block
-        program ends)."""
+        program ends). ``prev_qb`` >= 0 (a persistent program's blocks after its first): the
+        Q buffer of the block before, whose out is still leaving by TMA; once this block's
+        first product is issued, that store is waited for and the buffer freed on
+        ``q_empty`` (waited for at the end of the block before, the store's latency stalled
+        the consumer at every block: a tenth of the time at L 1k causal)."""
         dtype: gl.constexpr = q_rows.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -450,6 +454,9 @@ if GLUON_AVAILABLE:
                               s_zero, use_acc=False, is_async=True)
         if PINGPONG:
             _release(turn, NEXT)
+        if prev_qb >= 0:
+            tma.store_wait(pendings=0)
+            _release(q_empty, prev_qb)
         s = warpgroup_mma_wait(0, deps=(s_tok, ))
         _release(k_empty, first)
         if free_hi > 0:
@@ -767,13 +774,15 @@ if GLUON_AVAILABLE:
                             ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                             STAGES: gl.constexpr):
         """Consumer ROW0 // ROWS over the program's query blocks: :func:`_consume_item` on its
-        rows of each, then, once its out has left the Q buffer (the TMA store's read), that
-        buffer freed for the block two ahead."""
+        rows of each; a block's Q buffer (holding its out until the TMA store has read it) is
+        freed for the block two ahead early in the next block (``_consume_item``'s
+        ``prev_qb``)."""
         BLOCK_M: gl.constexpr = q_smem.shape[4]
         ME: gl.constexpr = ROW0 // ROWS
         NEXT: gl.constexpr = (ME + 1) % (BLOCK_M // ROWS)
         it = 0
         t = 0
+        prev_qb = -1
         for pair in range(pid, n_bh * ((n_m + 1) // 2), n_prog):
             for half in range(2):
                 z1, z2, h, hk, pid_bh, start_m, free_hi, n_tiles, valid = _pair_item(
@@ -787,14 +796,14 @@ if GLUON_AVAILABLE:
                     # no mask: Stats stands in for it (gluon_common.mask_kind), s_stat for
                     # its strides
                     _consume_item(o_desc, Stats, s_stat, Stats, s_stat, s_stat, q_tile, q_rows,
-                                  k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, z1,
-                                  z2, h, pid_bh, start_m, free_hi, n_tiles, L, S, qk_scale, it,
-                                  ROW0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, ME, NEXT, False,
-                                  True)
-                    tma.store_wait(pendings=0)
-                    _release(q_empty, qb)
+                                  k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn,
+                                  q_empty, prev_qb, z1, z2, h, pid_bh, start_m, free_hi, n_tiles,
+                                  L, S, qk_scale, it, ROW0, CAUSAL, ROWS, BLOCK_N, HEAD_D,
+                                  STAGES, ME, NEXT, False, True)
+                    prev_qb = qb
                     it += n_tiles
                     t += 1
+        tma.store_wait(pendings=0)  # the last block's out has left shared memory
 
     @gluon.jit
     def _persistent_consumer_hi(o_desc, Stats, s_stat, q_smem, k_ring, v_ring, q_full,
