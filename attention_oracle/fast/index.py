@@ -205,19 +205,19 @@ class _Call:
     """One validated call signature served on CUDA without ``out``: the launch is its plan's
     with the kept non-tensor arguments, given the tensors' addresses
     (:meth:`fast.launch.BoundLaunch.addresses`)."""
-    __slots__ = ("rows_shape", "lengths_shape", "device", "index", "launch", "rest",
-                 "all_holes")
+    __slots__ = ("rows_shape", "lengths_shape", "index", "launch", "rest", "all_holes")
 
     def __init__(self, T, K, device, launch, rest, all_holes):
         self.rows_shape, self.lengths_shape = (T, K), (T,)
-        self.device, self.index = device, device.index
+        self.index = device.index
         self.launch, self.rest, self.all_holes = launch, rest, all_holes
 
     def __call__(self, gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length):
-        # two allocations: one buffer cut into two views costs more host time (slicing and
-        # viewing, ~1.1 us each; docs/PERFORMANCE.md "Index preparation and PDL")
-        result = torch.empty(self.rows_shape, dtype=torch.int32, device=self.device)
-        lengths = torch.empty(self.lengths_shape, dtype=torch.int32, device=self.device)
+        # two allocations, by new_empty (the device taken from the tensor, not parsed: ~1 us
+        # less a call than torch.empty's device argument); one buffer cut into two views costs
+        # more (docs/PERFORMANCE.md "Index preparation and PDL")
+        result = gather_kv_indices.new_empty(self.rows_shape, dtype=torch.int32)
+        lengths = gather_kv_indices.new_empty(self.lengths_shape, dtype=torch.int32)
         own = lengths.data_ptr()
         ptrs = (gather_kv_indices.data_ptr(), cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
                 own if topk_length is None else topk_length.data_ptr(), result.data_ptr(), own,
