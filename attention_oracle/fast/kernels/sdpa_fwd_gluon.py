@@ -458,7 +458,7 @@ if GLUON_AVAILABLE:
             tma.store_wait(pendings=0)
             _release(q_empty, prev_qb)
         s = warpgroup_mma_wait(0, deps=(s_tok, ))
-        _release_stage(k_empty, first)
+        _release(k_empty, first)
         if free_hi > 0:
             p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
                                                s_mn, s_layout, False, CAUSAL, ROWS, BLOCK_N)
@@ -483,7 +483,7 @@ if GLUON_AVAILABLE:
             if PINGPONG:
                 _release(turn, NEXT)
             s = warpgroup_mma_wait(1, deps=(s_tok, ))
-            _release_stage(k_empty, stage)
+            _release(k_empty, stage)
             start_n = j * BLOCK_N
             if start_n < free_hi:
                 p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, L, S, qk_scale,
@@ -494,7 +494,7 @@ if GLUON_AVAILABLE:
                                                    Mask, s_mm, s_mn, s_layout, True, CAUSAL, ROWS,
                                                    BLOCK_N)
             acc = warpgroup_mma_wait(0, deps=(o_tok, ))
-            _release_stage(v_empty, prev)
+            _release(v_empty, prev)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             alpha_o = gl.convert_layout(alpha, row_o)
 
@@ -509,7 +509,7 @@ if GLUON_AVAILABLE:
             _release(turn, NEXT)
         acc = warpgroup_mma_wait(0, deps=(o_tok, ))
         if RELEASE_LAST:
-            _release_stage(v_empty, last)
+            _release(v_empty, last)
 
         l_o = gl.convert_layout(l_i, row_o)
         out = acc / gl.where(l_o == 0.0, 1.0, l_o)[:, None]
@@ -528,16 +528,6 @@ if GLUON_AVAILABLE:
         once), each after the one before it passed the turn on (consumer 0: the last one's
         pass of the round before, the others: their predecessor's pass of this round)."""
         mbarrier.wait(turn.index(me), (rnd & 1) ^ (me == 0))
-
-    @gluon.jit
-    def _release_stage(empty, stage):
-        """Free one K or V ring stage after this warpgroup's wgmma on it completed: thread 0
-        arrives (mbarrier.arrive is issued by thread 0 only), without first meeting the
-        partition's other warps. A wgmma is one warpgroup-wide operation, and CUTLASS's
-        Hopper pipelines (``PipelineTmaAsync::consumer_release``, FA3's mainloop) release a
-        stage so, one signalling thread a consumer warpgroup after its ``warpgroup_wait``;
-        the partition barrier :func:`_release` adds was two barrier waits a key tile."""
-        mbarrier.arrive(empty.index(stage), count=1)
 
     @gluon.jit
     def _release(empty, stage):
