@@ -14,7 +14,10 @@ its tensors either way.
 
 Host path: per problem shape the grid, the constexprs and the leading int arguments are
 computed once and kept with a :class:`fast.launch.BoundLaunch`; a call then validates its
-arguments, allocates the rows and the lengths, and launches once.
+arguments, allocates the rows and the lengths, and launches once. A call without ``out`` whose
+signature was validated and served on CUDA before skips the validation and the plan lookup: its
+kept :class:`_Call` allocates and launches by the tensors' addresses
+(:meth:`fast.launch.BoundLaunch.addresses`).
 """
 import torch
 
