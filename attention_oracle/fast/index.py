@@ -46,7 +46,8 @@ _WARPS = {"num_warps": None}
 # rows of one block: programs per multiprocessor (each takes a run of rows) and the row
 # loop's pipeline depth; benchmarks sweep them
 _PIPELINE = {"per_sm": 4, "num_stages": 3}
-# the three settings above as one value, in the plans' and the call signatures' keys
+# the settings above (warps, pipeline, PDL) as one value, in the plans' and the call
+# signatures' keys
 _SETTINGS = [(None, 4, 3, False)]
 
 
@@ -175,9 +176,10 @@ def offset_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, *, causal=False, 
 def _signature(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, causal, compact,
                key_rows, key_rows_name):
     """Everything a call's validation and plan depend on (None for arguments of types it does
-    not key on, and for negative-bit views: those take the general path every time). Only
-    strided tensors have strides: a sparse, nested or mkldnn tensor raises in ``stride()`` and
-    gets None (validation names the argument)."""
+    not key on, and for negative-bit views: those take the general path every time). The
+    layouts are in the key: a sparse COO tensor's ``stride()`` is all zeros, not an error, and
+    would match a dense one broadcast along every dim (docs/FINDINGS.md F82); nested and mkldnn
+    tensors raise in ``stride()`` and get None (validation names the argument)."""
     if causal.__class__ is not bool or compact.__class__ is not bool:
         return None  # 1 or 0.0 equal True and False and would match their keys
     if key_rows is not None and key_rows.__class__ is not int:
@@ -194,12 +196,13 @@ def _signature(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, topk_length, causa
             if not isinstance(topk_length, Tensor) or topk_length.is_neg():
                 return None
             lengths = (topk_length.shape, topk_length.stride(), topk_length.dtype,
-                       topk_length.device)
+                       topk_length.device, topk_length.layout)
         return (gather_kv_indices.shape, gather_kv_indices.stride(), gather_kv_indices.dtype,
-                gather_kv_indices.device, cu_seqlens_q.shape, cu_seqlens_q.stride(),
-                cu_seqlens_q.dtype, cu_seqlens_q.device, cu_seqlens_k.shape,
-                cu_seqlens_k.stride(), cu_seqlens_k.dtype, cu_seqlens_k.device, lengths,
-                causal, compact, key_rows, key_rows_name, _SETTINGS[0])
+                gather_kv_indices.device, gather_kv_indices.layout, cu_seqlens_q.shape,
+                cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.device,
+                cu_seqlens_q.layout, cu_seqlens_k.shape, cu_seqlens_k.stride(),
+                cu_seqlens_k.dtype, cu_seqlens_k.device, cu_seqlens_k.layout, lengths, causal,
+                compact, key_rows, key_rows_name, _SETTINGS[0])
     except (RuntimeError, NotImplementedError, TypeError):
         return None
 

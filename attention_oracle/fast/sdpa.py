@@ -950,9 +950,10 @@ _MAX_CALL_PLANS = 1024
 
 def _signature(query, key, value, dropout_p, is_causal, scale, enable_gqa):
     """Everything an unmasked call's validation and plan depend on (None for arguments of types
-    the plan does not key on: such calls take the validating path every time). Only strided
-    tensors have strides: a sparse, nested or mkldnn tensor raises in ``stride()`` and gets
-    None (validation names the argument), so the key needs no layout checks of its own."""
+    the plan does not key on: such calls take the validating path every time). The layouts are
+    in the key: a sparse COO tensor's ``stride()`` is all zeros, not an error, and would match
+    a dense one broadcast along every dim (docs/FINDINGS.md F82); nested and mkldnn tensors
+    raise in ``stride()`` and get None (validation names the argument)."""
     if not (scale is None or type(scale) in (float, int)) or type(dropout_p) not in (float, int):
         return None
     # the flags must be bools: 1 or 0.0 equal True and False, and would match their plans' keys
@@ -967,7 +968,8 @@ def _signature(query, key, value, dropout_p, is_causal, scale, enable_gqa):
             return None  # a negative-bit view: the general path resolves it (_attention)
         return (query.shape, key.shape, value.shape, query.stride(), key.stride(), value.stride(),
                 query.dtype, key.dtype, value.dtype, query.device, key.device, value.device,
-                dropout_p, is_causal, scale, enable_gqa, _OPTIONS_KEY[0])
+                query.layout, key.layout, value.layout, dropout_p, is_causal, scale, enable_gqa,
+                _OPTIONS_KEY[0])
     except (RuntimeError, NotImplementedError, TypeError):
         return None
 

@@ -573,6 +573,36 @@ def test_offset_gather_matches_naive(causal, compact, K):
         assert torch.equal(res.cpu().long(), ref) and torch.equal(lengths.cpu(), ref_len)
 
 
+def test_call_signature_keys_what_validation_and_the_plan_read():
+    """fast.index._signature: equal for a repeat of a call; different for another shape,
+    stride, dtype, layout, flag or setting (a sparse COO tensor's strides are all zeros, as a
+    dense one's broadcast along every dim: F82); None (the validating path every time) for a
+    negative-bit view, a flag that is not a bool or a non-tensor."""
+    from attention_oracle.fast import index
+    idx = torch.zeros(4, 6, dtype=torch.int32)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+
+    def sig(local=idx, cu_q=cu, lengths=None, causal=True, compact=False, key_rows=None):
+        return index._signature(local, cu_q, cu, lengths, causal, compact, key_rows, None)
+    base = sig()
+    assert base is not None and sig(idx.clone(), cu.clone()) == base
+    others = [sig(torch.zeros(4, 7, dtype=torch.int32)), sig(idx.t().contiguous().t()),
+              sig(idx.long()), sig(cu_q=cu.long()), sig(causal=False), sig(compact=True),
+              sig(lengths=torch.ones(4, dtype=torch.int32)), sig(key_rows=9)]
+    assert all(o is not None and o != base for o in others)
+    previous = index.set_num_warps(8)
+    try:
+        assert sig() != base
+    finally:
+        index.set_num_warps(previous)
+    assert sig() == base
+    broadcast = torch.zeros(1, 1, dtype=torch.int32).expand(4, 6)
+    assert sig(broadcast) != sig(torch.zeros(4, 6, dtype=torch.int32).to_sparse())
+    for refused in (sig(torch._neg_view(idx)), sig(causal=1), sig(compact=0.0),
+                    sig([[0] * 6] * 4), sig(key_rows=9.0)):
+        assert refused is None
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="kept calls serve CUDA calls alone (the "
                     "interpreter takes the validating path every time)")
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])

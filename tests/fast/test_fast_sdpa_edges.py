@@ -174,3 +174,16 @@ def test_non_bool_flags_refused_after_a_cached_call(flag, value, gen):
     scaled_dot_product_attention(q, k, v, **{flag: bool(value)})
     with pytest.raises(TypeError, match=flag):
         scaled_dot_product_attention(q, k, v, **{flag: value})
+
+
+def test_sparse_input_refused_by_name_after_a_broadcast_call(gen):
+    """F82: a sparse COO query after a call whose dense query was broadcast along every dim
+    (strides all zeros, as a sparse tensor's ``stride()`` reads) is refused by name, not served
+    by that call's plan (which failed reading the sparse tensor's storage)."""
+    q = randn(1, 1, 1, 1, dtype=torch.float32, gen=gen).expand(2, 2, 4, 16)
+    scaled_dot_product_attention(q, q, q)
+    sparse = torch.zeros(2, 2, 4, 16, device=q.device).to_sparse()
+    assert sparse.stride() == q.stride(), "this torch gives sparse tensors strides no more"
+    with pytest.raises(TypeError, match="query"):
+        scaled_dot_product_attention(sparse, q, q)
+
