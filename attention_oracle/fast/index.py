@@ -48,11 +48,14 @@ _WARPS = {"num_warps": None}
 _PIPELINE = {"per_sm": 4, "num_stages": 3}
 # the settings above (warps, pipeline, PDL) as one value, in the plans' and the call
 # signatures' keys
-_SETTINGS = [(None, 4, 3, False)]
+_SETTINGS = [None]
 
 
 def _settings_changed():
     _SETTINGS[0] = (_WARPS["num_warps"], _PIPELINE["per_sm"], _PIPELINE["num_stages"], _PDL["on"])
+
+
+_settings_changed()
 
 
 def set_num_warps(num_warps=None):
@@ -270,10 +273,11 @@ def _general_rows(gather_kv_indices, cu_seqlens_q, cu_seqlens_k, causal, out, co
     on_cuda = device.type == "cuda"
     use_pdl = _PDL["on"] and on_cuda
     # the dtypes too: a plan's launch then always sees the same dtype at each position
-    # (BoundLaunch.addresses keys on the alignment alone)
+    # (BoundLaunch.addresses keys on the alignment alone); use_pdl follows from the device and
+    # the settings
     plan_key = (device, T, K, n_docs, key_rows, bool(causal), bool(compact),
                 None if topk_length is None else topk_length.dtype, gather_kv_indices.dtype,
-                cu_seqlens_q.dtype, cu_seqlens_k.dtype, use_pdl, _SETTINGS[0])
+                cu_seqlens_q.dtype, cu_seqlens_k.dtype, _SETTINGS[0])
     plan = _PLANS.get(plan_key)
     if plan is None:
         plan = _plan(device, T, K, n_docs, key_rows, causal, compact, topk_length is None,

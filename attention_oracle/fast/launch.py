@@ -297,9 +297,9 @@ class BoundLaunch:
             raise ValueError("BoundLaunch needs a DirectLauncher with n_tensors")
         self.launcher, self.grid, self.grid3, self.kwargs = launcher, grid, _grid3(grid), kwargs
         self.n = launcher.n_tensors
-        # (entry, non-tensor arguments, tensor keys, those arguments + the entry's tail) of the
-        # last direct launch: one tuple, so a thread never sees one launch's entry with another's
-        # arguments
+        # (entry, non-tensor arguments, tensor keys, those arguments + the entry's tail, whether
+        # every tensor was 16-byte aligned) of the last direct launch: one tuple, so a thread
+        # never sees one launch's entry with another's arguments
         self.bound = None
 
     def __call__(self, args):

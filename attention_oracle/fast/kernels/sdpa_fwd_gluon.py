@@ -429,8 +429,9 @@ if GLUON_AVAILABLE:
         program ends). ``prev_qb`` >= 0 (a persistent program's blocks after its first): the
         Q buffer of the block before, whose out is still leaving by TMA; once this block's
         first product is issued, that store is waited for and the buffer freed on
-        ``q_empty`` (waited for at the end of the block before, the store's latency stalled
-        the consumer at every block: a tenth of the time at L 1k causal)."""
+        ``q_empty``, the wait overlapping that product instead of ending the block before (no
+        change beyond the benchmark's noise on an H100: docs/PERFORMANCE.md "Gluon forward:
+        the persistent program by pairs of query blocks")."""
         dtype: gl.constexpr = q_rows.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
