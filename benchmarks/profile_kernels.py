@@ -8,7 +8,8 @@ their peers: a target missed is stated with what limits it, measured.
 Each workload runs twice untimed (compilation, autotuning, caches), then once between
 ``cudaProfilerStart`` and ``cudaProfilerStop``, so ncu sees only that call's kernels. Without
 ncu the script just runs them. Workloads (bf16 unless named):
-sdpa_fwd_fast / sdpa_fwd_cudnn (B 4, H 32, L 4096, D 128), sdpa_fwd_fast_1k_causal /
+sdpa_fwd_fast / sdpa_fwd_cudnn (B 4, H 32, L 4096, D 128), sdpa_fwd_fast_d64 /
+sdpa_fwd_cudnn_d64 (the same at D 64: fast's default there is the Triton forward), sdpa_fwd_fast_1k_causal /
 sdpa_fwd_cudnn_1k_causal (B 16, H 32, L 1024, D 128, causal; fast's default there is the Gluon
 forward), sdpa_fwd_gluon_persistent_1k_causal (the same under the Gluon forward's persistent
 config, kept for the workloads after it), sdpa_bwd_fast / sdpa_bwd_cudnn
@@ -122,6 +123,8 @@ SHORT = (16, 32, 1024, 128)  # the causal L 1k rows: B 16, H 32, D 128
 WORKLOADS = {
     "sdpa_fwd_fast": lambda: _sdpa("fast", False),
     "sdpa_fwd_cudnn": lambda: _sdpa("cudnn", False),
+    "sdpa_fwd_fast_d64": lambda: _sdpa("fast", False, shape=(4, 32, 4096, 64)),
+    "sdpa_fwd_cudnn_d64": lambda: _sdpa("cudnn", False, shape=(4, 32, 4096, 64)),
     "sdpa_fwd_fast_1k_causal": lambda: _sdpa("fast", False, shape=SHORT, causal=True),
     "sdpa_fwd_cudnn_1k_causal": lambda: _sdpa("cudnn", False, shape=SHORT, causal=True),
     "sdpa_fwd_gluon_persistent_1k_causal": _persistent_forward,

@@ -4,8 +4,9 @@
                                        [--out out/sdpa_fwd_tune.json]
 
 For bf16 B 4, H 32 and each (D, causal, L), times every (variant, tile config) of the forward
-kernel, where a variant is a setting of :func:`attention_oracle.fast.sdpa.set_forward_options`
-(``fold``: one FMA per score exponent; ``base``: without), and with ``--fwdbwd`` also
+kernel, where a variant is a setting of :func:`attention_oracle.fast.sdpa.set_kernel_options`
+(``fold``: one FMA per score exponent; ``base``: without; ``polyN``: fold, and one exponential
+of every N on the FMA units, the kernel's EXP2_POLY), and with ``--fwdbwd`` also
 forward+backward through the public function (autotuned) per variant,
 with both methods of ``benchmarks.timing`` (do_bench with launches queued, and synchronised
 per call), beside cuDNN's forward in the same process. Each result's max difference from
@@ -28,6 +29,9 @@ from attention_oracle.fast.kernels.sdpa_common import bounds_checks
 from .timing import queued_ms, synced_ms, tflops, write_json
 
 VARIANTS = {"base": dict(fold=False), "fold": dict(fold=True)}
+# kernel constexprs beyond the options: one exponential of every N on the FMA units
+EXTRA = {"poly2": dict(EXP2_POLY=2), "poly4": dict(EXP2_POLY=4), "poly8": dict(EXP2_POLY=8)}
+VARIANTS.update({name: dict(fold=True) for name in EXTRA})
 CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3)]
 if os.environ.get("SDPA_TUNE_CONFIGS"):  # e.g. "128,64,8,3;128,128,8,3"
     CONFIGS = [tuple(int(x) for x in c.split(",")) for c in os.environ["SDPA_TUNE_CONFIGS"].split(";")]
@@ -46,12 +50,12 @@ def launcher(q, k, v, causal, variant, config):
     q5, k5, v5 = (t.unsqueeze(0) for t in (q, k, v))
     Z1, Z2, HQ, L, E = q5.shape
     scale = E ** -0.5
-    natural = fsdpa._natural(q.dtype)
+    natural = fsdpa._natural(q.dtype, E)
     kind, key, meta, sizes, grid, ints, factor, tunes = fsdpa._fwd_plan(
         q5.shape, k5.shape, v5.shape, q.dtype, None, causal, natural,
-        fsdpa.KERNEL_OPTIONS["fold"])
+        fsdpa._precision(q.dtype, E), fsdpa.KERNEL_OPTIONS["fold"])
     out = torch.empty_like(q5)
-    lse = torch.empty(fsdpa._lse_state_shape(q5.shape, q.dtype), dtype=torch.float32,
+    lse = torch.empty(fsdpa._lse_state_shape(q5.shape, q.dtype, E), dtype=torch.float32,
                       device=q.device)
     args = (q5, k5, v5, q5, out, lse, *q5.stride(), *k5.stride(), *v5.stride(), 0, 0, 0, 0, 0,
             *out.stride(), lse.stride(0), *ints, scale * factor, *tunes)
@@ -60,7 +64,7 @@ def launcher(q, k, v, causal, variant, config):
                             "BLOCK_N": bn, "BLOCK_E": meta["BLOCK_E"],
                             "BLOCK_EV": meta["BLOCK_EV"]})
     jit = fsdpa.sdpa_fwd_kernel.fn.fn
-    kw = {**meta, **checks, "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
+    kw = {**meta, **checks, **EXTRA.get(variant, {}), "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
     g = (-(-L // bm), Z1 * Z2 * HQ)
 
     def run():

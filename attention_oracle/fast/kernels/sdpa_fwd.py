@@ -9,6 +9,7 @@ log of the row sum of exp(scaled, masked scores), float32, -inf for a row with n
 import triton
 import triton.language as tl
 
+from .exp2_poly import exp2_mixed
 from .sdpa_common import (
     BOUNDS_HEURISTICS,
     TUNE_KW,
@@ -59,7 +60,7 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_small, q_base, k_base, v_base, mask_base,
                    CHECK_N: tl.constexpr, CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
                    BLOCK_EV: tl.constexpr, CHUNK_E: tl.constexpr, PREC: tl.constexpr,
-                   NATURAL: tl.constexpr, FOLD: tl.constexpr):
+                   NATURAL: tl.constexpr, FOLD: tl.constexpr, EXP2_POLY: tl.constexpr):
     """Online-softmax accumulation over key blocks [lo, hi). DIAG applies the causal mask.
 
     ``qk_scale`` is ``scale`` (fp32, or an additive mask) or ``scale * log2(e)``; the scores,
@@ -69,7 +70,8 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_small, q_base, k_base, v_base, mask_base,
 
     FOLD (log2 units, ``qk_scale > 0``): a tile with nothing to mask takes its row max from the
     raw dots and forms ``exp2(qk * qk_scale - m)`` as one FMA per score, not a product then a
-    difference (m is the same: rounding is monotone)."""
+    difference (m is the same: rounding is monotone). EXP2_POLY (0, 2, 4, 8) takes one of
+    every EXP2_POLY of those exponentials on the FMA units (:mod:`.exp2_poly`)."""
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     FOLDED: tl.constexpr = FOLD and MASK_KIND == 0 and not DIAG and not CHECK_N and not NATURAL
@@ -89,7 +91,7 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_small, q_base, k_base, v_base, mask_base,
                 s2 = s2 * qk_scale
         if FOLDED:
             m_new = tl.maximum(m_i, tl.max(s2, 1) * qk_scale)  # finite: nothing masked here
-            p = tl.math.exp2(s2 * qk_scale - m_new[:, None])
+            p = exp2_mixed(s2 * qk_scale - m_new[:, None], EXP2_POLY)
             alpha = tl.math.exp2(m_i - m_new)
         else:
             if MASK_KIND != 0:
@@ -136,7 +138,7 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
                     CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
-                    FOLD: tl.constexpr):
+                    FOLD: tl.constexpr, EXP2_POLY: tl.constexpr = 0):
     pid_m = tl.program_id(0)
     if CAUSAL:  # heaviest query blocks first: better tail balance
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -168,21 +170,21 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
                                        0, free_hi, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn, s_ve,
                                        s_mm, s_mn, qk_scale, MASK_KIND, False, CHECK_M, CHECK_N,
                                        CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
-                                       NATURAL, FOLD)
+                                       NATURAL, FOLD, EXP2_POLY)
         diag_hi = tl.minimum(start_m + BLOCK_M, S)
         acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_small, q_base, k_base, v_base, mask_base,
                                        offs_m,
                                        free_hi, diag_hi, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn,
                                        s_ve, s_mm, s_mn, qk_scale, MASK_KIND, True, CHECK_M, CHECK_N,
                                        CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
-                                       NATURAL, FOLD)
+                                       NATURAL, FOLD, EXP2_POLY)
     else:
         acc, l_i, m_i = _fwd_tile_loop(acc, l_i, m_i, q, q_small, q_base, k_base, v_base, mask_base,
                                        offs_m,
                                        0, S, L, S, E, EV, s_qm, s_qe, s_kn, s_ke, s_vn, s_ve,
                                        s_mm, s_mn, qk_scale, MASK_KIND, False, CHECK_M, CHECK_N,
                                        CHECK_E, CHECK_EV, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_EV, CHUNK_E, PREC,
-                                       NATURAL, FOLD)
+                                       NATURAL, FOLD, EXP2_POLY)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)

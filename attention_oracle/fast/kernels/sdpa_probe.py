@@ -26,8 +26,9 @@ _KERNELS = {"fwd": (sdpa_fwd_kernel, 6), "dkdv": (sdpa_bwd_dkdv_kernel, 11),
             "dq": (sdpa_bwd_dq_kernel, 8)}
 
 
-def compile_for_sm90(which, prec, head_dim, cfg):
-    """(shared bytes, registers, spill-store bytes) of one config."""
+def compile_for_sm90(which, prec, head_dim, cfg, exp2_poly=0):
+    """(shared bytes, registers, spill-store bytes) of one config (``exp2_poly``: the
+    forward's EXP2_POLY)."""
     autotuned, n_tensors = _KERNELS[which]
     kernel = autotuned.fn.fn
     bm, bn, warps, stages = cfg
@@ -37,7 +38,7 @@ def compile_for_sm90(which, prec, head_dim, cfg):
                   NATURAL=prec == "accurate", CHUNK_E=chunk_of(head_dim),
                   CHUNK_EV=chunk_of(head_dim), BLOCK_E=head_dim, BLOCK_EV=head_dim,
                   BLOCK_M=bm, BLOCK_N=bn, CHECK_M=False, CHECK_N=False, CHECK_E=False,
-                  CHECK_EV=False, FOLD=True, FUSE_DQ=False)
+                  CHECK_EV=False, FOLD=True, FUSE_DQ=False, EXP2_POLY=exp2_poly)
     signature, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in consts:
