@@ -38,7 +38,7 @@ def compile_for_sm90(which, prec, head_dim, cfg, exp2_poly=0):
                   NATURAL=prec == "accurate", CHUNK_E=chunk_of(head_dim),
                   CHUNK_EV=chunk_of(head_dim), BLOCK_E=head_dim, BLOCK_EV=head_dim,
                   BLOCK_M=bm, BLOCK_N=bn, CHECK_M=False, CHECK_N=False, CHECK_E=False,
-                  CHECK_EV=False, FOLD=True, FUSE_DQ=False, EXP2_POLY=exp2_poly)
+                  CHECK_EV=False, FOLD=True, FUSE_DQ=False, ATOMIC_DQ=0, EXP2_POLY=exp2_poly)
     signature, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in consts:
