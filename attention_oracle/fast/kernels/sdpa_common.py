@@ -36,7 +36,6 @@ import os
 import triton
 import triton.language as tl
 import triton.testing
-from triton.runtime.interpreter import InterpretedFunction
 
 from ..host import next_pow2
 from ..launch import BoundLaunch, DirectLauncher, on_device_of
@@ -235,45 +234,23 @@ def block_dot(a, b, F64: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _tf32_halves(a):
-    """CUTLASS's split of an fp32 tile: ``(big, small)`` (:func:`split_tf32`)."""
-    big = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-    small = a - big
-    small = ((small.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
-    return big, small
+def split_tf32(a, PREC: tl.constexpr):
+    """``(big, small)`` of an fp32 tile for "tf32x3" dots (:func:`dot_split`), else ``(a, a)``.
 
-
-@triton.jit
-def _split_tf32_native(a, PREC: tl.constexpr):
+    CUTLASS's split (PyTorch's fp32 EFFICIENT kernels, the agreement rule's 3xTF32 member):
+    big = a truncated to tf32 (toward zero: the low 13 mantissa bits cleared), small = a - big
+    (exact) rounded to the nearest tf32 (ties away from zero), so a - big - small is within
+    2^-11 of small's leading bit. Both halves are exact tf32 values, so the tensor cores' tf32
+    operand read changes neither. Made once per tile by the caller and reused by every dot
+    that reads the tile, where Triton's own ``input_precision="tf32x3"`` splits both operands
+    inside each dot."""
     if PREC == "tf32x3":
-        _, small = _tf32_halves(a)
-        return a, small  # big: the tensor cores read a as its big half (split_tf32)
+        big = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+        small = a - big
+        small = ((small.to(tl.int32, bitcast=True) + 4096) & -8192).to(tl.float32, bitcast=True)
+        return big, small
     else:
         return a, a
-
-
-@triton.jit
-def _split_tf32_interpreted(a, PREC: tl.constexpr):
-    if PREC == "tf32x3":
-        return _tf32_halves(a)
-    else:
-        return a, a
-
-
-# ``(big, small)`` of an fp32 tile for "tf32x3" dots (:func:`dot_split`), else ``(a, a)``.
-#
-# CUTLASS's split (PyTorch's fp32 EFFICIENT kernels, the agreement rule's 3xTF32 member): big =
-# a truncated to tf32 (toward zero: the low 13 mantissa bits cleared), small = a - big (exact)
-# rounded to the nearest tf32 (ties away from zero), so a - big - small is within 2^-11 of
-# small's leading bit. Made once per tile by the caller and reused by every dot that reads the
-# tile, where Triton's own ``input_precision="tf32x3"`` splits both operands inside each dot.
-# Natively the big half returned is ``a`` itself: a tf32 product reads its fp32 operands with
-# the low 13 mantissa bits dropped (PTX ISA, wgmma: "will truncate lower 13 bits of the 32-bit
-# input data"; tests/fast pins it for both MMA forms Triton emits), which is big exactly, and
-# no second copy of the tile is made for the dots. Triton's CPU interpreter multiplies the fp32
-# values as they are, so there big is cleared explicitly.
-split_tf32 = (_split_tf32_interpreted if isinstance(_split_tf32_native, InterpretedFunction)
-              else _split_tf32_native)
 
 
 @triton.jit
