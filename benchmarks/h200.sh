@@ -11,8 +11,10 @@
 #   conformance  the conformance suite on fast under the gpu profile (bf16 included) through
 #                .ci/gpu; BUDGET (500 s) is enough for the full-size DSA fixtures
 #   sdpa         benchmarks.sdpa at L 1k/4k/16k, D 64/128 (fast vs cuDNN, FA2, default dispatch;
-#                fp32 rows included), benchmarks.compare fast vs torch; ATOMIC_DQ=1 adds
-#                forward+backward under the atomic-dQ mode, SDPA_LENGTHS the lengths
+#                fp32 rows included; each phase in SDPA_ROUNDS (3) alternated rounds, ratios
+#                the medians of the ratios within a round), benchmarks.compare fast vs torch;
+#                ATOMIC_DQ=1 adds forward+backward under the atomic-dQ mode, SDPA_LENGTHS the
+#                lengths
 #   gluonfwd     the Gluon forward's tiles: their GPU tests (ATTENTION_ORACLE_GLUON_VARIANTS=1),
 #                then benchmarks.sdpa_gluon: the one-block WS tile beside its ping-pong form (D 64, 128),
 #                the three-consumer tile and its ping-pong form (D 64), and where its host time goes
@@ -171,8 +173,8 @@ task_optin() {
 
 task_sdpa() {
     local d=$1
-    timeout "${SDPA_S:-300}" "$PY" -m benchmarks.sdpa --lengths "${SDPA_LENGTHS:-1024,4096,16384}" --dims 64,128 --precompile 14 ${ATOMIC_DQ:+--atomic-dq} \
-        --budget-s "${SDPA_BUDGET:-240}" --out "$d/sdpa.json" > "$d/sdpa.log" 2>&1
+    timeout "${SDPA_S:-470}" "$PY" -m benchmarks.sdpa --lengths "${SDPA_LENGTHS:-1024,4096,16384}" --dims 64,128 --precompile 14 ${ATOMIC_DQ:+--atomic-dq} \
+        --rounds "${SDPA_ROUNDS:-3}" --budget-s "${SDPA_BUDGET:-380}" --out "$d/sdpa.json" > "$d/sdpa.log" 2>&1
     note "benchmarks.sdpa: exit $?"; tail -40 "$d/sdpa.log" | cut -c1-200
     timeout 60 "$PY" -m benchmarks.compare --impl fast --impl torch --lengths 1024,4096 --reps 5 \
         --areas sdpa --out "$d/compare.json" > "$d/compare.log" 2>&1

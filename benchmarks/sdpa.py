@@ -39,7 +39,7 @@ from attention_oracle.fast.sdpa import FP32_MODES, set_dq_mode, set_fp32_mode
 from attention_oracle.fast.sdpa import scaled_dot_product_attention as fast_sdpa
 from attention_oracle.oracle.sdpa import sdpa_reference
 
-from .timing import fast_settings, host_us, plot_panels, queued_ms, synced_ms, write_json
+from .timing import alternated, fast_settings, host_us, paired_ratio, plot_panels, queued_ms, write_json
 
 N_FORCED_CONFIGS = 4  # the most configs any kernel keeps after pruning (bf16, D <= 128)
 N_FORCED_ATOMIC = 8  # the same with the atomic-dQ mode's own dK/dV tiles
@@ -183,9 +183,11 @@ def fast_forward_kernel(q, k, v, causal):
     return "gluon" if calls else "triton"
 
 
-def bench_point(B, H, L, D, causal, rep, backward, synced_reps, atomic_dq=False):
-    """One (L, D, causal) point: every impl, phase and timing method on the same inputs; with
-    ``atomic_dq`` forward+backward also as ``fast_atomic_dq``."""
+def bench_point(B, H, L, D, causal, rep, backward, synced_reps, atomic_dq=False, rounds=3):
+    """One (L, D, causal) point: every impl, phase and timing method on the same inputs, the
+    impls of a phase in ``rounds`` alternated rounds (``timing.alternated``: times are medians
+    over rounds, ratios medians of the ratios within a round); with ``atomic_dq``
+    forward+backward also as ``fast_atomic_dq``."""
     (q, k, v), dout = make_inputs(B, H, L, D)
     default = torch._fused_sdp_choice(q, k, v, is_causal=causal)
     point = {"B": B, "H": H, "L": L, "S": L, "D": D, "causal": causal,
@@ -199,24 +201,20 @@ def bench_point(B, H, L, D, causal, rep, backward, synced_reps, atomic_dq=False)
         if phase == "fwdbwd" and not backward:
             continue
         fl = flops(B, H, L, L, D, causal, phase == "fwdbwd")
-        res = {}
         timed = dict(impls)
         if atomic_dq and phase == "fwdbwd":
             timed.update(atomic_impls())
-        for name, impl in timed.items():
-            fn = phase_fn(phase, impl, q, k, v, dout, causal)
-            res[name] = {}
-            for method, ms in (("queued", bench_ms(fn, rep)),
-                               ("synced", synced_ms(fn, synced_reps))):
-                res[name][method] = {"ms": ms, "tflops": fl / ms / 1e9}
+        res = alternated({name: phase_fn(phase, impl, q, k, v, dout, causal)
+                          for name, impl in timed.items()}, rounds, rep, synced_reps)
+        for by in res.values():
+            for t in by.values():
+                t["tflops"] = fl / t["ms"] / 1e9
         for method in ("queued", "synced"):
             for ref in ("cudnn", "flash"):
-                res[f"{method}_x_{ref}"] = (res["fast"][method]["tflops"]
-                                            / res[ref][method]["tflops"])
+                res[f"{method}_x_{ref}"] = paired_ratio(res, "fast", ref, method)
             for name in atomic_impls():
                 if name in res:
-                    res[f"{method}_{name[5:]}_x_cudnn"] = (res[name][method]["tflops"]
-                                                           / res["cudnn"][method]["tflops"])
+                    res[f"{method}_{name[5:]}_x_cudnn"] = paired_ratio(res, name, "cudnn", method)
         point[phase] = res
     del q, k, v, dout
     torch.cuda.empty_cache()
@@ -247,10 +245,12 @@ def fp32_gold(q, k, v, dout, causal):
     return gold["out"], gold["dq"], gold["dk"], gold["dv"]
 
 
-def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128, modes=FP32_MODES):
+def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128, modes=FP32_MODES, rounds=3):
     """fp32: fast (each of ``modes``, fast.sdpa.set_fp32_mode) against torch's fp32 default,
-    forward and forward+backward; fast's largest difference from torch's output per mode, and
-    each one's relative error of out and the gradients against float64 (torch's too)."""
+    forward and forward+backward, in ``rounds`` alternated rounds (``timing.alternated``;
+    ratios are the medians of the ratios within a round); fast's largest difference from
+    torch's output per mode, and each one's relative error of out and the gradients against
+    float64 (torch's too)."""
     (q, k, v), dout = make_inputs(B, H, L, D, seed=4, dtype=torch.float32)
     rows = []
     for causal in (False, True):
@@ -260,31 +260,52 @@ def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128, modes=FP32_MODES):
         row["err64_torch_default"] = fp32_errors(torch_default, q, k, v, dout, causal, gold)
         with torch.no_grad():
             ref = torch_default(q, k, v, causal)
-        for phase in ("fwd", "fwdbwd"):
-            fl = flops(B, H, L, L, D, causal, phase == "fwdbwd")
-            fn = phase_fn(phase, torch_default, q, k, v, dout, causal)
-            row[f"{phase}_torch_default_tflops"] = fl / bench_ms(fn, rep) / 1e9
-            row[f"{phase}_torch_default_synced_tflops"] = fl / synced_ms(fn, synced_reps) / 1e9
         for mode in modes:
-            fp32_mode, _, dq_mode = mode.partition("+")
-            previous = set_fp32_mode(fp32_mode)
-            previous_dq = set_dq_mode(dq_mode or "kernel")
-            try:
+            with fp32_modes(mode):
                 with torch.no_grad():
                     row[f"max_diff_out_{mode}"] = max_diff(fast(q, k, v, causal), ref)
                 row[f"err64_{mode}"] = fp32_errors(fast, q, k, v, dout, causal, gold)
-                for phase in ("fwd", "fwdbwd"):
-                    fl = flops(B, H, L, L, D, causal, phase == "fwdbwd")
-                    fn = phase_fn(phase, fast, q, k, v, dout, causal)
-                    row[f"{phase}_fast_{mode}_tflops"] = fl / bench_ms(fn, rep) / 1e9
-                    row[f"{phase}_fast_{mode}_synced_tflops"] = fl / synced_ms(fn, synced_reps) / 1e9
-                    row[f"{phase}_{mode}_ratio"] = (row[f"{phase}_fast_{mode}_tflops"]
-                                                    / row[f"{phase}_torch_default_tflops"])
-            finally:
-                set_fp32_mode(previous)
-                set_dq_mode(previous_dq)
+        for phase in ("fwd", "fwdbwd"):
+            fl = flops(B, H, L, L, D, causal, phase == "fwdbwd")
+            fns = {"torch_default": phase_fn(phase, torch_default, q, k, v, dout, causal)}
+            fns.update({mode: in_fp32_mode(mode, phase_fn(phase, fast, q, k, v, dout, causal))
+                        for mode in modes})
+            timed = alternated(fns, rounds, rep, synced_reps)
+            for name, t in timed.items():
+                label = name if name == "torch_default" else f"fast_{name}"
+                row[f"{phase}_{label}_tflops"] = fl / t["queued"]["ms"] / 1e9
+                row[f"{phase}_{label}_synced_tflops"] = fl / t["synced"]["ms"] / 1e9
+            for mode in modes:
+                row[f"{phase}_{mode}_ratio"] = paired_ratio(timed, mode, "torch_default", "queued")
+                row[f"{phase}_{mode}_synced_ratio"] = paired_ratio(timed, mode, "torch_default",
+                                                                   "synced")
         rows.append(row)
     return rows
+
+
+class fp32_modes:
+    """``with fp32_modes("tf32x3+atomic"):`` fast's fp32 mode and dQ mode of a bench_fp32 mode
+    (MODE or MODE+DQ) for the block."""
+
+    def __init__(self, mode):
+        self.fp32, _, dq = mode.partition("+")
+        self.dq = dq or "kernel"
+
+    def __enter__(self):
+        self.previous = set_fp32_mode(self.fp32), set_dq_mode(self.dq)
+
+    def __exit__(self, *exc):
+        set_fp32_mode(self.previous[0])
+        set_dq_mode(self.previous[1])
+
+
+def in_fp32_mode(mode, fn):
+    """fn run under :class:`fp32_modes` ``mode`` (the modes' setters cost microseconds a call,
+    against milliseconds of fp32 kernels)."""
+    def run():
+        with fp32_modes(mode):
+            return fn()
+    return run
 
 
 def tuned_tiles():
@@ -433,6 +454,8 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=16384, help="B = tokens // L")
     ap.add_argument("--rep", type=int, default=40, help="do_bench rep (ms)")
     ap.add_argument("--synced-reps", type=int, default=15, help="calls timed one by one")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternated rounds per phase (timing.alternated; 1: each impl once)")
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--atomic-dq", action="store_true",
                     help="also time forward+backward under fast's atomic-dQ mode")
@@ -461,7 +484,8 @@ def main(argv=None):
               "triton": triton.__version__, "cudnn": torch.backends.cudnn.version(),
               "fast_settings": fast_settings(),
               "dtype": "bfloat16", "heads": args.heads, "tokens": args.tokens,
-              "rep_ms": args.rep, "synced_reps": args.synced_reps, "points": []}
+              "rep_ms": args.rep, "synced_reps": args.synced_reps, "rounds": args.rounds,
+              "points": []}
 
     def save():
         result["wall_s"] = time.time() - t0
@@ -483,7 +507,7 @@ def main(argv=None):
                     continue
                 B = max(1, args.tokens // L)
                 p = bench_point(B, args.heads, L, D, causal, args.rep, not args.no_bwd,
-                                args.synced_reps, args.atomic_dq)
+                                args.synced_reps, args.atomic_dq, args.rounds)
                 p["elapsed_s"] = time.time() - t0
                 result["points"].append(p)
                 print_table([p])
@@ -492,7 +516,7 @@ def main(argv=None):
         result["plot"] = plot(result["points"], os.path.splitext(args.out)[0] + ".png")
     if not args.no_fp32 and left():
         modes = tuple(args.fp32_modes.split(","))
-        result["fp32"] = bench_fp32(args.rep, args.synced_reps, modes=modes)
+        result["fp32"] = bench_fp32(args.rep, args.synced_reps, modes=modes, rounds=args.rounds)
         result["fp32_backward_tiles"] = tuned_tiles()
         for r in result["fp32"]:
             print(f"fp32 causal={r['causal']} TFLOP/s queued (synced): torch fwd "

@@ -7,6 +7,12 @@ Two methods, reported side by side because they disagree (FACTS.md, "Timing meth
 - ``synced_ms``: CUDA events around each call and a sync after it, as a step-by-step loop sees
   it (host launch overhead and launch gaps included).
 
+``alternated`` times several implementations of one thing in rounds, each round in the
+reverse order of the last, and gives every ratio as the median over rounds of the ratio within
+a round: on a card whose clock moves with its power and heat, the same kernel timed once after
+another read 585 to 698 TFLOP/s in one run (docs/FINDINGS.md F85), so a ratio of two single
+timings taken one after the other carries that drift.
+
 ``host_us`` is the host time per call at a tiny shape: N calls queued back to back, one sync,
 wall time over N (the device finishes each call long before the host has issued the next).
 On a CPU-only machine every method falls back to wall-clock timing (a dry run of the logic).
@@ -51,6 +57,35 @@ def synced_ms(fn, reps=20, warmup=2):
             times.append((time.perf_counter() - t0) * 1e3)
     times.sort()
     return times[len(times) // 2]
+
+
+def alternated(fns, rounds=3, rep_ms=40, synced_reps=15):
+    """{name: {"queued"|"synced": {"ms": median over rounds, "each_ms": per round}}} of the
+    callables ``fns`` ({name: fn}), timed by both methods in ``rounds`` rounds, in the order
+    of ``fns`` in even rounds and the reverse in odd ones."""
+    names = list(fns)
+    each = {name: {"queued": [], "synced": []} for name in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            each[name]["queued"].append(queued_ms(fns[name], rep_ms=rep_ms,
+                                                  warmup_ms=max(5, rep_ms // 4)))
+            each[name]["synced"].append(synced_ms(fns[name], synced_reps))
+    return {name: {method: {"ms": _median(ms), "each_ms": ms} for method, ms in by.items()}
+            for name, by in each.items()}
+
+
+def paired_ratio(timed, name, ref, method):
+    """Median over rounds of ``ref``'s time over ``name``'s within each round of
+    :func:`alternated` (> 1: ``name`` faster); NaN where a time is missing."""
+    a, b = timed[name][method]["each_ms"], timed[ref][method]["each_ms"]
+    ratios = [y / x for x, y in zip(a, b) if x and x > 0 and y and y > 0]
+    return _median(ratios) if ratios else float("nan")
+
+
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return (xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])) if n else float("nan")
 
 
 def host_us(fn, calls=200, rounds=5, issue=None):
