@@ -44,7 +44,7 @@ import torch
 import attention_oracle.fast.dsa as fdsa
 from attention_oracle.fast.index import offset_gather_kv_indices, set_pdl
 
-from .timing import fast_settings, host_us, plot_panels, queued_ms, synced_ms
+from .timing import alternated, fast_settings, host_us, paired_ratio, plot_panels, queued_ms, synced_ms
 
 H, DL, DR, TOPK = 64, 512, 64, 2048
 DQK, DV = DL + DR, DL
@@ -427,22 +427,30 @@ def torch_offset_gather(local, cu_q, cu_k, causal):
     return torch.gather(rows, 1, order).int(), valid.sum(1).int()
 
 
+INDEX_SYNCED_CALLS = 50  # per round: a call is tens of microseconds
+
+
 def index_prep(p, reps):
+    """Index preparation against a device copy of the same bytes, the two timed in alternated
+    rounds (``timing.alternated``, F85: ratios the medians within a round), and against torch's
+    stable sort + gather."""
     args = (p["local"], p["cu_q"], p["cu_k"])
 
     def fast():
         return offset_gather_kv_indices(*args, causal=True, compact=True, return_topk_length=True)
-    fast_ms = bench_ms(fast, reps)
-    torch_ms = bench_ms(lambda: torch_offset_gather(*args, True), reps)
     src, dst = p["local"].clone(), torch.empty_like(p["local"])
-    copy_ms = bench_ms(lambda: dst.copy_(src), reps)
-    fast_q, copy_q = queued_ms(fast), queued_ms(lambda: dst.copy_(src))
+    timed = alternated({"fast": fast, "copy": lambda: dst.copy_(src)}, rounds=3,
+                       synced_reps=max(reps, INDEX_SYNCED_CALLS))
+    fast_ms, copy_ms = timed["fast"]["synced"]["ms"], timed["copy"]["synced"]["ms"]
+    torch_ms = bench_ms(lambda: torch_offset_gather(*args, True), reps)
     a = offset_gather_kv_indices(*args, causal=True, compact=True, return_topk_length=True)
     b = torch_offset_gather(*args, True)
     return dict(T=p["T"], K=TOPK, fast_us=fast_ms * 1e3, torch_sort_us=torch_ms * 1e3,
-                copy_us=copy_ms * 1e3, fast_over_copy=fast_ms / copy_ms,
-                fast_queued_us=fast_q * 1e3, copy_queued_us=copy_q * 1e3,
-                fast_over_copy_queued=fast_q / copy_q,
+                copy_us=copy_ms * 1e3,
+                fast_over_copy=paired_ratio(timed, "copy", "fast", "synced"),
+                fast_queued_us=timed["fast"]["queued"]["ms"] * 1e3,
+                copy_queued_us=timed["copy"]["queued"]["ms"] * 1e3,
+                fast_over_copy_queued=paired_ratio(timed, "copy", "fast", "queued"),
                 torch_over_fast=torch_ms / fast_ms,
                 agrees_with_torch=bool(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])))
 

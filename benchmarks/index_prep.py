@@ -12,7 +12,8 @@ default rule) and each ``--pipeline`` setting (programs per multiprocessor x the
 ``dst.copy_(src)`` of the [T, 2048] int32 rows are timed:
 ``synced`` (CUDA events and a sync around every call, host launch cost included; the host's
 own microseconds per call in that loop are printed beside) and
-``queued`` (triton do_bench, L2 flushed), and fast / copy is printed for each method; the
+``queued`` (triton do_bench, L2 flushed), and fast / copy is printed for each method (the
+median of the ratios within three alternated rounds of the two, ``timing.alternated``); the
 validating general path (what a signature's first call takes) is timed synced beside it. Host
 microseconds per call of both at a tiny shape (T 4, top-k 64) close the table. Every variant's
 output is checked equal to the default's. ``--holes`` adds, per T, the same rows with their
@@ -33,7 +34,7 @@ from attention_oracle.fast.index import (
 )
 
 from .dsa import causal_local_indices
-from .timing import host_us, queued_ms, write_json
+from .timing import alternated, host_us, paired_ratio, queued_ms, write_json
 
 
 def synced_with_host(fn, reps, warmup=2):
@@ -169,6 +170,8 @@ def main():
                 ref = out
             same = bool(torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1]))
             (fs, fh), fq = synced_with_host(fast, args.reps), queued_ms(fast)
+            # the ratios to the copy from alternated rounds (timing.alternated, F85)
+            paired = alternated({"fast": fast, "copy": copy}, rounds=3, synced_reps=args.reps)
             # the validating path a signature's first call takes (the whole call before calls
             # were kept), timed beside it
             (gs, gh) = synced_with_host(lambda: _general_rows(
@@ -176,16 +179,18 @@ def main():
             name = f"T{T}{'_holes' if holes else ''}_w{w}_p{per_sm}x{stages}"
             r = dict(T=T, holes=holes, num_warps=w, per_sm=per_sm, num_stages=stages,
                      fast_synced_us=fs * 1e3, copy_synced_us=copy_synced * 1e3,
-                     fast_over_copy_synced=fs / copy_synced, fast_queued_us=fq * 1e3,
-                     copy_queued_us=copy_queued * 1e3, fast_over_copy_queued=fq / copy_queued,
+                     fast_over_copy_synced=paired_ratio(paired, "copy", "fast", "synced"),
+                     fast_queued_us=fq * 1e3, copy_queued_us=copy_queued * 1e3,
+                     fast_over_copy_queued=paired_ratio(paired, "copy", "fast", "queued"),
                      fast_host_us=fh, copy_host_us=copy_host, equal_to_default=same,
                      general_synced_us=gs * 1e3, general_over_copy_synced=gs / copy_synced,
                      general_host_us=gh)
             res[name] = r
             lines.append(f"T {T:6d}{' holes' if holes else '      '} warps {w or 'default':>7} "
                          f"pipe {per_sm}x{stages}: synced fast {fs * 1e3:7.1f} us / "
-                         f"copy {copy_synced * 1e3:6.1f} = {fs / copy_synced:.2f}x; queued "
-                         f"{fq * 1e3:7.1f} / {copy_queued * 1e3:6.1f} = {fq / copy_queued:.2f}x; "
+                         f"copy {copy_synced * 1e3:6.1f} = {r['fast_over_copy_synced']:.2f}x; queued "
+                         f"{fq * 1e3:7.1f} / {copy_queued * 1e3:6.1f} = "
+                         f"{r['fast_over_copy_queued']:.2f}x (ratios paired); "
                          f"host {fh:5.1f} / {copy_host:4.1f} us; general path synced "
                          f"{gs * 1e3:7.1f} us = {gs / copy_synced:.2f}x, host {gh:5.1f} us"
                          f"{'' if same else '  OUTPUT DIFFERS'}")

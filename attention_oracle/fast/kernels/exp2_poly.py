@@ -1,11 +1,14 @@
 """2**x with a share of the elements on the FMA units instead of the MUFU (special function)
-unit, for the 16-bit forward at small head dims.
+unit: the Triton forward's EXP2_POLY constexpr, 0 (off) in every launch fast makes
+(``benchmarks.sdpa_fwd_tune`` times the others).
 
-At head dim 64 an H100 SM's MUFU makes 16 ``ex2`` a clock and its tensor cores 16 scores' worth
-of the two products (4096 FLOP / 4 D), so the exponentials alone take as long as the matmuls.
+At head dim 64 an H100 SM's MUFU makes 16 ``ex2`` a clock and its tensor cores the two products
+of 16 scores (4096 FLOP / 4 D), so the exponentials could take as long as the matmuls.
 :func:`exp2_mixed` sends one element of every ``EVERY`` to a polynomial on the FMA pipe
 (Cody-Waite: x = j + f with j = rint(x), f in [-1/2, 1/2]; 2**f by a degree-3 polynomial;
-2**j added to the exponent bits), as FlashAttention 4 does on Blackwell.
+2**j added to the exponent bits), as FlashAttention 4 does on Blackwell. On an H100 it made the
+D 64 Triton forward slower, the more the larger the share (docs/FINDINGS.md F83): that kernel
+is bound by issuing instructions, not by the MUFU.
 
 Domain: finite x <= 2**-20 (a folded score minus its row max); x below -126 gives a positive
 value below 2**-125 instead of ex2's 0, which no row sum can see. The polynomial's relative
