@@ -152,6 +152,19 @@ def test_the_fp32_mode_the_json_ran_under_is_the_one_judged(tmp_path):
     assert t.verdict() == "missed" and {c.value for c in t.cells} == {0.6}
 
 
+def test_fp32_rows_judged_by_their_paired_ratios_where_recorded(tmp_path):
+    """An fp32 row timed in alternated rounds carries the median of the within-round ratios
+    (benchmarks.timing.paired_ratio); that is the figure judged, not the ratio of the two
+    medians of TFLOP/s (F85). A row without it is judged by its TFLOP/s."""
+    paired = {**_fp32_row(True, "tf32x3", 34.0, 34.0), "fwdbwd_tf32x3_ratio": 0.91,
+              "fwdbwd_tf32x3_synced_ratio": 0.92}
+    _write(tmp_path, "sdpa.json", {"overhead_us": {}, "points": [],
+                                   "fp32": [paired, _fp32_row(False, "tf32x3", 38.0, 36.0)]})
+    t = _by_name(targets.load([str(tmp_path)]))["sdpa_fp32_step"]
+    assert sorted(round(c.value, 3) for c in t.cells) == [0.9, 0.91, 0.92, 0.95]
+    assert t.verdict() == "met"
+
+
 def test_nothing_measured_is_said_loudly_and_fails_strict(tmp_path, capsys):
     out = tmp_path / "card.json"
     assert targets.main([str(tmp_path), "--json", str(out)]) == 0
