@@ -34,7 +34,7 @@ from attention_oracle.fast.index import (
 )
 
 from .dsa import causal_local_indices
-from .timing import alternated, host_us, paired_ratio, queued_ms, write_json
+from .timing import alternated, host_us, paired_ratio, write_json
 
 
 def synced_with_host(fn, reps, warmup=2):
@@ -152,7 +152,7 @@ def main():
         def copy():
             return dst.copy_(src)
 
-        (copy_synced, copy_host), copy_queued = synced_with_host(copy, args.reps), queued_ms(copy)
+        _, copy_host = synced_with_host(copy, args.reps)  # the host's us (the ms: below)
         ref = None
         variants = [(w, pipelines[0]) for w in (int(x) for x in args.warps.split(","))]
         variants += [(variants[0][0], p) for p in pipelines[1:]]
@@ -169,9 +169,12 @@ def main():
             if ref is None:
                 ref = out
             same = bool(torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1]))
-            (fs, fh), fq = synced_with_host(fast, args.reps), queued_ms(fast)
-            # the ratios to the copy from alternated rounds (timing.alternated, F85)
+            _, fh = synced_with_host(fast, args.reps)
+            # the times and the ratios to the copy from alternated rounds (timing.alternated,
+            # F85): medians over rounds, ratios the medians of those within a round
             paired = alternated({"fast": fast, "copy": copy}, rounds=3, synced_reps=args.reps)
+            fs, fq = paired["fast"]["synced"]["ms"], paired["fast"]["queued"]["ms"]
+            copy_synced, copy_queued = paired["copy"]["synced"]["ms"], paired["copy"]["queued"]["ms"]
             # the validating path a signature's first call takes (the whole call before calls
             # were kept), timed beside it
             (gs, gh) = synced_with_host(lambda: _general_rows(

@@ -1,22 +1,23 @@
 """The inference forward (``no_grad``) and the training forward (inputs requiring grad) of
-fast and cuDNN, timed in alternation over rounds: whether a gap between the two phases in
-``benchmarks.sdpa`` (which times each phase once, one after the other) belongs to the kernels
-or to the order and the clocks.
+fast and cuDNN, timed in alternation over rounds: whether a gap between the two phases, as a
+benchmark timing each implementation once after another read it (``benchmarks.sdpa`` before
+its alternated rounds, docs/FINDINGS.md F85), belongs to the kernels or to the order and the
+clocks.
 
     python -m benchmarks.sdpa_phases [--dims 128] [--lengths 16384] [--causal 0]
                                      [--rounds 5] [--out out/sdpa_phases.json]
 
 bf16, H 32, B = 16384 / L (``benchmarks.sdpa``'s geometry). Each round times fast fwd, fast
 fwd_train, cuDNN fwd, cuDNN fwd_train in that order, then the next round the reverse order,
-each by both methods of ``benchmarks.timing``. Prints each round's TFLOP/s and the medians
-over rounds, queued (synced).
+each by both methods of ``benchmarks.timing`` (``timing.alternated``). Prints each round's
+TFLOP/s and the medians over rounds, queued (synced).
 """
 import argparse
 import itertools
 import statistics
 
 from .sdpa import IMPLS, flops, fwd_fn, fwd_train_fn, make_inputs
-from .timing import queued_ms, synced_ms, tflops, write_json
+from .timing import alternated, tflops, write_json
 
 CASES = [("fast", "fwd"), ("fast", "fwd_train"), ("cudnn", "fwd"), ("cudnn", "fwd_train")]
 PHASE_FNS = {"fwd": fwd_fn, "fwd_train": fwd_train_fn}
@@ -29,15 +30,14 @@ def one_point(L, D, causal, rounds):
     fns = {case: PHASE_FNS[case[1]](IMPLS[case[0]], q, k, v, causal) for case in CASES}
     for fn in fns.values():
         fn()
-    got = {case: [] for case in CASES}
+    timed = alternated(fns, rounds, synced_reps=20)
+    got = {case: [(tflops(fl, mq), tflops(fl, ms)) for mq, ms in
+                  zip(timed[case]["queued"]["each_ms"], timed[case]["synced"]["each_ms"])]
+           for case in CASES}
     for r in range(rounds):
         order = CASES if r % 2 == 0 else CASES[::-1]
-        line = []
-        for case in order:
-            tq, ts = tflops(fl, queued_ms(fns[case])), tflops(fl, synced_ms(fns[case]))
-            got[case].append((tq, ts))
-            line.append(f"{case[0]} {case[1]} {tq:.0f} ({ts:.0f})")
-        print(f"D {D} L {L} causal {int(causal)} round {r}: " + ", ".join(line), flush=True)
+        print(f"D {D} L {L} causal {int(causal)} round {r}: " + ", ".join(
+            f"{c[0]} {c[1]} {got[c][r][0]:.0f} ({got[c][r][1]:.0f})" for c in order), flush=True)
     row = {"D": D, "L": L, "causal": causal, "rounds": rounds}
     for case in CASES:
         mq = statistics.median(t[0] for t in got[case])
