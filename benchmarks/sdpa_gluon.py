@@ -8,7 +8,9 @@ For each head dim, each shape (``--shapes`` indexes SHAPES: 0-2 B*L = 16k tokens
 4k, 16k; 3-5 smaller calls, B 4 L 256 and 512, B 16 L 512; causal and not) and each config of the
 Gluon kernel (BLOCK_M, BLOCK_N, STAGES, num_warps[, WS]): correctness (max |gluon - triton| over the
 whole output, max error of each against float64 on the first head), then TFLOP/s of cuDNN,
-fast-triton and fast-gluon by both timing methods of :mod:`benchmarks.timing` (``queued_ms``: do_bench; ``synced_ms``: events and a sync per call).
+fast-triton and fast-gluon by both timing methods of :mod:`benchmarks.timing` (``queued_ms``:
+do_bench; ``synced_ms``: events and a sync per call), in ``--rounds`` alternated rounds (each
+ratio the median of the ratios within a round).
 FLOPs: 4*B*H*L*S*D, halved when causal. The host microseconds per call of both forwards at a
 tiny shape (L 128) come first, per head dim. ``--mask`` times masked calls instead (never
 causal, as in PyTorch): "bool" (a random boolean [B, 1, L, L] mask, 20% excluded), "padding"
@@ -25,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention_oracle.fast import sdpa as fast_sdpa
 from attention_oracle.fast.kernels import sdpa_fwd_gluon
-from benchmarks.timing import host_us, queued_ms, synced_ms, tflops
+from benchmarks.timing import alternated, host_us, paired_ratio, tflops
 
 SHAPES = [(16, 32, 1024), (4, 32, 4096), (1, 32, 16384),
           (4, 32, 256), (4, 32, 512), (16, 32, 512)]  # 3-5: below "auto"'s threshold
@@ -71,9 +73,21 @@ def _run(backend, q, k, v, causal, mask=None):
     return fast_sdpa.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
 
-def measure(cfgs, B, H, L, causal, D=128, dtype=torch.bfloat16, mask_kind="none"):
-    """One shape: cuDNN and fast-triton once, fast-gluon per config (BLOCK_M, BLOCK_N, STAGES,
-    num_warps); rows of TFLOP/s by both methods and the correctness figures."""
+def _gluon(cfg, q, k, v, causal, mask):
+    """fast's Gluon forward under the config ``cfg`` (the Triton forward's backend after)."""
+    sdpa_fwd_gluon.CONFIG = cfg
+    try:
+        return _run("gluon", q, k, v, causal, mask)
+    finally:
+        fast_sdpa.set_forward_backend("triton")
+
+
+def measure(cfgs, B, H, L, causal, D=128, dtype=torch.bfloat16, mask_kind="none", rounds=3):
+    """One shape: cuDNN, fast-triton and fast-gluon per config (BLOCK_M, BLOCK_N, STAGES,
+    num_warps[, WS]) timed in ``rounds`` alternated rounds (:func:`benchmarks.timing.alternated`:
+    a config's ratio to a peer is the median of the ratios within a round, so the card's drift
+    between rounds does not rank the configs); rows of TFLOP/s (the median over rounds) and
+    ratios by both methods, and the correctness figures."""
     gen = torch.Generator(device="cuda").manual_seed(L + causal)
     q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=dtype, generator=gen)
                for _ in range(3))
@@ -82,36 +96,38 @@ def measure(cfgs, B, H, L, causal, D=128, dtype=torch.bfloat16, mask_kind="none"
     rows = []
     with torch.no_grad():
         gold = _gold_head(q, k, v, causal, mask)
-        ref, base = {}, {}
+        ref, fns, outs = {}, {}, {}
         for b in ("cudnn", "triton"):
             fn = (lambda b=b: _run(b, q, k, v, causal, mask))
             try:
                 ref[b] = fn()
             except RuntimeError as exc:  # cuDNN may refuse a mask: report and leave it out
                 print(f"{b} B{B} L{L} mask={mask_kind}: {str(exc)[:200]}", flush=True)
-                base[b] = (math.nan, math.nan)
                 continue
-            base[b] = (tflops(flop, queued_ms(fn)), tflops(flop, synced_ms(fn)))
+            fns[b] = fn
         for cfg in cfgs:
-            sdpa_fwd_gluon.CONFIG = cfg
             try:
-                out = _run("gluon", q, k, v, causal, mask)
-                fn = (lambda: _run("gluon", q, k, v, causal, mask))
-                timed = (tflops(flop, queued_ms(fn)), tflops(flop, synced_ms(fn)))
+                outs[cfg] = _gluon(cfg, q, k, v, causal, mask)
             except Exception as exc:  # report and go on with the next config
                 print(f"{cfg} B{B} L{L} causal={causal}: {type(exc).__name__}: "
                       f"{str(exc)[:300]}", flush=True)
                 continue
-            finally:
-                fast_sdpa.set_forward_backend("triton")
+            fns[cfg] = (lambda cfg=cfg: _gluon(cfg, q, k, v, causal, mask))
+        timed = alternated(fns, rounds)
+        for cfg, out in outs.items():
             row = dict(cfg=list(cfg), B=B, H=H, L=L, D=D, causal=causal, mask=mask_kind,
+                       rounds=rounds,
                        gluon_vs_triton=(out.float() - ref["triton"].float()).abs().max().item(),
                        err64_gluon=(out[0, 0].double() - gold).abs().max().item(),
                        **{f"err64_{b}": (o[0, 0].double() - gold).abs().max().item()
-                          for b, o in ref.items()},
-                       gluon_queued=timed[0], gluon_synced=timed[1],
-                       **{f"{b}_{m}": base[b][i] for b in base
-                          for i, m in enumerate(("queued", "synced"))})
+                          for b, o in ref.items()})
+            for m in ("queued", "synced"):
+                row[f"gluon_{m}"] = tflops(flop, timed[cfg][m]["ms"])
+                for b in ("cudnn", "triton"):
+                    row[f"{b}_{m}"] = (tflops(flop, timed[b][m]["ms"]) if b in timed
+                                       else math.nan)
+                    row[f"gluon_over_{b}_{m}"] = (paired_ratio(timed, cfg, b, m) if b in timed
+                                                  else math.nan)
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
@@ -156,8 +172,9 @@ def host_parts(D=128):
     the pieces of the launcher's path (the launch's arguments with the four descriptors, the
     launcher's key, the compiled kernel's own launcher with Triton expanding the descriptors),
     the bound path alone (fast.launch.TmaBoundLaunch: the descriptors expanded here, their
-    maps kept per address) and one map's encoding by the driver, the
-    Triton forward's whole call and the median ratio of the two calls timed in turn (``PAIRS``
+    maps kept per address), one map's encoding by the driver and the compiled kernel's C
+    launcher alone on the bound arguments, the Triton forward's whole call, its bound launch
+    (the kept call plan's) and its C launcher alone, and the median ratio of the two calls timed in turn (``PAIRS``
     pairs), then a forward+backward call under the Gluon kernels and under the Triton ones;
     microseconds per call."""
     from attention_oracle.fast.launch import specialization_key
@@ -196,7 +213,10 @@ def host_parts(D=128):
         if bound.bound is not None:  # one tensor map encoded by the driver (what the keeping saves)
             _, kept, encode, enc_args = bound.bound[5][0]
             row["encode_one"] = host_us(lambda: encode(q5.data_ptr(), *enc_args))
+        if bound.bound is not None:  # the compiled kernel's C launcher on the bound arguments
+            row["gluon_raw_run"] = host_us(_raw_gluon_run(bound, q5, out, stats, stream))
         row["call_triton"] = host_us(lambda: _run("triton", q, q, q, False))
+        row.update(_triton_parts(q, stream))
         # the two calls in turn, PAIRS times: the median of gluon / triton (a noisy host moves
         # both figures of a pair alike)
         ratios = sorted(host_us(lambda: _run("gluon", q, q, q, False), calls=100, rounds=1)
@@ -209,6 +229,35 @@ def host_parts(D=128):
           + f"; bound path {'on' if bound.bound is not None else 'off: ' + str(bound.failure)}",
           flush=True)
     return dict(row, D=D, bound=bound.bound is not None, bound_failure=bound.failure)
+
+
+def _raw_gluon_run(bound, q5, out, stats, stream):
+    """A call of the bound Gluon launch's C launcher alone, its arguments made once."""
+    entry, _, _, run, template, maps, slots = bound.bound
+    args = template[:]
+    for (slot, _, encode, enc_args), t in zip(maps, (q5, q5, q5, out)):
+        args[slot] = encode(t.data_ptr(), *enc_args)
+    args[slots[0]] = stats
+    g0, g1, g2 = bound.grid3
+    return lambda: run(g0, g1, g2, stream, entry.function, entry.packed, None, None, None, *args)
+
+
+def _triton_parts(q, stream):
+    """The Triton forward's bound launch (the kept call plan's) and its C launcher alone, at
+    q's shape, microseconds per call."""
+    plan = fast_sdpa._call_plan(q, q, q, 0.0, False, None, False)
+    bound = plan.bound[0]
+    if bound is None or bound.bound is None:
+        return {}
+    out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
+    tensors = (q, q, q, q, out, lse)
+    entry, rest, _, args, _ = bound.bound
+    g0, g1, g2 = bound.grid3
+    return {"triton_bound_launch": host_us(lambda: bound.fixed(tensors, rest)),
+            "triton_raw_run": host_us(lambda: entry.run(
+                g0, g1, g2, stream, entry.function, entry.packed, None, None, None, *tensors,
+                *args))}
 
 
 def _step_host(q):
@@ -238,6 +287,8 @@ def main():
                     help="masked calls (never causal): module docstring")
     ap.add_argument("--host-parts", action="store_true",
                     help="only where the Gluon call's host time goes (host_parts)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternated rounds per shape (benchmarks.timing.alternated)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     cfgs = [_config(text) for text in args.configs]
@@ -256,17 +307,17 @@ def main():
             for causal in (c == "1" for c in args.causal.split(",")):
                 if causal and args.mask != "none":
                     continue  # a mask excludes is_causal (as in PyTorch)
-                rows += measure(cfgs, B, H, L, causal, D, mask_kind=args.mask)
+                rows += measure(cfgs, B, H, L, causal, D, mask_kind=args.mask,
+                                 rounds=args.rounds)
     print("cfg            D   L      causal | queued: cudnn triton gluon g/c g/t | synced: cudnn "
           "triton gluon g/c g/t | max|g-t|  err64 t/g")
     for r in rows:
         print(f"{str(tuple(r['cfg'])):14} {r['D']:3} {r['L']:6} {str(r['causal']):6} | "
               f"{r['cudnn_queued']:5.0f} {r['triton_queued']:5.0f} {r['gluon_queued']:5.0f} "
-              f"{r['gluon_queued'] / r['cudnn_queued']:.2f} "
-              f"{r['gluon_queued'] / r['triton_queued']:.2f} | "
+              f"{r['gluon_over_cudnn_queued']:.2f} {r['gluon_over_triton_queued']:.2f} | "
               f"{r['cudnn_synced']:5.0f} {r['triton_synced']:5.0f} {r['gluon_synced']:5.0f} "
-              f"{r['gluon_synced'] / r['cudnn_synced']:.2f} "
-              f"{r['gluon_synced'] / r['triton_synced']:.2f} | {r['gluon_vs_triton']:.2e} "
+              f"{r['gluon_over_cudnn_synced']:.2f} {r['gluon_over_triton_synced']:.2f} | "
+              f"{r['gluon_vs_triton']:.2e} "
               f"{r['err64_triton']:.1e}/{r['err64_gluon']:.1e}", flush=True)
     if args.json:
         with open(args.json, "w") as f:

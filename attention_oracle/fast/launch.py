@@ -382,9 +382,11 @@ class TmaBoundLaunch:
     difference, or a Triton whose launcher is not laid out as :func:`tma_expansion` expects,
     leaves the call site on the launcher's path. As in :class:`BoundLaunch`, a later call
     whose ``rest`` is the same object and whose tensors (``bases`` and ``tensors``) have the
-    same keys takes the bound path; anything else goes through ``launcher``."""
+    same keys takes the bound path, its tensors passed as their addresses; its arguments are
+    kept for the last addresses, so a call repeated on the same addresses builds none;
+    anything else goes through ``launcher``."""
     __slots__ = ("launcher", "grid", "grid3", "kwargs", "fields", "make", "tensor_slots",
-                 "utils", "bound", "failure", "refused")
+                 "utils", "bound", "failure", "refused", "last")
 
     def __init__(self, launcher, grid, kwargs, fields, make, tensor_slots=None, utils=None):
         """``utils``: the driver's utility module with the encoder (the active CUDA driver's
@@ -396,6 +398,9 @@ class TmaBoundLaunch:
         # ((slot, maps by address, encoder, its arguments after the address) per descriptor),
         # tensor slots)
         self.bound = None
+        # (addresses, the launch's arguments) of the last bound launch: the caching allocator
+        # hands a repeated call the same addresses, whose arguments are then made once
+        self.last = None
         self.failure = None  # why the last binding was refused (None: bound, or not yet tried)
         self.refused = None  # the compiled kernel it was refused for (not tried again)
 
@@ -414,28 +419,26 @@ class TmaBoundLaunch:
         bound = self.bound
         if bound is not None and rest is bound[1] and _MODE.value == "direct":
             launcher = self.launcher
+            every = bases + tensors
+            ptrs = [t.data_ptr() for t in every]
             if (launcher.usable and other_device(bases[0]) is None and not launcher.hooked()
-                    and tensor_keys(bases + tensors) == bound[2]):
+                    and tuple([(t.dtype, p & 15 == 0) for t, p in zip(every, ptrs)])
+                    == bound[2]):
                 entry, _, _, run, template, maps, slots = bound
                 g0, g1, g2 = self.grid3
                 try:
-                    args = template[:]
-                    for (slot, kept, encode, enc_args), t in zip(maps, bases):
-                        ptr = t.data_ptr()
-                        tensor_map = kept.get(ptr)
-                        if tensor_map is None:
-                            if len(kept) >= _MAX_MAPS:
-                                kept.clear()
-                            tensor_map = kept[ptr] = encode(ptr, *enc_args)
-                        args[slot] = tensor_map
-                    for slot, t in zip(slots, tensors):
-                        args[slot] = t
+                    last = self.last
+                    if last is not None and last[0] == ptrs:
+                        args = last[1]
+                    else:
+                        args = self._arguments(template, maps, slots, ptrs)
+                        self.last = (ptrs, args)
                     run(g0, g1, g2, launcher.stream(launcher.device_of()), entry.function,
                         entry.packed, None, None, None, *args)
                     launcher.direct_launches += 1
                     return
                 except Exception:  # noqa: BLE001 - the launcher's own path decides (and warns)
-                    self.bound = None
+                    self.bound = self.last = None
         descs = tuple(self.make(f, t) for f, t in zip(self.fields, bases))
         middle = self.middle(tensors, rest)
         # Triton launches on the current device: the tensors' one is made current first
@@ -443,8 +446,26 @@ class TmaBoundLaunch:
         if entry is not None and other_device(bases[0]) is None:
             self._bind(entry, descs, middle, bases, tensors, rest)
 
+    @staticmethod
+    def _arguments(template, maps, slots, ptrs):
+        """The bound launch's arguments for these addresses (the bases' then the tensors'):
+        each base's tensor map (kept per address), each tensor as its address (Triton's
+        launcher takes an int for a pointer argument and then asks the driver nothing)."""
+        args = template[:]
+        for (slot, kept, encode, enc_args), ptr in zip(maps, ptrs):
+            tensor_map = kept.get(ptr)
+            if tensor_map is None:
+                if len(kept) >= _MAX_MAPS:
+                    kept.clear()
+                tensor_map = kept[ptr] = encode(ptr, *enc_args)
+            args[slot] = tensor_map
+        for slot, ptr in zip(slots, ptrs[len(maps):]):
+            args[slot] = ptr
+        return tuple(args)
+
     def _bind(self, entry, descs, middle, bases, tensors, rest):
         """Keeps what the bound path needs after this direct launch, or the reason it cannot."""
+        self.last = None
         if entry is self.refused:
             return
         try:

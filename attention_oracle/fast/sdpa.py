@@ -199,8 +199,9 @@ def set_forward_backend(backend):
     fp16/bf16, head dims up to 256 that are multiples of 8, no mask or a boolean one or an
     additive one of the inputs' dtype, TMA-ready strides and 16-byte aligned data; other calls
     keep the Triton kernel) or "auto" (the Gluon kernel where it applies and measured faster
-    with its host cost: head dim 128, no mask or a key-padding one of a kind in
-    ``AUTO_FWD_MASKS``, and at least ``sdpa_fwd_gluon.AUTO_MIN_SCORES`` scores). Default:
+    with its host cost: at least ``sdpa_fwd_gluon.AUTO_MIN_SCORES`` scores, and head dim 128
+    with no mask or a key-padding one of a kind in ``AUTO_FWD_MASKS``, or head dim 64 unmasked
+    where the persistent program runs: ``sdpa_fwd_gluon.auto_takes``). Default:
     $ATTENTION_ORACLE_FAST_SDPA_FWD or "auto". Returns the previous backend."""
     return _FWD_BACKEND.set(backend)
 
@@ -310,11 +311,12 @@ def _auto_mask(mask):
                             and (mask.shape[3] == 1 or mask.stride(3) == 0))
 
 
-def _gluon_backends(q_shape, k_shape, is_causal, mask=None):
-    """The forward backends under which a call of these rank-5 shapes under ``mask`` runs the
-    Gluon kernel, where its plan applies: "auto" only where measured faster (sizes:
-    ``sdpa_fwd_gluon.auto_takes``; masks: :func:`_auto_mask`)."""
-    if _auto_mask(mask) and sdpa_fwd_gluon.auto_takes(q_shape, k_shape, is_causal):
+def _gluon_backends(q_shape, k_shape, is_causal, mask=None, device=None):
+    """The forward backends under which a call of these rank-5 shapes under ``mask`` on
+    ``device`` runs the Gluon kernel, where its plan applies: "auto" only where measured faster
+    (sizes: ``sdpa_fwd_gluon.auto_takes``; masks: :func:`_auto_mask`)."""
+    if _auto_mask(mask) and sdpa_fwd_gluon.auto_takes(q_shape, k_shape, is_causal,
+                                                      mask is not None, device):
         return _GLUON_AUTO
     return _GLUON_ALWAYS
 
@@ -476,7 +478,7 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
         return out.zero_(), lse_k
     backend = _FWD_BACKEND.value
     if (backend != "triton" and (mask is None or sdpa_fwd_gluon.takes_mask(mask, q.dtype))
-            and backend in _gluon_backends(q.shape, k.shape, is_causal, mask)):
+            and backend in _gluon_backends(q.shape, k.shape, is_causal, mask, q.device)):
         gluon_plan = sdpa_fwd_gluon.plan((q.shape, k.shape, v.shape),
                                          (q.stride(), k.stride(), v.stride()), q.dtype, q.device,
                                          is_causal, scale)
@@ -773,7 +775,8 @@ class _CallPlan:
                                          (q5.stride(), k5.stride(), v5.stride()), dtype,
                                          q5.device, is_causal, scale)
         self.gluon_backends = (frozenset() if self.gluon is None
-                               else _gluon_backends(q5.shape, k5.shape, is_causal))
+                               else _gluon_backends(q5.shape, k5.shape, is_causal,
+                                                    device=q5.device))
         self.fwd_tail = (*operands, *self.out5, lse_stride, *ints, scale * factor, *tunes)
         self.fuse = _fuse_bwd(natural, _precision(dtype, width), L, k5.shape[3],
                               HQ // k5.shape[2])

@@ -657,6 +657,11 @@ def _make_tensordesc_arg(arg, meta):
     return [tensor_map, *arg.shape, *arg.strides]
 
 
+def _addressed(args, *tensors):
+    """``args`` with each of ``tensors`` replaced by its address (what the bound path passes)."""
+    return tuple(next((t.data_ptr() for t in tensors if a is t), a) for a in args)
+
+
 class FakeCudaLauncher:
     """Laid out as Triton's CudaLauncher: ``launch`` is a closure over the raw C launcher and
     the descriptors' metadata that expands each descriptor argument first."""
@@ -748,13 +753,14 @@ def test_tma_bound_launch_expands_the_descriptors_as_triton_does(tma_rig):
     raws = [e[1] for e in log if e[0] == "raw"]
     assert [e[0] for e in log].count("triton") == 1 and len(raws) == 4
     assert launcher.direct_launches == 3
-    assert raws[1] == raws[2] == raws[3], "the bound path passes other arguments"
+    assert _addressed(raws[1], x) == raws[2] == raws[3], "the bound path passes other arguments"
     a2, x2 = torch.empty(2, 64, 128), torch.empty(16)
     bound.fixed((a2, b), (x2, ), rest)
     mine = [e[1] for e in log if e[0] == "raw"][-1]
     expected = (3, 2, 1, 77, "fn", "meta", None, None, None,
                 *_make_tensordesc_arg(FakeDescriptor(_tma_fields(64), a2), _TMA_META),
-                *_make_tensordesc_arg(FakeDescriptor(_tma_fields(96), b), _TMA_META), x2, 7, 0.5)
+                *_make_tensordesc_arg(FakeDescriptor(_tma_fields(96), b), _TMA_META),
+                x2.data_ptr(), 7, 0.5)
     assert mine[:len(expected)] == expected
     assert mine[len(expected):] == (32, 3), "the constexprs after the arguments"
 
@@ -766,7 +772,28 @@ def test_tma_bound_launch_puts_tensors_in_their_slots(tma_rig):
     for _ in range(3):
         bound.fixed((a, b), (x, ), (7, 0.5))
     raws = [e[1] for e in log if e[0] == "raw"]
-    assert raws[-1][-5:-2] == (7, x, 0.5) and raws[-1][:-5] == raws[-2][:-5]
+    assert raws[-1][-5:-2] == (7, x.data_ptr(), 0.5) and raws[-1][:-5] == raws[-2][:-5]
+
+
+def test_tma_bound_launch_keeps_the_arguments_of_the_last_addresses(tma_rig):
+    """A call on the addresses of the call before launches with the very argument tuple it
+    made; a tensor at a new address gets its own (its address in place), and a tensor of
+    another dtype at a kept address leaves the bound path."""
+    bound, launcher, log = tma_rig
+    a, b, x = torch.empty(2, 64, 128), torch.empty(2, 96, 128), torch.empty(16)
+    for _ in range(3):
+        bound.fixed((a, b), (x, ), (7, 0.5))
+    kept = bound.last
+    bound.fixed((a, b), (x.view(4, 4), ), (7, 0.5))  # another tensor, the same addresses
+    assert bound.last is kept
+    x2 = torch.empty(16)
+    bound.fixed((a, b), (x2, ), (7, 0.5))
+    raws = [e[1] for e in log if e[0] == "raw"]
+    assert bound.last is not kept and raws[-1][-5:-2] == (x2.data_ptr(), 7, 0.5)
+    launches = launcher.direct_launches
+    bound.fixed((a, b), (x2.view(torch.int32), ), (7, 0.5))
+    assert [e[0] for e in log].count("triton") == 2 and launcher.direct_launches == launches, (
+        "a tensor of another dtype took the bound path")
 
 
 @pytest.mark.parametrize("change", ["encoder", "layout"])

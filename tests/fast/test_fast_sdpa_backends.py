@@ -23,12 +23,30 @@ def shapes(heads, L, S, D=128):
     (16, 2047, 2048, 128, False, False),   # one query row fewer
     (16, 2048, 2048, 128, True, False),    # causal computes half the scores
     (32, 2048, 2048, 128, True, True),
-    (16, 2048, 2048, 64, False, False),    # D 64 stays on Triton under auto
+    (16, 2048, 2048, 64, False, False),    # D 64: only where the persistent program runs
     (4 * 32, 1024, 1024, 128, False, True),  # the benchmarks' L 1k at B 4, H 32
 ])
 def test_auto_takes(heads, L, S, D, causal, takes):
     q, k = shapes(heads, L, S, D)
     assert sdpa_fwd_gluon.auto_takes(q, k, causal) is takes, (heads, L, S, D, causal)
+
+
+@pytest.mark.parametrize("heads,L,causal,masked,takes", [
+    (16, 2048, False, False, True),   # 2**26 scores, 16 x 8 = 128 pairs of query blocks
+    (32, 2048, True, False, True),    # causal: half the scores
+    (16, 2047, False, False, False),  # too few scores
+    (16, 2048, False, True, False),   # masked: untimed at D 64
+    (4, 4096, False, False, False),   # 2**26 scores, 4 x 16 = 64 pairs: the one-block kernel
+])
+def test_auto_takes_d64_where_the_persistent_program_runs(heads, L, causal, masked, takes,
+                                                          monkeypatch):
+    """At head dim 64 "auto" takes unmasked calls of AUTO_MIN_SCORES scores that run the
+    persistent program: at least as many pairs of query blocks as SMs (100 here)."""
+    monkeypatch.setattr(sdpa_fwd_gluon, "_sm_count", lambda device: 100)
+    q, k = shapes(heads, L, L, 64)
+    got = sdpa_fwd_gluon.auto_takes(q, k, causal, masked, torch.device("cuda"))
+    assert got is takes, (heads, L, causal, masked)
+    assert not sdpa_fwd_gluon.auto_takes(q, k, causal, masked), "no device: no SM count"
 
 
 def _mask5(shape, dtype, L=4096, S=4096):

@@ -254,18 +254,24 @@ def test_falls_back_outside_its_domain(gen, monkeypatch):
 def test_auto_takes_gluon_where_faster(with_lse, gen, monkeypatch):
     """The default backend ("auto") runs the Gluon kernel for head dim 128 from
     AUTO_MIN_SCORES scores on (16 heads x 2048 x 2048 = 2**26), and the Triton kernel for
-    fewer scores, head dim 64 and a causal call of half as many scores; through the eager call
-    plan and the general path. A Triton-only "auto" would fail the first assertion."""
+    fewer scores and a causal call of half as many scores; at head dim 64 only where the
+    persistent program runs (128 pairs of query blocks: fewer than the H100's and H200's 132
+    SMs; 256 pairs: more); through the eager call plan and the general path. A Triton-only
+    "auto" would fail the first assertion."""
     call = (fast_sdpa.scaled_dot_product_attention_with_lse if with_lse
             else fast_sdpa.scaled_dot_product_attention)
     big = randn(1, 16, 2048, 128, dtype=torch.bfloat16, gen=gen)
+    wide = randn(2, 16, 2048, 64, dtype=torch.bfloat16, gen=gen)
     with gluon_forward(monkeypatch, backend="auto") as calls:
         call(big, big, big)
         assert len(calls) == 1, "auto did not take the Gluon kernel at 2**26 scores of D 128"
         call(big[:, :, :2047], big, big)
         call(big[..., :64], big[..., :64], big[..., :64])
         call(big, big, big, is_causal=True)
-    assert len(calls) == 1, calls
+        assert len(calls) == 1, calls
+        call(wide, wide, wide)
+    assert len(calls) == 2, "auto did not take the persistent program at D 64"
+    assert sdpa_fwd_gluon._sm_count(big.device) in range(129, 257), "the pair counts assume ~132 SMs"
     torch.cuda.synchronize()
 
 

@@ -83,6 +83,8 @@ if GLUON_AVAILABLE:
         _unchecked,
         descriptor_fields,
         keep_prepared,
+        recall,
+        remember,
     )
 
 # the head-dim tiles it takes (of sdpa_fwd_gluon.HEAD_DIMS: dK and dV of 256 columns would
@@ -533,6 +535,9 @@ def _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule):
     return fields, grid, (ints, scales, scale), meta, (bound, {})
 
 
+_LAST = [None]  # launch's last prepared plan (sdpa_fwd_gluon.recall)
+
+
 @functools.cache
 def _dq_layout():
     return gl.NVMMASharedLayout.get_default_for([64, 64], gl.float32)
@@ -546,9 +551,12 @@ def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan, mask
     rowsum(dO * O); ``mask`` None or one ``sdpa_fwd_gluon.takes_mask`` takes (rank 5, any
     strides)."""
     schedule = _SCHEDULE.value
-    cache_key = (bwd_plan, query.dtype, schedule)  # a 5-tuple plan: never a forward's key
-    prepared = _PREPARED.get(cache_key) or keep_prepared(
-        cache_key, _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule))
+    prepared = recall(_LAST, bwd_plan, query.dtype, schedule)
+    if prepared is None:
+        cache_key = (bwd_plan, query.dtype, schedule)  # a 5-tuple plan: never a forward's key
+        prepared = remember(_LAST, bwd_plan, query.dtype, schedule, _PREPARED.get(cache_key)
+                            or keep_prepared(cache_key, _prepare(dout, query, key, value, dq_sum,
+                                                                 bwd_plan, schedule)))
     (fq, fk, fv, fd, fdq), grid, (ints, scales, scale), meta, (bound, rests) = prepared
     if mask is None:
         s_stat = stats.stride(0)

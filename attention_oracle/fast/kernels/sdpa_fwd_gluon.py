@@ -99,6 +99,12 @@ TILE_CONFIGS = {256: (128, 64, 2, 4, True)}
 # scores the kernel breaks even synced (0.95-1.03x Triton), at 2**23 it loses (0.62-0.92x).
 AUTO_HEAD_DIMS = (128,)
 AUTO_MIN_SCORES = 2 ** 26
+# head dims where "auto" takes unmasked calls that run the persistent program (at least as many
+# pairs of query blocks as SMs) from AUTO_MIN_SCORES scores: at D 64 the persistent program
+# is level with the Triton forward or ahead of it (H100, alternated rounds: 0.97-1.09x queued,
+# 0.97-1.07x synced at L 1k-16k, the lowest at L 1k causal; docs/PERFORMANCE.md "D 64 on the
+# persistent program"), the one-block kernel behind it (0.86-0.98x) and masked calls untimed
+AUTO_PERSISTENT_HEAD_DIMS = (64,)
 _GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _ELEMENT_SIZE = {torch.bfloat16: 2, torch.float16: 2}
 
@@ -939,16 +945,35 @@ def plan(shapes, strides, dtype, device, is_causal, scale):
             bool(is_causal), float(scale))
 
 
-def auto_takes(q_shape, k_shape, is_causal):
+def auto_takes(q_shape, k_shape, is_causal, masked=False, device=None):
     """Whether the "auto" forward backend takes this kernel for q ``[..., L, D]`` and k
-    ``[..., S, D]`` (rank 5, broadcast dims included) where :func:`plan` applies: a head dim in
-    ``AUTO_HEAD_DIMS`` and at least ``AUTO_MIN_SCORES`` scores computed (half under causal)."""
-    if q_shape[-1] not in AUTO_HEAD_DIMS:
+    ``[..., S, D]`` (rank 5, broadcast dims included) where :func:`plan` applies: at least
+    ``AUTO_MIN_SCORES`` scores computed (half under causal) and a head dim in
+    ``AUTO_HEAD_DIMS``, or in ``AUTO_PERSISTENT_HEAD_DIMS`` for an unmasked call that runs the
+    persistent program on ``device`` (:func:`persistent_runs`)."""
+    D = q_shape[-1]
+    if D not in AUTO_HEAD_DIMS and (D not in AUTO_PERSISTENT_HEAD_DIMS or masked
+                                    or device is None or device.type != "cuda"
+                                    or not persistent_runs(q_shape, device)):
         return False
     scores = q_shape[-2] * k_shape[-2]
     for n in q_shape[:-2]:
         scores *= n
     return (scores >> 1 if is_causal else scores) >= AUTO_MIN_SCORES
+
+
+def persistent_runs(q_shape, device):
+    """Whether an unmasked call of rank-5 ``q_shape`` on ``device`` runs the persistent
+    program under CONFIG: at least as many pairs of query blocks as the device has SMs (fewer
+    run the one-block kernel, :func:`_prepare`)."""
+    block_m, _, _, _, ws = TILE_CONFIGS.get(tile_dim(q_shape[-1]), CONFIG)
+    if ws != PERSISTENT:
+        return False
+    blocks = -(-q_shape[-2] // block_m)
+    pairs = -(-blocks // 2)
+    for n in q_shape[:-2]:
+        pairs *= n
+    return pairs >= _sm_count(device)
 
 
 def aligned(*data_ptrs):
@@ -982,6 +1007,7 @@ def _unchecked(fields, t):
 # constexprs, made once from a first call's tensors (descriptors checked then)
 _PREPARED = {}
 _MAX_PREPARED = 256
+_LAST = [None]  # launch's last prepared plan (recall)
 
 
 def descriptor_fields(descs):
@@ -994,6 +1020,25 @@ def keep_prepared(key, prepared):
     if len(_PREPARED) >= _MAX_PREPARED:
         _PREPARED.clear()
     _PREPARED[key] = prepared
+    return prepared
+
+
+def recall(memo, plan, dtype, variant):
+    """The prepared plan of the last launch through ``memo`` (a one-item list, one per launch
+    function) where this launch's ``plan``, ``dtype`` and ``variant`` are the very objects of
+    that launch's and ``_PREPARED`` the same dict, else None. A kept call plan passes the same
+    plan object call after call: comparing identities costs less than hashing and comparing the
+    nested plan tuple in ``_PREPARED`` (about 1 us of a call's host time)."""
+    last = memo[0]
+    if (last is not None and last[0] is plan and last[1] is dtype and last[2] is variant
+            and last[3] is _PREPARED):
+        return last[4]
+    return None
+
+
+def remember(memo, plan, dtype, variant, prepared):
+    """``prepared`` as ``memo``'s last launch (:func:`recall`); returns it."""
+    memo[0] = (plan, dtype, variant, _PREPARED, prepared)
     return prepared
 
 
@@ -1024,8 +1069,8 @@ def _prepare(query, key, value, out, stats, gluon_plan):
         if block_m != 128:
             raise ValueError(f"the persistent program takes two consumers (BLOCK_M 128), not "
                              f"BLOCK_M {block_m}")
-        pairs, sms = -(-grid[0] // 2) * grid[1], _sm_count(query.device)
-        if pairs >= sms:  # one program an SM, each over pairs of query blocks (_pair_item)
+        if persistent_runs(qs, query.device):  # one program an SM over pairs (_pair_item)
+            sms = _sm_count(query.device)
             plain = (_WS_PERSISTENT_LAUNCH, (sms, ), (grid[1], ))
         else:  # fewer pairs than SMs: one program a block keeps more SMs busy
             plain = (_WS_LAUNCH, grid, ())
@@ -1087,9 +1132,12 @@ def launch(query, key, value, out, stats, gluon_plan, mask=None):
     Launched through :class:`fast.launch.DirectLauncher` (Triton's own path for the first
     launch of each specialization), an unmasked call from its second launch on through a
     :class:`fast.launch.TmaBoundLaunch` (the descriptors expanded here)."""
-    cache_key = (gluon_plan, query.dtype, CONFIG)
-    prepared = _PREPARED.get(cache_key) or keep_prepared(
-        cache_key, _prepare(query, key, value, out, stats, gluon_plan))
+    prepared = recall(_LAST, gluon_plan, query.dtype, CONFIG)
+    if prepared is None:
+        cache_key = (gluon_plan, query.dtype, CONFIG)
+        prepared = remember(_LAST, gluon_plan, query.dtype, CONFIG, _PREPARED.get(cache_key)
+                            or keep_prepared(cache_key,
+                                             _prepare(query, key, value, out, stats, gluon_plan)))
     _, _, _, meta, launches, (bound, _) = prepared
     if mask is None:
         bound.fixed((query, key, value, out), (stats, ), unmasked_rest(prepared, stats.stride(0)))
