@@ -775,6 +775,23 @@ def test_tma_bound_launch_puts_tensors_in_their_slots(tma_rig):
     assert raws[-1][-5:-2] == (7, x.data_ptr(), 0.5) and raws[-1][:-5] == raws[-2][:-5]
 
 
+def test_typed_tma_bound_launch_checks_keys_only_at_new_addresses(tma_rig):
+    """Told its caller's tensors keep their dtypes (``typed``), a launch on the last launch's
+    addresses reuses its arguments without comparing keys; at a new address a tensor of
+    another dtype still leaves the bound path."""
+    bound, launcher, log = tma_rig
+    bound.typed = True
+    a, b, x = torch.empty(2, 64, 128), torch.empty(2, 96, 128), torch.empty(16)
+    for _ in range(3):
+        bound.fixed((a, b), (x, ), (7, 0.5))
+    kept, launches = bound.last, launcher.direct_launches
+    bound.fixed((a, b), (x, ), (7, 0.5))
+    assert bound.last is kept and launcher.direct_launches == launches + 1
+    x2 = torch.empty(16, dtype=torch.int32)
+    bound.fixed((a, b), (x2, ), (7, 0.5))
+    assert [e[0] for e in log].count("triton") == 2, "a new dtype at a new address was bound"
+
+
 def test_tma_bound_launch_keeps_the_arguments_of_the_last_addresses(tma_rig):
     """A call on the addresses of the call before launches with the very argument tuple it
     made; a tensor at a new address gets its own (its address in place), and a tensor of

@@ -76,13 +76,12 @@ if GLUON_AVAILABLE:
         tma_add_shared,
     )
     from .sdpa_fwd_gluon import (
-        _PREPARED,
         _descriptor,
         _release,
         _tile_view,
         _unchecked,
         descriptor_fields,
-        keep_prepared,
+        prepared_plan,
         recall,
         remember,
     )
@@ -531,11 +530,12 @@ def _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule):
     # an unmasked call's launch with its descriptors expanded here (fast.launch.TmaBoundLaunch):
     # Stats, Delta, DQ, DK and DV among the arguments after the descriptors, the rest kept as
     # one tuple per Stats row stride (the same object: the same values)
-    bound = TmaBoundLaunch(_LAUNCH, grid, meta, fields, _unchecked, tensor_slots=(0, 2, 3, 4, 5))
+    bound = TmaBoundLaunch(_LAUNCH, grid, meta, fields, _unchecked, tensor_slots=(0, 2, 3, 4, 5),
+                           typed=True)
     return fields, grid, (ints, scales, scale), meta, (bound, {})
 
 
-_LAST = [None]  # launch's last prepared plan (sdpa_fwd_gluon.recall)
+_LAST = [None]  # launch's last unmasked launch (sdpa_fwd_gluon.recall)
 
 
 @functools.cache
@@ -551,18 +551,22 @@ def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan, mask
     rowsum(dO * O); ``mask`` None or one ``sdpa_fwd_gluon.takes_mask`` takes (rank 5, any
     strides)."""
     schedule = _SCHEDULE.value
-    prepared = recall(_LAST, bwd_plan, query.dtype, schedule)
-    if prepared is None:
-        cache_key = (bwd_plan, query.dtype, schedule)  # a 5-tuple plan: never a forward's key
-        prepared = remember(_LAST, bwd_plan, query.dtype, schedule, _PREPARED.get(cache_key)
-                            or keep_prepared(cache_key, _prepare(dout, query, key, value, dq_sum,
-                                                                 bwd_plan, schedule)))
-    (fq, fk, fv, fd, fdq), grid, (ints, scales, scale), meta, (bound, rests) = prepared
+    operands = (dout, query, key, value, dq_sum, bwd_plan, schedule)
     if mask is None:
         s_stat = stats.stride(0)
-        rest = rests.get(s_stat) or rests.setdefault(s_stat, (s_stat, *ints, scales[0], scale))
-        bound.fixed((query, key, value, dout, dq_sum), (stats, delta, dq_sum, dk, dv), rest)
+        last = recall(_LAST, bwd_plan, query.dtype, schedule, s_stat)
+        if last is None:
+            # a 5-tuple plan: never a forward's key
+            prepared = prepared_plan((bwd_plan, query.dtype, schedule), _prepare, *operands)
+            _, _, (ints, scales, scale), _, (_, rests) = prepared
+            rest = rests.get(s_stat) or rests.setdefault(s_stat,
+                                                         (s_stat, *ints, scales[0], scale))
+            last = remember(_LAST, bwd_plan, query.dtype, schedule, prepared, s_stat, rest)
+        last[4][4][0].fixed((query, key, value, dout, dq_sum), (stats, delta, dq_sum, dk, dv),
+                            last[6])
         return
+    (fq, fk, fv, fd, fdq), grid, (ints, scales, scale), meta, _ = prepared_plan(
+        (bwd_plan, query.dtype, schedule), _prepare, *operands)
     args = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
             _unchecked(fd, dout), _unchecked(fdq, dq_sum), stats, stats.stride(0), delta, dq_sum,
             dk, dv)

@@ -1007,7 +1007,7 @@ def _unchecked(fields, t):
 # constexprs, made once from a first call's tensors (descriptors checked then)
 _PREPARED = {}
 _MAX_PREPARED = 256
-_LAST = [None]  # launch's last prepared plan (recall)
+_LAST = [None]  # launch's last unmasked launch (recall)
 
 
 def descriptor_fields(descs):
@@ -1023,23 +1023,30 @@ def keep_prepared(key, prepared):
     return prepared
 
 
-def recall(memo, plan, dtype, variant):
-    """The prepared plan of the last launch through ``memo`` (a one-item list, one per launch
-    function) where this launch's ``plan``, ``dtype`` and ``variant`` are the very objects of
-    that launch's and ``_PREPARED`` the same dict, else None. A kept call plan passes the same
-    plan object call after call: comparing identities costs less than hashing and comparing the
-    nested plan tuple in ``_PREPARED`` (about 1 us of a call's host time)."""
+def recall(memo, plan, dtype, variant, s_stat):
+    """The last unmasked launch through ``memo`` (a one-item list, one per launch function):
+    its (plan, dtype, variant, ``_PREPARED``, prepared plan, Stats row stride, the arguments
+    after the tensors), where this launch's ``plan``, ``dtype`` and ``variant`` are the very
+    objects of that launch's, ``_PREPARED`` the same dict and ``s_stat`` equal; else None. A
+    kept call plan passes the same plan object call after call: comparing identities costs
+    less than hashing and comparing the nested plan tuple in ``_PREPARED``."""
     last = memo[0]
     if (last is not None and last[0] is plan and last[1] is dtype and last[2] is variant
-            and last[3] is _PREPARED):
-        return last[4]
+            and last[3] is _PREPARED and last[5] == s_stat):
+        return last
     return None
 
 
-def remember(memo, plan, dtype, variant, prepared):
-    """``prepared`` as ``memo``'s last launch (:func:`recall`); returns it."""
-    memo[0] = (plan, dtype, variant, _PREPARED, prepared)
-    return prepared
+def remember(memo, plan, dtype, variant, prepared, s_stat, rest):
+    """The entry :func:`recall` returns for this launch, kept as ``memo``'s last."""
+    memo[0] = last = (plan, dtype, variant, _PREPARED, prepared, s_stat, rest)
+    return last
+
+
+def prepared_plan(cache_key, prepare, *args):
+    """``_PREPARED``'s entry for ``cache_key``, made by ``prepare(*args)`` and kept on first
+    sight."""
+    return _PREPARED.get(cache_key) or keep_prepared(cache_key, prepare(*args))
 
 
 def _prepare(query, key, value, out, stats, gluon_plan):
@@ -1079,7 +1086,7 @@ def _prepare(query, key, value, out, stats, gluon_plan):
     # an unmasked call's launch with its descriptors expanded here (fast.launch.TmaBoundLaunch),
     # and its non-tensor arguments per Stats row stride as one kept tuple (the same object: the
     # same values)
-    bound = TmaBoundLaunch(plain[0], plain[1], meta, fields, _unchecked)
+    bound = TmaBoundLaunch(plain[0], plain[1], meta, fields, _unchecked, typed=True)
     return fields, plain[1], (stats.stride(0), ints, scales), meta, (plain, masked), (bound, {})
 
 
@@ -1132,16 +1139,18 @@ def launch(query, key, value, out, stats, gluon_plan, mask=None):
     Launched through :class:`fast.launch.DirectLauncher` (Triton's own path for the first
     launch of each specialization), an unmasked call from its second launch on through a
     :class:`fast.launch.TmaBoundLaunch` (the descriptors expanded here)."""
-    prepared = recall(_LAST, gluon_plan, query.dtype, CONFIG)
-    if prepared is None:
-        cache_key = (gluon_plan, query.dtype, CONFIG)
-        prepared = remember(_LAST, gluon_plan, query.dtype, CONFIG, _PREPARED.get(cache_key)
-                            or keep_prepared(cache_key,
-                                             _prepare(query, key, value, out, stats, gluon_plan)))
-    _, _, _, meta, launches, (bound, _) = prepared
+    operands = (query, key, value, out, stats, gluon_plan)
     if mask is None:
-        bound.fixed((query, key, value, out), (stats, ), unmasked_rest(prepared, stats.stride(0)))
+        s_stat = stats.stride(0)
+        last = recall(_LAST, gluon_plan, query.dtype, CONFIG, s_stat)
+        if last is None:
+            prepared = prepared_plan((gluon_plan, query.dtype, CONFIG), _prepare, *operands)
+            last = remember(_LAST, gluon_plan, query.dtype, CONFIG, prepared, s_stat,
+                            unmasked_rest(prepared, s_stat))
+        last[4][5][0].fixed((query, key, value, out), (stats, ), last[6])
         return
+    prepared = prepared_plan((gluon_plan, query.dtype, CONFIG), _prepare, *operands)
+    _, _, _, meta, launches, _ = prepared
     args = launch_args(prepared, query, key, value, out, stats, mask)
     launcher, grid, _ = launches[1]  # the masked kernel's
     # Triton launches on the current device: make the tensors' one current first
