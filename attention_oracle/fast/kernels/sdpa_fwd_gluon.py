@@ -91,12 +91,13 @@ CONFIG = (128, 128, 2, 4, PERSISTENT)
 TILE_CONFIGS = {256: (128, 64, 2, 4, True)}
 # fast.sdpa's default forward backend ("auto") takes this kernel where it measured faster than
 # the Triton forward on the H200, its host cost included (docs/PERFORMANCE.md "Gluon forward"):
-# head dim 128 (1.23-1.45x Triton queued, 1.01-1.27x synced at L 1k-16k; at D 64 it trails
-# Triton up to L 4k), and calls of at least AUTO_MIN_SCORES score elements: its launch costs
-# ~15 us more host time than Triton's (31.0 against 16.4 us), which a 1.3x faster kernel repays
-# from ~65 us of Triton kernel time, 2**26 D-128 scores at ~450 TFLOP/s. Its launches through
-# fast.launch.TmaBoundLaunch cost ~1.15x Triton's since, and the threshold stays: at 2**25
-# scores the kernel breaks even synced (0.95-1.03x Triton), at 2**23 it loses (0.62-0.92x).
+# head dim 128 (1.23-1.45x Triton queued, 1.01-1.27x synced at L 1k-16k; the one-block kernel
+# trails Triton at D 64 up to L 4k), and calls of at least AUTO_MIN_SCORES score elements: its
+# launch cost ~15 us more host time than Triton's then (31.0 against 16.4 us), which a 1.3x
+# faster kernel repays from ~65 us of Triton kernel time, 2**26 D-128 scores at ~450 TFLOP/s.
+# Its launches cost ~1.15x Triton's through fast.launch.TmaBoundLaunch, and level with them
+# since (docs/FINDINGS.md F86); the threshold stays: at 2**25 scores the kernel breaks even
+# synced (0.95-1.03x Triton), at 2**23 it loses (0.62-0.92x).
 AUTO_HEAD_DIMS = (128,)
 AUTO_MIN_SCORES = 2 ** 26
 # head dims where "auto" takes unmasked calls that run the persistent program (at least as many
