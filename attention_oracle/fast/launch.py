@@ -384,7 +384,9 @@ class TmaBoundLaunch:
     whose ``rest`` is the same object and whose tensors (``bases`` and ``tensors``) have the
     same keys takes the bound path, its tensors passed as their addresses; its arguments are
     kept for the last addresses, so a call repeated on the same addresses builds none;
-    anything else goes through ``launcher``."""
+    anything else goes through ``launcher``. As the tensor maps always were, the tensors are
+    then taken for device memory without asking the driver (what would turn a CPU tensor into
+    an error): the callers pass CUDA tensors of one device, validated or allocated by them."""
     __slots__ = ("launcher", "grid", "grid3", "kwargs", "fields", "make", "tensor_slots",
                  "utils", "bound", "failure", "refused", "last", "typed")
 
