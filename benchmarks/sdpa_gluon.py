@@ -187,7 +187,7 @@ def host_parts(D=128):
         plan = sdpa_fwd_gluon.plan((q5.shape,) * 3, (q5.stride(),) * 3, q.dtype, q.device,
                                    False, D ** -0.5)
         sdpa_fwd_gluon.launch(q5, q5, q5, out, stats, plan)
-        prepared = sdpa_fwd_gluon._PREPARED[(plan, q.dtype, sdpa_fwd_gluon.CONFIG)]
+        prepared = sdpa_fwd_gluon._PREPARED[(plan, q.dtype, sdpa_fwd_gluon.CONFIG, q.device)]
         _, grid, _, meta, ((launcher, _, _), _), _ = prepared  # the unmasked kernel
 
         def descs():

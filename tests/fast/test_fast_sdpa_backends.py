@@ -425,3 +425,35 @@ def test_gluon_backward_adds_dq_by_atomics_past_int32_rows(monkeypatch):
         assert meta["DQ_TMA"] is tma, shape
         meta = sdpa_bwd_gluon._prepare(None, None, None, None, None, plan, "tma_deferred")[3]
         assert meta["DQ_TMA"] is tma and meta["DQ_DEFER"] is tma, shape
+
+
+def test_gluon_launch_prepares_a_plan_per_device(monkeypatch):
+    """Equal plans on two devices get a prepared plan each (a bound launch's compiled kernel is
+    one device's), and a later call on the first device finds its own again; each call reaches
+    the bound launch of its device. ``_prepare`` and the bound launch are stubbed (meta tensors
+    stand in for a second device)."""
+    made, fixed = [], []
+
+    class Bound:
+        def __init__(self, device):
+            self.device = device
+
+        def fixed(self, bases, tensors, rest):
+            fixed.append((self.device, bases[0].device.type))
+
+    def prepare(query, key, value, out, stats, plan):
+        made.append(query.device.type)
+        return (None, None, (stats.stride(0), (), (1.0, 1.0)), {}, ((None, None, ()), None),
+                (Bound(query.device.type), {}))
+
+    monkeypatch.setattr(sdpa_fwd_gluon, "_prepare", prepare)
+    monkeypatch.setattr(sdpa_fwd_gluon, "_PREPARED", {})
+    monkeypatch.setattr(sdpa_fwd_gluon, "_LAST", [None])
+    for device in ("cpu", "meta", "cpu", "meta"):
+        q = torch.empty(1, 1, 1, 16, 64, device=device)
+        # equal plans, a new object each call (as the general path makes them: the launch's
+        # recall of its last plan is by identity, a plan object serving one device)
+        plan = ((tuple(q.shape),) * 3, (q.stride(),) * 3, False, 0.125)
+        sdpa_fwd_gluon.launch(q, q, q, q, torch.empty(3, 16, device=device), plan)
+    assert made == ["cpu", "meta"], made
+    assert fixed == [("cpu", "cpu"), ("meta", "meta")] * 2, fixed

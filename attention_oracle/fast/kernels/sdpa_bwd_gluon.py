@@ -557,7 +557,8 @@ def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan, mask
         last = recall(_LAST, bwd_plan, query.dtype, schedule, s_stat)
         if last is None:
             # a 5-tuple plan: never a forward's key
-            prepared = prepared_plan((bwd_plan, query.dtype, schedule), _prepare, *operands)
+            prepared = prepared_plan((bwd_plan, query.dtype, schedule, query.device), _prepare,
+                                     *operands)
             _, _, (ints, scales, scale), _, (_, rests) = prepared
             rest = rests.get(s_stat) or rests.setdefault(s_stat,
                                                          (s_stat, *ints, scales[0], scale))
@@ -566,7 +567,7 @@ def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan, mask
                             last[6])
         return
     (fq, fk, fv, fd, fdq), grid, (ints, scales, scale), meta, _ = prepared_plan(
-        (bwd_plan, query.dtype, schedule), _prepare, *operands)
+        (bwd_plan, query.dtype, schedule, query.device), _prepare, *operands)
     args = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
             _unchecked(fd, dout), _unchecked(fdq, dq_sum), stats, stats.stride(0), delta, dq_sum,
             dk, dv)

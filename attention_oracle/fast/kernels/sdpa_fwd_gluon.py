@@ -1003,7 +1003,8 @@ def _unchecked(fields, t):
     return desc
 
 
-# per (plan, dtype, CONFIG) of the forward and (backward plan, dtype) of the backward
+# per (plan, dtype, CONFIG, device) of the forward and (backward plan, dtype, schedule, device)
+# of the backward (a plan holds no device, and a bound launch's compiled kernel is one device's)
 # (sdpa_bwd_gluon): the descriptors' fields, the grid, the non-descriptor arguments and the
 # constexprs, made once from a first call's tensors (descriptors checked then)
 _PREPARED = {}
@@ -1030,7 +1031,9 @@ def recall(memo, plan, dtype, variant, s_stat):
     after the tensors), where this launch's ``plan``, ``dtype`` and ``variant`` are the very
     objects of that launch's, ``_PREPARED`` the same dict and ``s_stat`` equal; else None. A
     kept call plan passes the same plan object call after call: comparing identities costs
-    less than hashing and comparing the nested plan tuple in ``_PREPARED``."""
+    less than hashing and comparing the nested plan tuple in ``_PREPARED``. A plan object
+    serves one device (fast.sdpa's call plans are kept per device; ``_PREPARED``'s keys name
+    it)."""
     last = memo[0]
     if (last is not None and last[0] is plan and last[1] is dtype and last[2] is variant
             and last[3] is _PREPARED and last[5] == s_stat):
@@ -1145,12 +1148,14 @@ def launch(query, key, value, out, stats, gluon_plan, mask=None):
         s_stat = stats.stride(0)
         last = recall(_LAST, gluon_plan, query.dtype, CONFIG, s_stat)
         if last is None:
-            prepared = prepared_plan((gluon_plan, query.dtype, CONFIG), _prepare, *operands)
+            prepared = prepared_plan((gluon_plan, query.dtype, CONFIG, query.device), _prepare,
+                                     *operands)
             last = remember(_LAST, gluon_plan, query.dtype, CONFIG, prepared, s_stat,
                             unmasked_rest(prepared, s_stat))
         last[4][5][0].fixed((query, key, value, out), (stats, ), last[6])
         return
-    prepared = prepared_plan((gluon_plan, query.dtype, CONFIG), _prepare, *operands)
+    prepared = prepared_plan((gluon_plan, query.dtype, CONFIG, query.device), _prepare,
+                             *operands)
     _, _, _, meta, launches, _ = prepared
     args = launch_args(prepared, query, key, value, out, stats, mask)
     launcher, grid, _ = launches[1]  # the masked kernel's
