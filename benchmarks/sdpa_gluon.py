@@ -213,7 +213,7 @@ def host_parts(D=128):
         if bound.bound is not None:  # one tensor map encoded by the driver (what the keeping saves)
             _, kept, encode, enc_args = bound.bound[5][0]
             row["encode_one"] = host_us(lambda: encode(q5.data_ptr(), *enc_args))
-        if bound.bound is not None:  # the compiled kernel's C launcher on the bound arguments
+            # the compiled kernel's C launcher on the bound arguments
             row["gluon_raw_run"] = host_us(_raw_gluon_run(bound, q5, out, stats, stream))
         row["call_triton"] = host_us(lambda: _run("triton", q, q, q, False))
         row.update(_triton_parts(q, stream))
@@ -232,12 +232,10 @@ def host_parts(D=128):
 
 
 def _raw_gluon_run(bound, q5, out, stats, stream):
-    """A call of the bound Gluon launch's C launcher alone, its arguments made once."""
+    """A call of the bound Gluon launch's C launcher alone, on the arguments the bound path
+    passes (made once)."""
     entry, _, _, run, template, maps, slots = bound.bound
-    args = template[:]
-    for (slot, _, encode, enc_args), t in zip(maps, (q5, q5, q5, out)):
-        args[slot] = encode(t.data_ptr(), *enc_args)
-    args[slots[0]] = stats
+    args = bound._arguments(template, maps, slots, [t.data_ptr() for t in (q5, q5, q5, out, stats)])
     g0, g1, g2 = bound.grid3
     return lambda: run(g0, g1, g2, stream, entry.function, entry.packed, None, None, None, *args)
 

@@ -559,12 +559,11 @@ def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan, mask
             # a 5-tuple plan: never a forward's key
             prepared = prepared_plan((bwd_plan, query.dtype, schedule, query.device), _prepare,
                                      *operands)
-            _, _, (ints, scales, scale), _, (_, rests) = prepared
+            _, _, (ints, scales, scale), _, (bound, rests) = prepared
             rest = rests.get(s_stat) or rests.setdefault(s_stat,
                                                          (s_stat, *ints, scales[0], scale))
-            last = remember(_LAST, bwd_plan, query.dtype, schedule, prepared, s_stat, rest)
-        last[4][4][0].fixed((query, key, value, dout, dq_sum), (stats, delta, dq_sum, dk, dv),
-                            last[6])
+            last = remember(_LAST, bwd_plan, query.dtype, schedule, bound, s_stat, rest)
+        last[4].fixed((query, key, value, dout, dq_sum), (stats, delta, dq_sum, dk, dv), last[6])
         return
     (fq, fk, fv, fd, fdq), grid, (ints, scales, scale), meta, _ = prepared_plan(
         (bwd_plan, query.dtype, schedule, query.device), _prepare, *operands)

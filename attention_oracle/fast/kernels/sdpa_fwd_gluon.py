@@ -1027,7 +1027,7 @@ def keep_prepared(key, prepared):
 
 def recall(memo, plan, dtype, variant, s_stat):
     """The last unmasked launch through ``memo`` (a one-item list, one per launch function):
-    its (plan, dtype, variant, ``_PREPARED``, prepared plan, Stats row stride, the arguments
+    its (plan, dtype, variant, ``_PREPARED``, bound launch, Stats row stride, the arguments
     after the tensors), where this launch's ``plan``, ``dtype`` and ``variant`` are the very
     objects of that launch's, ``_PREPARED`` the same dict and ``s_stat`` equal; else None. A
     kept call plan passes the same plan object call after call: comparing identities costs
@@ -1041,9 +1041,9 @@ def recall(memo, plan, dtype, variant, s_stat):
     return None
 
 
-def remember(memo, plan, dtype, variant, prepared, s_stat, rest):
+def remember(memo, plan, dtype, variant, bound, s_stat, rest):
     """The entry :func:`recall` returns for this launch, kept as ``memo``'s last."""
-    memo[0] = last = (plan, dtype, variant, _PREPARED, prepared, s_stat, rest)
+    memo[0] = last = (plan, dtype, variant, _PREPARED, bound, s_stat, rest)
     return last
 
 
@@ -1150,9 +1150,9 @@ def launch(query, key, value, out, stats, gluon_plan, mask=None):
         if last is None:
             prepared = prepared_plan((gluon_plan, query.dtype, CONFIG, query.device), _prepare,
                                      *operands)
-            last = remember(_LAST, gluon_plan, query.dtype, CONFIG, prepared, s_stat,
+            last = remember(_LAST, gluon_plan, query.dtype, CONFIG, prepared[5][0], s_stat,
                             unmasked_rest(prepared, s_stat))
-        last[4][5][0].fixed((query, key, value, out), (stats, ), last[6])
+        last[4].fixed((query, key, value, out), (stats, ), last[6])
         return
     prepared = prepared_plan((gluon_plan, query.dtype, CONFIG, query.device), _prepare,
                              *operands)
