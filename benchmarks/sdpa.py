@@ -285,18 +285,20 @@ def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128, modes=FP32_MODES, rou
 
 class fp32_modes:
     """``with fp32_modes("tf32x3+atomic"):`` fast's fp32 mode and dQ mode of a bench_fp32 mode
-    (MODE or MODE+DQ) for the block."""
+    (MODE, under the process's dQ mode, or MODE+DQ) for the block."""
 
     def __init__(self, mode):
         self.fp32, _, dq = mode.partition("+")
-        self.dq = dq or "kernel"
+        self.dq = dq or None
 
     def __enter__(self):
-        self.previous = set_fp32_mode(self.fp32), set_dq_mode(self.dq)
+        self.previous = (set_fp32_mode(self.fp32),
+                         None if self.dq is None else set_dq_mode(self.dq))
 
     def __exit__(self, *exc):
         set_fp32_mode(self.previous[0])
-        set_dq_mode(self.previous[1])
+        if self.previous[1] is not None:
+            set_dq_mode(self.previous[1])
 
 
 def in_fp32_mode(mode, fn):
@@ -465,6 +467,8 @@ def main(argv=None):
     ap.add_argument("--fp32-modes", default=",".join(FP32_MODES),
                     help="fast's fp32 modes bench_fp32 times (comma-separated); MODE+DQ runs "
                          "MODE under the dQ mode DQ (set_dq_mode), e.g. tf32x3+atomic")
+    ap.add_argument("--fp32-shapes", default="2,16,2048,128",
+                    help="bench_fp32's problems, B,H,L,D each, separated by ';'")
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="start no new section or point after this many seconds")
     ap.add_argument("--precompile", type=int, default=0, help="parallel compile processes (0: off)")
@@ -516,10 +520,13 @@ def main(argv=None):
         result["plot"] = plot(result["points"], os.path.splitext(args.out)[0] + ".png")
     if not args.no_fp32 and left():
         modes = tuple(args.fp32_modes.split(","))
-        result["fp32"] = bench_fp32(args.rep, args.synced_reps, modes=modes, rounds=args.rounds)
+        result["fp32"] = [
+            row for shape in args.fp32_shapes.split(";") if left()
+            for row in bench_fp32(args.rep, args.synced_reps, *map(int, shape.split(",")),
+                                  modes=modes, rounds=args.rounds)]
         result["fp32_backward_tiles"] = tuned_tiles()
         for r in result["fp32"]:
-            print(f"fp32 causal={r['causal']} TFLOP/s queued (synced): torch fwd "
+            print(f"fp32 B{r['B']} H{r['H']} L{r['L']} D{r['D']} causal={r['causal']} TFLOP/s queued (synced): torch fwd "
                   f"{r['fwd_torch_default_tflops']:.1f} ({r['fwd_torch_default_synced_tflops']:.1f})"
                   f" f+b {r['fwdbwd_torch_default_tflops']:.1f} "
                   f"({r['fwdbwd_torch_default_synced_tflops']:.1f}); " + "; ".join(

@@ -177,8 +177,14 @@ def _precision(dtype, width):
 
 FP32_MODES = ("accurate", "plain", "tf32x3")
 _FP32 = Choice("ATTENTION_ORACLE_FAST_FP32", FP32_MODES, "tf32x3")
-DQ_MODES = ("kernel", "atomic", "atomic_element")
-_DQ_MODE = Choice("ATTENTION_ORACLE_FAST_SDPA_DQ", DQ_MODES, "kernel")
+DQ_MODES = ("auto", "kernel", "atomic", "atomic_element")
+_DQ_MODE = Choice("ATTENTION_ORACLE_FAST_SDPA_DQ", DQ_MODES, "auto")
+# the fp32 "tf32x3" calls "auto" gives atomic dQ: unmasked, no GQA, from this many scores over
+# the whole L x S rectangle, causal or not. At B 4 H 16 L 1k D 128 (2**26) the step went 0.89
+# -> 0.95 of torch's causal and stayed 0.85 not causal; at L 2k and 4k 0.83-0.85 -> 0.94-0.97
+# causal and 0.84-0.85 -> 0.87 not; D 64 L 2k 1.01-1.08 -> 1.22-1.33; at B 8 L 512 (2**25)
+# it lost synced (H100, docs/PERFORMANCE.md "fp32: atomic dQ under auto")
+AUTO_ATOMIC_DQ_MIN_SCORES = 2 ** 26
 FWD_BACKENDS = ("auto", "triton", "gluon")
 _FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_FWD", FWD_BACKENDS, "auto")
 # per backend: the Gluon forward takes a call its plan applies to ("gluon"), or where it is
@@ -224,14 +230,16 @@ def set_backward_backend(backend):
 
 
 def set_dq_mode(mode):
-    """How the backward of later calls forms dQ, where it is not fused (:func:`_fuse_bwd`):
-    "kernel" (a dQ kernel of its own, looping over keys and recomputing S and dP: bitwise
-    repeatable), "atomic" (16-bit and fp32 "plain"/"tf32x3" inputs: the dK/dV kernel adds each
-    key block's share of dQ to an fp32 buffer, by a TMA reduce per tile on sm_90 where the head
-    dim is a multiple of 4, else by per-element atomics, in an order that varies between runs;
-    fp32 "accurate" keeps the dQ kernel) or "atomic_element" ("atomic" with per-element
-    atomics everywhere). Default: $ATTENTION_ORACLE_FAST_SDPA_DQ or "kernel". Returns the
-    previous mode."""
+    """How the Triton backward of later calls forms dQ, where it is not fused
+    (:func:`_fuse_bwd`): "kernel" (a dQ kernel of its own, looping over keys and recomputing S
+    and dP: bitwise repeatable), "atomic" (16-bit and fp32 "plain"/"tf32x3" inputs: the dK/dV
+    kernel adds each key block's share of dQ to an fp32 buffer, by a TMA reduce per tile on
+    sm_90 where the head dim is a multiple of 4, else by per-element atomics, in an order that
+    varies between runs; fp32 "accurate" keeps the dQ kernel), "atomic_element" ("atomic" with
+    per-element atomics everywhere) or "auto" ("atomic" where it measured ahead: fp32
+    "tf32x3", unmasked, no GQA, at least ``AUTO_ATOMIC_DQ_MIN_SCORES`` scores, and not under
+    ``torch.use_deterministic_algorithms``; else "kernel"). Default:
+    $ATTENTION_ORACLE_FAST_SDPA_DQ or "auto". Returns the previous mode."""
     previous = _DQ_MODE.set(mode)
     _options_key()
     return previous
@@ -248,18 +256,18 @@ def settings():
 
 def deterministic():
     """Whether later calls give bitwise-equal outputs and gradients for equal inputs: in
-    :func:`set_dq_mode`'s "kernel" mode, with the Triton backward (under "auto": while
-    ``torch.use_deterministic_algorithms`` is on)."""
-    return _DQ_MODE.value == "kernel" and (
-        _BWD_BACKEND.value == "triton"
-        or deterministic_on_request() and torch.are_deterministic_algorithms_enabled())
+    :func:`set_dq_mode`'s "kernel" mode with the Triton backward, or in "kernel" or "auto"
+    mode under the "triton" or "auto" backward while ``torch.use_deterministic_algorithms``
+    is on."""
+    return ((_DQ_MODE.value == "kernel" and _BWD_BACKEND.value == "triton")
+            or deterministic_on_request() and torch.are_deterministic_algorithms_enabled())
 
 
 def deterministic_on_request():
     """Whether later calls are bitwise repeatable while ``torch.use_deterministic_algorithms``
-    is on: in "kernel" dQ mode under the "triton" and "auto" backward backends ("gluon"
-    adds dQ in an order that varies between runs, whatever the mode)."""
-    return _DQ_MODE.value == "kernel" and _BWD_BACKEND.value in ("triton", "auto")
+    is on: in "kernel" or "auto" dQ mode under the "triton" and "auto" backward backends
+    ("gluon" and the "atomic" dQ modes add dQ in an order that varies between runs)."""
+    return _DQ_MODE.value in ("kernel", "auto") and _BWD_BACKEND.value in ("triton", "auto")
 
 
 # the calls "auto" gives the Gluon backward, by head dim: from this many scores (half under
@@ -428,15 +436,28 @@ def _fuse_bwd(natural, prec, L, S, group):
             and S <= FUSE_DQ_MAX_S and L * group <= FUSE_BWD_MAX_ROWS)
 
 
-def _atomic_dq(natural, prec, fuse, E, device):
+def _atomic_dq(natural, prec, fuse, E, device, auto_takes=False):
     """How an unfused backward adds dQ in the dK/dV kernel (:func:`set_dq_mode`; the kernel's
     ATOMIC_DQ): 0 not at all (the dQ kernel runs), 1 per-element atomics, 2 a TMA reduce per
-    tile (sm_90 on, fp32 rows of E a multiple of 16 bytes; the interpreter has none)."""
-    if _DQ_MODE.value == "kernel" or natural or fuse:
+    tile (sm_90 on, fp32 rows of E a multiple of 16 bytes; the interpreter has none).
+    ``auto_takes``: the call's shapes and mask are ones "auto" gives atomic dQ
+    (:func:`_auto_dq_shapes`)."""
+    mode = _DQ_MODE.value
+    if mode == "kernel" or natural or fuse:
         return 0
-    tma = (_DQ_MODE.value == "atomic" and E % 4 == 0 and device.type == "cuda"
+    if mode == "auto" and not (auto_takes and prec == "tf32x3"
+                               and not torch.are_deterministic_algorithms_enabled()):
+        return 0
+    tma = (mode != "atomic_element" and E % 4 == 0 and device.type == "cuda"
            and torch.cuda.get_device_capability(device)[0] >= 9)
     return 2 if tma else 1
+
+
+def _auto_dq_shapes(q_shape, k_shape, masked):
+    """Whether "auto" dQ mode may take atomic dQ for a call of these rank-5 shapes: unmasked, no
+    GQA, at least ``AUTO_ATOMIC_DQ_MIN_SCORES`` scores over the whole L x S rectangle."""
+    return (not masked and q_shape[2] == k_shape[2]
+            and _scores(q_shape, k_shape, False) >= AUTO_ATOMIC_DQ_MIN_SCORES)
 
 
 def _fold(scale, dtype, backward):
@@ -560,7 +581,8 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
                 return grads
     prec = "ieee" if natural else _precision(q.dtype, max(E, v.shape[4]))
     fuse = _fuse_bwd(natural, prec, L, S, HQ // k.shape[2]) and out.is_contiguous()
-    atomic = _atomic_dq(natural, prec, fuse, E, q.device)
+    atomic = _atomic_dq(natural, prec, fuse, E, q.device,
+                        _auto_dq_shapes(q.shape, k.shape, mask is not None))
     (kind, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
      pre_grid, meta_q) = _bwd_plan(q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), dout.dtype,
                            is_causal, natural, prec, interpreting(), _fold(scale, q.dtype, True),
@@ -780,7 +802,8 @@ class _CallPlan:
         self.fwd_tail = (*operands, *self.out5, lse_stride, *ints, scale * factor, *tunes)
         self.fuse = _fuse_bwd(natural, _precision(dtype, width), L, k5.shape[3],
                               HQ // k5.shape[2])
-        self.atomic = _atomic_dq(natural, _precision(dtype, width), self.fuse, E, q5.device)
+        self.atomic = _atomic_dq(natural, _precision(dtype, width), self.fuse, E, q5.device,
+                                 _auto_dq_shapes(q5.shape, k5.shape, False))
         (_, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
          pre_grid, meta_q) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
                                natural, _precision(dtype, width), interpreting(),
@@ -956,7 +979,9 @@ def _signature(query, key, value, dropout_p, is_causal, scale, enable_gqa):
     the plan does not key on: such calls take the validating path every time). The layouts are
     in the key: a sparse COO tensor's ``stride()`` is all zeros, not an error, and would match
     a dense one broadcast along every dim (docs/FINDINGS.md F82); nested and mkldnn tensors
-    raise in ``stride()`` and get None (validation names the argument)."""
+    raise in ``stride()`` and get None (validation names the argument). So is
+    ``torch.use_deterministic_algorithms``'s flag: "auto" dQ mode takes atomic dQ only while it
+    is off (:func:`set_dq_mode`)."""
     if not (scale is None or type(scale) in (float, int)) or type(dropout_p) not in (float, int):
         return None
     # the flags must be bools: 1 or 0.0 equal True and False, and would match their plans' keys
@@ -972,7 +997,7 @@ def _signature(query, key, value, dropout_p, is_causal, scale, enable_gqa):
         return (query.shape, key.shape, value.shape, query.stride(), key.stride(), value.stride(),
                 query.dtype, key.dtype, value.dtype, query.device, key.device, value.device,
                 query.layout, key.layout, value.layout, dropout_p, is_causal, scale, enable_gqa,
-                _OPTIONS_KEY[0])
+                _OPTIONS_KEY[0], torch.are_deterministic_algorithms_enabled())
     except (RuntimeError, NotImplementedError, TypeError):
         return None
 

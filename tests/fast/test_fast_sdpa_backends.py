@@ -154,6 +154,7 @@ def test_backward_backend_dispatch(monkeypatch):
 
     forward = fast_sdpa.set_forward_backend("triton")
     backward = fast_sdpa.set_backward_backend("gluon")
+    dq = fast_sdpa.set_dq_mode("kernel")  # "auto" would not be deterministic without the flag
     try:
         assert not fast_sdpa.deterministic() and not fast_sdpa.deterministic_on_request()
         steps()
@@ -165,6 +166,7 @@ def test_backward_backend_dispatch(monkeypatch):
     finally:
         fast_sdpa.set_forward_backend(forward)
         fast_sdpa.set_backward_backend(backward)
+        fast_sdpa.set_dq_mode(dq)
 
 
 def test_auto_backward_takes_the_gluon_kernel_where_measured_ahead(monkeypatch):

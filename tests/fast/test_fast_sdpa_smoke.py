@@ -741,6 +741,44 @@ def test_atomic_dq_leaves_accurate_and_fused_calls_alone():
     assert fsdpa._atomic_dq(False, "tf32", False, 40, torch.device("cpu")) == 0
 
 
+def test_auto_dq_takes_atomic_dq_where_measured_ahead(monkeypatch, gen):
+    """"auto" dQ mode (the default) gives fp32 "tf32x3" calls of at least
+    AUTO_ATOMIC_DQ_MIN_SCORES scores, unmasked and without GQA, atomic dQ while
+    torch.use_deterministic_algorithms is off, and they agree; with the flag on the same call
+    gets a plan of its own with the dQ kernel; 16-bit, "plain", "accurate", fused, masked,
+    GQA and smaller calls keep the dQ kernel. Deterministic on request, not otherwise."""
+    import attention_oracle.fast.sdpa as fsdpa
+    shapes = (1, 2, 2, 100, 40), (1, 2, 2, 150, 40)
+    monkeypatch.setattr(fsdpa, "AUTO_ATOMIC_DQ_MIN_SCORES", 2 * 2 * 100 * 150)
+    previous, fp32 = fsdpa.set_dq_mode("auto"), fsdpa.set_fp32_mode("tf32x3")
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    device = torch.device(DEVICE)
+    atomic = 2 if TMA else 1
+    try:
+        assert not fsdpa.deterministic() and fsdpa.deterministic_on_request()
+        assert fsdpa._auto_dq_shapes(*shapes, False)
+        assert not fsdpa._auto_dq_shapes(*shapes, True)
+        assert not fsdpa._auto_dq_shapes(shapes[0], (1, 2, 1, 150, 40), False)
+        assert not fsdpa._auto_dq_shapes((1, 2, 2, 99, 40), shapes[1], False)
+        assert fsdpa._atomic_dq(False, "tf32x3", False, 40, device, True) == atomic
+        assert fsdpa._atomic_dq(False, "tf32x3", False, 40, device, False) == 0
+        for natural, prec, fuse in ((False, "tf32", False), (False, "ieee", False),
+                                    (True, "ieee", False), (False, "tf32x3", True)):
+            assert fsdpa._atomic_dq(natural, prec, fuse, 40, device, True) == 0
+        q = randn(2, 2, 100, 40, dtype=torch.float32, gen=gen)
+        k, v = (randn(2, 2, 150, 40, dtype=torch.float32, gen=gen) for _ in range(2))
+        check_case(q, k, v, is_causal=True)
+        assert fsdpa._call_plan(q, k, v, 0.0, True, None, False).atomic == atomic
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        assert fsdpa.deterministic()
+        assert fsdpa._atomic_dq(False, "tf32x3", False, 40, device, True) == 0
+        assert fsdpa._call_plan(q, k, v, 0.0, True, None, False).atomic == 0
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic)
+        fsdpa.set_dq_mode(previous)
+        fsdpa.set_fp32_mode(fp32)
+
+
 # ----------------------------------------------------------------------------- fp32 modes
 
 
