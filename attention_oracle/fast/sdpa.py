@@ -775,7 +775,8 @@ class _CallPlan:
     __slots__ = ("dtype", "device", "out_shape", "out5", "lse_shape", "fwd", "fwd_tail",
                  "bwd", "bwd_common", "bwd_scalars", "grad_shapes", "grad_tails", "pre_tail",
                  "rows", "gluon", "gluon_backends", "bound", "pre", "fuse", "atomic", "stacked",
-                 "lse_scratch", "bwd_rest", "gluon_bwd", "strides", "geometry", "flags")
+                 "lse_scratch", "lse_stride", "bwd_rest", "gluon_bwd", "strides", "geometry",
+                 "flags")
 
     def __init__(self, q5, k5, v5, out_shape, shapes, is_causal, scale, strides, geometry):
         Z1, Z2, HQ, L, E = q5.shape
@@ -787,7 +788,9 @@ class _CallPlan:
         self.lse_shape = _lse_state_shape(q5.shape, dtype, width)
         self.lse_scratch = _lse_scratch(self.device, self.lse_shape)
         self.out5 = _contiguous_strides((Z1, Z2, HQ, L, EV))
-        lse_stride = _contiguous_strides(self.lse_shape)[0]
+        # Stats' row stride: every forward allocates them in this layout (or views the scratch
+        # buffer in it)
+        self.lse_stride = lse_stride = _contiguous_strides(self.lse_shape)[0]
         operands = (*q5.stride(), *k5.stride(), *v5.stride(), 0, 0, 0, 0, 0)
         kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
             q5.shape, k5.shape, v5.shape, dtype, None, is_causal, natural, _precision(dtype, width),
@@ -839,7 +842,7 @@ class _CallPlan:
         if (_FWD_BACKEND.value in self.gluon_backends
                 and (query.data_ptr() | key.data_ptr() | value.data_ptr()) & 15 == 0
                 and GLUON_FWD(sdpa_fwd_gluon.launch, query, key, value, out, lse_k,
-                              self.gluon)):
+                              self.gluon, None, self.lse_stride)):
             return out, lse_k
         key_, grid, sizes, meta = self.fwd
         self._launch(0, _FWD, key_, grid, sizes, meta,

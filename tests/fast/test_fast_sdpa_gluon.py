@@ -34,11 +34,12 @@ def gluon_forward(monkeypatch, scale_error=1.0, backend="gluon", drop_mask=False
     calls = []
     launch = sdpa_fwd_gluon.launch
 
-    def counted(query, key, value, out, stats, plan, mask=None):
+    def counted(query, key, value, out, stats, plan, mask=None, s_stat=None):
         calls.append(plan[0][0])
         shapes, strides, causal, scale = plan
-        launch(query, key, value, out, stats, (shapes, strides, causal, scale * scale_error),
-               None if drop_mask else mask)
+        return launch(query, key, value, out, stats,
+                      (shapes, strides, causal, scale * scale_error), None if drop_mask else mask,
+                      s_stat)
 
     monkeypatch.setattr(sdpa_fwd_gluon, "launch", counted)
     previous = fast_sdpa.set_forward_backend(backend)

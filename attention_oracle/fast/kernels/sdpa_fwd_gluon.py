@@ -1134,7 +1134,7 @@ def mask_arguments(mask):
     return (mask.view(torch.uint8) if mask.dtype == torch.bool else mask, *mask.stride())
 
 
-def launch(query, key, value, out, stats, gluon_plan, mask=None):
+def launch(query, key, value, out, stats, gluon_plan, mask=None, s_stat=None):
     """Fill ``out`` (contiguous, [Z1, Z2, HQ, L, D] as rank 5) and ``stats``
     ([3, Z1*Z2*HQ*L] float32 rows m, log2 l, lse) from query, key, value read as the plan's
     rank-5 shapes and strides (a view shares its base's data pointer, so the caller's
@@ -1142,20 +1142,22 @@ def launch(query, key, value, out, stats, gluon_plan, mask=None):
     takes: every tile reads it, and the statistics are in the Triton forward's units for it).
     Launched through :class:`fast.launch.DirectLauncher` (Triton's own path for the first
     launch of each specialization), an unmasked call from its second launch on through a
-    :class:`fast.launch.TmaBoundLaunch` (the descriptors expanded here)."""
-    operands = (query, key, value, out, stats, gluon_plan)
+    :class:`fast.launch.TmaBoundLaunch` (the descriptors expanded here). ``s_stat``: Stats'
+    row stride where the caller knows it (a call plan allocates Stats in one layout), else
+    read from ``stats``."""
     if mask is None:
-        s_stat = stats.stride(0)
+        if s_stat is None:
+            s_stat = stats.stride()[0]
         last = recall(_LAST, gluon_plan, query.dtype, CONFIG, s_stat)
         if last is None:
             prepared = prepared_plan((gluon_plan, query.dtype, CONFIG, query.device), _prepare,
-                                     *operands)
+                                     query, key, value, out, stats, gluon_plan)
             last = remember(_LAST, gluon_plan, query.dtype, CONFIG, prepared[5][0], s_stat,
                             unmasked_rest(prepared, s_stat))
         last[4].fixed((query, key, value, out), (stats, ), last[6])
         return
     prepared = prepared_plan((gluon_plan, query.dtype, CONFIG, query.device), _prepare,
-                             *operands)
+                             query, key, value, out, stats, gluon_plan)
     _, _, _, meta, launches, _ = prepared
     args = launch_args(prepared, query, key, value, out, stats, mask)
     launcher, grid, _ = launches[1]  # the masked kernel's
