@@ -56,6 +56,7 @@ from .kernels.sdpa_common import (
     CachedLauncher,
     chunk_of,
     interpreting,
+    score_count,
     stats_rows,
     tune_bucket,
 )
@@ -289,17 +290,9 @@ def gluon_backward_takes(q_shape, k_shape, is_causal, masked=False):
     if backend == "gluon":
         return True
     return (backend == "auto" and not masked and q_shape[2] == k_shape[2]
-            and _scores(q_shape, k_shape, is_causal)
+            and score_count(q_shape, k_shape, is_causal)
             >= AUTO_BWD_MIN_SCORES.get(q_shape[-1], float("inf"))
             and not torch.are_deterministic_algorithms_enabled())
-
-
-def _scores(q_shape, k_shape, is_causal):
-    """Score elements a call of these rank-5 shapes computes (half under causal)."""
-    n = q_shape[-2] * k_shape[-2]
-    for d in q_shape[:-2]:
-        n *= d
-    return n >> 1 if is_causal else n
 
 
 # the masks "auto" gives the Gluon forward (sdpa_fwd_gluon.auto_takes the size): key-padding
@@ -457,7 +450,7 @@ def _auto_dq_shapes(q_shape, k_shape, masked):
     """Whether "auto" dQ mode may take atomic dQ for a call of these rank-5 shapes: unmasked, no
     GQA, at least ``AUTO_ATOMIC_DQ_MIN_SCORES`` scores over the whole L x S rectangle."""
     return (not masked and q_shape[2] == k_shape[2]
-            and _scores(q_shape, k_shape, False) >= AUTO_ATOMIC_DQ_MIN_SCORES)
+            and score_count(q_shape, k_shape, False) >= AUTO_ATOMIC_DQ_MIN_SCORES)
 
 
 def _fold(scale, dtype, backward):

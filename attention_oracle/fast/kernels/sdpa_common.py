@@ -60,6 +60,15 @@ def stats_rows(natural: bool) -> int:
     return 4 if natural else 3
 
 
+def score_count(q_shape, k_shape, is_causal) -> int:
+    """Score elements a call of these rank-5 shapes (broadcast dims included) computes, half
+    under causal: the size the "auto" backends' rules are stated in."""
+    n = q_shape[-2] * k_shape[-2]
+    for d in q_shape[:-2]:
+        n *= d
+    return n >> 1 if is_causal else n
+
+
 def interpreting() -> bool:
     """True under Triton's CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -38,6 +38,7 @@ import functools
 import torch
 
 from ..launch import DirectLauncher, TmaBoundLaunch, is_sm90, on_device_of
+from .sdpa_common import score_count
 
 try:  # Gluon is experimental: a Triton without it (or with another API) leaves the path off
     from triton.experimental import gluon
@@ -957,10 +958,7 @@ def auto_takes(q_shape, k_shape, is_causal, masked=False, device=None):
                                     or device is None or device.type != "cuda"
                                     or not persistent_runs(q_shape, device)):
         return False
-    scores = q_shape[-2] * k_shape[-2]
-    for n in q_shape[:-2]:
-        scores *= n
-    return (scores >> 1 if is_causal else scores) >= AUTO_MIN_SCORES
+    return score_count(q_shape, k_shape, is_causal) >= AUTO_MIN_SCORES
 
 
 def persistent_runs(q_shape, device):
