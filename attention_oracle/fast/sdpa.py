@@ -769,7 +769,7 @@ class _CallPlan:
                  "bwd", "bwd_common", "bwd_scalars", "grad_shapes", "grad_tails", "pre_tail",
                  "rows", "gluon", "gluon_backends", "bound", "pre", "fuse", "atomic", "stacked",
                  "lse_scratch", "lse_stride", "bwd_rest", "gluon_bwd", "strides", "geometry",
-                 "flags")
+                 "flags", "auto_atomic")
 
     def __init__(self, q5, k5, v5, out_shape, shapes, is_causal, scale, strides, geometry):
         Z1, Z2, HQ, L, E = q5.shape
@@ -800,6 +800,9 @@ class _CallPlan:
                               HQ // k5.shape[2])
         self.atomic = _atomic_dq(natural, _precision(dtype, width), self.fuse, E, q5.device,
                                  _auto_dq_shapes(q5.shape, k5.shape, False))
+        # atomic by "auto" dQ mode's choice: a backward run after torch.use_deterministic_algorithms
+        # was turned on takes the general path, which then picks the dQ kernel
+        self.auto_atomic = bool(self.atomic) and _DQ_MODE.value == "auto"
         (_, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
          pre_grid, meta_q) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
                                natural, _precision(dtype, width), interpreting(),
@@ -1069,7 +1072,8 @@ class _PlannedSdpa(torch.autograd.Function):
         if dout.is_neg():
             dout, = resolved_neg(dout)
         plan, saved = ctx.plan, ctx.saved_tensors
-        if not plan.saved_as_made(*saved):
+        if (not plan.saved_as_made(*saved)
+                or plan.auto_atomic and torch.are_deterministic_algorithms_enabled()):
             grads = plan.backward_relaid(_mergeable(dout), *saved)
         else:
             grads = plan.backward(_mergeable(dout), *saved)

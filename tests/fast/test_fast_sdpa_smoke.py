@@ -745,7 +745,8 @@ def test_auto_dq_takes_atomic_dq_where_measured_ahead(monkeypatch, gen):
     """"auto" dQ mode (the default) gives fp32 "tf32x3" calls of at least
     AUTO_ATOMIC_DQ_MIN_SCORES scores, unmasked and without GQA, atomic dQ while
     torch.use_deterministic_algorithms is off, and they agree; with the flag on the same call
-    gets a plan of its own with the dQ kernel; 16-bit, "plain", "accurate", fused, masked,
+    gets a plan of its own with the dQ kernel, and a backward run after the flag was turned on
+    takes it too; 16-bit, "plain", "accurate", fused, masked,
     GQA and smaller calls keep the dQ kernel. Deterministic on request, not otherwise."""
     import attention_oracle.fast.sdpa as fsdpa
     shapes = (1, 2, 2, 100, 40), (1, 2, 2, 150, 40)
@@ -769,7 +770,14 @@ def test_auto_dq_takes_atomic_dq_where_measured_ahead(monkeypatch, gen):
         k, v = (randn(2, 2, 150, 40, dtype=torch.float32, gen=gen) for _ in range(2))
         check_case(q, k, v, is_causal=True)
         assert fsdpa._call_plan(q, k, v, 0.0, True, None, False).atomic == atomic
+        sums = []
+        dq_sum = fsdpa._dq_sum
+        monkeypatch.setattr(fsdpa, "_dq_sum", lambda dq, a: sums.append(a) or dq_sum(dq, a))
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = scaled_dot_product_attention(*leaves, is_causal=True)
         torch.use_deterministic_algorithms(True, warn_only=True)
+        out.backward(torch.ones_like(out))  # the forward's plan went atomic; the flag is on now
+        assert sums == [0], sums
         assert fsdpa.deterministic()
         assert fsdpa._atomic_dq(False, "tf32x3", False, 40, device, True) == 0
         assert fsdpa._call_plan(q, k, v, 0.0, True, None, False).atomic == 0
