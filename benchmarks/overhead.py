@@ -12,8 +12,9 @@ pieces of fast's calls timed alone, :func:`sdpa_parts`). ``--launch-modes``
 measures fast once per launch mode of ``attention_oracle.fast.launch`` (``direct``: the compiled
 kernels' own launchers; ``triton``: ``kernel[grid](...)``), in this order, in one process; keys
 of every mode but the first carry its name (``sdpa_fast_fwd@triton``). ``--pairs N`` then times fast and torch in turn N times per SDPA
-phase (200 calls each, one round), so that both see the same drift of the host, and reports the
-median of the N ratios fast / torch with their range (``sdpa_pairs_<phase>``).
+phase (200 calls each, one round; each first in every other pair: ``timing.paired_host_ratios``),
+so that both see the same drift of the host, and reports the median of the N ratios fast /
+torch with their range (``sdpa_pairs_<phase>``).
 """
 import argparse
 import cProfile
@@ -30,7 +31,7 @@ from attention_oracle.fast.launch import set_launch_mode
 from attention_oracle.fast.sdpa import scaled_dot_product_attention as fast_sdpa
 from attention_oracle.validation import FLOAT_DTYPES, check_sdpa_inputs
 
-from .timing import host_us, write_json
+from .timing import host_us, paired_host_ratios, write_json
 
 
 def sdpa_calls():
@@ -198,18 +199,6 @@ def dsa_calls():
             "dsa_fast_index_prep": index_prep, "device_copy_tiny": lambda: local.clone()}
 
 
-def paired_ratios(fast_fn, torch_fn, pairs):
-    """fast / torch host time per call, timed in turn ``pairs`` times: median, min, max, all."""
-    ratios = []
-    for _ in range(pairs):
-        f = host_us(fast_fn, rounds=1)
-        t = host_us(torch_fn, rounds=1)
-        ratios.append(f / t)
-    ratios.sort()
-    return {"median": ratios[len(ratios) // 2], "min": ratios[0], "max": ratios[-1],
-            "ratios": ratios}
-
-
 def profile(fn, calls=300, top=16):
     fn()
     torch.cuda.synchronize()
@@ -252,8 +241,9 @@ def main():
     set_launch_mode(modes[0])
     if args.pairs and "sdpa" in areas:
         for phase in ("fwd", "fwd_train", "fwdbwd"):
-            res[f"sdpa_pairs_{phase}"] = paired_ratios(calls[f"sdpa_fast_{phase}"],
-                                                       calls[f"sdpa_torch_{phase}"], args.pairs)
+            res[f"sdpa_pairs_{phase}"] = paired_host_ratios(calls[f"sdpa_fast_{phase}"],
+                                                            calls[f"sdpa_torch_{phase}"],
+                                                            args.pairs)
     write_json(args.out, res)
     for name, us in res.items():
         if isinstance(us, dict):

@@ -27,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention_oracle.fast import sdpa as fast_sdpa
 from attention_oracle.fast.kernels import sdpa_fwd_gluon
-from benchmarks.timing import alternated, host_us, paired_ratio, tflops
+from benchmarks.timing import alternated, host_us, paired_host_ratios, paired_ratio, tflops
 
 SHAPES = [(16, 32, 1024), (4, 32, 4096), (1, 32, 16384),
           (4, 32, 256), (4, 32, 512), (16, 32, 512)]  # 3-5: below "auto"'s threshold
@@ -175,7 +175,7 @@ def host_parts(D=128):
     maps kept per address), one map's encoding by the driver and the compiled kernel's C
     launcher alone on the bound arguments, the Triton forward's whole call, its bound launch
     (the kept call plan's) and its C launcher alone, and the median ratio of the two calls timed in turn (``PAIRS``
-    pairs), then a forward+backward call under the Gluon kernels and under the Triton ones;
+    pairs, each first in every other pair; their min and max beside), then a forward+backward call under the Gluon kernels and under the Triton ones;
     microseconds per call."""
     from attention_oracle.fast.launch import specialization_key
     q = torch.randn(1, 1, 128, D, device="cuda", dtype=torch.bfloat16)
@@ -217,15 +217,15 @@ def host_parts(D=128):
             row["gluon_raw_run"] = host_us(_raw_gluon_run(bound, q5, out, stats, stream))
         row["call_triton"] = host_us(lambda: _run("triton", q, q, q, False))
         row.update(_triton_parts(q, stream))
-        # the two calls in turn, PAIRS times: the median of gluon / triton (a noisy host moves
-        # both figures of a pair alike)
-        ratios = sorted(host_us(lambda: _run("gluon", q, q, q, False), calls=100, rounds=1)
-                        / host_us(lambda: _run("triton", q, q, q, False), calls=100, rounds=1)
-                        for _ in range(PAIRS))
-        row["paired_gluon_over_triton"] = ratios[len(ratios) // 2]
+        # the two calls in turn, PAIRS times, each first in every other pair
+        pairs = paired_host_ratios(lambda: _run("gluon", q, q, q, False),
+                                   lambda: _run("triton", q, q, q, False), PAIRS, calls=100)
+        row["paired_gluon_over_triton"] = pairs["median"]
+        row["paired_min"], row["paired_max"] = pairs["min"], pairs["max"]
     row.update(_step_host(q))
     fast_sdpa.set_forward_backend("triton")
-    print(f"host us, D {D}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items())
+    print(f"host us, D {D}: " + ", ".join(f"{k} {v:.3f}" if k.startswith("paired") else
+                                          f"{k} {v:.1f}" for k, v in row.items())
           + f"; bound path {'on' if bound.bound is not None else 'off: ' + str(bound.failure)}",
           flush=True)
     return dict(row, D=D, bound=bound.bound is not None, bound_failure=bound.failure)

@@ -108,6 +108,24 @@ def host_us(fn, calls=200, rounds=5, issue=None):
     return best
 
 
+def paired_host_ratios(fn, ref, pairs, calls=200):
+    """``fn``'s host time per call over ``ref``'s (:func:`host_us`, one round each), timed in
+    turn ``pairs`` times, the one timed first alternating from pair to pair (a cost the first
+    of two pays, or a drift of the host within a pair, falls on each side equally often; a
+    noisy host moves both figures of a pair alike): median, min, max and every ratio."""
+    ratios = []
+    for i in range(pairs):
+        if i % 2:
+            r = host_us(ref, calls=calls, rounds=1)
+            f = host_us(fn, calls=calls, rounds=1)
+        else:
+            f = host_us(fn, calls=calls, rounds=1)
+            r = host_us(ref, calls=calls, rounds=1)
+        ratios.append(f / r)
+    ratios.sort()
+    return {"median": _median(ratios), "min": ratios[0], "max": ratios[-1], "ratios": ratios}
+
+
 def tflops(flop, ms):
     return flop / (ms * 1e-3) / 1e12 if ms and ms > 0 else float("nan")
 

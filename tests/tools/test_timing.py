@@ -3,7 +3,7 @@ ratios as medians of the ratios within a round (a drift that slows both sides of
 alike leaves the ratio alone). CPU: the timing methods fall back to wall-clock timing."""
 import math
 
-from benchmarks.timing import alternated, paired_ratio
+from benchmarks.timing import alternated, paired_host_ratios, paired_ratio
 
 
 def test_rounds_alternate_their_order():
@@ -27,3 +27,16 @@ def test_paired_ratio_is_the_median_of_ratios_within_rounds():
     assert paired_ratio(timed, "fast", "ref", "queued") == 2.0
     timed["fast"]["queued"]["each_ms"] = [0.0, float("nan"), 0.0]
     assert math.isnan(paired_ratio(timed, "fast", "ref", "queued"))
+
+
+def test_paired_host_ratios_alternate_which_is_timed_first(monkeypatch):
+    """Host-time pairs: fn first in even pairs, ref first in odd ones (a cost the first of two
+    pays lands on each side equally often); the median, min and max are of the ratios."""
+    import benchmarks.timing as timing
+    order, us = [], {"fn": iter([2.0, 2.0, 3.0, 2.0]), "ref": iter([1.0, 1.0, 1.0, 4.0])}
+    monkeypatch.setattr(timing, "host_us", lambda f, calls, rounds: order.append(f()) or
+                        next(us[order[-1]]))
+    out = paired_host_ratios(lambda: "fn", lambda: "ref", pairs=4, calls=5)
+    assert order == ["fn", "ref", "ref", "fn", "fn", "ref", "ref", "fn"], order
+    assert out["ratios"] == [0.5, 2.0, 2.0, 3.0] and out["median"] == 2.0
+    assert (out["min"], out["max"]) == (0.5, 3.0)
