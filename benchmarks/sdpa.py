@@ -403,6 +403,27 @@ def precompile(dims, causals, jobs, atomic_dq=False):
 
 # ----------------------------------------------------------------------------- report
 
+def print_fp32(rows, modes):
+    """bench_fp32's rows: TFLOP/s queued (synced) and paired ratios to torch (synced in
+    parentheses), then each one's errors against float64."""
+    for r in rows:
+        print(f"fp32 B{r['B']} H{r['H']} L{r['L']} D{r['D']} causal={r['causal']} TFLOP/s queued (synced): torch fwd "
+              f"{r['fwd_torch_default_tflops']:.1f} ({r['fwd_torch_default_synced_tflops']:.1f})"
+              f" f+b {r['fwdbwd_torch_default_tflops']:.1f} "
+              f"({r['fwdbwd_torch_default_synced_tflops']:.1f}); " + "; ".join(
+                  f"fast {m} fwd {r[f'fwd_fast_{m}_tflops']:.1f} "
+                  f"({r[f'fwd_fast_{m}_synced_tflops']:.1f}, x{r[f'fwd_{m}_ratio']:.2f} "
+                  f"(x{r[f'fwd_{m}_synced_ratio']:.2f})) "
+                  f"f+b {r[f'fwdbwd_fast_{m}_tflops']:.1f} "
+                  f"({r[f'fwdbwd_fast_{m}_synced_tflops']:.1f}, x{r[f'fwdbwd_{m}_ratio']:.2f} "
+                  f"(x{r[f'fwdbwd_{m}_synced_ratio']:.2f})) "
+                  f"maxdiff {r[f'max_diff_out_{m}']:.1e}" for m in modes),
+              flush=True)
+        for m in ("torch_default",) + modes:
+            print(f"fp32 L{r['L']} D{r['D']} causal={r['causal']} {m} error against float64 (max abs / max |gold|): "
+                  + " ".join(f"{x} {e:.2e}" for x, e in r[f"err64_{m}"].items()), flush=True)
+
+
 def print_table(points):
     head = (f"{'D':>4} {'L':>6} {'causal':>6} {'phase':>9} | {'fast':>6} {'cudnn':>6} {'flash':>6} "
             f"{'x cudnn':>7} {'x flash':>7} | synced: {'fast':>6} {'cudnn':>6} {'x cudnn':>7} "
@@ -525,21 +546,8 @@ def main(argv=None):
             for row in bench_fp32(args.rep, args.synced_reps, *map(int, shape.split(",")),
                                   modes=modes, rounds=args.rounds)]
         result["fp32_backward_tiles"] = tuned_tiles()
-        for r in result["fp32"]:
-            print(f"fp32 B{r['B']} H{r['H']} L{r['L']} D{r['D']} causal={r['causal']} TFLOP/s queued (synced): torch fwd "
-                  f"{r['fwd_torch_default_tflops']:.1f} ({r['fwd_torch_default_synced_tflops']:.1f})"
-                  f" f+b {r['fwdbwd_torch_default_tflops']:.1f} "
-                  f"({r['fwdbwd_torch_default_synced_tflops']:.1f}); " + "; ".join(
-                      f"fast {m} fwd {r[f'fwd_fast_{m}_tflops']:.1f} "
-                      f"({r[f'fwd_fast_{m}_synced_tflops']:.1f}, x{r[f'fwd_{m}_ratio']:.2f}) "
-                      f"f+b {r[f'fwdbwd_fast_{m}_tflops']:.1f} "
-                      f"({r[f'fwdbwd_fast_{m}_synced_tflops']:.1f}, x{r[f'fwdbwd_{m}_ratio']:.2f}) "
-                      f"maxdiff {r[f'max_diff_out_{m}']:.1e}" for m in modes),
-                  flush=True)
-            for m in ("torch_default",) + modes:
-                print(f"fp32 causal={r['causal']} {m} error against float64 (max abs / max |gold|): "
-                      + " ".join(f"{x} {e:.2e}" for x, e in r[f"err64_{m}"].items()), flush=True)
         save()
+        print_fp32(result["fp32"], modes)
     if not args.no_rank3 and left():
         result["rank3"] = bench_rank3(args.heads, 4096, 128, args.rep)
         for r in result["rank3"]:
