@@ -122,9 +122,12 @@ def _descriptor_key(a):
         return None
 
 
-def tensor_keys(tensors):
-    """(dtype, 16-byte aligned) per tensor: what Triton specializes a tensor argument on."""
-    return tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in tensors])
+def tensor_keys(tensors, ptrs=None):
+    """(dtype, 16-byte aligned) per tensor: what Triton specializes a tensor argument on.
+    ``ptrs``: the tensors' addresses where the caller has read them already."""
+    if ptrs is None:
+        return tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in tensors])
+    return tuple([(t.dtype, p & 15 == 0) for t, p in zip(tensors, ptrs)])
 
 
 def _grid3(grid):
@@ -432,9 +435,7 @@ class TmaBoundLaunch:
             # typed: the same addresses as the last launch's are its keys again
             same = last is not None and last[0] == ptrs
             if (launcher.usable and other_device(bases[0]) is None and not launcher.hooked()
-                    and ((same and self.typed)
-                         or tuple([(t.dtype, p & 15 == 0) for t, p in zip(every, ptrs)])
-                         == bound[2])):
+                    and ((same and self.typed) or tensor_keys(every, ptrs) == bound[2])):
                 entry, _, _, run, template, maps, slots = bound
                 g0, g1, g2 = self.grid3
                 try:
