@@ -551,14 +551,13 @@ def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan, mask
     rowsum(dO * O); ``mask`` None or one ``sdpa_fwd_gluon.takes_mask`` takes (rank 5, any
     strides)."""
     schedule = _SCHEDULE.value
-    operands = (dout, query, key, value, dq_sum, bwd_plan, schedule)
     if mask is None:
-        s_stat = stats.stride(0)
+        s_stat = stats.stride()[0]
         last = recall(_LAST, bwd_plan, query.dtype, schedule, s_stat)
         if last is None:
             # a 5-tuple plan: never a forward's key
             prepared = prepared_plan((bwd_plan, query.dtype, schedule, query.device), _prepare,
-                                     *operands)
+                                     dout, query, key, value, dq_sum, bwd_plan, schedule)
             _, _, (ints, scales, scale), _, (bound, rests) = prepared
             rest = rests.get(s_stat) or rests.setdefault(s_stat,
                                                          (s_stat, *ints, scales[0], scale))
@@ -566,7 +565,8 @@ def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan, mask
         last[4].fixed((query, key, value, dout, dq_sum), (stats, delta, dq_sum, dk, dv), last[6])
         return
     (fq, fk, fv, fd, fdq), grid, (ints, scales, scale), meta, _ = prepared_plan(
-        (bwd_plan, query.dtype, schedule, query.device), _prepare, *operands)
+        (bwd_plan, query.dtype, schedule, query.device), _prepare, dout, query, key, value,
+        dq_sum, bwd_plan, schedule)
     args = (_unchecked(fq, query), _unchecked(fk, key), _unchecked(fv, value),
             _unchecked(fd, dout), _unchecked(fdq, dq_sum), stats, stats.stride(0), delta, dq_sum,
             dk, dv)
