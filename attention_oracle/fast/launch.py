@@ -130,6 +130,14 @@ def tensor_keys(tensors, ptrs=None):
     return tuple([(t.dtype, p & 15 == 0) for t, p in zip(tensors, ptrs)])
 
 
+def _misaligned(ptrs):
+    """Whether any of the addresses ``ptrs`` is not a multiple of 16 bytes."""
+    m = 0
+    for p in ptrs:
+        m |= p
+    return m & 15 != 0
+
+
 def _grid3(grid):
     g = tuple(grid)
     return (g + (1, 1))[:3] if len(g) < 3 else g
@@ -346,11 +354,8 @@ class BoundLaunch:
         bound = self.bound
         if bound is None or rest is not bound[1] or not bound[4] or _MODE.value != "direct":
             return False
-        m = 0
-        for p in ptrs:
-            m |= p
         launcher = self.launcher
-        if (m & 15 or not launcher.usable or launcher.hooked()
+        if (_misaligned(ptrs) or not launcher.usable or launcher.hooked()
                 or (_several_gpus() and device != torch.cuda.current_device())):
             return False
         entry = bound[0]
@@ -425,7 +430,10 @@ class TmaBoundLaunch:
         return tuple(out)
 
     def fixed(self, bases, tensors, rest):
-        """One launch (class docstring)."""
+        """One launch (class docstring); returns True, or False where a base's address is not
+        16-byte aligned (what TMA requires): then nothing is launched and the caller runs
+        another kernel. The last bound launch's addresses were aligned, so a call on them is
+        not checked again."""
         bound = self.bound
         if bound is not None and rest is bound[1] and _MODE.value == "direct":
             launcher = self.launcher
@@ -434,6 +442,8 @@ class TmaBoundLaunch:
             last = self.last
             # typed: the same addresses as the last launch's are its keys again
             same = last is not None and last[0] == ptrs
+            if not same and _misaligned(ptrs[:len(bases)]):
+                return False
             if (launcher.usable and other_device(bases[0]) is None and not launcher.hooked()
                     and ((same and self.typed) or tensor_keys(every, ptrs) == bound[2])):
                 entry, _, _, run, template, maps, slots = bound
@@ -447,15 +457,18 @@ class TmaBoundLaunch:
                     run(g0, g1, g2, launcher.stream(launcher.device_of()), entry.function,
                         entry.packed, None, None, None, *args)
                     launcher.direct_launches += 1
-                    return
+                    return True
                 except Exception:  # noqa: BLE001 - the launcher's own path decides (and warns)
                     self.bound = self.last = None
+        if _misaligned(map(_DATA_PTR, bases)):
+            return False
         descs = tuple(self.make(f, t) for f, t in zip(self.fields, bases))
         middle = self.middle(tensors, rest)
         # Triton launches on the current device: the tensors' one is made current first
         entry = on_device_of(bases[0], self.launcher, self.grid, descs + middle, self.kwargs)
         if entry is not None and other_device(bases[0]) is None:
             self._bind(entry, descs, middle, bases, tensors, rest)
+        return True
 
     @staticmethod
     def _arguments(template, maps, slots, ptrs):
@@ -590,7 +603,8 @@ class BuildGuard:
     pipeline, a ``RuntimeError`` naming ``PassManager::run``: all raised before the kernel
     runs; F78) turns the path off for the process with one ``RuntimeWarning`` naming the
     kernel and the error, and returns False, so that the caller runs its Triton kernel
-    instead; so do later calls. ``failure`` holds the error (None while the path works): the
+    instead; so do later calls. A launch that returns False declined the call (an address TMA
+    cannot take): False, the path staying on. ``failure`` holds the error (None while the path works): the
     Gluon tests assert it stays None, so a fallback cannot pass them as the Gluon kernel."""
 
     def __init__(self, name):
@@ -601,7 +615,7 @@ class BuildGuard:
         if self.failure is not None:
             return False
         try:
-            launch(*args)
+            launched = launch(*args)
         except (CompilationError, OutOfResources, RuntimeError) as exc:
             if isinstance(exc, RuntimeError) and not _pipeline_failure(exc):
                 raise  # a launch or device error, not a build failure
@@ -609,7 +623,7 @@ class BuildGuard:
             warnings.warn(f"{self.name} failed to build on this Triton; the Triton kernel runs "
                           f"instead from now on: {self.failure}", RuntimeWarning, stacklevel=2)
             return False
-        return True
+        return launched is not False
 
 
 class CachedEncoder:

@@ -497,7 +497,6 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
                                          (q.stride(), k.stride(), v.stride()), q.dtype, q.device,
                                          is_causal, scale)
         if (gluon_plan is not None
-                and sdpa_fwd_gluon.aligned(q.data_ptr(), k.data_ptr(), v.data_ptr())
                 and GLUON_FWD(sdpa_fwd_gluon.launch, q, k, v, out, lse_k, gluon_plan, mask)):
             return out, lse_k
     natural = _natural(q.dtype, width)
@@ -836,7 +835,6 @@ class _CallPlan:
         if need_lse or lse_k is None:
             lse_k = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
         if (_FWD_BACKEND.value in self.gluon_backends
-                and (query.data_ptr() | key.data_ptr() | value.data_ptr()) & 15 == 0
                 and GLUON_FWD(sdpa_fwd_gluon.launch, query, key, value, out, lse_k,
                               self.gluon, None, self.lse_stride)):
             return out, lse_k

@@ -575,6 +575,7 @@ def test_build_guard_falls_back_once_and_says_why():
     ran = []
     guard = launch.BuildGuard("a Gluon kernel")
     assert guard(lambda *args: ran.append(args), 1, 2) and ran == [(1, 2)]
+    assert guard(lambda: False) is False and guard.failure is None, "a declined call"
     with pytest.raises(ZeroDivisionError):
         guard(lambda: 1 / 0)
     assert guard.failure is None
@@ -838,6 +839,9 @@ def test_tma_bound_launch_refuses_an_expansion_unlike_tritons(tma_rig, change):
 
 @pytest.mark.parametrize("change", ["rest", "dtype", "alignment", "triton_mode", "hook"])
 def test_tma_bound_launch_leaves_the_bound_path_on_any_change(tma_rig, change):
+    """Another ``rest`` object, a tensor of another dtype or alignment (not a base: a
+    misaligned base launches nothing, below), Triton's launch mode or a launch hook: the
+    call goes through the launcher."""
     bound, launcher, log = tma_rig
     buf = torch.empty(2 * 64 * 128 + 1)
     a, b, x = buf[:2 * 64 * 128].view(2, 64, 128), torch.empty(2, 96, 128), torch.empty(16)
@@ -853,14 +857,33 @@ def test_tma_bound_launch_leaves_the_bound_path_on_any_change(tma_rig, change):
     elif change == "dtype":
         x = torch.empty(16, dtype=torch.float16)
     elif change == "alignment":
-        a = buf[1:].view(2, 64, 128)
+        x = torch.empty(17)[1:]
     elif change == "triton_mode":
         set_launch_mode("triton")
     else:
         launcher.knobs.launch_enter_hook = print
-    bound.fixed((a, b), (x, ), rest)
+    assert bound.fixed((a, b), (x, ), rest)
     assert calls, f"{change}: the bound path was taken"
     assert launcher.direct_launches <= before + 1
+
+
+@pytest.mark.parametrize("when", ["unbound", "bound"])
+def test_tma_bound_launch_declines_a_misaligned_base(tma_rig, when):
+    """A base 4 bytes past a 16-byte boundary (TMA needs 16) launches nothing, neither bound
+    nor through the launcher, and ``fixed`` returns False (the caller runs another kernel);
+    before the call site is bound and after, and an aligned call after it is bound again. A
+    misaligned tensor after the bases is not a base: it only leaves the bound path."""
+    bound, launcher, log = tma_rig
+    buf = torch.empty(2 * 64 * 128 + 1)
+    a, b, x = buf[:2 * 64 * 128].view(2, 64, 128), torch.empty(2, 96, 128), torch.empty(16)
+    rest = (7, 0.5)
+    for _ in range(3 if when == "bound" else 0):
+        assert bound.fixed((a, b), (x, ), rest)
+    before = len(log)
+    assert bound.fixed((buf[1:].view(2, 64, 128), b), (x, ), rest) is False
+    assert len(log) == before, "a misaligned base was launched"
+    assert bound.fixed((a, b), (x, ), rest) and len(log) > before
+    assert bound.fixed((a, b), (torch.empty(17)[1:], ), rest)
 
 
 def test_tma_bound_launch_encodes_each_address_once(tma_rig):

@@ -35,11 +35,13 @@ def gluon_forward(monkeypatch, scale_error=1.0, backend="gluon", drop_mask=False
     launch = sdpa_fwd_gluon.launch
 
     def counted(query, key, value, out, stats, plan, mask=None, s_stat=None):
-        calls.append(plan[0][0])
         shapes, strides, causal, scale = plan
-        return launch(query, key, value, out, stats,
-                      (shapes, strides, causal, scale * scale_error), None if drop_mask else mask,
-                      s_stat)
+        launched = launch(query, key, value, out, stats,
+                          (shapes, strides, causal, scale * scale_error),
+                          None if drop_mask else mask, s_stat)
+        if launched:
+            calls.append(plan[0][0])
+        return launched
 
     monkeypatch.setattr(sdpa_fwd_gluon, "launch", counted)
     previous = fast_sdpa.set_forward_backend(backend)
@@ -249,6 +251,42 @@ def test_falls_back_outside_its_domain(gen, monkeypatch):
         check_case(q128.float(), q128.float(), q128.float(), backward=False)
         check_case(q128.expand(3, 2, 200, 128), q128, q128, backward=False)
     assert not calls, calls
+
+
+@pytest.mark.parametrize("with_lse", [False, True], ids=["call_plan", "general"])
+def test_misaligned_inputs_take_the_triton_forward(with_lse, gen, monkeypatch):
+    """A query 2 bytes past a 16-byte boundary (TMA cannot take it) runs the Triton forward,
+    before the call site's launch is bound and after (three aligned calls first, then the
+    misaligned one at a new address), through the eager call plan and the general path; the
+    aligned calls around it still run the Gluon kernel and the guard stays on. Without the
+    launch's alignment check the descriptor of the misaligned query fails to build (or, bound,
+    reads 2 bytes off)."""
+    call = (fast_sdpa.scaled_dot_product_attention_with_lse if with_lse
+            else fast_sdpa.scaled_dot_product_attention)
+    x = randn(1, 2, 256, 64, dtype=torch.bfloat16, gen=gen)
+    flat = torch.empty(x.numel() + 8, dtype=x.dtype, device="cuda")
+    shifted = flat[1:1 + x.numel()].view(x.shape)
+    shifted.copy_(x)
+    assert shifted.data_ptr() % 16 == 2
+    with gluon_forward(monkeypatch) as calls:
+        first = call(shifted, x, x)
+        assert not calls, "the misaligned query ran the Gluon kernel"
+        aligned = [call(x, x, x) for _ in range(3)]
+        assert len(calls) == 3
+        again = call(shifted, x, x)
+        assert len(calls) == 3, "the misaligned query ran the bound Gluon launch"
+        call(x, x, x)
+        assert len(calls) == 4
+    previous = fast_sdpa.set_forward_backend("triton")
+    try:
+        want = call(x, x, x)
+    finally:
+        fast_sdpa.set_forward_backend(previous)
+    got = [first, again] if not with_lse else [first[0], again[0]]
+    want = want if not with_lse else want[0]
+    for out in got:
+        assert torch.equal(out, want), "the misaligned call is not the Triton forward's"
+    assert aligned[0] is not None
 
 
 @pytest.mark.parametrize("with_lse", [False, True], ids=["call_plan", "general"])

@@ -1142,18 +1142,23 @@ def launch(query, key, value, out, stats, gluon_plan, mask=None, s_stat=None):
     launch of each specialization), an unmasked call from its second launch on through a
     :class:`fast.launch.TmaBoundLaunch` (the descriptors expanded here). ``s_stat``: Stats'
     row stride where the caller knows it (a call plan allocates Stats in one layout), else
-    read from ``stats``."""
+    read from ``stats``. Returns whether it launched: False, launching nothing, where query,
+    key or value is not 16-byte aligned (:func:`aligned`; the caller runs the Triton forward);
+    an unmasked call on the last bound launch's addresses is not checked again."""
     if mask is None:
         if s_stat is None:
             s_stat = stats.stride()[0]
         last = recall(_LAST, gluon_plan, query.dtype, CONFIG, s_stat)
         if last is None:
+            if not aligned(query.data_ptr(), key.data_ptr(), value.data_ptr()):
+                return False
             prepared = prepared_plan((gluon_plan, query.dtype, CONFIG, query.device), _prepare,
                                      query, key, value, out, stats, gluon_plan)
             last = remember(_LAST, gluon_plan, query.dtype, CONFIG, prepared[5][0], s_stat,
                             unmasked_rest(prepared, s_stat))
-        last[4].fixed((query, key, value, out), (stats, ), last[6])
-        return
+        return last[4].fixed((query, key, value, out), (stats, ), last[6])
+    if not aligned(query.data_ptr(), key.data_ptr(), value.data_ptr()):
+        return False
     prepared = prepared_plan((gluon_plan, query.dtype, CONFIG, query.device), _prepare,
                              query, key, value, out, stats, gluon_plan)
     _, _, _, meta, launches, _ = prepared
@@ -1161,6 +1166,7 @@ def launch(query, key, value, out, stats, gluon_plan, mask=None, s_stat=None):
     launcher, grid, _ = launches[1]  # the masked kernel's
     # Triton launches on the current device: make the tensors' one current first
     on_device_of(stats, launcher, grid, args, meta)
+    return True
 
 
 if GLUON_AVAILABLE:
