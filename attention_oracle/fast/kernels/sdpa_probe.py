@@ -2,12 +2,16 @@
 
     python -m attention_oracle.fast.kernels.sdpa_probe fwd tf32x3 128 64,32,4,2 128,64,8,2
     python -m attention_oracle.fast.kernels.sdpa_probe dkdv ieee 64 32,64,4,2
+    python -m attention_oracle.fast.kernels.sdpa_probe dkdv+atomic tf32x3 128 32,32,4,2
 
-Arguments: the kernel (``fwd``, ``dkdv``, ``dq``), the path (``ieee`` or ``tf32x3``: fp32
+Arguments: the kernel (``fwd``, ``dkdv``, ``dq``; ``dkdv+atomic``: the dK/dV kernel with the
+TMA-reduce atomic dQ), the path (``ieee`` or ``tf32x3``: fp32
 "plain" / "tf32x3" mode; ``accurate``: fp32 "accurate" mode, natural units and fp64 pieces;
 ``bf16``: the 16-bit kernel), the head dim (E = Ev, a power of two), then configs
 ``BLOCK_M,BLOCK_N,num_warps,num_stages``. Unmasked, not causal. Prints the shared memory each config needs (the H200
-allows 232448 bytes) and, from the ptxas bundled with Triton, registers and spill bytes.
+allows 232448 bytes), from the ptxas bundled with Triton registers and spill bytes, and the
+tensor-core instructions the products took (``wgmma``, ``mma.sync`` or both): Triton gives a
+product wgmma only where its result has a multiple of 64 rows.
 Shared-memory figures come from the local Triton, which may lay operands out differently from
 the device's (docs/DESIGN.md "11. fast DSA (Triton)"), so a config near the limit still needs the device.
 """
@@ -26,9 +30,10 @@ _KERNELS = {"fwd": (sdpa_fwd_kernel, 6), "dkdv": (sdpa_bwd_dkdv_kernel, 11),
             "dq": (sdpa_bwd_dq_kernel, 8)}
 
 
-def compile_for_sm90(which, prec, head_dim, cfg, exp2_poly=0):
+def compile_for_sm90(which, prec, head_dim, cfg, exp2_poly=0, atomic_dq=0, mma=False):
     """(shared bytes, registers, spill-store bytes) of one config (``exp2_poly``: the
-    forward's EXP2_POLY)."""
+    forward's EXP2_POLY; ``atomic_dq``: the dK/dV kernel's ATOMIC_DQ), and with ``mma`` the
+    tensor-core form of its products (:func:`mma_form`)."""
     autotuned, n_tensors = _KERNELS[which]
     kernel = autotuned.fn.fn
     bm, bn, warps, stages = cfg
@@ -38,7 +43,8 @@ def compile_for_sm90(which, prec, head_dim, cfg, exp2_poly=0):
                   NATURAL=prec == "accurate", CHUNK_E=chunk_of(head_dim),
                   CHUNK_EV=chunk_of(head_dim), BLOCK_E=head_dim, BLOCK_EV=head_dim,
                   BLOCK_M=bm, BLOCK_N=bn, CHECK_M=False, CHECK_N=False, CHECK_E=False,
-                  CHECK_EV=False, FOLD=True, FUSE_DQ=False, ATOMIC_DQ=0, EXP2_POLY=exp2_poly)
+                  CHECK_EV=False, FOLD=True, FUSE_DQ=False, ATOMIC_DQ=atomic_dq,
+                  EXP2_POLY=exp2_poly)
     signature, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in consts:
@@ -61,21 +67,31 @@ def compile_for_sm90(which, prec, head_dim, cfg, exp2_poly=0):
                     constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=warps, num_stages=stages))
-    return (compiled.metadata.shared,) + _ptxas_usage(compiled.asm["ptx"])
+    usage = (compiled.metadata.shared,) + _ptxas_usage(compiled.asm["ptx"])
+    return usage + (mma_form(compiled.asm["ptx"]),) if mma else usage
+
+
+def mma_form(ptx):
+    """The tensor-core instructions in ``ptx``: "wgmma", "mma.sync", both, or "none"."""
+    forms = [f for f in ("wgmma", "mma.sync") if f + "." in ptx]
+    return " + ".join(forms) or "none"
 
 
 def main(argv):
-    if len(argv) < 4 or argv[0] not in _KERNELS or argv[1] not in ("ieee", "tf32x3", "accurate", "bf16"):
+    which = argv[0].removesuffix("+atomic") if argv else None
+    if len(argv) < 4 or which not in _KERNELS or argv[1] not in ("ieee", "tf32x3", "accurate", "bf16"):
         raise SystemExit(__doc__)
-    which, prec, head_dim = argv[0], argv[1], int(argv[2])
+    prec, head_dim = argv[1], int(argv[2])
+    atomic_dq = 2 if argv[0].endswith("+atomic") else 0
     for text in argv[3:]:
         cfg = tuple(int(x) for x in text.split(","))
         try:
-            shared, regs, spills = compile_for_sm90(which, prec, head_dim, cfg)
-            print(f"{which} {prec} D{head_dim} {cfg}: shared {shared} B, {regs} registers, "
-                  f"{spills} B spilled", flush=True)
+            shared, regs, spills, form = compile_for_sm90(which, prec, head_dim, cfg,
+                                                          atomic_dq=atomic_dq, mma=True)
+            print(f"{argv[0]} {prec} D{head_dim} {cfg}: shared {shared} B, {regs} registers, "
+                  f"{spills} B spilled, {form}", flush=True)
         except Exception as exc:  # report and go on with the next config
-            print(f"{which} {prec} D{head_dim} {cfg}: {type(exc).__name__}: {str(exc)[:200]}",
+            print(f"{argv[0]} {prec} D{head_dim} {cfg}: {type(exc).__name__}: {str(exc)[:200]}",
                   flush=True)
 
 
