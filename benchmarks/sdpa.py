@@ -35,7 +35,13 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention_oracle.fast.kernels import sdpa_fwd_gluon
-from attention_oracle.fast.sdpa import FP32_MODES, set_dq_mode, set_fp32_mode
+from attention_oracle.fast.sdpa import (
+    DQ_MODES,
+    FP32_MODES,
+    set_backward_backend,
+    set_dq_mode,
+    set_fp32_mode,
+)
 from attention_oracle.fast.sdpa import scaled_dot_product_attention as fast_sdpa
 from attention_oracle.oracle.sdpa import sdpa_reference
 
@@ -284,21 +290,29 @@ def bench_fp32(rep, synced_reps, B=2, H=16, L=2048, D=128, modes=FP32_MODES, rou
 
 
 class fp32_modes:
-    """``with fp32_modes("tf32x3+atomic"):`` fast's fp32 mode and dQ mode of a bench_fp32 mode
-    (MODE, under the process's dQ mode, or MODE+DQ) for the block."""
+    """``with fp32_modes("tf32x3+atomic"):`` fast's fp32 mode, dQ mode and backward backend of
+    a bench_fp32 mode for the block: MODE, then optionally +DQ (a dQ mode) and +BACKEND ("triton"
+    or "gluon": the backward backend); what is not named stays as the process has it."""
 
     def __init__(self, mode):
-        self.fp32, _, dq = mode.partition("+")
-        self.dq = dq or None
+        self.fp32, *rest = mode.split("+")
+        self.dq = next((x for x in rest if x in DQ_MODES), None)
+        self.backend = next((x for x in rest if x in ("triton", "gluon")), None)
+        unknown = [x for x in rest if x not in (self.dq, self.backend)]
+        if unknown:
+            raise ValueError(f"fp32 mode {mode!r}: unknown part(s) {unknown}")
 
     def __enter__(self):
         self.previous = (set_fp32_mode(self.fp32),
-                         None if self.dq is None else set_dq_mode(self.dq))
+                         None if self.dq is None else set_dq_mode(self.dq),
+                         None if self.backend is None else set_backward_backend(self.backend))
 
     def __exit__(self, *exc):
         set_fp32_mode(self.previous[0])
         if self.previous[1] is not None:
             set_dq_mode(self.previous[1])
+        if self.previous[2] is not None:
+            set_backward_backend(self.previous[2])
 
 
 def in_fp32_mode(mode, fn):

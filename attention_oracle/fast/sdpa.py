@@ -40,7 +40,7 @@ from torch.autograd import forward_ad
 from ..validation import FLOAT_DTYPES, check_sdpa_inputs
 from .guards import first_order_only, resolved_neg
 from .host import Choice, cdiv, check_device, check_scale, ensure_scratch_allocator, next_pow2
-from .kernels import sdpa_bwd_gluon, sdpa_fwd_gluon
+from .kernels import sdpa_bwd_fp32_gluon, sdpa_bwd_gluon, sdpa_fwd_gluon
 from .kernels.sdpa_bwd import (
     FUSE_DQ_MAX_S,
     sdpa_bwd_dkdv_kernel,
@@ -198,6 +198,10 @@ _BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_SDPA_BWD", BWD_BACKENDS, "auto")
 # the Gluon kernels, turned off for the process if they fail to build on this Triton
 GLUON_FWD = BuildGuard("fast.sdpa's Gluon forward (kernels/sdpa_fwd_gluon.py)")
 GLUON_BWD = BuildGuard("fast.sdpa's Gluon backward (kernels/sdpa_bwd_gluon.py)")
+GLUON_FP32_DKDV = BuildGuard("fast.sdpa's Gluon fp32 dK/dV (kernels/sdpa_bwd_fp32_gluon.py)")
+# whether "auto" backward takes the Gluon fp32 "tf32x3" dK/dV where it applies ("gluon" always
+# does, "triton" never)
+AUTO_FP32_DKDV = False
 
 
 def set_forward_backend(backend):
@@ -446,6 +450,19 @@ def _atomic_dq(natural, prec, fuse, E, device, auto_takes=False):
     return 2 if tma else 1
 
 
+def _fp32_gluon_dkdv(prec, masked, q, k, v, dout):
+    """Whether an fp32 "tf32x3" backward's dK/dV runs the Gluon kernel
+    (:mod:`fast.kernels.sdpa_bwd_fp32_gluon`), dQ then by the dQ kernel: unmasked, under the
+    "gluon" backward backend (or "auto" where ``AUTO_FP32_DKDV``), a dQ mode that is not
+    atomic (atomic dQ lives in the Triton dK/dV kernel), rank-5 operands it applies to
+    (``dout``: None where the caller checks it later, with ``q`` standing in here)."""
+    backend = _BWD_BACKEND.value
+    return (prec == "tf32x3" and not masked
+            and (backend == "gluon" or (backend == "auto" and AUTO_FP32_DKDV))
+            and _DQ_MODE.value in ("auto", "kernel") and GLUON_FP32_DKDV.failure is None
+            and sdpa_bwd_fp32_gluon.applies(q, k, v, q if dout is None else dout))
+
+
 def _auto_dq_shapes(q_shape, k_shape, masked):
     """Whether "auto" dQ mode may take atomic dQ for a call of these rank-5 shapes: unmasked, no
     GQA, at least ``AUTO_ATOMIC_DQ_MIN_SCORES`` scores over the whole L x S rectangle."""
@@ -573,8 +590,9 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
                 return grads
     prec = "ieee" if natural else _precision(q.dtype, max(E, v.shape[4]))
     fuse = _fuse_bwd(natural, prec, L, S, HQ // k.shape[2]) and out.is_contiguous()
-    atomic = _atomic_dq(natural, prec, fuse, E, q.device,
-                        _auto_dq_shapes(q.shape, k.shape, mask is not None))
+    fp32_gluon = _fp32_gluon_dkdv(prec, mask is not None, q, k, v, dout)
+    atomic = 0 if fp32_gluon else _atomic_dq(natural, prec, fuse, E, q.device,
+                                             _auto_dq_shapes(q.shape, k.shape, mask is not None))
     (kind, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
      pre_grid, meta_q) = _bwd_plan(q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), dout.dtype,
                            is_causal, natural, prec, interpreting(), _fold(scale, q.dtype, True),
@@ -592,9 +610,13 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     _PRE(pre_grid, (out, dout, delta, *out.stride(), *dout_strides, Z2, HQ, L, sizes[3]),
          {"BLOCK_M": pre_block, "BLOCK_EV": meta["BLOCK_EV"]})
     dq_sum = _dq_sum(dq, atomic)
-    _DKDV(key + (HQ // k.shape[2],), grid_kv,
-          (q, k, v, mask_arg, dout, lse_k, delta, dk, dv, q, dq_sum,
-           *common_strides, *dk.stride(), *dv.stride(), *scalars), sizes, meta)
+    if not (fp32_gluon and GLUON_FP32_DKDV(
+            sdpa_bwd_fp32_gluon.launch, q, k, v, dout, lse_k, delta, dk, dv, (q.shape, k.shape),
+            (q.stride(), k.stride(), v.stride(), dout_strides, dk.stride(), dv.stride()),
+            is_causal, scale, scale * factor)):
+        _DKDV(key + (HQ // k.shape[2],), grid_kv,
+              (q, k, v, mask_arg, dout, lse_k, delta, dk, dv, q, dq_sum,
+               *common_strides, *dk.stride(), *dv.stride(), *scalars), sizes, meta)
     if atomic:
         return dq.copy_(dq_sum), dk, dv
     _DQ(key, grid_q, (q, k, v, mask_arg, dout, lse_k, delta, dq,
@@ -768,7 +790,7 @@ class _CallPlan:
                  "bwd", "bwd_common", "bwd_scalars", "grad_shapes", "grad_tails", "pre_tail",
                  "rows", "gluon", "gluon_backends", "bound", "pre", "fuse", "atomic", "stacked",
                  "lse_scratch", "lse_stride", "bwd_rest", "gluon_bwd", "strides", "geometry",
-                 "flags", "auto_atomic")
+                 "flags", "auto_atomic", "fp32_gluon")
 
     def __init__(self, q5, k5, v5, out_shape, shapes, is_causal, scale, strides, geometry):
         Z1, Z2, HQ, L, E = q5.shape
@@ -797,8 +819,15 @@ class _CallPlan:
         self.fwd_tail = (*operands, *self.out5, lse_stride, *ints, scale * factor, *tunes)
         self.fuse = _fuse_bwd(natural, _precision(dtype, width), L, k5.shape[3],
                               HQ // k5.shape[2])
-        self.atomic = _atomic_dq(natural, _precision(dtype, width), self.fuse, E, q5.device,
-                                 _auto_dq_shapes(q5.shape, k5.shape, False))
+        # the Gluon fp32 dK/dV (dout checked per call; the Triton dK/dV without atomic dQ
+        # where it fails)
+        self.fp32_gluon = None
+        if _fp32_gluon_dkdv(_precision(dtype, width), False, q5, k5, v5, None):
+            self.fp32_gluon = ((q5.shape, k5.shape), (q5.stride(), k5.stride(), v5.stride()),
+                               (is_causal, scale, scale * LOG2E))
+        self.atomic = 0 if self.fp32_gluon else _atomic_dq(
+            natural, _precision(dtype, width), self.fuse, E, q5.device,
+            _auto_dq_shapes(q5.shape, k5.shape, False))
         # atomic by "auto" dQ mode's choice: a backward run after torch.use_deterministic_algorithms
         # was turned on takes the general path, which then picks the dQ kernel
         self.auto_atomic = bool(self.atomic) and _DQ_MODE.value == "auto"
@@ -875,9 +904,14 @@ class _CallPlan:
                                 device=self.device)
             self.pre((out, dout, delta, *self.out5, *dst, *self.pre_tail))
             dq_sum = _dq_sum(dq, self.atomic)
-            self._launch(1, _DKDV, dkv_key, grid_kv, sizes, meta,
-                         (query, key, value, query, dout, lse_k, delta, dk, dv, query, dq_sum),
-                         rest[0])
+            fp32 = self.fp32_gluon
+            if not (fp32 is not None and sdpa_bwd_fp32_gluon.strides_apply(dst)
+                    and GLUON_FP32_DKDV(sdpa_bwd_fp32_gluon.launch, query, key, value, dout,
+                                        lse_k, delta, dk, dv, fp32[0],
+                                        (*fp32[1], dst, *self.grad_tails[1:]), *fp32[2])):
+                self._launch(1, _DKDV, dkv_key, grid_kv, sizes, meta,
+                             (query, key, value, query, dout, lse_k, delta, dk, dv, query,
+                              dq_sum), rest[0])
             if self.atomic:
                 dq.copy_(dq_sum)
             else:

@@ -72,6 +72,12 @@ EXPECTED_FORMS = {
     "sdpa_bwd_d128_causal_tma_deferred": {"m64n64k16 A smem trans 00",
                                           "m64n128k16 A regs trans 1",
                                           "m64n64k16 A smem trans 11"},
+    # fp32 "tf32x3" dK/dV: S^T, dP^T from K and V's halves in shared memory (K-major, as tf32
+    # wgmma reads every operand: no transpose flags); dV, dK in column halves from register
+    # P^T, dS^T
+    "sdpa_bwd_fp32_d64": {"m64n16k8 A smem trans ", "m64n32k8 A regs trans "},
+    "sdpa_bwd_fp32_d128": {"m64n16k8 A smem trans ", "m64n64k8 A regs trans "},
+    "sdpa_bwd_fp32_d128_causal": {"m64n16k8 A smem trans ", "m64n64k8 A regs trans "},
 }
 
 

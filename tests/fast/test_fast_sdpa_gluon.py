@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from attention_oracle.fast import sdpa as fast_sdpa
-from attention_oracle.fast.kernels import sdpa_bwd_gluon, sdpa_fwd_gluon
+from attention_oracle.fast.kernels import sdpa_bwd_fp32_gluon, sdpa_bwd_gluon, sdpa_fwd_gluon
 
 ON_SM90 = (torch.cuda.is_available() and sdpa_fwd_gluon.GLUON_AVAILABLE
            and torch.cuda.get_device_capability() == (9, 0))
@@ -77,6 +77,30 @@ def gluon_backward(monkeypatch, scale_error=1.0, schedule="auto", drop_mask=Fals
         fast_sdpa.set_backward_backend(previous)
         sdpa_bwd_gluon.set_schedule(previous_schedule)
     assert fast_sdpa.GLUON_BWD.failure is None, fast_sdpa.GLUON_BWD.failure
+
+
+@contextlib.contextmanager
+def gluon_fp32_dkdv(monkeypatch, scale_error=1.0):
+    """fp32 "tf32x3" under the "gluon" backward backend for the block, counting the Gluon fp32
+    dK/dV launches; ``scale_error`` plants a wrong softmax scale in them (the negative
+    control)."""
+    calls = []
+    launch = sdpa_bwd_fp32_gluon.launch
+
+    def counted(q, k, v, dout, stats, delta, dk, dv, shapes, strides, is_causal, scale,
+                qk_scale):
+        calls.append(shapes[0])
+        return launch(q, k, v, dout, stats, delta, dk, dv, shapes, strides, is_causal, scale,
+                      qk_scale * scale_error)
+
+    monkeypatch.setattr(sdpa_bwd_fp32_gluon, "launch", counted)
+    previous = (fast_sdpa.set_backward_backend("gluon"), fast_sdpa.set_fp32_mode("tf32x3"))
+    try:
+        yield calls
+    finally:
+        fast_sdpa.set_backward_backend(previous[0])
+        fast_sdpa.set_fp32_mode(previous[1])
+    assert fast_sdpa.GLUON_FP32_DKDV.failure is None, fast_sdpa.GLUON_FP32_DKDV.failure
 
 
 def randn(*shape, dtype, gen):
@@ -557,3 +581,51 @@ def test_other_configs_agree(config, D, is_causal, gen, monkeypatch):
         with gluon_forward(monkeypatch) as calls:
             check_case(q, k, v, is_causal=is_causal)
         assert calls, "the Gluon forward did not run"
+
+
+FP32_CASES = [  # (HQ, HKV, L, S, D, causal, head-major dout)
+    (2, 2, 300, 300, 128, False, False), (2, 2, 300, 300, 128, True, False),
+    (4, 2, 129, 257, 64, False, False), (4, 1, 200, 200, 80, True, True),
+    (3, 3, 1000, 700, 96, False, False), (2, 2, 64, 64, 128, True, True),
+]
+
+
+@pytest.mark.parametrize("case", FP32_CASES,
+                         ids=["_".join(map(str, c[:5])) + ("_causal" if c[5] else "")
+                              + ("_head_major" if c[6] else "") for c in FP32_CASES])
+def test_gluon_fp32_dkdv_agrees(case, gen, monkeypatch):
+    """The fp32 "tf32x3" backward with dK and dV from the Gluon kernel passes the rule: GQA,
+    causal, L != S and lengths off the 16-query and 64-key tiles, head dims on and between the
+    64- and 128-column tiles, a head-major dout; the general path (judged) and the eager call
+    plan give the same gradients, bitwise (both launch the same kernels)."""
+    HQ, HKV, L, S, D, causal, head_major = case
+    q = randn(1, HQ, L, D, dtype=torch.float32, gen=gen)
+    k = randn(1, HKV, S, D, dtype=torch.float32, gen=gen)
+    v = randn(1, HKV, S, D, dtype=torch.float32, gen=gen)
+    dout = (randn(1, L, HQ, D, dtype=torch.float32, gen=gen).transpose(1, 2) if head_major
+            else randn(1, HQ, L, D, dtype=torch.float32, gen=gen))
+    with gluon_fp32_dkdv(monkeypatch) as calls:
+        check_case(q, k, v, is_causal=causal, enable_gqa=HQ != HKV, dout=dout)
+        assert len(calls) == 1, "the Gluon fp32 dK/dV did not run"
+
+        def grads(call):
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            out = call(*leaves, is_causal=causal, enable_gqa=HQ != HKV)
+            out = out[0] if isinstance(out, tuple) else out
+            out.backward(dout)
+            return [t.grad for t in leaves]
+        general = grads(fast_sdpa.scaled_dot_product_attention_with_lse)
+        planned = grads(fast_sdpa.scaled_dot_product_attention)
+        assert len(calls) == 3, "the eager call plan did not run the Gluon fp32 dK/dV"
+    for name, a, b in zip(("dq", "dk", "dv"), general, planned):
+        assert torch.equal(a, b), name
+
+
+def test_planted_wrong_scale_in_the_fp32_dkdv_is_caught(gen, monkeypatch):
+    """Negative control: the Gluon fp32 dK/dV with its softmax scale 1% off fails the rule
+    on dK and dV (fp32's bound is far below 1%)."""
+    q = randn(1, 2, 300, 128, dtype=torch.float32, gen=gen)
+    with gluon_fp32_dkdv(monkeypatch, scale_error=1.01) as calls:
+        with pytest.raises(AssertionError):
+            check_case(q, q.flip(2), q.flip(1))
+    assert calls

@@ -13,7 +13,8 @@ Names (all by default): ``dsa_fwd``, ``dsa_fwd_nope``, ``dsa_bwd``, ``dsa_bwd_no
 ``sdpa_bwd_d64_add_mask``, ``sdpa_bwd_d64_tma``, ``sdpa_bwd_d128_tma``,
 ``sdpa_bwd_d128_causal_split_tma``, ``sdpa_bwd_d64_tma_deferred``,
 ``sdpa_bwd_d128_tma_deferred``, ``sdpa_bwd_d128_causal_tma_deferred`` (the backward's other
-schedules): the production configuration of each kernel in
+schedules), ``sdpa_bwd_fp32_d64``, ``sdpa_bwd_fp32_d128``, ``sdpa_bwd_fp32_d128_causal`` (the fp32
+"tf32x3" dK/dV kernel, fp32 operands): the production configuration of each kernel in
 bf16 (DSA: H 64, 512 + 64 or 512, int32 indices and lengths; SDPA: the default tile), with
 pointer and stride arguments divisible by 16 as the launches specialise them. Prints the
 shared memory each needs (the H200 allows 232448 bytes) and, from the ptxas bundled with
@@ -40,7 +41,13 @@ if GLUON_AVAILABLE:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from . import dsa_bwd_gluon, dsa_fwd_gluon, sdpa_bwd_gluon, sdpa_fwd_gluon
+    from . import (
+        dsa_bwd_gluon,
+        dsa_fwd_gluon,
+        sdpa_bwd_fp32_gluon,
+        sdpa_bwd_gluon,
+        sdpa_fwd_gluon,
+    )
 
 SHARED_LIMIT = 232448  # bytes of shared memory a block may use on the H100 / H200
 _BF16 = "*bf16"
@@ -113,6 +120,18 @@ def _sdpa_bwd(head_dim, causal, schedule="serial", mask="*fp32"):
                     ["Stats", "Delta", "DQ", "DK", "DV", "Mask"])
 
 
+def _sdpa_bwd_fp32(head_dim, causal):
+    """The fp32 "tf32x3" dK/dV kernel (``sdpa_bwd_fp32_gluon``) on the tile ``head_dim``."""
+    g = sdpa_bwd_fp32_gluon
+    signature = {n: "*fp32" for n in ("Q", "K", "V", "DO", "Stats", "Delta", "DK", "DV")}
+    signature.update(qk_scale="fp32", scale="fp32")
+    strides = [n for n in g.sdpa_bwd_fp32_dkdv_kernel.arg_names if n.startswith("s_")]
+    return _compile(g.sdpa_bwd_fp32_dkdv_kernel, signature,
+                    dict(D=head_dim, BLOCK_M=g.BLOCK_M, BLOCK_N=g.BLOCK_N, CAUSAL=causal,
+                         FULL_E=True, num_warps=g.NUM_WARPS),
+                    list(signature)[:8] + strides + ["L", "S"])
+
+
 # FA3's head-dim-64 tile: 192 query rows, three consumer warpgroups
 THREE_CONSUMERS = (192, 128, 2, 4, True)
 # the default tile as a persistent program
@@ -163,6 +182,9 @@ def variants():
         "sdpa_bwd_d64_tma_deferred": lambda: _sdpa_bwd(64, False, "tma_deferred"),
         "sdpa_bwd_d128_tma_deferred": lambda: _sdpa_bwd(128, False, "tma_deferred"),
         "sdpa_bwd_d128_causal_tma_deferred": lambda: _sdpa_bwd(128, True, "tma_deferred"),
+        "sdpa_bwd_fp32_d64": lambda: _sdpa_bwd_fp32(64, False),
+        "sdpa_bwd_fp32_d128": lambda: _sdpa_bwd_fp32(128, False),
+        "sdpa_bwd_fp32_d128_causal": lambda: _sdpa_bwd_fp32(128, True),
     }
 
 
@@ -170,7 +192,7 @@ def wgmma_forms(ptx):
     """{form: count} of the PTX's wgmma instructions: shape, A from registers or shared
     memory, and the transpose flags of the shared-memory operands."""
     forms = {}
-    for m in re.finditer(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.\w+\.\w+\s+"
+    for m in re.finditer(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k(?:8|16))\.f32\.\w+\.\w+\s+"
                          r"\{[^}]*\},\s*(\{[^}]*\}|%rd\d+),\s*%rd\d+,\s*[^,]+,\s*1,\s*1"
                          r"((?:,\s*[01])*);", ptx):
         flags = re.findall(r"[01]", m.group(3))
