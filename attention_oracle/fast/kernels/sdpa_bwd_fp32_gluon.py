@@ -67,11 +67,13 @@ if GLUON_AVAILABLE:
     @gluon.jit
     def _three(a_big, a_small, b_big, b_small, layout: gl.constexpr, M: gl.constexpr,
                N: gl.constexpr):
-        """The 3xTF32 product a @ b on a fresh accumulator (issued, not waited for)."""
+        """The 3xTF32 product a @ b on a fresh accumulator (issued, not waited for). fp32
+        operands take the builder's default input precision, tf32 (Triton 3.6's
+        ``warpgroup_mma`` fails on an explicit ``precision``: it lowers the constexpr)."""
         part = warpgroup_mma(a_small, b_big, gl.zeros([M, N], gl.float32, layout=layout),
-                             use_acc=False, precision="tf32", is_async=True)
-        part = warpgroup_mma(a_big, b_small, part, precision="tf32", is_async=True)
-        return warpgroup_mma(a_big, b_big, part, precision="tf32", is_async=True)
+                             use_acc=False, is_async=True)
+        part = warpgroup_mma(a_big, b_small, part, is_async=True)
+        return warpgroup_mma(a_big, b_big, part, is_async=True)
 
     @gluon.jit
     def _add_half(acc, a_big, a_small, t_smem, idx, col: gl.constexpr, layout: gl.constexpr,
