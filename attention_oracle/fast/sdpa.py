@@ -200,7 +200,8 @@ GLUON_FWD = BuildGuard("fast.sdpa's Gluon forward (kernels/sdpa_fwd_gluon.py)")
 GLUON_BWD = BuildGuard("fast.sdpa's Gluon backward (kernels/sdpa_bwd_gluon.py)")
 GLUON_FP32_DKDV = BuildGuard("fast.sdpa's Gluon fp32 dK/dV (kernels/sdpa_bwd_fp32_gluon.py)")
 # whether "auto" backward takes the Gluon fp32 "tf32x3" dK/dV where it applies ("gluon" always
-# does, "triton" never)
+# does, "triton" never): not, as it measured slower than the Triton backward at every point
+# timed (step 0.66-0.70x torch's fp32 default against 0.86-0.97x at D 128; docs/FINDINGS.md F89)
 AUTO_FP32_DKDV = False
 
 
@@ -226,8 +227,10 @@ def set_backward_backend(backend):
     Hopper warp-specialised kernel of
     :mod:`fast.kernels.sdpa_bwd_gluon` wherever the Gluon forward's plan applies, with a mask
     it takes or none, and dout is TMA-ready too: dK, dV and dQ in one launch, dQ added by fp32
-    atomics or TMA reductions in an order that varies between runs; other calls keep the
-    Triton kernels). Default:
+    atomics or TMA reductions in an order that varies between runs; and fp32 "tf32x3" calls,
+    unmasked, head dims up to 128, with dK and dV from :mod:`fast.kernels.sdpa_bwd_fp32_gluon`
+    and dQ from the dQ kernel, under the "auto" or "kernel" dQ mode: slower than the Triton
+    backward, docs/FINDINGS.md F89; other calls keep the Triton kernels). Default:
     $ATTENTION_ORACLE_FAST_SDPA_BWD or "auto". Returns the previous backend."""
     previous = _BWD_BACKEND.set(backend)
     _options_key()
