@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attention_oracle.fast import sdpa as fast_sdpa
-from attention_oracle.fast.kernels import sdpa_bwd_gluon, sdpa_fwd_gluon
+from attention_oracle.fast.kernels import sdpa_bwd_fp32_gluon, sdpa_bwd_gluon, sdpa_fwd_gluon
 
 MIN = sdpa_fwd_gluon.AUTO_MIN_SCORES
 
@@ -281,6 +281,102 @@ def test_a_gluon_backward_that_does_not_build_falls_back(monkeypatch):
         fast_sdpa.set_backward_backend(backward)
     assert len(attempts) == 1
     assert torch.equal(got, want) and torch.equal(again, want)
+
+
+def fp32_grads(q, k, v, dout, mask=None, dtype=torch.float32):
+    """(dq, dk, dv) of fast's eager call plan, then of its general backward: head-major views
+    of the same values whose saved tensors come back contiguous (a saved-tensor hook's copy),
+    which the plan's strides do not describe (docs/FINDINGS.md F50)."""
+    leaves = [t.to(dtype).detach().requires_grad_() for t in (q, k, v)]
+    out = fast_sdpa.scaled_dot_product_attention(*leaves, attn_mask=mask)
+    grads = [torch.autograd.grad(out, leaves, dout.to(dtype))]
+    bases = [t.to(dtype).transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v)]
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.contiguous().clone(),
+                                                  lambda t: t):
+        out = fast_sdpa.scaled_dot_product_attention(*(b.transpose(1, 2) for b in bases),
+                                                     attn_mask=mask)
+    relaid = torch.autograd.grad(out, bases, dout.to(dtype))
+    grads.append(tuple(g.transpose(1, 2) for g in relaid))
+    return grads
+
+
+def test_gluon_fp32_dkdv_dispatch(monkeypatch):
+    """Under the "gluon" backward backend an fp32 "tf32x3" call's dK and dV come from the Gluon
+    fp32 kernel (stubbed: it records the call and zeroes dK and dV) on the call plan and the
+    general backward (saved tensors relaid), dQ from the dQ kernel (bitwise the Triton backward's in "kernel" mode, not
+    atomic dQ); never under "triton" or "auto", with atomic dQ asked for, with a mask, or in
+    16-bit."""
+    calls = []
+
+    def stub(q, k, v, dout, stats, delta, dk, dv, shapes, strides, is_causal, scale, qk_scale):
+        calls.append(shapes[0])
+        dk.zero_()
+        dv.zero_()
+    monkeypatch.setattr(sdpa_bwd_fp32_gluon, "applies", lambda *tensors: True)
+    monkeypatch.setattr(sdpa_bwd_fp32_gluon, "launch", stub)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 2, 16, 64, generator=gen).to(device) for _ in range(4))
+    previous = (fast_sdpa.set_backward_backend("triton"), fast_sdpa.set_dq_mode("kernel"),
+                fast_sdpa.set_fp32_mode("tf32x3"))
+    try:
+        want = fp32_grads(q, k, v, dout)
+        fast_sdpa.set_dq_mode("auto")
+        for backend in ("triton", "auto"):
+            fast_sdpa.set_backward_backend(backend)
+            fp32_grads(q, k, v, dout)
+        assert not calls, f"taken under {backend!r}"
+        fast_sdpa.set_backward_backend("gluon")
+        got = fp32_grads(q, k, v, dout)
+        assert calls == [(1, 1, 2, 16, 64)] * 2, calls
+        for (dq, dk, dv), (dq_want, _, _) in zip(got, want):
+            assert torch.equal(dq, dq_want), "dQ is not the dQ kernel's"
+            assert not dk.any() and not dv.any(), "the Triton dK/dV ran as well"
+        fast_sdpa.set_dq_mode("atomic")
+        fp32_grads(q, k, v, dout)
+        fast_sdpa.set_dq_mode("auto")
+        fp32_grads(q, k, v, dout, mask=torch.ones(16, 16, dtype=torch.bool, device=device))
+        fp32_grads(q, k, v, dout, dtype=torch.float16)
+        assert len(calls) == 2, calls
+    finally:
+        fast_sdpa.set_backward_backend(previous[0])
+        fast_sdpa.set_dq_mode(previous[1])
+        fast_sdpa.set_fp32_mode(previous[2])
+
+
+def test_a_gluon_fp32_dkdv_that_does_not_build_falls_back(monkeypatch):
+    """The stubbed Gluon fp32 dK/dV fails as a build does: the call's gradients are the
+    Triton backward's in "kernel" dQ mode, with one warning, on the call plan and the general
+    backward; later calls do not try it again."""
+    from triton.runtime.errors import OutOfResources
+    attempts = []
+
+    def fails(*args):
+        attempts.append(args)
+        raise OutOfResources(300000, 232448, "shared memory")
+
+    monkeypatch.setattr(sdpa_bwd_fp32_gluon, "applies", lambda *tensors: True)
+    monkeypatch.setattr(sdpa_bwd_fp32_gluon, "launch", fails)
+    monkeypatch.setattr(fast_sdpa, "GLUON_FP32_DKDV", fast_sdpa.BuildGuard("the stub"))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, dout = (torch.randn(1, 2, 16, 64, generator=gen).to(device) for _ in range(4))
+    previous = (fast_sdpa.set_backward_backend("triton"), fast_sdpa.set_dq_mode("kernel"),
+                fast_sdpa.set_fp32_mode("tf32x3"))
+    try:
+        want = fp32_grads(q, k, v, dout)
+        fast_sdpa.set_backward_backend("gluon")
+        with pytest.warns(RuntimeWarning, match="the stub failed to build"):
+            got = fp32_grads(q, k, v, dout)
+        again = fp32_grads(q, k, v, dout)
+    finally:
+        fast_sdpa.set_backward_backend(previous[0])
+        fast_sdpa.set_dq_mode(previous[1])
+        fast_sdpa.set_fp32_mode(previous[2])
+    assert len(attempts) == 1
+    for g, w in zip(got + again, want + want):
+        for a, b in zip(g, w):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("schedule,D,expect", [
