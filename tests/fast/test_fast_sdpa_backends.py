@@ -131,6 +131,8 @@ def stub_gluon_plans(monkeypatch):
                                 scale))
     monkeypatch.setattr(sdpa_fwd_gluon, "aligned", lambda *ptrs: True)
     monkeypatch.setattr(sdpa_bwd_gluon, "plan", lambda fwd, dst, dtype: fwd + (tuple(dst),))
+    # the eager call plans made meanwhile hold the stubbed plans: kept apart, dropped after
+    monkeypatch.setattr(fast_sdpa, "_CALL_PLANS", {})
 
 
 def test_backward_backend_dispatch(monkeypatch):
@@ -283,6 +285,14 @@ def test_a_gluon_backward_that_does_not_build_falls_back(monkeypatch):
     assert torch.equal(got, want) and torch.equal(again, want)
 
 
+def stub_fp32_dkdv(monkeypatch, launch):
+    """The Gluon fp32 dK/dV applying to any call, ``launch`` in its place; the eager call plans
+    made meanwhile (which hold the choice) kept apart and dropped after."""
+    monkeypatch.setattr(sdpa_bwd_fp32_gluon, "applies", lambda *tensors: True)
+    monkeypatch.setattr(sdpa_bwd_fp32_gluon, "launch", launch)
+    monkeypatch.setattr(fast_sdpa, "_CALL_PLANS", {})
+
+
 def fp32_grads(q, k, v, dout, mask=None, dtype=torch.float32):
     """(dq, dk, dv) of fast's eager call plan, then of its general backward: head-major views
     of the same values whose saved tensors come back contiguous (a saved-tensor hook's copy),
@@ -312,8 +322,7 @@ def test_gluon_fp32_dkdv_dispatch(monkeypatch):
         calls.append(shapes[0])
         dk.zero_()
         dv.zero_()
-    monkeypatch.setattr(sdpa_bwd_fp32_gluon, "applies", lambda *tensors: True)
-    monkeypatch.setattr(sdpa_bwd_fp32_gluon, "launch", stub)
+    stub_fp32_dkdv(monkeypatch, stub)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(0)
     q, k, v, dout = (torch.randn(1, 2, 16, 64, generator=gen).to(device) for _ in range(4))
@@ -355,8 +364,7 @@ def test_a_gluon_fp32_dkdv_that_does_not_build_falls_back(monkeypatch):
         attempts.append(args)
         raise OutOfResources(300000, 232448, "shared memory")
 
-    monkeypatch.setattr(sdpa_bwd_fp32_gluon, "applies", lambda *tensors: True)
-    monkeypatch.setattr(sdpa_bwd_fp32_gluon, "launch", fails)
+    stub_fp32_dkdv(monkeypatch, fails)
     monkeypatch.setattr(fast_sdpa, "GLUON_FP32_DKDV", fast_sdpa.BuildGuard("the stub"))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(1)
