@@ -130,7 +130,7 @@ def tensor_keys(tensors, ptrs=None):
     return tuple([(t.dtype, p & 15 == 0) for t, p in zip(tensors, ptrs)])
 
 
-def _misaligned(ptrs):
+def misaligned(ptrs):
     """Whether any of the addresses ``ptrs`` is not a multiple of 16 bytes."""
     m = 0
     for p in ptrs:
@@ -355,7 +355,7 @@ class BoundLaunch:
         if bound is None or rest is not bound[1] or not bound[4] or _MODE.value != "direct":
             return False
         launcher = self.launcher
-        if (_misaligned(ptrs) or not launcher.usable or launcher.hooked()
+        if (misaligned(ptrs) or not launcher.usable or launcher.hooked()
                 or (_several_gpus() and device != torch.cuda.current_device())):
             return False
         entry = bound[0]
@@ -442,7 +442,7 @@ class TmaBoundLaunch:
             last = self.last
             # typed: the same addresses as the last launch's are its keys again
             same = last is not None and last[0] == ptrs
-            if not same and _misaligned(ptrs[:len(bases)]):
+            if not same and misaligned(ptrs[:len(bases)]):
                 return False
             if (launcher.usable and other_device(bases[0]) is None and not launcher.hooked()
                     and ((same and self.typed) or tensor_keys(every, ptrs) == bound[2])):
@@ -460,7 +460,7 @@ class TmaBoundLaunch:
                     return True
                 except Exception:  # noqa: BLE001 - the launcher's own path decides (and warns)
                     self.bound = self.last = None
-        if _misaligned(map(_DATA_PTR, bases)):
+        if misaligned(map(_DATA_PTR, bases)):
             return False
         descs = tuple(self.make(f, t) for f, t in zip(self.fields, bases))
         middle = self.middle(tensors, rest)

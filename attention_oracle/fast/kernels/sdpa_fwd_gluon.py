@@ -37,7 +37,7 @@ import functools
 
 import torch
 
-from ..launch import DirectLauncher, TmaBoundLaunch, is_sm90, on_device_of
+from ..launch import DirectLauncher, TmaBoundLaunch, is_sm90, misaligned, on_device_of
 from .sdpa_common import score_count
 
 try:  # Gluon is experimental: a Triton without it (or with another API) leaves the path off
@@ -977,7 +977,7 @@ def persistent_runs(q_shape, device):
 
 def aligned(*data_ptrs):
     """TMA needs 16-byte aligned base addresses (the callers' ``data_ptr()`` values)."""
-    return all(p & 15 == 0 for p in data_ptrs)
+    return not misaligned(data_ptrs)
 
 
 def _descriptor(t, shape, stride, rows):
