@@ -4,6 +4,8 @@ dispatch (the Gluon kernels stubbed), so it runs on every machine;
 the kernels themselves are checked by test_fast_sdpa_smoke.py and, on sm_90, by
 test_fast_sdpa_gluon.py (``test_auto_takes_gluon_where_faster`` there runs the same rule).
 """
+import contextlib
+
 import pytest
 import torch
 
@@ -293,6 +295,24 @@ def stub_fp32_dkdv(monkeypatch, launch):
     monkeypatch.setattr(fast_sdpa, "_CALL_PLANS", {})
 
 
+@contextlib.contextmanager
+def fp32_triton_case(seed):
+    """(q, k, v, dout) [1, 2, 16, 64] fp32 on the test's device, under fp32 "tf32x3", the
+    "triton" backward backend and "kernel" dQ mode for the block (the settings restored
+    after)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator().manual_seed(seed)
+    tensors = tuple(torch.randn(1, 2, 16, 64, generator=gen).to(device) for _ in range(4))
+    previous = (fast_sdpa.set_backward_backend("triton"), fast_sdpa.set_dq_mode("kernel"),
+                fast_sdpa.set_fp32_mode("tf32x3"))
+    try:
+        yield tensors
+    finally:
+        fast_sdpa.set_backward_backend(previous[0])
+        fast_sdpa.set_dq_mode(previous[1])
+        fast_sdpa.set_fp32_mode(previous[2])
+
+
 def fp32_grads(q, k, v, dout, mask=None, dtype=torch.float32):
     """(dq, dk, dv) of fast's eager call plan, then of its general backward: head-major views
     of the same values whose saved tensors come back contiguous (a saved-tensor hook's copy),
@@ -323,18 +343,14 @@ def test_gluon_fp32_dkdv_dispatch(monkeypatch):
         dk.zero_()
         dv.zero_()
     stub_fp32_dkdv(monkeypatch, stub)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    gen = torch.Generator().manual_seed(0)
-    q, k, v, dout = (torch.randn(1, 2, 16, 64, generator=gen).to(device) for _ in range(4))
-    previous = (fast_sdpa.set_backward_backend("triton"), fast_sdpa.set_dq_mode("kernel"),
-                fast_sdpa.set_fp32_mode("tf32x3"))
-    try:
+    with fp32_triton_case(seed=0) as (q, k, v, dout):
+        device = q.device
         want = fp32_grads(q, k, v, dout)
         fast_sdpa.set_dq_mode("auto")
         for backend in ("triton", "auto"):
             fast_sdpa.set_backward_backend(backend)
             fp32_grads(q, k, v, dout)
-        assert not calls, f"taken under {backend!r}"
+            assert not calls, f"taken under {backend!r}"
         fast_sdpa.set_backward_backend("gluon")
         got = fp32_grads(q, k, v, dout)
         assert calls == [(1, 1, 2, 16, 64)] * 2, calls
@@ -347,10 +363,6 @@ def test_gluon_fp32_dkdv_dispatch(monkeypatch):
         fp32_grads(q, k, v, dout, mask=torch.ones(16, 16, dtype=torch.bool, device=device))
         fp32_grads(q, k, v, dout, dtype=torch.float16)
         assert len(calls) == 2, calls
-    finally:
-        fast_sdpa.set_backward_backend(previous[0])
-        fast_sdpa.set_dq_mode(previous[1])
-        fast_sdpa.set_fp32_mode(previous[2])
 
 
 def test_a_gluon_fp32_dkdv_that_does_not_build_falls_back(monkeypatch):
@@ -366,21 +378,12 @@ def test_a_gluon_fp32_dkdv_that_does_not_build_falls_back(monkeypatch):
 
     stub_fp32_dkdv(monkeypatch, fails)
     monkeypatch.setattr(fast_sdpa, "GLUON_FP32_DKDV", fast_sdpa.BuildGuard("the stub"))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    gen = torch.Generator().manual_seed(1)
-    q, k, v, dout = (torch.randn(1, 2, 16, 64, generator=gen).to(device) for _ in range(4))
-    previous = (fast_sdpa.set_backward_backend("triton"), fast_sdpa.set_dq_mode("kernel"),
-                fast_sdpa.set_fp32_mode("tf32x3"))
-    try:
+    with fp32_triton_case(seed=1) as (q, k, v, dout):
         want = fp32_grads(q, k, v, dout)
         fast_sdpa.set_backward_backend("gluon")
         with pytest.warns(RuntimeWarning, match="the stub failed to build"):
             got = fp32_grads(q, k, v, dout)
         again = fp32_grads(q, k, v, dout)
-    finally:
-        fast_sdpa.set_backward_backend(previous[0])
-        fast_sdpa.set_dq_mode(previous[1])
-        fast_sdpa.set_fp32_mode(previous[2])
     assert len(attempts) == 1
     for g, w in zip(got + again, want + want):
         for a, b in zip(g, w):
