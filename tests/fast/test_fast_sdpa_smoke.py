@@ -860,6 +860,79 @@ def test_fp32_tf32x3_agrees(gen):
         fast_sdpa.set_fp32_mode(previous)
 
 
+def _tf32x3_tuned_cases(gen):
+    """(q, k, v, mask, is_causal, enable_gqa) past validated_only's 128-row bucket at power-of-two
+    head dims, so the tuned "tf32x3" tiles run: ragged lengths (300 rows, 260 keys: no tile
+    divides them), causal GQA at head dim 128, a float mask with a fully masked row at 64."""
+    yield (randn(1, 4, 300, 128, dtype=torch.float32, gen=gen),
+           randn(1, 2, 260, 128, dtype=torch.float32, gen=gen),
+           randn(1, 2, 260, 128, dtype=torch.float32, gen=gen), None, True, True)
+    mask = torch.randn(300, 260, generator=gen)
+    mask[7] = float("-inf")
+    yield (randn(1, 2, 300, 64, dtype=torch.float32, gen=gen),
+           randn(1, 2, 260, 64, dtype=torch.float32, gen=gen),
+           randn(1, 2, 260, 64, dtype=torch.float32, gen=gen), mask.to(DEVICE), False, False)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the tuned tiles run natively only (the interpreter runs "
+                                       "validated_only's one config)")
+@pytest.mark.parametrize("dq_mode", ["kernel", "atomic"])
+def test_fp32_tf32x3_tuned_tiles_agree(dq_mode, gen):
+    """fp32 "tf32x3" at shapes where the autotuner picks among the tuned tiles (every tile under
+    test_every_tf32x3_tile_agrees, which forces each in turn), under both dQ modes (the atomic
+    one has dK/dV tiles of its own)."""
+    import attention_oracle.fast.sdpa as fsdpa
+    fp32, previous = fsdpa.set_fp32_mode("tf32x3"), fsdpa.set_dq_mode(dq_mode)
+    try:
+        for q, k, v, mask, causal, gqa in _tf32x3_tuned_cases(gen):
+            check_case(q, k, v, mask=mask, is_causal=causal, enable_gqa=gqa)
+    finally:
+        fsdpa.set_dq_mode(previous)
+        fsdpa.set_fp32_mode(fp32)
+    if os.environ.get("SDPA_FORCE_CONFIG") is not None:
+        _assert_forced_tiles_ran(dq_mode)
+
+
+def _assert_forced_tiles_ran(dq_mode):
+    """The last call's tiles are the forced ones: a force that did not reach the autotuner would
+    leave the test judging the tuner's own pick again."""
+    from attention_oracle.fast.kernels import sdpa_bwd, sdpa_fwd
+    index = int(os.environ["SDPA_FORCE_CONFIG"])
+    dkdv = sdpa_bwd._DKDV_TF32X3 + (sdpa_bwd._DKDV_TF32X3_ATOMIC_ONLY if dq_mode == "atomic"
+                                    else ())
+    kernels = [("forward", sdpa_fwd.sdpa_fwd_kernel, sdpa_fwd._TF32X3_SHAPES),
+               ("dK/dV", sdpa_bwd.sdpa_bwd_dkdv_kernel, dkdv)]
+    if dq_mode == "kernel":
+        kernels.append(("dQ", sdpa_bwd.sdpa_bwd_dq_kernel, sdpa_bwd._DQ_TF32X3))
+    for name, autotuned, shapes in kernels:
+        c = autotuned.best_config
+        ran = (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+        assert ran == shapes[index % len(shapes)], f"{name} ran {ran}, not tile {index}"
+
+
+def _tf32x3_tile_count():
+    from attention_oracle.fast.kernels import sdpa_bwd, sdpa_fwd
+    return max(len(sdpa_fwd._TF32X3_SHAPES), len(sdpa_bwd._DQ_TF32X3),
+               len(sdpa_bwd._DKDV_TF32X3) + len(sdpa_bwd._DKDV_TF32X3_ATOMIC_ONLY))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the tuned tiles run natively only")
+@pytest.mark.parametrize("index", range(_tf32x3_tile_count()))
+def test_every_tf32x3_tile_agrees(index):
+    """test_fp32_tf32x3_tuned_tiles_agree with the autotuner's choice forced to the index-th
+    "tf32x3" tile of each kernel (``sdpa_common.forced_choice``; shorter lists wrap), in a
+    process of its own: a tile the tuner does not pick at these shapes may win at others."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p",
+                        "no:cacheprovider", __file__, "-k",
+                        "test_fp32_tf32x3_tuned_tiles_agree"], cwd=root, capture_output=True,
+                       text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=root, SDPA_FORCE_CONFIG=str(index)))
+    assert r.returncode == 0, f"tile {index}: exit {r.returncode}: {r.stdout[-3000:]}"
+
+
 @triton.jit
 def _dot_split_dropped(a, a_small, b, b_small, PREC: tl.constexpr):
     """``sdpa_common.dot_split`` without big_a.small_b (the planted bug below)."""
