@@ -92,8 +92,11 @@ def _dq_configs():
 
 # fp32 "tf32x3" (sdpa_common.make_prune): tiles whose split operands fit shared memory at head
 # dim 128, fastest first on the H200 at B 2 H 16 L 2048 D 128 (benchmarks.sdpa's fp32 rows);
-# the safe ones ran there at head dim 128 (dK/dV 16 x 64 in the tuning)
-_DKDV_TF32X3 = ((32, 32, 4, 2), (16, 32, 4, 2), (32, 32, 8, 2))
+# the safe ones ran there at head dim 128 (dK/dV 16 x 64 in the tuning). 16-key tiles (32 x 16,
+# two or three stages; no spills offline) were the tuner's pick with atomic dQ at D 128 not
+# causal on an H100; 32 x 32 in three stages (spills), 16 x 32 in three and 32 x 32 x 8 warps in
+# three never won
+_DKDV_TF32X3 = ((32, 32, 4, 2), (16, 32, 4, 2), (32, 32, 8, 2), (32, 16, 4, 2), (32, 16, 4, 3))
 _DKDV_TF32X3_SAFE = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=4, num_stages=2)
 # with ATOMIC_DQ: dS^T K reads k as a dot's B operand as well, a second pair of k tiles in shared
 # memory, so 64-key blocks overflow it at head dim 128 (the 16 x 64 safe tile with a float mask
