@@ -931,6 +931,7 @@ def test_every_tf32x3_tile_agrees(index):
                        text=True, timeout=600,
                        env=dict(os.environ, PYTHONPATH=root, SDPA_FORCE_CONFIG=str(index)))
     assert r.returncode == 0, f"tile {index}: exit {r.returncode}: {r.stdout[-3000:]}"
+    assert "2 passed" in r.stdout, f"tile {index}: the forced run judged nothing: {r.stdout[-1500:]}"
 
 
 @triton.jit
