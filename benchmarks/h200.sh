@@ -46,6 +46,9 @@
 #                config) beside the one-block WS kernel (D 128, L 1k, 4k) and each mask kind
 #                (D 128 and 96, L 4k), then
 #                benchmarks.sdpa_gluon_bwd under auto, tma_deferred and serial (L 4k, 16k)
+#   fp32         SDPA fp32 "tf32x3": its GPU tests (every tuned tile forced in turn among them),
+#                then benchmarks.sdpa's fp32 rows at L 1k-4k, D 64 and 128, the default dQ mode
+#                beside the dQ kernel, with the autotuner's picks (TRITON_PRINT_AUTOTUNING)
 #   bwddefault   what keeps the "auto" SDPA backward (the default) the default: fast's SDPA GPU
 #                tests with every backward the Gluon kernel can take given to it
 #                (ATTENTION_ORACLE_FAST_SDPA_BWD=gluon), the SDPA conformance checks and the
@@ -452,6 +455,19 @@ task_index() {
     note "benchmarks.index_prep --warps 0: exit $?"; tail -4 "$d/table.log"
 }
 
+task_fp32() {
+    local d=$1
+    timeout 200 "$PY" -m pytest -q -p no:cacheprovider -p no:randomly -n 11 -rfE --tb=short \
+        "$TESTS/test_fast_sdpa_smoke.py" -k tf32x3 > "$d/tests.log" 2>&1
+    note "fp32 tf32x3 tests: exit $?"; tail -3 "$d/tests.log" | cut -c1-300
+    TRITON_PRINT_AUTOTUNING=1 timeout 240 "$PY" -m benchmarks.sdpa --lengths none --no-rank3 \
+        --no-memory --rounds 2 --fp32-modes tf32x3,tf32x3+kernel \
+        --fp32-shapes "2,16,2048,128;4,16,1024,128;1,16,4096,128;2,16,2048,64" \
+        --out "$d/sdpa_fp32.json" > "$d/bench.log" 2>&1
+    note "benchmarks.sdpa fp32 rows: exit $?"; grep -E "^fp32 B" "$d/bench.log" | cut -c1-400
+    grep "best config" "$d/bench.log" | sort | uniq -c
+}
+
 task_gluontime() {
     local d=$1
     timeout 100 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,1 128,128,2,4,3 --shapes 0,1 \
@@ -484,7 +500,7 @@ task_prefetch() {
 }
 
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,index,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
     exit 2
 }
 
@@ -496,7 +512,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|gluonfwd|gluoncover|gluontime|persistent|index|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|gluoncover|gluontime|persistent|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done

@@ -37,7 +37,7 @@ def test_every_dispatched_task_has_a_function_and_a_line_in_the_header(text):
     for task in tasks:
         assert re.search(rf"^task_{task}\(\) {{", text, re.M), f"no task_{task} function"
         assert re.search(rf"^#\s+{task}\s", header, re.M), f"{task} is not described in the header"
-    usage = re.search(r"h200\.sh \{([a-z,]+)\}", text).group(1).split(",")
+    usage = re.search(r"h200\.sh \{([a-z0-9,]+)\}", text).group(1).split(",")
     assert set(tasks) <= set(usage), set(tasks) - set(usage)
 
 
