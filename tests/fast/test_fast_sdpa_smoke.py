@@ -898,8 +898,7 @@ def _assert_forced_tiles_ran(dq_mode):
     leave the test judging the tuner's own pick again."""
     from attention_oracle.fast.kernels import sdpa_bwd, sdpa_fwd
     index = int(os.environ["SDPA_FORCE_CONFIG"])
-    dkdv = sdpa_bwd._DKDV_TF32X3 + (sdpa_bwd._DKDV_TF32X3_ATOMIC_ONLY if dq_mode == "atomic"
-                                    else ())
+    dkdv = sdpa_bwd._DKDV_TF32X3_ATOMIC if dq_mode == "atomic" else sdpa_bwd._DKDV_TF32X3
     kernels = [("forward", sdpa_fwd.sdpa_fwd_kernel, sdpa_fwd._TF32X3_SHAPES),
                ("dK/dV", sdpa_bwd.sdpa_bwd_dkdv_kernel, dkdv)]
     if dq_mode == "kernel":
@@ -913,7 +912,7 @@ def _assert_forced_tiles_ran(dq_mode):
 def _tf32x3_tile_count():
     from attention_oracle.fast.kernels import sdpa_bwd, sdpa_fwd
     return max(len(sdpa_fwd._TF32X3_SHAPES), len(sdpa_bwd._DQ_TF32X3),
-               len(sdpa_bwd._DKDV_TF32X3) + len(sdpa_bwd._DKDV_TF32X3_ATOMIC_ONLY))
+               len(sdpa_bwd._DKDV_TF32X3_ATOMIC))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the tuned tiles run natively only")

@@ -100,8 +100,9 @@ _DKDV_TF32X3 = ((32, 32, 4, 2), (16, 32, 4, 2), (32, 32, 8, 2), (32, 16, 4, 2), 
 _DKDV_TF32X3_SAFE = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=4, num_stages=2)
 # with ATOMIC_DQ: dS^T K reads k as a dot's B operand as well, a second pair of k tiles in shared
 # memory, so 64-key blocks overflow it at head dim 128 (the 16 x 64 safe tile with a float mask
-# asked the H200 for 274624 B); the tuner picked 64 x 32 x 8 warps (causal) and 32 x 32 (not)
-_DKDV_TF32X3_ATOMIC_ONLY = ((64, 32, 8, 2),)
+# asked the H200 for 274624 B); its tiles are the list above and 64 x 32 x 8 warps, which the
+# tuner picked causal (32 x 32, then 32 x 16 not causal)
+_DKDV_TF32X3_ATOMIC = _DKDV_TF32X3 + ((64, 32, 8, 2),)
 _DKDV_TF32X3_ATOMIC_SAFE = triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=4,
                                          num_stages=2)
 _DQ_TF32X3 = ((32, 32, 4, 2), (64, 32, 4, 1), (32, 32, 8, 2))
@@ -244,8 +245,7 @@ def _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_
                      _make_prune("BLOCK_M", "BLOCK_N", _DKDV_FP32, _DKDV_SAFE, _DKDV_TF32X3,
                                  _DKDV_TF32X3_SAFE),
                      _make_prune("BLOCK_M", "BLOCK_N", _DKDV_FP32, _DKDV_SAFE,
-                                 _DKDV_TF32X3 + _DKDV_TF32X3_ATOMIC_ONLY,
-                                 _DKDV_TF32X3_ATOMIC_SAFE))},
+                                 _DKDV_TF32X3_ATOMIC, _DKDV_TF32X3_ATOMIC_SAFE))},
                  reset_to_zero=["DQ"], **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
 @triton.jit(do_not_specialize=["Z2", "HQ"])
