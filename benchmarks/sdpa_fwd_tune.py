@@ -53,7 +53,7 @@ def launcher(q, k, v, causal, variant, config):
     natural = fsdpa._natural(q.dtype, E)
     kind, key, meta, sizes, grid, ints, factor, tunes = fsdpa._fwd_plan(
         q5.shape, k5.shape, v5.shape, q.dtype, None, causal, natural,
-        fsdpa._precision(q.dtype, E), fsdpa.KERNEL_OPTIONS["fold"])
+        fsdpa._precision(q.dtype, E), fsdpa.KERNEL_OPTIONS["fold"], fsdpa._section(causal))
     out = torch.empty_like(q5)
     lse = torch.empty(fsdpa._lse_state_shape(q5.shape, q.dtype, E), dtype=torch.float32,
                       device=q.device)

@@ -48,6 +48,7 @@ from .kernels.sdpa_bwd import (
     sdpa_bwd_preprocess_kernel,
 )
 from .kernels.sdpa_common import (
+    CAUSAL_SECTION_BYTES,
     LOG2E,
     MASK_ADD,
     MASK_BOOL,
@@ -390,7 +391,7 @@ def _mask_dtype(mask):
     return torch.uint8 if mask.dtype == torch.bool else mask.dtype
 
 
-KERNEL_OPTIONS = {"fold": True, "fuse_bwd": True}
+KERNEL_OPTIONS = {"fold": True, "fuse_bwd": True, "causal_section": CAUSAL_SECTION_BYTES}
 # (kernel options, fp32 mode) of later calls, part of each call plan's key; kept by the setters
 # (building it per call cost ~0.5 us of host time)
 _OPTIONS_KEY = [None]
@@ -404,19 +405,27 @@ def _options_key():
 _options_key()
 
 
-def set_kernel_options(*, fold=None, fuse_bwd=None):
+def set_kernel_options(*, fold=None, fuse_bwd=None, causal_section=None):
     """Kernel variants for later calls (benchmarks compare them): ``fold`` forms the exponent of
     each score with no mask to apply as one FMA, ``exp2(qk * c - m)``, in the 16-bit kernels
     (the forward also with fp32 "plain"; the backward's P as ``exp2(qk * c - (m + log l))``,
     as flash attention's backward does with its lse). ``fuse_bwd`` runs the backward of a
     small problem (:func:`_fuse_bwd`) as one launch of the dK/dV kernel that also forms Delta
-    and dQ, in place of three launches (Delta, dK/dV, dQ). None leaves an option as it is;
-    returns the previous options."""
+    and dQ, in place of three launches (Delta, dK/dV, dQ). ``causal_section``: the bytes of
+    re-read operands a section of heads of a causal Triton launch holds, its blocks dealt
+    heaviest first across the section (``sdpa_common.causal_program``); 0 deals one head's
+    blocks after another. None leaves an option as it is; returns the previous options."""
     previous = dict(KERNEL_OPTIONS)
     if fold is not None:
         KERNEL_OPTIONS["fold"] = bool(fold)
     if fuse_bwd is not None:
         KERNEL_OPTIONS["fuse_bwd"] = bool(fuse_bwd)
+    if causal_section is not None:
+        if (isinstance(causal_section, bool) or not isinstance(causal_section, int)
+                or not 0 <= causal_section < 2**31):
+            raise ValueError(f"causal_section must be an int of bytes in [0, 2**31), got "
+                             f"{causal_section!r}")
+        KERNEL_OPTIONS["causal_section"] = causal_section
     _options_key()
     return previous
 
@@ -473,6 +482,11 @@ def _auto_dq_shapes(q_shape, k_shape, masked):
             and score_count(q_shape, k_shape, False) >= AUTO_ATOMIC_DQ_MIN_SCORES)
 
 
+def _section(is_causal):
+    """A launch's SECTION constexpr (:func:`set_kernel_options`): 0 unless causal."""
+    return KERNEL_OPTIONS["causal_section"] if is_causal else 0
+
+
 def _fold(scale, dtype, backward):
     """Whether a launch takes the fold (:func:`set_kernel_options`): the kernels' log2-unit
     fast path needs a positive scale; the backward folds only in 16-bit."""
@@ -480,7 +494,8 @@ def _fold(scale, dtype, backward):
 
 
 @functools.lru_cache(maxsize=1024)
-def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural, prec, fold):
+def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural, prec, fold,
+              section):
     """What a forward launch derives from shapes and flags alone (cached; shapes are rank 5):
     (mask kind, CachedLauncher key, constexprs, sizes, grid spec, int scalars, q.k factor)."""
     Z1, Z2, HQ, L, E = q_shape
@@ -488,10 +503,11 @@ def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural, 
     kind = MASK_NONE if mask_dtype is None else MASK_BOOL if mask_dtype == torch.uint8 else MASK_ADD
     tune_l, tune_s, block_e, block_ev = tune_bucket(L), tune_bucket(S), _block(E), _block(EV)
     meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=prec, NATURAL=natural,
-                CHUNK_E=chunk_of(block_e), BLOCK_E=block_e, BLOCK_EV=block_ev, FOLD=fold)
+                CHUNK_E=chunk_of(block_e), BLOCK_E=block_e, BLOCK_EV=block_ev, FOLD=fold,
+                SECTION=section)
     # meta is a function of the key (the launcher's memo relies on it)
     key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype, natural,
-           prec, fold)
+           prec, fold, section)
     ints = (Z2, HQ, HQ // HKV, L, S, E, EV)
     factor = 1.0 if natural or kind == MASK_ADD else LOG2E  # _qk_scale
     return kind, key, meta, (L, S, E, EV), ("BLOCK_M", L, Z1 * Z2 * HQ), ints, factor, (tune_l, tune_s)
@@ -522,7 +538,7 @@ def _launch_fwd(q, k, v, mask, is_causal, scale):
     natural = _natural(q.dtype, width)
     kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
         q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), is_causal, natural,
-        _precision(q.dtype, width), _fold(scale, q.dtype, False))
+        _precision(q.dtype, width), _fold(scale, q.dtype, False), _section(is_causal))
     mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
     args = (q, k, v, mask_arg, out, lse_k,
             *q.stride(), *k.stride(), *v.stride(), *_strides5(mask), *out.stride(),
@@ -538,7 +554,7 @@ def _pre_block(block_ev, interpreted):
 
 @functools.lru_cache(maxsize=1024)
 def _bwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, dout_dtype, is_causal, natural,
-              prec, interpreted, fold, fuse, atomic):
+              prec, interpreted, fold, fuse, atomic, section):
     """The backward's analogue of :func:`_fwd_plan`: (key, constexprs, sizes, dK/dV grid spec,
     dQ grid spec, int scalars, q.k factor, Delta block, Delta grid, the dQ kernel's
     constexprs). ``fuse``: :func:`_fuse_bwd` and ``atomic``: :func:`_atomic_dq` (the dK/dV
@@ -550,10 +566,10 @@ def _bwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, dout_dtype, is_causa
     pre_block = _pre_block(block_ev, interpreted)
     meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=prec, NATURAL=natural,
                 CHUNK_E=chunk_of(block_e), CHUNK_EV=chunk_of(block_ev), BLOCK_E=block_e,
-                BLOCK_EV=block_ev, FOLD=fold, FUSE_DQ=fuse, ATOMIC_DQ=atomic)
+                BLOCK_EV=block_ev, FOLD=fold, FUSE_DQ=fuse, ATOMIC_DQ=atomic, SECTION=section)
     tune_l, tune_s = tune_bucket(L), tune_bucket(S)
     key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype,
-           dout_dtype, natural, prec, fold, fuse, atomic)
+           dout_dtype, natural, prec, fold, fuse, atomic, section)
     ints = (Z2, HQ, HQ // HKV, L, S, E, EV)
     factor = 1.0 if natural or kind == MASK_ADD else LOG2E
     return (kind, key, meta, (L, S, E, EV), ("BLOCK_N", S, Z1 * Z2 * HKV),
@@ -584,7 +600,8 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
             and (mask is None or sdpa_fwd_gluon.takes_mask(mask, q.dtype))):
         gluon_plan = sdpa_bwd_gluon.plan(
             sdpa_fwd_gluon.plan((q.shape, k.shape, v.shape), (q.stride(), k.stride(), v.stride()),
-                                q.dtype, q.device, is_causal, scale), dout.stride(), q.dtype)
+                                q.dtype, q.device, is_causal, scale), dout.stride(), q.dtype,
+            _section(is_causal))
         if gluon_plan is not None and dout.dtype == q.dtype and sdpa_fwd_gluon.aligned(
                 q.data_ptr(), k.data_ptr(), v.data_ptr(), dout.data_ptr()):
             grads = _launch_bwd_gluon(dout, q, k, v, out, lse_k, dq, dk, dv, gluon_plan,
@@ -599,7 +616,7 @@ def _launch_bwd(dout, q, k, v, mask, out, lse_k, is_causal, scale):
     (kind, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
      pre_grid, meta_q) = _bwd_plan(q.shape, k.shape, v.shape, q.dtype, _mask_dtype(mask), dout.dtype,
                            is_causal, natural, prec, interpreting(), _fold(scale, q.dtype, True),
-                           fuse, atomic)
+                           fuse, atomic, _section(is_causal))
     mask_arg = q if mask is None else mask.view(torch.uint8) if kind == MASK_BOOL else mask
     dout_strides = dout.stride()
     common_strides = (*q.stride(), *k.stride(), *v.stride(), *_strides5(mask), *dout_strides)
@@ -811,7 +828,7 @@ class _CallPlan:
         operands = (*q5.stride(), *k5.stride(), *v5.stride(), 0, 0, 0, 0, 0)
         kind, key, meta, sizes, grid, ints, factor, tunes = _fwd_plan(
             q5.shape, k5.shape, v5.shape, dtype, None, is_causal, natural, _precision(dtype, width),
-            _fold(scale, dtype, False))
+            _fold(scale, dtype, False), _section(is_causal))
         self.fwd = (key, grid, sizes, meta)
         self.gluon = sdpa_fwd_gluon.plan((q5.shape, k5.shape, v5.shape),
                                          (q5.stride(), k5.stride(), v5.stride()), dtype,
@@ -837,7 +854,8 @@ class _CallPlan:
         (_, key, meta, sizes, grid_kv, grid_q, ints, factor, tunes, pre_block,
          pre_grid, meta_q) = _bwd_plan(q5.shape, k5.shape, v5.shape, dtype, None, dtype, is_causal,
                                natural, _precision(dtype, width), interpreting(),
-                               _fold(scale, dtype, True), self.fuse, self.atomic)
+                               _fold(scale, dtype, True), self.fuse, self.atomic,
+                               _section(is_causal))
         self.bwd = (key, key + (HQ // k5.shape[2],), grid_kv, grid_q, sizes, meta, pre_grid,
                     meta_q)
         self.bwd_common = operands
@@ -947,7 +965,8 @@ class _CallPlan:
             return None
         seen, gluon_plan = self.gluon_bwd
         if dst != seen:
-            gluon_plan = sdpa_bwd_gluon.plan(self.gluon, dst, self.dtype)
+            gluon_plan = sdpa_bwd_gluon.plan(self.gluon, dst, self.dtype,
+                                             _section(self.gluon[2]))
             self.gluon_bwd = (dst, gluon_plan)
         return gluon_plan
 

@@ -47,7 +47,7 @@ for r in range(n_stats):
 out = torch.empty((Z1, Z2, HQ, L, E), dtype=dtype, device=device)
 kind, key, meta, sizes, grid, ints, factor, tunes = fs._fwd_plan(
     q.shape, k.shape, v.shape, dtype, None, False, natural, fs._precision(dtype, E),
-    fs._fold(E ** -0.5, dtype, False))
+    fs._fold(E ** -0.5, dtype, False), fs._section(False))
 args = (q, k, v, q, out, stats, *q.stride(), *k.stride(), *v.stride(), *fs._strides5(None),
         *out.stride(), stats.stride(0), *ints, E ** -0.5 * factor, *tunes)
 fs._FWD(key, grid, args, sizes, meta)

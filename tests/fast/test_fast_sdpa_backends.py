@@ -132,7 +132,8 @@ def stub_gluon_plans(monkeypatch):
                         scale: (tuple(map(tuple, shapes)), tuple(map(tuple, strides)), causal,
                                 scale))
     monkeypatch.setattr(sdpa_fwd_gluon, "aligned", lambda *ptrs: True)
-    monkeypatch.setattr(sdpa_bwd_gluon, "plan", lambda fwd, dst, dtype: fwd + (tuple(dst),))
+    monkeypatch.setattr(sdpa_bwd_gluon, "plan",
+                        lambda fwd, dst, dtype, section=0: fwd + (tuple(dst), section))
     # the eager call plans made meanwhile hold the stubbed plans: kept apart, dropped after
     monkeypatch.setattr(fast_sdpa, "_CALL_PLANS", {})
 
@@ -447,8 +448,8 @@ def test_gluon_descriptors_of_a_head_dim_between_tiles(D, monkeypatch):
     for f in fields:
         assert list(f["shape"])[-1] == D and list(f["block_shape"])[-1] == tile
     dq_sum = torch.zeros(Z1, Z2, H, L, D)
-    fields, _, (ints, _, _), meta, _ = sdpa_bwd_gluon._prepare(q, q, q, q, dq_sum, fwd_plan + (st,),
-                                                            "auto")
+    fields, _, (ints, _, _), meta, _ = sdpa_bwd_gluon._prepare(q, q, q, q, dq_sum,
+                                                            fwd_plan + (st, 0), "auto")
     assert [list(f["block_shape"])[-1] for f in fields] == [tile] * 4 + [64]
     assert list(fields[4]["shape"]) == [Z1 * Z2 * H * L, D]
     assert ints[5] == D  # HD, after Z2, HQ, GROUP, L, S
@@ -505,13 +506,15 @@ def test_gluon_backward_launch_constants_follow_the_schedule(schedule, D):
     Z1, Z2, H, L = 2, 1, 3, 200
     q = torch.zeros(Z1, Z2, H, L, D, dtype=torch.bfloat16)
     st = tuple(q.stride())
-    plan = (((Z1, Z2, H, L, D),) * 3, (st,) * 3, False, 0.125, st)
+    plan = (((Z1, Z2, H, L, D),) * 3, (st,) * 3, False, 0.125, st, 4096)
     dq_sum = torch.zeros(Z1, Z2, H, L, D)
     fields, grid, ints, meta, _ = sdpa_bwd_gluon._prepare(q, q, q, q, dq_sum, plan, schedule)
     split, dq_tma, dq_defer = sdpa_bwd_gluon.SCHEDULES[
         sdpa_bwd_gluon.resolved_schedule(schedule, D)]
     assert meta == dict(CAUSAL=False, SPLIT=split, DQ_TMA=dq_tma, DQ_DEFER=dq_defer,
-                        num_warps=4)
+                        SECTION=0, num_warps=4)  # a section only orders causal launches
+    causal = plan[:2] + (True,) + plan[3:]
+    assert sdpa_bwd_gluon._prepare(q, q, q, q, dq_sum, causal, schedule)[3]["SECTION"] == 4096
     dq_desc = fields[4]
     assert list(dq_desc["shape"]) == [Z1 * Z2 * H * L, D]
     assert list(dq_desc["strides"]) == [D, 1]
@@ -529,7 +532,7 @@ def test_gluon_backward_adds_dq_by_atomics_past_int32_rows(monkeypatch):
     big, small = (2**14, 1, 2**3, 2**14, 128), (2**14, 1, 2**3, 2**14 - 64, 128)
     for shape, tma in ((big, False), (small, True)):
         st = (1,) * 5
-        plan = ((shape,) * 3, (st,) * 3, False, 0.125, st)
+        plan = ((shape,) * 3, (st,) * 3, False, 0.125, st, 0)
         meta = sdpa_bwd_gluon._prepare(None, None, None, None, None, plan, "tma")[3]
         assert meta["DQ_TMA"] is tma, shape
         meta = sdpa_bwd_gluon._prepare(None, None, None, None, None, plan, "tma_deferred")[3]

@@ -63,9 +63,9 @@ def gluon_backward(monkeypatch, scale_error=1.0, schedule="auto", drop_mask=Fals
 
     def counted(dout, query, key, value, stats, delta, dq_sum, dk, dv, plan, mask=None):
         calls.append(plan[0][0])
-        shapes, strides, causal, scale, dout_strides = plan
+        shapes, strides, causal, scale, dout_strides, section = plan
         launch(dout, query, key, value, stats, delta, dq_sum, dk, dv,
-               (shapes, strides, causal, scale * scale_error, dout_strides),
+               (shapes, strides, causal, scale * scale_error, dout_strides, section),
                None if drop_mask else mask)
 
     monkeypatch.setattr(sdpa_bwd_gluon, "launch", counted)
@@ -454,6 +454,37 @@ def test_gluon_backward_agrees(schedule, dtype, is_causal, L, S, D, gen, monkeyp
     with gluon_backward(monkeypatch, schedule=schedule) as calls:
         check_case(q, k, v, is_causal=is_causal)
     assert calls, "the Gluon backward did not run"
+
+
+@pytest.mark.parametrize("section", [0, 360000, 720000],
+                         ids=["rows", "short_last", "two_heads"])
+def test_gluon_backward_causal_sections_agree(section, gen, monkeypatch):
+    """The causal Gluon backward with its kv heads dealt in small sections
+    (set_kernel_options(causal_section=...)), L 700 (six key blocks, the last one short), D 64.
+    A kv head re-reads its group's q and dout: 358400 bytes under GQA 2 (B 5, 10 kv heads),
+    179200 without (3 heads). 360000 bytes hold one GQA head a section, and two heads then one
+    (a short last section) without; 720000 two GQA heads (five sections), all three without.
+    Every launch's plan carries the SECTION set."""
+    sections = []
+    previous = fast_sdpa.set_kernel_options(causal_section=section)
+    try:
+        with gluon_backward(monkeypatch) as calls:
+            counted = sdpa_bwd_gluon.launch
+
+            def seen(*args, **kw):
+                sections.append(args[9][5])
+                return counted(*args, **kw)
+
+            monkeypatch.setattr(sdpa_bwd_gluon, "launch", seen)
+            q = randn(5, 4, 700, 64, dtype=torch.bfloat16, gen=gen)
+            k = randn(5, 2, 700, 64, dtype=torch.bfloat16, gen=gen)
+            v = randn(5, 2, 700, 64, dtype=torch.bfloat16, gen=gen)
+            check_case(q, k, v, is_causal=True, enable_gqa=True)
+            q3 = randn(3, 700, 64, dtype=torch.bfloat16, gen=gen)
+            check_case(q3, q3.flip(1), q3.flip(0), is_causal=True)
+    finally:
+        fast_sdpa.set_kernel_options(**previous)
+    assert len(calls) == 2 and sections == [section, section], (calls, sections)
 
 
 @pytest.mark.parametrize("is_causal", [False, True])

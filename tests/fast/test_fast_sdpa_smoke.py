@@ -661,6 +661,83 @@ def test_small_backward_fused_or_not(dtype, fuse, is_causal, gqa, gen):
         fsdpa.set_kernel_options(**previous)
 
 
+@triton.jit
+def _dealt_blocks(Out, rows, row_bytes, group, SECTION: tl.constexpr, HEAVY_LAST: tl.constexpr):
+    """Out[2 p], Out[2 p + 1] = the (block, head) causal_program gives program p (launch order)."""
+    from attention_oracle.fast.kernels.sdpa_common import causal_program
+    blk, head = causal_program(rows, row_bytes, group, SECTION, HEAVY_LAST)
+    p = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+    tl.store(Out + 2 * p, blk)
+    tl.store(Out + 2 * p + 1, head)
+
+
+def assert_dealt_in_sections(dealt, n_blk, n_head, per, heavy_last):
+    """``dealt`` [(block, head)] in launch order: every block of every head once, the heads in
+    sections of ``per`` (the last may be short), within a section level by level from the
+    heaviest block (the last one where ``heavy_last``), the section's heads in order."""
+    assert sorted(dealt) == [(b, h) for b in range(n_blk) for h in range(n_head)], \
+        "not every (block, head) exactly once"
+    expected = []
+    for first in range(0, n_head, per):
+        heads = range(first, min(first + per, n_head))
+        for level in range(n_blk):
+            expected += [(n_blk - 1 - level if heavy_last else level, h) for h in heads]
+    assert dealt == expected, "the launch order is not sections dealt heaviest first"
+
+
+@pytest.mark.parametrize("n_blk,n_head,rows,row_bytes,group,section,heavy_last,per", [
+    (8, 10, 100, 10, 1, 3000, True, 3),       # sections of 3, the last one short
+    (8, 10, 100, 10, 2, 3000, False, 6),      # of 3 sets of 2 heads that share keys
+    (5, 4, 1000, 1000, 1, 1, False, 1),       # no head fits: one a section
+    (4, 9, 10, 10, 4, 2**31 - 1, True, 9),    # every head in one section
+    (3, 7, 1, 1, 1, 0, True, 1),              # SECTION 0: one head's blocks after another
+])
+def test_causal_program_deals_every_block_once(n_blk, n_head, rows, row_bytes, group, section,
+                                               heavy_last, per):
+    """The causal launch order (sdpa_common.causal_program), read back from a kernel of its own:
+    a permutation of the grid, in sections of heads, the heaviest blocks of a section first."""
+    out = torch.full((2 * n_blk * n_head,), -1, dtype=torch.int32, device=DEVICE)
+    _dealt_blocks[(n_blk, n_head)](out, rows, row_bytes, group, section, heavy_last)
+    dealt = [tuple(x) for x in out.view(-1, 2).tolist()]
+    assert_dealt_in_sections(dealt, n_blk, n_head, per, heavy_last)
+
+
+def test_dealt_order_check_catches_a_lost_block():
+    """Negative control of assert_dealt_in_sections: a block dealt twice, or in row order."""
+    dealt = [(b, h) for h in range(2) for b in range(3)]
+    assert_dealt_in_sections(dealt, 3, 2, 1, False)
+    with pytest.raises(AssertionError, match="exactly once"):
+        assert_dealt_in_sections(dealt[:-1] + [dealt[0]], 3, 2, 1, False)
+    with pytest.raises(AssertionError, match="heaviest first"):
+        assert_dealt_in_sections(dealt, 3, 2, 2, False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
+@pytest.mark.parametrize("section", [0, 9000, 35840], ids=["rows", "group_a_section", "short_last"])
+def test_causal_sections_agree(dtype, section, gen):
+    """Causal forward and backward (three launches, GQA) with the heads dealt in small sections
+    (set_kernel_options(causal_section=...)): L 70 gives two query blocks a head. In float32,
+    9000 bytes hold one group of 3 query heads' keys and values a forward section (two in
+    float16) and one kv head's queries a dK/dV section; 35840 hold four groups (the 30 heads
+    dealt 12, 12, 6: a short last section; float16 24, 6)."""
+    import attention_oracle.fast.sdpa as fsdpa
+    previous = fsdpa.set_kernel_options(causal_section=section, fuse_bwd=False)
+    try:
+        q = randn(5, 6, 70, 16, dtype=dtype, gen=gen)
+        k = randn(5, 2, 70, 16, dtype=dtype, gen=gen)
+        v = randn(5, 2, 70, 16, dtype=dtype, gen=gen)
+        check_case(q, k, v, is_causal=True, enable_gqa=True)
+    finally:
+        fsdpa.set_kernel_options(**previous)
+
+
+def test_causal_section_option_is_checked():
+    import attention_oracle.fast.sdpa as fsdpa
+    for bad in (-1, 2**31, 1.5, True):
+        with pytest.raises(ValueError, match="causal_section"):
+            fsdpa.set_kernel_options(causal_section=bad)
+
+
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32] + ["plain", "tf32x3"],
                          ids=lambda d: d if isinstance(d, str) else str(d).split(".")[-1])
 @pytest.mark.parametrize("case", ["causal_gqa", "bool_mask", "edges"])

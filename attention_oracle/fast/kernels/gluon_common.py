@@ -14,6 +14,10 @@ constexpr: NO_MASK (an fp32 stand-in), BOOL_MASK (a boolean mask read as uint8) 
 (an additive mask of the 16-bit inputs' dtype). The kind travels as the pointer's type
 because worker partitions take no constexpr arguments.
 
+``causal_program(rows, row_bytes, group, SECTION, HEAVY_LAST)``: (block, head) of this program
+of a causal launch on the grid (blocks, heads): the order of ``sdpa_common.causal_program``,
+the Triton kernels' (Gluon calls no ``tl`` function), which tells it in full.
+
 ``tma_add(desc, coord, value)``: the block of ``desc`` at ``coord`` in global memory += value
 (a register tensor of the block's shape, leading unit dims dropped), as one TMA reduction
 (``cp.reduce.async.bulk.tensor``): Triton's descriptor reduce (what ``tl``'s
@@ -60,6 +64,30 @@ if GLUON_AVAILABLE:
         reloaded before every wgmma; docs/FINDINGS.md F31)."""
         return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [i], dtype=gl.int32,
                                          is_pure=False, pack=1)
+
+
+if GLUON_AVAILABLE:
+
+    @gluon.jit
+    def causal_program(rows, row_bytes, group, SECTION: gl.constexpr, HEAVY_LAST: gl.constexpr):
+        blk = gl.program_id(0)
+        head = gl.program_id(1)
+        n_blk = gl.num_programs(0)
+        if SECTION > 0:
+            n_head = gl.num_programs(1)
+            shared = gl.maximum(SECTION // row_bytes // rows + blk * 0, 1)
+            per = n_head.to(gl.int64)
+            if shared < gl.cdiv(n_head, group):  # then group * shared < n_head + group
+                per = (shared * group).to(gl.int64)
+            lin = head.to(gl.int64) * n_blk + blk
+            first = lin // (per * n_blk) * per
+            here = gl.minimum(per, n_head - first)
+            r = lin - first * n_blk
+            blk = (r // here).to(gl.int32)
+            head = (first + r % here).to(gl.int32)
+        if HEAVY_LAST:
+            blk = n_blk - 1 - blk
+        return blk, head
 
 
 if GLUON_AVAILABLE:

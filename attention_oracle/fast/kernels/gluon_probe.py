@@ -36,6 +36,7 @@ from triton.backends.compiler import GPUTarget
 
 from .dsa_probe import _ptxas_usage
 from .gluon_common import GLUON_AVAILABLE
+from .sdpa_common import CAUSAL_SECTION_BYTES
 
 if GLUON_AVAILABLE:
     from triton.experimental.gluon import language as gl
@@ -116,7 +117,7 @@ def _sdpa_bwd(head_dim, causal, schedule="serial", mask="*fp32"):
               else sdpa_bwd_gluon.sdpa_bwd_gluon_ws_masked_kernel)
     return _compile(kernel, signature,
                     dict(CAUSAL=causal, SPLIT=split, DQ_TMA=dq_tma, DQ_DEFER=dq_defer,
-                         num_warps=4),
+                         SECTION=CAUSAL_SECTION_BYTES if causal else 0, num_warps=4),
                     ["Stats", "Delta", "DQ", "DK", "DV", "Mask"])
 
 

@@ -25,6 +25,7 @@ from .sdpa_common import (
     autotune_enabled,
     batch_offset,
     block_dot,
+    causal_program,
     dot_nt_f64,
     dot_split,
     dot_split_acc,
@@ -265,7 +266,8 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
                          CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr, FOLD: tl.constexpr,
-                         FUSE_DQ: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+                         FUSE_DQ: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+                         SECTION: tl.constexpr = 0):
     """dK and dV of one key block; with FUSE_DQ (``S <= BLOCK_N``: one key block per kv head)
     also Delta and dQ (:func:`_dkdv_query_loop`), O and DQ contiguous; with ATOMIC_DQ also this
     key block's share of dQ, added to DQ (fp32 [Z1 * Z2 * Hq, L, E], zeroed); otherwise O is
@@ -274,8 +276,12 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
     tl.static_assert(not (FUSE_DQ and NATURAL), "FUSE_DQ takes the log2-unit kernels only")
     tl.static_assert(not (ATOMIC_DQ and (NATURAL or FUSE_DQ)),
                      "ATOMIC_DQ takes the log2-unit kernels, unfused")
-    pid_n = tl.program_id(0)
-    pid_bkv = tl.program_id(1)  # over [Z1, Z2, HKV]
+    if CAUSAL:  # the key blocks most queries see first (in sections: causal_program)
+        ELSIZE: tl.constexpr = Q.dtype.element_ty.primitive_bitwidth // 8
+        pid_n, pid_bkv = causal_program(L, (E + EV) * ELSIZE * GROUP, 1, SECTION, False)
+    else:
+        pid_n = tl.program_id(0)
+        pid_bkv = tl.program_id(1)  # over [Z1, Z2, HKV]
     HKV = HQ // GROUP
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -425,11 +431,14 @@ def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, Stats, Delta, DQ,
                        BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
-                       CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr, FOLD: tl.constexpr):
-    pid_m = tl.program_id(0)
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
+                       CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr, FOLD: tl.constexpr,
+                       SECTION: tl.constexpr = 0):
+    if CAUSAL:  # heaviest query blocks first (in sections of heads: causal_program)
+        ELSIZE: tl.constexpr = Q.dtype.element_ty.primitive_bitwidth // 8
+        pid_m, pid_bh = causal_program(S, (E + EV) * ELSIZE, GROUP, SECTION, True)
+    else:
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_e = tl.arange(0, BLOCK_E)

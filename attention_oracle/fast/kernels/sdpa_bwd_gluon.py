@@ -69,6 +69,7 @@ if GLUON_AVAILABLE:
     from .gluon_common import (
         ADD_MASK,
         BOOL_MASK,
+        causal_program,
         mask_kind,
         opaque_zero,
         partition_barrier,
@@ -382,12 +383,12 @@ if GLUON_AVAILABLE:
                                  Delta, DQ, DK, DV, Z2, HQ, GROUP, L, S, HD, qk_scale, scale,
                                  CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
                                  DQ_TMA: gl.constexpr, DQ_DEFER: gl.constexpr,
-                                 num_warps: gl.constexpr):
+                                 SECTION: gl.constexpr, num_warps: gl.constexpr):
         """:func:`_program` with no mask: the launch carries no mask arguments. Stats stands in
         for the mask (fp32: none), s_stat for its strides, never read."""
         _program(q_desc, k_desc, v_desc, do_desc, dq_desc, Stats, s_stat, Delta, DQ, DK, DV,
                  Stats, s_stat, s_stat, s_stat, s_stat, s_stat, Z2, HQ, GROUP, L, S, HD,
-                 qk_scale, scale, CAUSAL, SPLIT, DQ_TMA, DQ_DEFER)
+                 qk_scale, scale, CAUSAL, SPLIT, DQ_TMA, DQ_DEFER, SECTION)
 
     @gluon.jit
     def sdpa_bwd_gluon_ws_masked_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, Stats,
@@ -395,17 +396,17 @@ if GLUON_AVAILABLE:
                                         s_mm, s_mn, Z2, HQ, GROUP, L, S, HD, qk_scale, scale,
                                         CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
                                         DQ_TMA: gl.constexpr, DQ_DEFER: gl.constexpr,
-                                        num_warps: gl.constexpr):
+                                        SECTION: gl.constexpr, num_warps: gl.constexpr):
         """:func:`_program` under a mask."""
         _program(q_desc, k_desc, v_desc, do_desc, dq_desc, Stats, s_stat, Delta, DQ, DK, DV,
                  Mask, s_mz1, s_mz2, s_mh, s_mm, s_mn, Z2, HQ, GROUP, L, S, HD, qk_scale,
-                 scale, CAUSAL, SPLIT, DQ_TMA, DQ_DEFER)
+                 scale, CAUSAL, SPLIT, DQ_TMA, DQ_DEFER, SECTION)
 
     @gluon.jit
     def _program(q_desc, k_desc, v_desc, do_desc, dq_desc, Stats, s_stat, Delta, DQ, DK, DV,
                  Mask, s_mz1, s_mz2, s_mh, s_mm, s_mn, Z2, HQ, GROUP, L, S, HD, qk_scale, scale,
                  CAUSAL: gl.constexpr, SPLIT: gl.constexpr, DQ_TMA: gl.constexpr,
-                 DQ_DEFER: gl.constexpr):
+                 DQ_DEFER: gl.constexpr, SECTION: gl.constexpr):
         """Grid (cdiv(S, 128), Z1*Z2*HKV); descriptors over rank-5 q, dout (blocks [1, 1, 1, 64,
         D]) and k, v (blocks [1, 1, 1, 128, D]), D the head-dim tile of the head dim HD
         (sdpa_fwd_gluon.tile_dim); Stats rows m (log2 units) and log2 l (row stride s_stat),
@@ -413,10 +414,16 @@ if GLUON_AVAILABLE:
         contiguous in the input dtype; Mask a [Z1, Z2, HQ, L, S] mask's data (strides s_mz1 ..
         s_mn: boolean as uint8, or additive in the inputs' dtype with ``qk_scale`` the scale),
         or an fp32 stand-in where there is none; dq_desc over DQ as [Z1*Z2*HQ*L, HD] (block
-        [64, 64]); SPLIT, DQ_TMA and DQ_DEFER the schedule's (SCHEDULES)."""
+        [64, 64]); SPLIT, DQ_TMA and DQ_DEFER the schedule's (SCHEDULES); SECTION, under
+        CAUSAL, the bytes of a section of kv heads (gluon_common.causal_program: the key blocks
+        most queries see first, across the section; 0: one kv head's blocks after another)."""
         dtype: gl.constexpr = q_desc.dtype
-        pid_n = gl.program_id(0)
-        pid_bh = gl.program_id(1)
+        if CAUSAL:  # a kv head re-reads its group's queries and output gradients
+            ELSIZE: gl.constexpr = dtype.primitive_bitwidth // 8
+            pid_n, pid_bh = causal_program(L, 2 * HD * ELSIZE * GROUP, 1, SECTION, False)
+        else:
+            pid_n = gl.program_id(0)
+            pid_bh = gl.program_id(1)
         HKV = HQ // GROUP
         hk = pid_bh % HKV
         z2 = (pid_bh // HKV) % Z2
@@ -493,25 +500,26 @@ if GLUON_AVAILABLE:
             ], [4, 1], [WORKER_REGS, PRODUCER_REGS])
 
 
-def plan(gluon_fwd_plan, dout_stride, dtype):
+def plan(gluon_fwd_plan, dout_stride, dtype, section=0):
     """The Gluon backward's plan, or None where it does not apply: where the Gluon forward's
     plan applies (``gluon_fwd_plan``, :func:`sdpa_fwd_gluon.plan`: sm_90, 16-bit, q, k and v
     of one head dim, TMA-ready strides) on a tile in ``HEAD_DIMS`` (up to 128) with a rank-5
     dout of q's shape as
     TMA-ready (no stride-0 broadcast). Data pointers are checked per call
-    (:func:`sdpa_fwd_gluon.aligned`)."""
+    (:func:`sdpa_fwd_gluon.aligned`). ``section``: a causal launch's SECTION (the kernel's
+    order of key blocks)."""
     if (gluon_fwd_plan is None or not GLUON_AVAILABLE
             or tile_dim(gluon_fwd_plan[0][0][-1]) not in HEAD_DIMS):
         return None
     if not _tma_strides(gluon_fwd_plan[0][0], dout_stride, _ELEMENT_SIZE[dtype]):
         return None
-    return gluon_fwd_plan + (tuple(dout_stride),)
+    return gluon_fwd_plan + (tuple(dout_stride), section)
 
 
 def _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule):
     """The descriptors' fields, the grid, the int arguments, the constexprs and the unmasked
     call's bound launch with its kept arguments, of one plan."""
-    (qs, ks, vs), (qst, kst, vst), is_causal, scale, dst = bwd_plan
+    (qs, ks, vs), (qst, kst, vst), is_causal, scale, dst, section = bwd_plan
     Z1, Z2, HQ, L, D = qs
     HKV, S = ks[2], ks[3]
     descs = (_descriptor(query, qs, qst, BLOCK_M), _descriptor(key, ks, kst, BLOCK_N),
@@ -525,7 +533,7 @@ def _prepare(dout, query, key, value, dq_sum, bwd_plan, schedule):
     # the reduction's row coordinate (head * L + start_m) is an int32
     dq_tma = dq_tma and Z1 * Z2 * HQ * L <= _INT32_MAX
     meta = dict(CAUSAL=is_causal, SPLIT=split, DQ_TMA=dq_tma, DQ_DEFER=dq_tma and dq_defer,
-                num_warps=4)
+                SECTION=section if is_causal else 0, num_warps=4)
     fields, grid = descriptor_fields(descs + (dq_desc, )), (-(-S // BLOCK_N), Z1 * Z2 * HKV)
     # an unmasked call's launch with its descriptors expanded here (fast.launch.TmaBoundLaunch):
     # Stats, Delta, DQ, DK and DV among the arguments after the descriptors, the rest kept as
@@ -555,7 +563,7 @@ def launch(dout, query, key, value, stats, delta, dq_sum, dk, dv, bwd_plan, mask
         s_stat = stats.stride()[0]
         last = recall(_LAST, bwd_plan, query.dtype, schedule, s_stat)
         if last is None:
-            # a 5-tuple plan: never a forward's key
+            # a 6-tuple plan: never a forward's key (4)
             prepared = prepared_plan((bwd_plan, query.dtype, schedule, query.device), _prepare,
                                      dout, query, key, value, dq_sum, bwd_plan, schedule)
             _, _, (ints, scales, scale), _, (bound, rests) = prepared

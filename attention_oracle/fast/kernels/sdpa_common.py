@@ -182,6 +182,43 @@ def batch_offset(pid_bh, HQ, GROUP, Z2, s_z1, s_z2, s_h, KV_HEAD: tl.constexpr):
     return z1.to(tl.int64) * s_z1 + z2.to(tl.int64) * s_z2 + h.to(tl.int64) * s_h
 
 
+# bytes of re-read operands a section of a causal launch's heads holds (causal_program): FA3's
+# LPT scheduler sizes its sections by the L2 too
+CAUSAL_SECTION_BYTES = 32 << 20
+
+
+@triton.jit
+def causal_program(rows, row_bytes, group, SECTION: tl.constexpr, HEAVY_LAST: tl.constexpr):
+    """(block, head) of this program of a causal launch on the grid (blocks, heads).
+
+    The work of a block grows along the grid's first axis (HEAVY_LAST: the last block is the
+    heaviest, a query block that sees the most keys; else the first, a key block seen by the
+    most queries). SECTION 0: program_id order, one head's blocks after another, the heaviest
+    first. Else the heads are dealt in sections, as many as share SECTION bytes of the operands
+    their blocks re-read (a head's ``rows`` x ``row_bytes``, shared by ``group`` consecutive
+    heads), so that they stay in the L2 together; within a section the blocks go heaviest
+    first, level by level across its heads (longest processing time first: the lightest blocks
+    of the section run last and fill the tail)."""
+    blk = tl.program_id(0)
+    head = tl.program_id(1)
+    n_blk = tl.num_programs(0)
+    if SECTION > 0:
+        n_head = tl.num_programs(1)
+        # sets of group heads a section (blk * 0: a tensor where every size is a constexpr)
+        shared = tl.maximum(SECTION // row_bytes // rows + blk * 0, 1)
+        # group * shared < n_head + group where it is taken: no int32 overflow
+        per = tl.where(shared >= tl.cdiv(n_head, group), n_head, shared * group).to(tl.int64)
+        lin = head.to(tl.int64) * n_blk + blk
+        first = lin // (per * n_blk) * per
+        here = tl.minimum(per, n_head - first)  # the last section may be short
+        r = lin - first * n_blk
+        blk = (r // here).to(tl.int32)
+        head = (first + r % here).to(tl.int32)
+    if HEAVY_LAST:
+        blk = n_blk - 1 - blk
+    return blk, head
+
+
 @triton.jit
 def load_tile(ptr, offs_r, offs_c, s_r, s_c, n_r, n_c,
               CHECK_R: tl.constexpr, CHECK_C: tl.constexpr):

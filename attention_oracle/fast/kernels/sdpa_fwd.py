@@ -16,6 +16,7 @@ from .sdpa_common import (
     apply_attn_mask,
     autotune_enabled,
     batch_offset,
+    causal_program,
     dot_nt_f64,
     dot_split,
     dot_split_acc,
@@ -140,11 +141,14 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
                     CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
-                    FOLD: tl.constexpr, EXP2_POLY: tl.constexpr = 0):
-    pid_m = tl.program_id(0)
-    if CAUSAL:  # heaviest query blocks first: better tail balance
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
+                    FOLD: tl.constexpr, EXP2_POLY: tl.constexpr = 0,
+                    SECTION: tl.constexpr = 0):
+    if CAUSAL:  # heaviest query blocks first (in sections of heads: causal_program)
+        ELSIZE: tl.constexpr = Q.dtype.element_ty.primitive_bitwidth // 8
+        pid_m, pid_bh = causal_program(S, (E + EV) * ELSIZE, GROUP, SECTION, True)
+    else:
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
     start_m = pid_m * BLOCK_M
     q_base = Q + batch_offset(pid_bh, HQ, GROUP, Z2, s_qz1, s_qz2, s_qh, False)
     k_base = K + batch_offset(pid_bh, HQ, GROUP, Z2, s_kz1, s_kz2, s_kh, True)

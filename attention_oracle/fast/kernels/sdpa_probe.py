@@ -3,12 +3,14 @@
     python -m attention_oracle.fast.kernels.sdpa_probe fwd tf32x3 128 64,32,4,2 128,64,8,2
     python -m attention_oracle.fast.kernels.sdpa_probe dkdv ieee 64 32,64,4,2
     python -m attention_oracle.fast.kernels.sdpa_probe dkdv+atomic tf32x3 128 32,32,4,2
+    python -m attention_oracle.fast.kernels.sdpa_probe fwd+causal bf16 64 128,64,4,3
 
 Arguments: the kernel (``fwd``, ``dkdv``, ``dq``; ``dkdv+atomic``: the dK/dV kernel with the
-TMA-reduce atomic dQ), the path (``ieee`` or ``tf32x3``: fp32
+TMA-reduce atomic dQ; ``+causal``: causal, its programs dealt in sections of heads as the
+launches deal them, ``+rows``: causal, one head's blocks after another), the path (``ieee`` or ``tf32x3``: fp32
 "plain" / "tf32x3" mode; ``accurate``: fp32 "accurate" mode, natural units and fp64 pieces;
 ``bf16``: the 16-bit kernel), the head dim (E = Ev, a power of two), then configs
-``BLOCK_M,BLOCK_N,num_warps,num_stages``. Unmasked, not causal. Prints the shared memory each config needs (the H200
+``BLOCK_M,BLOCK_N,num_warps,num_stages``. Unmasked; not causal unless named. Prints the shared memory each config needs (the H200
 allows 232448 bytes), from the ptxas bundled with Triton registers and spill bytes, and the
 tensor-core instructions the products took (``wgmma``, ``mma.sync`` or both): Triton gives a
 product wgmma only where its result has a multiple of 64 rows.
@@ -23,22 +25,24 @@ from triton.compiler import ASTSource
 
 from .dsa_probe import _ptxas_usage
 from .sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel
-from .sdpa_common import chunk_of
+from .sdpa_common import CAUSAL_SECTION_BYTES, chunk_of
 from .sdpa_fwd import sdpa_fwd_kernel
 
 _KERNELS = {"fwd": (sdpa_fwd_kernel, 6), "dkdv": (sdpa_bwd_dkdv_kernel, 11),
             "dq": (sdpa_bwd_dq_kernel, 8)}
 
 
-def compile_for_sm90(which, prec, head_dim, cfg, exp2_poly=0, atomic_dq=0, mma=False):
+def compile_for_sm90(which, prec, head_dim, cfg, exp2_poly=0, atomic_dq=0, mma=False,
+                     section=None):
     """(shared bytes, registers, spill-store bytes) of one config (``exp2_poly``: the
-    forward's EXP2_POLY; ``atomic_dq``: the dK/dV kernel's ATOMIC_DQ), and with ``mma`` the
-    tensor-core form of its products (:func:`mma_form`)."""
+    forward's EXP2_POLY; ``atomic_dq``: the dK/dV kernel's ATOMIC_DQ; ``section``: None not
+    causal, else causal with that SECTION), and with ``mma`` the tensor-core form of its
+    products (:func:`mma_form`)."""
     autotuned, n_tensors = _KERNELS[which]
     kernel = autotuned.fn.fn
     bm, bn, warps, stages = cfg
     elem = "*bf16" if prec == "bf16" else "*fp32"
-    consts = dict(CAUSAL=False, MASK_KIND=0,
+    consts = dict(CAUSAL=section is not None, SECTION=section or 0, MASK_KIND=0,
                   PREC={"bf16": "tf32", "accurate": "ieee"}.get(prec, prec),
                   NATURAL=prec == "accurate", CHUNK_E=chunk_of(head_dim),
                   CHUNK_EV=chunk_of(head_dim), BLOCK_E=head_dim, BLOCK_EV=head_dim,
@@ -78,16 +82,19 @@ def mma_form(ptx):
 
 
 def main(argv):
-    which = argv[0].removesuffix("+atomic") if argv else None
+    name = argv[0] if argv else ""
+    section = (CAUSAL_SECTION_BYTES if "+causal" in name else 0 if "+rows" in name else None)
+    which = name.split("+")[0]
     if len(argv) < 4 or which not in _KERNELS or argv[1] not in ("ieee", "tf32x3", "accurate", "bf16"):
         raise SystemExit(__doc__)
     prec, head_dim = argv[1], int(argv[2])
-    atomic_dq = 2 if argv[0].endswith("+atomic") else 0
+    atomic_dq = 2 if "+atomic" in name else 0
     for text in argv[3:]:
         cfg = tuple(int(x) for x in text.split(","))
         try:
             shared, regs, spills, form = compile_for_sm90(which, prec, head_dim, cfg,
-                                                          atomic_dq=atomic_dq, mma=True)
+                                                          atomic_dq=atomic_dq, mma=True,
+                                                          section=section)
             print(f"{argv[0]} {prec} D{head_dim} {cfg}: shared {shared} B, {regs} registers, "
                   f"{spills} B spilled, {form}", flush=True)
         except Exception as exc:  # report and go on with the next config
