@@ -185,6 +185,7 @@ if GLUON_AVAILABLE:
         keys_l: gl.constexpr = gl.SliceLayout(1, s_layout)
         queries_l: gl.constexpr = gl.SliceLayout(0, s_layout)
         offs_key = start_n + 64 * W + gl.arange(0, 64, layout=keys_l)
+        ragged = start_n + 128 > S
         dk = gl.zeros([64, D], gl.float32, layout=acc_layout)
         dv = gl.zeros([64, D], gl.float32, layout=acc_layout)
         h, start_m = _walk(0, n_m, m0, 0, GROUP)
@@ -225,12 +226,19 @@ if GLUON_AVAILABLE:
                                is_async=True)
             s, dp = warpgroup_mma_wait(0, deps=(s, dp))
             offs_q = start_m + gl.arange(0, 64, layout=queries_l)
-            keep = offs_key[:, None] < S
-            if CAUSAL:
-                keep = keep & (offs_key[:, None] <= offs_q[None, :])
             p = _probabilities(s, qk_scale, m_smem.index(W + zero).load(queries_l),
-                               l_smem.index(W + zero).load(queries_l), keep, Mask, h, s_mh,
+                               l_smem.index(W + zero).load(queries_l), Mask, h, s_mh,
                                s_mm, s_mn, offs_key, offs_q, L, S)
+            # keys past S (a ragged last block) or, under causal, after a query: only a step
+            # that has them selects (a key past S reads as zeros: its p is finite, not 0)
+            edge = ragged
+            if CAUSAL:
+                edge = edge | (start_m < start_n + 128)
+            if edge:
+                keep = offs_key[:, None] < S
+                if CAUSAL:
+                    keep = keep & (offs_key[:, None] <= offs_q[None, :])
+                p = gl.where(keep, p, 0.0)
             ds = p * (dp - d_smem.index(W + zero).load(queries_l)[None, :])
             p_op = gl.convert_layout(p.to(dtype), op_layout)
             ds_op = gl.convert_layout(ds.to(dtype), op_layout)
@@ -281,15 +289,15 @@ if GLUON_AVAILABLE:
         gl.store(DV + offs, dv.to(dtype), mask=inside)
 
     @gluon.jit
-    def _probabilities(s, qk_scale, m, log_l, keep, Mask, h, s_mh, s_mm, s_mn, offs_key, offs_q,
-                       L, S):
-        """P^T [64 keys, 64 queries] from the raw scores S^T = K Q^T, the queries' m and log2 l
-        and ``keep`` (key bound, causal): exp2((s c - m) - log2 l) in log2 units (c =
-        ``qk_scale``); under a mask, ``Mask`` the group's first query head's [L, S] plane (the
-        step's head ``h`` of the group at h * s_mh): a boolean mask joins ``keep``; an
-        additive one is added to s times the scale in natural units, where the forwards keep
-        m for it (c is the scale then). Without a mask ``Mask`` is an fp32 stand-in
-        (gluon_common.mask_kind)."""
+    def _probabilities(s, qk_scale, m, log_l, Mask, h, s_mh, s_mm, s_mn, offs_key, offs_q, L,
+                       S):
+        """P^T [64 keys, 64 queries] from the raw scores S^T = K Q^T and the queries' m and log2
+        l: exp2((s c - m) - log2 l) in log2 units (c = ``qk_scale``); under a mask, ``Mask``
+        the group's first query head's [L, S] plane (the step's head ``h`` of the group at
+        h * s_mh): what a boolean mask excludes is 0; an additive one is added to s times the
+        scale in natural units, where the forwards keep m for it (c is the scale then).
+        Without a mask ``Mask`` is an fp32 stand-in (gluon_common.mask_kind). Keys past S and
+        the causal bound are the caller's."""
         KIND: gl.constexpr = mask_kind(Mask.dtype.element_ty)
         if KIND == BOOL_MASK or KIND == ADD_MASK:
             ptrs = (Mask + h.to(gl.int64) * s_mh + offs_q.to(gl.int64)[None, :] * s_mm
@@ -302,8 +310,8 @@ if GLUON_AVAILABLE:
         else:
             p = gl.exp2((s * qk_scale - m[None, :]) - log_l[None, :])
         if KIND == BOOL_MASK:
-            keep = keep & (gl.load(ptrs, mask=inside, other=1) != 0)
-        return gl.where(keep, p, 0.0)
+            p = gl.where(gl.load(ptrs, mask=inside, other=1) != 0, p, 0.0)
+        return p
 
     @gluon.jit
     def _row_stats(Stats, s_stat, Delta, row, start_m, L, pred):
