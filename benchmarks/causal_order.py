@@ -2,7 +2,7 @@
 head's blocks after another, beside cuDNN, in the same run (bf16).
 
     python -m benchmarks.causal_order [--dims 64,128] [--lengths 1024,4096]
-                                      [--sections 0,33554432] [--rounds 5]
+                                      [--sections 0,33554432,134217728] [--rounds 5]
                                       [--json out/causal_order.json]
 
 For each head dim and length (B = 16384 // L, H 32, causal): the inference forward and the step
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention_oracle.fast import sdpa as fast_sdpa
+from attention_oracle.fast.kernels.sdpa_common import TRIED_SECTION_BYTES
 
 from .sdpa import fast_forward_kernel, make_inputs
 from .timing import alternated, paired_ratio, write_json
@@ -122,7 +123,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--lengths", default="1024,4096")
-    ap.add_argument("--sections", default=f"0,{fast_sdpa.KERNEL_OPTIONS['causal_section']}",
+    ap.add_argument("--sections", default=",".join(map(str, (0, *TRIED_SECTION_BYTES))),
                     help="causal_section values, bytes (the first is the 'x first' reference)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", default="out/causal_order.json")

@@ -22,6 +22,7 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from attention_oracle.fast.kernels.sdpa_common import causal_program  # noqa: E402
 from attention_oracle.fast.sdpa import scaled_dot_product_attention, scaled_dot_product_attention_with_lse  # noqa: E402
 from attention_oracle.judge import record
 from attention_oracle.judge.agreement import FLOOR_ULPS, assert_agrees  # noqa: E402
@@ -664,7 +665,6 @@ def test_small_backward_fused_or_not(dtype, fuse, is_causal, gqa, gen):
 @triton.jit
 def _dealt_blocks(Out, rows, row_bytes, group, SECTION: tl.constexpr, HEAVY_LAST: tl.constexpr):
     """Out[2 p], Out[2 p + 1] = the (block, head) causal_program gives program p (launch order)."""
-    from attention_oracle.fast.kernels.sdpa_common import causal_program
     blk, head = causal_program(rows, row_bytes, group, SECTION, HEAVY_LAST)
     p = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
     tl.store(Out + 2 * p, blk)

@@ -117,7 +117,7 @@ def _sdpa_bwd(head_dim, causal, schedule="serial", mask="*fp32"):
               else sdpa_bwd_gluon.sdpa_bwd_gluon_ws_masked_kernel)
     return _compile(kernel, signature,
                     dict(CAUSAL=causal, SPLIT=split, DQ_TMA=dq_tma, DQ_DEFER=dq_defer,
-                         SECTION=CAUSAL_SECTION_BYTES if causal else 0, num_warps=4),
+                         SECTION=CAUSAL_SECTION_BYTES, num_warps=4),
                     ["Stats", "Delta", "DQ", "DK", "DV", "Mask"])
 
 

@@ -182,9 +182,12 @@ def batch_offset(pid_bh, HQ, GROUP, Z2, s_z1, s_z2, s_h, KV_HEAD: tl.constexpr):
     return z1.to(tl.int64) * s_z1 + z2.to(tl.int64) * s_z2 + h.to(tl.int64) * s_h
 
 
-# bytes of re-read operands a section of a causal launch's heads holds (causal_program): FA3's
-# LPT scheduler sizes its sections by the L2 too
-CAUSAL_SECTION_BYTES = 32 << 20
+# the default SECTION of causal launches (causal_program): 0, one head's blocks after another.
+# Sections of 32 and 128 MiB (FA3's LPT scheduler sizes its sections by the L2) ran no faster
+# on an H200 and slowed the Triton dK/dV kernel at L 1k (docs/FINDINGS.md F90)
+CAUSAL_SECTION_BYTES = 0
+# the sections the probes and benchmarks try
+TRIED_SECTION_BYTES = (32 << 20, 128 << 20)
 
 
 @triton.jit

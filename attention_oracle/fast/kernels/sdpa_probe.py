@@ -6,8 +6,8 @@
     python -m attention_oracle.fast.kernels.sdpa_probe fwd+causal bf16 64 128,64,4,3
 
 Arguments: the kernel (``fwd``, ``dkdv``, ``dq``; ``dkdv+atomic``: the dK/dV kernel with the
-TMA-reduce atomic dQ; ``+causal``: causal, its programs dealt in sections of heads as the
-launches deal them, ``+rows``: causal, one head's blocks after another), the path (``ieee`` or ``tf32x3``: fp32
+TMA-reduce atomic dQ; ``+causal``: causal, its programs dealt in sections of 32 MiB of heads,
+``+rows``: causal, one head's blocks after another, the default), the path (``ieee`` or ``tf32x3``: fp32
 "plain" / "tf32x3" mode; ``accurate``: fp32 "accurate" mode, natural units and fp64 pieces;
 ``bf16``: the 16-bit kernel), the head dim (E = Ev, a power of two), then configs
 ``BLOCK_M,BLOCK_N,num_warps,num_stages``. Unmasked; not causal unless named. Prints the shared memory each config needs (the H200
@@ -25,7 +25,7 @@ from triton.compiler import ASTSource
 
 from .dsa_probe import _ptxas_usage
 from .sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel
-from .sdpa_common import CAUSAL_SECTION_BYTES, chunk_of
+from .sdpa_common import TRIED_SECTION_BYTES, chunk_of
 from .sdpa_fwd import sdpa_fwd_kernel
 
 _KERNELS = {"fwd": (sdpa_fwd_kernel, 6), "dkdv": (sdpa_bwd_dkdv_kernel, 11),
@@ -83,7 +83,7 @@ def mma_form(ptx):
 
 def main(argv):
     name = argv[0] if argv else ""
-    section = (CAUSAL_SECTION_BYTES if "+causal" in name else 0 if "+rows" in name else None)
+    section = (TRIED_SECTION_BYTES[0] if "+causal" in name else 0 if "+rows" in name else None)
     which = name.split("+")[0]
     if len(argv) < 4 or which not in _KERNELS or argv[1] not in ("ieee", "tf32x3", "accurate", "bf16"):
         raise SystemExit(__doc__)
