@@ -86,7 +86,7 @@ def _descriptor(rows, head_dim):
 
 def _sdpa_fwd(head_dim, causal, pingpong=False, config=None, mask="*fp32"):
     """``mask``: the Mask pointer's type (fp32: none, u8: boolean, bf16: additive)."""
-    bm, bn, stages, warps, ws = config or sdpa_fwd_gluon.CONFIG
+    bm, bn, stages, warps, ws = config or sdpa_fwd_gluon.tile_config(head_dim)
     g = sdpa_fwd_gluon
     kernel = {(True, False): g.sdpa_fwd_gluon_ws_kernel, (False, False): g.sdpa_fwd_gluon_kernel,
               (True, True): g.sdpa_fwd_gluon_ws_masked_kernel,

@@ -86,10 +86,21 @@ PINGPONG = 2
 # and 4k (causal L 1k 0.82 -> 0.88 of cuDNN), 0.94-1.04x at 16k (docs/PERFORMANCE.md "Gluon
 # forward: the persistent program by pairs of query blocks")
 PERSISTENT = 3
-CONFIG = (128, 128, 2, 4, PERSISTENT)
-# tiles that take another config than CONFIG: at 256 columns 64-key stages (128-key ones
-# would need 320 KiB of shared memory; this one 197 KiB, no spills offline, sm_90a)
-TILE_CONFIGS = {256: (128, 64, 2, 4, True)}
+# each head-dim tile's config (tile_config): the persistent program, at 64 columns in three
+# stages (on the H200 1.04-1.07x the two-stage program's TFLOP/s causal at L 1k and 4k,
+# docs/PERFORMANCE.md "Gluon forward: three stages at head dim 64"); at 256 columns 64-key
+# stages (128-key ones would need 320 KiB of shared memory; this one 197 KiB, no spills
+# offline, sm_90a)
+TILE_CONFIGS = {64: (128, 128, 3, 4, PERSISTENT), 128: (128, 128, 2, 4, PERSISTENT),
+                256: (128, 64, 2, 4, True)}
+# a config every tile but 256 takes in place of its own (benchmarks and tests set one); None:
+# TILE_CONFIGS'
+CONFIG = None
+
+
+def tile_config(tile):
+    """(BLOCK_M, BLOCK_N, STAGES, num_warps, WS) of launches on the head-dim tile ``tile``."""
+    return TILE_CONFIGS[tile] if CONFIG is None or tile == 256 else CONFIG
 # fast.sdpa's default forward backend ("auto") takes this kernel where it measured faster than
 # the Triton forward on the H200, its host cost included (docs/PERFORMANCE.md "Gluon forward"):
 # head dim 128 (1.23-1.45x Triton queued, 1.01-1.27x synced at L 1k-16k; the one-block kernel
@@ -963,9 +974,9 @@ def auto_takes(q_shape, k_shape, is_causal, masked=False, device=None):
 
 def persistent_runs(q_shape, device):
     """Whether an unmasked call of rank-5 ``q_shape`` on ``device`` runs the persistent
-    program under CONFIG: at least as many pairs of query blocks as the device has SMs (fewer
-    run the one-block kernel, :func:`_prepare`)."""
-    block_m, _, _, _, ws = TILE_CONFIGS.get(tile_dim(q_shape[-1]), CONFIG)
+    program under its tile's config (:func:`tile_config`): at least as many pairs of query
+    blocks as the device has SMs (fewer run the one-block kernel, :func:`_prepare`)."""
+    block_m, _, _, _, ws = tile_config(tile_dim(q_shape[-1]))
     if ws != PERSISTENT:
         return False
     blocks = -(-q_shape[-2] // block_m)
@@ -1054,7 +1065,7 @@ def prepared_plan(cache_key, prepare, *args):
 def _prepare(query, key, value, out, stats, gluon_plan):
     (qs, ks, vs), (qst, kst, vst), is_causal, scale = gluon_plan
     Z1, Z2, HQ, L, D = qs
-    block_m, block_n, stages, warps, ws = TILE_CONFIGS.get(tile_dim(D), CONFIG)
+    block_m, block_n, stages, warps, ws = tile_config(tile_dim(D))
     os_ = (Z1, Z2, HQ, L, D)
     ost = (Z2 * HQ * L * D, HQ * L * D, L * D, D, 1)
     q_rows = 64 if ws and block_m == 192 else block_m  # three consumers: a 64-row tile each
