@@ -25,13 +25,13 @@ from .sdpa_common import (
     autotune_enabled,
     batch_offset,
     block_dot,
-    causal_program,
     dot_nt_f64,
     dot_split,
     dot_split_acc,
     load_row_stats,
     load_tile,
     make_prune,
+    program_tile,
     recompute_p,
     split_tf32,
 )
@@ -276,12 +276,8 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
     tl.static_assert(not (FUSE_DQ and NATURAL), "FUSE_DQ takes the log2-unit kernels only")
     tl.static_assert(not (ATOMIC_DQ and (NATURAL or FUSE_DQ)),
                      "ATOMIC_DQ takes the log2-unit kernels, unfused")
-    if CAUSAL:  # the key blocks most queries see first (in sections: causal_program)
-        ELSIZE: tl.constexpr = Q.dtype.element_ty.primitive_bitwidth // 8
-        pid_n, pid_bkv = causal_program(L, (E + EV) * ELSIZE * GROUP, 1, SECTION, False)
-    else:
-        pid_n = tl.program_id(0)
-        pid_bkv = tl.program_id(1)  # over [Z1, Z2, HKV]
+    # over [Z1, Z2, HKV]; causal: the key blocks most queries see first (causal_program)
+    pid_n, pid_bkv = program_tile(Q, L, (E + EV) * GROUP, 1, CAUSAL, SECTION, False)
     HKV = HQ // GROUP
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -433,12 +429,8 @@ def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, Stats, Delta, DQ,
                        CHECK_M: tl.constexpr, CHECK_N: tl.constexpr,
                        CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr, FOLD: tl.constexpr,
                        SECTION: tl.constexpr = 0):
-    if CAUSAL:  # heaviest query blocks first (in sections of heads: causal_program)
-        ELSIZE: tl.constexpr = Q.dtype.element_ty.primitive_bitwidth // 8
-        pid_m, pid_bh = causal_program(S, (E + EV) * ELSIZE, GROUP, SECTION, True)
-    else:
-        pid_m = tl.program_id(0)
-        pid_bh = tl.program_id(1)
+    # causal: the heaviest query blocks first (sdpa_common.causal_program)
+    pid_m, pid_bh = program_tile(Q, S, E + EV, GROUP, CAUSAL, SECTION, True)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_e = tl.arange(0, BLOCK_E)

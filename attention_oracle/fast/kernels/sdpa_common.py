@@ -223,6 +223,18 @@ def causal_program(rows, row_bytes, group, SECTION: tl.constexpr, HEAVY_LAST: tl
 
 
 @triton.jit
+def program_tile(Q, rows, cols, group, CAUSAL: tl.constexpr, SECTION: tl.constexpr,
+                 HEAVY_LAST: tl.constexpr):
+    """(block, head) of this program on the grid (blocks, heads): its program ids, or under
+    CAUSAL :func:`causal_program`'s order, a head's re-read operands ``rows`` x ``cols``
+    elements of Q's type."""
+    if CAUSAL:
+        ELSIZE: tl.constexpr = Q.dtype.element_ty.primitive_bitwidth // 8
+        return causal_program(rows, cols * ELSIZE, group, SECTION, HEAVY_LAST)
+    return tl.program_id(0), tl.program_id(1)
+
+
+@triton.jit
 def load_tile(ptr, offs_r, offs_c, s_r, s_c, n_r, n_c,
               CHECK_R: tl.constexpr, CHECK_C: tl.constexpr):
     """Load a [len(offs_r), len(offs_c)] tile through strides, zero-filled out of bounds."""

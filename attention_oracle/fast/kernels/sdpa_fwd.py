@@ -16,13 +16,13 @@ from .sdpa_common import (
     apply_attn_mask,
     autotune_enabled,
     batch_offset,
-    causal_program,
     dot_nt_f64,
     dot_split,
     dot_split_acc,
     load_tile,
     log64,
     make_prune,
+    program_tile,
     softmax_exp,
     split_tf32,
     store_row_stat,
@@ -143,12 +143,8 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
                     CHECK_E: tl.constexpr, CHECK_EV: tl.constexpr,
                     FOLD: tl.constexpr, EXP2_POLY: tl.constexpr = 0,
                     SECTION: tl.constexpr = 0):
-    if CAUSAL:  # heaviest query blocks first (in sections of heads: causal_program)
-        ELSIZE: tl.constexpr = Q.dtype.element_ty.primitive_bitwidth // 8
-        pid_m, pid_bh = causal_program(S, (E + EV) * ELSIZE, GROUP, SECTION, True)
-    else:
-        pid_m = tl.program_id(0)
-        pid_bh = tl.program_id(1)
+    # causal: the heaviest query blocks first (sdpa_common.causal_program)
+    pid_m, pid_bh = program_tile(Q, S, E + EV, GROUP, CAUSAL, SECTION, True)
     start_m = pid_m * BLOCK_M
     q_base = Q + batch_offset(pid_bh, HQ, GROUP, Z2, s_qz1, s_qz2, s_qh, False)
     k_base = K + batch_offset(pid_bh, HQ, GROUP, Z2, s_kz1, s_kz2, s_kh, True)
