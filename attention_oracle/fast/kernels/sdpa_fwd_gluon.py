@@ -86,12 +86,12 @@ PINGPONG = 2
 # and 4k (causal L 1k 0.82 -> 0.88 of cuDNN), 0.94-1.04x at 16k (docs/PERFORMANCE.md "Gluon
 # forward: the persistent program by pairs of query blocks")
 PERSISTENT = 3
-# each head-dim tile's config (tile_config): the persistent program, at 64 columns in three
-# stages (on the H200 1.04-1.07x the two-stage program's TFLOP/s causal at L 1k and 4k,
-# docs/PERFORMANCE.md "Gluon forward: three stages at head dim 64"); at 256 columns 64-key
+# each head-dim tile's config (tile_config): the persistent program; at 256 columns 64-key
 # stages (128-key ones would need 320 KiB of shared memory; this one 197 KiB, no spills
-# offline, sm_90a)
-TILE_CONFIGS = {64: (128, 128, 3, 4, PERSISTENT), 128: (128, 128, 2, 4, PERSISTENT),
+# offline, sm_90a). Three stages at 64 columns timed 1.04-1.07x two causal on the H200
+# (docs/PERFORMANCE.md "The backward's selects on edge steps only, ..."), not yet without
+# causal masking nor under the GPU tests: two stay
+TILE_CONFIGS = {64: (128, 128, 2, 4, PERSISTENT), 128: (128, 128, 2, 4, PERSISTENT),
                 256: (128, 64, 2, 4, True)}
 # a config every tile but 256 takes in place of its own (benchmarks and tests set one); None:
 # TILE_CONFIGS'
