@@ -49,6 +49,10 @@
 #   fp32         SDPA fp32 "tf32x3": its GPU tests (every tuned tile forced in turn among them),
 #                then benchmarks.sdpa's fp32 rows at L 1k-4k, D 64 and 128, the default dQ mode
 #                beside the dQ kernel, with the autotuner's picks (TRITON_PRINT_AUTOTUNING)
+#   order        the causal order and D 64's forward stages: the tests of sections and of the
+#                three-stage persistent forward (ATTENTION_ORACLE_GLUON_VARIANTS=1), then
+#                benchmarks.causal_order (sections 0, 32 and 128 MiB; D 64, 128; L 1k, 4k) and
+#                benchmarks.sdpa_gluon at D 64 with two and three stages (L 1k-16k, causal and not)
 #   bwddefault   what keeps the "auto" SDPA backward (the default) the default: fast's SDPA GPU
 #                tests with every backward the Gluon kernel can take given to it
 #                (ATTENTION_ORACLE_FAST_SDPA_BWD=gluon), the SDPA conformance checks and the
@@ -441,6 +445,20 @@ task_persistent() {
     fi
 }
 
+task_order() {
+    local d=$1
+    ATTENTION_ORACLE_GLUON_VARIANTS=1 timeout 150 "$PY" -m pytest -p no:cacheprovider -q -n 8 -rfE \
+        --tb=short "$TESTS/test_fast_sdpa_gluon.py" "$TESTS/test_fast_sdpa_smoke.py" \
+        -k "three_stages or causal_sections or causal_program or dealt_order" > "$d/tests.log" 2>&1
+    note "tests of sections and three stages: exit $?"; tail -3 "$d/tests.log" | cut -c1-300
+    timeout 200 "$PY" -m benchmarks.causal_order --dims 64,128 --lengths 1024,4096 --rounds 5 \
+        --json "$d/causal_order.json" > "$d/causal_order.log" 2>&1
+    note "benchmarks.causal_order: exit $?"; grep -E "^D |fwdbwd section" "$d/causal_order.log"
+    timeout 200 "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,3 128,128,3,4,3 --shapes 0,1,2 \
+        --dims 64 --json "$d/gluon_d64_stages.json" > "$d/gluon.log" 2>&1
+    note "benchmarks.sdpa_gluon D 64, two and three stages: exit $?"; grep -v "^{" "$d/gluon.log" | tail -16
+}
+
 task_index() {
     local d=$1
     timeout 240 "$PY" -m pytest -q -p no:cacheprovider -n 8 -rfE --tb=short \
@@ -500,7 +518,7 @@ task_prefetch() {
 }
 
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,order,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
     exit 2
 }
 
@@ -512,7 +530,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|gluonfwd|gluoncover|gluontime|persistent|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done

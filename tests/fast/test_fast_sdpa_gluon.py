@@ -582,6 +582,27 @@ def test_persistent_program_on_small_calls(case, persistent_everywhere, gen, mon
     assert plains and all(p is sdpa_fwd_gluon._WS_PERSISTENT_LAUNCH for p in plains), plains
 
 
+@pytest.mark.skipif(os.environ.get("ATTENTION_ORACLE_GLUON_VARIANTS", "0") in ("", "0"),
+                    reason="set ATTENTION_ORACLE_GLUON_VARIANTS=1 to check the other Gluon configs")
+@pytest.mark.parametrize("L,S,D", [(1000, 997, 64), (777, 300, 40), (300, 777, 64), (1, 129, 64)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_persistent_program_in_three_stages_at_head_dim_64(L, S, D, is_causal, gen,
+                                                            monkeypatch):
+    """The persistent program with a three-stage key ring (timed faster than two at D 64 on the
+    H200, docs/PERFORMANCE.md; not the default until this passes there): 4 programs, several
+    pairs of query blocks each, ragged lengths both ways, a head dim below the tile's."""
+    monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", (128, 128, 3, 4, sdpa_fwd_gluon.PERSISTENT))
+    monkeypatch.setattr(sdpa_fwd_gluon, "_sm_count", lambda device: 4)
+    monkeypatch.setattr(sdpa_fwd_gluon, "_PREPARED", {})
+    q = randn(2, 3, L, D, dtype=torch.bfloat16, gen=gen)
+    k, v = (randn(2, 3, S, D, dtype=torch.bfloat16, gen=gen) for _ in range(2))
+    with gluon_forward(monkeypatch) as calls:
+        check_case(q, k, v, is_causal=is_causal)
+    assert calls
+    plains = [p[4][0][0] for p in sdpa_fwd_gluon._PREPARED.values() if len(p) == 6]
+    assert plains and all(p is sdpa_fwd_gluon._WS_PERSISTENT_LAUNCH for p in plains), plains
+
+
 # the other configs are not the default and cost a compile each: they run when asked
 # (`bash benchmarks/h200.sh check` and `optin` ask); the one-block WS tile (128, 128, 2, 4,
 # True) runs every masked call of the default tests, and unmasked calls here
