@@ -412,9 +412,10 @@ def set_kernel_options(*, fold=None, fuse_bwd=None, causal_section=None):
     as flash attention's backward does with its lse). ``fuse_bwd`` runs the backward of a
     small problem (:func:`_fuse_bwd`) as one launch of the dK/dV kernel that also forms Delta
     and dQ, in place of three launches (Delta, dK/dV, dQ). ``causal_section``: the bytes of
-    re-read operands a section of heads of a causal Triton launch holds, its blocks dealt
-    heaviest first across the section (``sdpa_common.causal_program``); 0 deals one head's
-    blocks after another. None leaves an option as it is; returns the previous options."""
+    re-read operands a section of heads of a causal launch holds (the Triton kernels and the
+    Gluon backward), its blocks dealt heaviest first across the section
+    (``sdpa_common.causal_program``); 0, the default, deals one head's blocks after another
+    (docs/FINDINGS.md F90). None leaves an option as it is; returns the previous options."""
     previous = dict(KERNEL_OPTIONS)
     if fold is not None:
         KERNEL_OPTIONS["fold"] = bool(fold)
