@@ -13,9 +13,10 @@ order before sections), in alternated rounds (``timing.alternated``) by both tim
 Ratios are paired within a round (``timing.paired_ratio``): each fast variant against cuDNN,
 and each against the first section given ("x first"). Every fast variant sets its option around
 each call, the first one included, so they pay the same host time. Also printed: which kernels
-run (D 128's forward is the Gluon program, whose pairs of blocks need no sections; D 64's is
-the Triton one; the backward as "auto" gives it), and each variant's largest difference from
-the first's output and gradients (equal but for the order of dQ's additions).
+run (at these sizes the forward is the Gluon persistent program at D 64 and 128, whose pairs
+of blocks need no sections; the backward is "auto"'s: on the H200 the Triton one at D 64
+L 1k, the Gluon one elsewhere), and each variant's largest difference from the first's
+output and gradients (equal but for the order of dQ's additions).
 """
 import argparse
 

@@ -101,6 +101,8 @@ CONFIG = None
 def tile_config(tile):
     """(BLOCK_M, BLOCK_N, STAGES, num_warps, WS) of launches on the head-dim tile ``tile``."""
     return TILE_CONFIGS[tile] if CONFIG is None or tile == 256 else CONFIG
+
+
 # fast.sdpa's default forward backend ("auto") takes this kernel where it measured faster than
 # the Triton forward on the H200, its host cost included (docs/PERFORMANCE.md "Gluon forward"):
 # head dim 128 (1.23-1.45x Triton queued, 1.01-1.27x synced at L 1k-16k; the one-block kernel
