@@ -223,7 +223,7 @@ def set_backward_backend(backend):
     """The backward kernels of later calls: "triton" (every input: :func:`set_dq_mode`
     applies), "auto" (the Gluon kernel where it applies and measured ahead of the Triton
     backward with its host cost: head dims 64 and 128, no mask, no GQA, at least
-    ``AUTO_BWD_MIN_SCORES[head_dim]`` scores, and not under
+    ``AUTO_BWD_MIN_SCORES[head_dim]`` scores (``AUTO_BWD_MIN_CAUSAL_SCORES`` causal), and not under
     ``torch.use_deterministic_algorithms``; :func:`gluon_backward_takes`) or "gluon" (the
     Hopper warp-specialised kernel of
     :mod:`fast.kernels.sdpa_bwd_gluon` wherever the Gluon forward's plan applies, with a mask
@@ -259,6 +259,8 @@ def settings():
     beside its figures)."""
     return {"forward_backend": _FWD_BACKEND.value, "backward_backend": _BWD_BACKEND.value,
             "auto_bwd_min_scores": {str(d): n for d, n in AUTO_BWD_MIN_SCORES.items()},
+            "auto_bwd_min_causal_scores": {str(d): n
+                                           for d, n in AUTO_BWD_MIN_CAUSAL_SCORES.items()},
             "dq_mode": _DQ_MODE.value,
             "fp32_mode": _FP32.value, "gluon_bwd_schedule": sdpa_bwd_gluon._SCHEDULE.value}
 
@@ -287,6 +289,11 @@ def deterministic_on_request():
 # (H100, docs/PERFORMANCE.md "Gluon backward: where dQ goes"); other head dims and masked
 # calls are untimed
 AUTO_BWD_MIN_SCORES = {128: 2 ** 27, 64: 2 ** 30}
+# the same for causal calls (score_count: half the rectangle). At D 64 L 1k causal (B 16 H 32:
+# 2**28) the Gluon backward ran at 0.91x cuDNN against the Triton backward's 0.79x once it
+# skipped its masking selects on steps with no keys to drop (H100, docs/PERFORMANCE.md "D 64
+# causal backward at L 1k"); smaller causal calls are untimed
+AUTO_BWD_MIN_CAUSAL_SCORES = {128: 2 ** 27, 64: 2 ** 28}
 
 
 def gluon_backward_takes(q_shape, k_shape, is_causal, masked=False):
@@ -297,9 +304,9 @@ def gluon_backward_takes(q_shape, k_shape, is_causal, masked=False):
     backend = _BWD_BACKEND.value
     if backend == "gluon":
         return True
+    least = AUTO_BWD_MIN_CAUSAL_SCORES if is_causal else AUTO_BWD_MIN_SCORES
     return (backend == "auto" and not masked and q_shape[2] == k_shape[2]
-            and score_count(q_shape, k_shape, is_causal)
-            >= AUTO_BWD_MIN_SCORES.get(q_shape[-1], float("inf"))
+            and score_count(q_shape, k_shape, is_causal) >= least.get(q_shape[-1], float("inf"))
             and not torch.are_deterministic_algorithms_enabled())
 
 
