@@ -281,18 +281,18 @@ def deterministic_on_request():
     return _DQ_MODE.value in ("kernel", "auto") and _BWD_BACKEND.value in ("triton", "auto")
 
 
-# the calls "auto" gives the Gluon backward, by head dim: from this many scores (half under
-# causal). Its host time per call measured ~50 us above the Triton backward's (172 against 122
-# us at L 128, H100), which a backward ~10% faster repays from ~500 us of kernel time: ~2**27
-# D-128 scores at ~450 TFLOP/s. At D 64 it is level with the Triton backward at L 1k (B 16 H
-# 32: 2**29 scores) and ahead of it from L 4k (2**30 causal), at D 128 ahead at every length
-# (H100, docs/PERFORMANCE.md "Gluon backward: where dQ goes"); other head dims and masked
-# calls are untimed
+# the calls "auto" gives the Gluon backward, by head dim: from this many scores, not causal.
+# Its host time per call measured ~50 us above the Triton backward's (172 against 122 us at L
+# 128, H100), which a backward ~10% faster repays from ~500 us of kernel time: ~2**27 D-128
+# scores at ~450 TFLOP/s. At D 64 it trails the Triton backward at L 1k (B 16 H 32: 2**29
+# scores; step 0.87x cuDNN against 0.92x) and leads from L 4k, at D 128 it leads at every
+# length (H100, docs/PERFORMANCE.md "Gluon backward: where dQ goes" and "D 64 causal backward
+# at L 1k"); other head dims and masked calls are untimed
 AUTO_BWD_MIN_SCORES = {128: 2 ** 27, 64: 2 ** 30}
 # the same for causal calls (score_count: half the rectangle). At D 64 L 1k causal (B 16 H 32:
 # 2**28) the Gluon backward ran at 0.91x cuDNN against the Triton backward's 0.79x once it
-# skipped its masking selects on steps with no keys to drop (H100, docs/PERFORMANCE.md "D 64
-# causal backward at L 1k"); smaller causal calls are untimed
+# skipped its masking selects on steps with no keys to drop (H100, same sections); smaller
+# causal calls are untimed
 AUTO_BWD_MIN_CAUSAL_SCORES = {128: 2 ** 27, 64: 2 ** 28}
 
 
