@@ -45,7 +45,7 @@ from attention_oracle.fast.sdpa import (
 from attention_oracle.fast.sdpa import scaled_dot_product_attention as fast_sdpa
 from attention_oracle.oracle.sdpa import sdpa_reference
 
-from .timing import alternated, fast_settings, host_us, paired_ratio, plot_panels, queued_ms, write_json
+from .timing import alternated, fast_settings, host_us, paired_ratio, plot_panels, queued_ms, tuned_tiles, write_json
 
 N_FORCED_CONFIGS = 4  # the most configs any kernel keeps after pruning (bf16, D <= 128)
 N_FORCED_ATOMIC = 8  # the same with the atomic-dQ mode's own dK/dV tiles
@@ -322,13 +322,6 @@ def in_fp32_mode(mode, fn):
         with fp32_modes(mode):
             return fn()
     return run
-
-
-def tuned_tiles():
-    """The autotuners' picks so far, per backward kernel: {tuning key: config}."""
-    from attention_oracle.fast.kernels.sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel
-    return {name: {str(key): str(config) for key, config in kernel.cache.items()}
-            for name, kernel in (("dkdv", sdpa_bwd_dkdv_kernel), ("dq", sdpa_bwd_dq_kernel))}
 
 
 def bench_rank3(H, L, D, rep):

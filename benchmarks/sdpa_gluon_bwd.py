@@ -16,7 +16,8 @@ in the same run,
 the first as "gluon", each other as "gluon_<schedule>" (its ratios and its gradients' distance
 from the first's). Then, per head dim, each backward's host time per call at a tiny shape (B 1,
 H 2, L 128: :func:`benchmarks.timing.host_us`, the backward of one kept forward), where the
-Gluon backward's five TMA descriptors show.
+Gluon backward's five TMA descriptors show; last the Triton backward's tuned tiles (in the
+JSON too: the tuner's pick can differ between runs).
 """
 import argparse
 import json
@@ -26,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attention_oracle.fast import sdpa as fast_sdpa
 from attention_oracle.fast.kernels import sdpa_bwd_gluon
-from benchmarks.timing import fast_settings, host_us, queued_ms, synced_ms, tflops
+from benchmarks.timing import fast_settings, host_us, queued_ms, synced_ms, tflops, tuned_tiles
 
 SHAPES = [(16, 32, 1024), (4, 32, 4096), (1, 32, 16384)]
 
@@ -158,13 +159,17 @@ def main():
         print(f"D {D} L 128 host us per backward: "
               + "; ".join(f"{b} {host[-1][f'{b}_host_us']:.1f}" for b in _backends()), flush=True)
         _write(args.json, rows, host)
+    for kernel, picks in tuned_tiles().items():
+        for key, config in picks.items():
+            print(f"Triton backward's {kernel} tile, key {key}: {config}", flush=True)
 
 
 def _write(path, rows, host):
     if path:
         with open(path, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), rows=rows, host=host,
-                           schedules=list(_SCHEDULES), fast_settings=fast_settings()), f,
+                           schedules=list(_SCHEDULES), fast_settings=fast_settings(),
+                           triton_tiles=tuned_tiles()), f,
                       indent=1)
 
 

@@ -138,6 +138,14 @@ def fast_settings():
     return {"sdpa": sdpa.settings(), "dsa": dsa.settings()}
 
 
+def tuned_tiles():
+    """The Triton SDPA backward autotuners' picks so far, per kernel: {tuning key: config}
+    (a tuned tile can differ between runs: a benchmark's JSON records which one it timed)."""
+    from attention_oracle.fast.kernels.sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel
+    return {name: {str(key): str(config) for key, config in kernel.cache.items()}
+            for name, kernel in (("dkdv", sdpa_bwd_dkdv_kernel), ("dq", sdpa_bwd_dq_kernel))}
+
+
 def write_json(path, obj):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as fh:

@@ -40,3 +40,18 @@ def test_paired_host_ratios_alternate_which_is_timed_first(monkeypatch):
     assert order == ["fn", "ref", "ref", "fn", "fn", "ref", "ref", "fn"], order
     assert out["ratios"] == [0.5, 2.0, 2.0, 3.0] and out["median"] == 2.0
     assert (out["min"], out["max"]) == (0.5, 3.0)
+
+
+def test_tuned_tiles_name_each_backward_kernels_picks(monkeypatch):
+    """A benchmark records the Triton backward's tuned tiles: each kernel's picks by key."""
+    import triton
+
+    from attention_oracle.fast.kernels import sdpa_bwd
+    from benchmarks.timing import tuned_tiles
+
+    config = triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=2)
+    monkeypatch.setattr(sdpa_bwd.sdpa_bwd_dkdv_kernel, "cache", {("key",): config})
+    monkeypatch.setattr(sdpa_bwd.sdpa_bwd_dq_kernel, "cache", {})
+    tiles = tuned_tiles()
+    assert tiles["dq"] == {}
+    assert list(tiles["dkdv"]) == ["('key',)"] and "BLOCK_N: 64" in tiles["dkdv"]["('key',)"]
