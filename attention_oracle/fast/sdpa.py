@@ -223,7 +223,7 @@ def set_backward_backend(backend):
     """The backward kernels of later calls: "triton" (every input: :func:`set_dq_mode`
     applies), "auto" (the Gluon kernel where it applies and measured ahead of the Triton
     backward with its host cost: head dims 64 and 128, no mask, no GQA, at least
-    ``AUTO_BWD_MIN_SCORES[head_dim]`` scores (``AUTO_BWD_MIN_CAUSAL_SCORES`` causal), and not under
+    ``AUTO_BWD_MIN_SCORES[head_dim]`` scores, and not under
     ``torch.use_deterministic_algorithms``; :func:`gluon_backward_takes`) or "gluon" (the
     Hopper warp-specialised kernel of
     :mod:`fast.kernels.sdpa_bwd_gluon` wherever the Gluon forward's plan applies, with a mask
@@ -259,8 +259,6 @@ def settings():
     beside its figures)."""
     return {"forward_backend": _FWD_BACKEND.value, "backward_backend": _BWD_BACKEND.value,
             "auto_bwd_min_scores": {str(d): n for d, n in AUTO_BWD_MIN_SCORES.items()},
-            "auto_bwd_min_causal_scores": {str(d): n
-                                           for d, n in AUTO_BWD_MIN_CAUSAL_SCORES.items()},
             "dq_mode": _DQ_MODE.value,
             "fp32_mode": _FP32.value, "gluon_bwd_schedule": sdpa_bwd_gluon._SCHEDULE.value}
 
@@ -281,19 +279,16 @@ def deterministic_on_request():
     return _DQ_MODE.value in ("kernel", "auto") and _BWD_BACKEND.value in ("triton", "auto")
 
 
-# the calls "auto" gives the Gluon backward, by head dim: from this many scores, not causal.
-# Its host time per call measured ~50 us above the Triton backward's (172 against 122 us at L
-# 128, H100), which a backward ~10% faster repays from ~500 us of kernel time: ~2**27 D-128
-# scores at ~450 TFLOP/s. At D 64 it trails the Triton backward at L 1k (B 16 H 32: 2**29
-# scores; step 0.87x cuDNN against 0.92x) and leads from L 4k, at D 128 it leads at every
-# length (H100, docs/PERFORMANCE.md "Gluon backward: where dQ goes" and "D 64 causal backward
-# at L 1k"); other head dims and masked calls are untimed
+# the calls "auto" gives the Gluon backward, by head dim: from this many scores (half under
+# causal). Its host time per call measured ~50 us above the Triton backward's (172 against 122
+# us at L 128, H100), which a backward ~10% faster repays from ~500 us of kernel time: ~2**27
+# D-128 scores at ~450 TFLOP/s. At D 64 it trails the Triton backward at L 1k (B 16 H 32:
+# 2**29 scores; step 0.87x cuDNN against 0.92x) and leads from L 4k (2**30 causal); at L 1k
+# causal the two are level (step 0.89-0.91x against 0.91-0.92x in three runs; the Triton one
+# 0.79x in a fourth, docs/FINDINGS.md F91). At D 128 it leads at every length (H100,
+# docs/PERFORMANCE.md "Gluon backward: where dQ goes" and "D 64 causal backward at L 1k");
+# other head dims and masked calls are untimed
 AUTO_BWD_MIN_SCORES = {128: 2 ** 27, 64: 2 ** 30}
-# the same for causal calls (score_count: half the rectangle). At D 64 L 1k causal (B 16 H 32:
-# 2**28) the Gluon backward ran at 0.91x cuDNN against the Triton backward's 0.79x once it
-# skipped its masking selects on steps with no keys to drop (H100, same sections); smaller
-# causal calls, and shorter sequences with as many scores (more heads or batch), are untimed
-AUTO_BWD_MIN_CAUSAL_SCORES = {128: 2 ** 27, 64: 2 ** 28}
 
 
 def gluon_backward_takes(q_shape, k_shape, is_causal, masked=False):
@@ -304,9 +299,9 @@ def gluon_backward_takes(q_shape, k_shape, is_causal, masked=False):
     backend = _BWD_BACKEND.value
     if backend == "gluon":
         return True
-    least = AUTO_BWD_MIN_CAUSAL_SCORES if is_causal else AUTO_BWD_MIN_SCORES
     return (backend == "auto" and not masked and q_shape[2] == k_shape[2]
-            and score_count(q_shape, k_shape, is_causal) >= least.get(q_shape[-1], float("inf"))
+            and score_count(q_shape, k_shape, is_causal)
+            >= AUTO_BWD_MIN_SCORES.get(q_shape[-1], float("inf"))
             and not torch.are_deterministic_algorithms_enabled())
 
 

@@ -117,8 +117,8 @@ def test_settings_name_the_options_later_calls_run_under():
     try:
         assert fast_sdpa.settings()["backward_backend"] == "gluon"
         assert set(fast_sdpa.settings()) == {"forward_backend", "backward_backend",
-                                             "auto_bwd_min_scores", "auto_bwd_min_causal_scores",
-                                             "dq_mode", "fp32_mode", "gluon_bwd_schedule"}
+                                             "auto_bwd_min_scores", "dq_mode", "fp32_mode",
+                                             "gluon_bwd_schedule"}
         assert fast_dsa.settings()["fp32_mode"] == "acc64"
     finally:
         fast_sdpa.set_backward_backend(previous[0])
@@ -176,10 +176,9 @@ def test_backward_backend_dispatch(monkeypatch):
 
 def test_auto_backward_takes_the_gluon_kernel_where_measured_ahead(monkeypatch):
     """Under "auto" the Gluon backward serves head dims 64 and 128 unmasked from
-    their AUTO_BWD_MIN_SCORES (eager call plan and general path), causal calls from their
-    AUTO_BWD_MIN_CAUSAL_SCORES alone, not another head dim, not a GQA call, not a masked call,
-    not a smaller call, and not while torch.use_deterministic_algorithms is on, when the calls
-    are deterministic again. The kernel is stubbed."""
+    their AUTO_BWD_MIN_SCORES (eager call plan and general path), not another head dim, not a
+    GQA call, not a masked call, not a smaller call, and not while torch.use_deterministic_algorithms is on,
+    when the calls are deterministic again. The kernel is stubbed."""
     calls = []
     stub_gluon_plans(monkeypatch)
     monkeypatch.setattr(sdpa_bwd_gluon, "launch", lambda *args: calls.append(args[9][0][0][-1]))
@@ -193,7 +192,7 @@ def test_auto_backward_takes_the_gluon_kernel_where_measured_ahead(monkeypatch):
             out = out[0] if isinstance(out, tuple) else out
             torch.autograd.grad(out.float().sum(), q)
 
-    assert set(fast_sdpa.AUTO_BWD_MIN_SCORES) == set(fast_sdpa.AUTO_BWD_MIN_CAUSAL_SCORES) == {64, 128}
+    assert set(fast_sdpa.AUTO_BWD_MIN_SCORES) == {64, 128}
     def step_gqa(D):  # two query heads on one kv head: the same scores as step's calls
         q = torch.randn(1, 2, 16, D, dtype=torch.bfloat16, device=device, requires_grad=True)
         k = torch.randn(1, 1, 16, D, dtype=torch.bfloat16, device=device, requires_grad=True)
@@ -202,7 +201,6 @@ def test_auto_backward_takes_the_gluon_kernel_where_measured_ahead(monkeypatch):
 
     these = {64: 2 * 16 * 16, 128: 2 * 16 * 16}  # these calls' scores
     monkeypatch.setattr(fast_sdpa, "AUTO_BWD_MIN_SCORES", these)
-    monkeypatch.setattr(fast_sdpa, "AUTO_BWD_MIN_CAUSAL_SCORES", {64: 257, 128: 257})
     forward = fast_sdpa.set_forward_backend("triton")
     backward = fast_sdpa.set_backward_backend("auto")
     was_deterministic = torch.are_deterministic_algorithms_enabled()
@@ -218,18 +216,11 @@ def test_auto_backward_takes_the_gluon_kernel_where_measured_ahead(monkeypatch):
         monkeypatch.setattr(fast_sdpa, "AUTO_BWD_MIN_SCORES", {64: 513, 128: 512})
         step(64)  # below the size whose kernel time repays the Gluon backward's host time
         assert calls == [128, 128, 64, 64], calls
-        step(64, is_causal=True)  # 256 scores under causal: below its own threshold, 257
-        assert calls == [128, 128, 64, 64], calls
-        monkeypatch.setattr(fast_sdpa, "AUTO_BWD_MIN_CAUSAL_SCORES", {64: 256, 128: 257})
-        step(64, is_causal=True)  # while the non-causal threshold (513) still refuses it
-        step(128, is_causal=True)
-        assert calls == [128, 128, 64, 64, 64, 64], calls
         monkeypatch.setattr(fast_sdpa, "AUTO_BWD_MIN_SCORES", these)
         torch.use_deterministic_algorithms(True, warn_only=True)
         assert fast_sdpa.deterministic()
         step(128)
-        step(64, is_causal=True)
-        assert calls == [128, 128, 64, 64, 64, 64], calls
+        assert calls == [128, 128, 64, 64], calls
     finally:
         torch.use_deterministic_algorithms(was_deterministic)
         fast_sdpa.set_forward_backend(forward)
