@@ -53,6 +53,10 @@
 #                three-stage persistent forward (ATTENTION_ORACLE_GLUON_VARIANTS=1), then
 #                benchmarks.causal_order (sections 0, 32 and 128 MiB; D 64, 128; L 1k, 4k) and
 #                benchmarks.sdpa_gluon at D 64 with two and three stages (L 1k-16k, causal and not)
+#   tunevar      the Triton backward's tuning run to run (docs/FINDINGS.md F91): TUNE_RUNS (4)
+#                runs of benchmarks.sdpa_gluon_bwd at D 64 L 1k causal, each from an empty Triton
+#                cache of its own (so each tunes afresh), with the tiles each picked and each
+#                backward's ratio to cuDNN
 #   bwddefault   what keeps the "auto" SDPA backward (the default) the default: fast's SDPA GPU
 #                tests with every backward the Gluon kernel can take given to it
 #                (ATTENTION_ORACLE_FAST_SDPA_BWD=gluon), the SDPA conformance checks and the
@@ -459,6 +463,17 @@ task_order() {
     note "benchmarks.sdpa_gluon D 64, two and three stages: exit $?"; grep -v "^{" "$d/gluon.log" | tail -16
 }
 
+task_tunevar() {
+    local d=$1 i
+    for i in $(seq "${TUNE_RUNS:-4}"); do
+        TRITON_CACHE_DIR="$d/cache$i" timeout 120 "$PY" -m benchmarks.sdpa_gluon_bwd --shapes 0 \
+            --dims 64 --causal 1 --json "$d/run$i.json" > "$d/run$i.log" 2>&1
+        note "run $i from an empty cache: exit $?"
+        grep -E "^D 64 L 1024|tile, key" "$d/run$i.log" | cut -c1-260
+        rm -rf "$d/cache$i"
+    done
+}
+
 task_index() {
     local d=$1
     timeout 240 "$PY" -m pytest -q -p no:cacheprovider -n 8 -rfE --tb=short \
@@ -518,7 +533,7 @@ task_prefetch() {
 }
 
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,order,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,order,tunevar,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
     exit 2
 }
 
@@ -530,7 +545,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|tunevar|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done
