@@ -90,7 +90,7 @@ PERSISTENT = 3
 # stages (128-key ones would need 320 KiB of shared memory; this one 197 KiB, no spills
 # offline, sm_90a). Three stages at 64 columns timed 1.04-1.07x two causal on the H200 and
 # level on an H100 (0.96-1.06x, 0.96x at L 16k causal; they pass the GPU tests), 64-key
-# stages 8-18% slower (docs/PERFORMANCE.md "D 64 causal backward at L 1k, ..."): two stay
+# stages up to 18% slower (docs/PERFORMANCE.md "D 64 causal backward at L 1k, ..."): two stay
 TILE_CONFIGS = {64: (128, 128, 2, 4, PERSISTENT), 128: (128, 128, 2, 4, PERSISTENT),
                 256: (128, 64, 2, 4, True)}
 # a config every tile but 256 takes in place of its own (benchmarks and tests set one); None:
