@@ -12,7 +12,11 @@ sdpa_fwd_fast / sdpa_fwd_cudnn (B 4, H 32, L 4096, D 128), sdpa_fwd_fast_d64 /
 sdpa_fwd_cudnn_d64 (the same at D 64: fast's default there is the Triton forward), sdpa_fwd_fast_1k_causal /
 sdpa_fwd_cudnn_1k_causal (B 16, H 32, L 1024, D 128, causal; fast's default there is the Gluon
 forward), sdpa_fwd_gluon_persistent_1k_causal (the same under the Gluon forward's persistent
-config, kept for the workloads after it), sdpa_bwd_fast / sdpa_bwd_cudnn
+config, kept for the workloads after it), sdpa_fwd_fast_1k_causal_d64 /
+sdpa_fwd_cudnn_1k_causal_d64 and sdpa_bwd_1k_causal_d64_fast / sdpa_bwd_1k_causal_d64_cudnn
+(the causal L 1k rows at D 64: the forward's and the step's largest gaps),
+sdpa_fwd_gluon_pingpong_1k_causal_d64 (the D 64 forward under the persistent ping-pong config,
+kept for the workloads after it), sdpa_bwd_fast / sdpa_bwd_cudnn
 (the backward of the same), sdpa_bwd_fast_atomic / sdpa_bwd_fast_atomic_element (fast's backward
 under those dQ modes, ``set_dq_mode``), dsa_fwd_fast / dsa_bwd_fast (doc_16384, H 64, 512 + 64, top-k 2048;
 the default forward, Gluon on sm_90), dsa_fwd_fast_triton (the Triton forward; the backend stays
@@ -119,6 +123,16 @@ def _persistent_forward():
 
 
 SHORT = (16, 32, 1024, 128)  # the causal L 1k rows: B 16, H 32, D 128
+SHORT_64 = (16, 32, 1024, 64)  # the same at D 64
+
+
+def _persistent_pingpong_forward():
+    """The Gluon forward under its persistent ping-pong config
+    (``sdpa_fwd_gluon.PERSISTENT_PINGPONG``) at D 64, kept for the workloads after it."""
+    from attention_oracle.fast.kernels import sdpa_fwd_gluon
+    sdpa_fwd_gluon.CONFIG = (128, 128, 2, 4, sdpa_fwd_gluon.PERSISTENT_PINGPONG)
+    return _sdpa("fast", False, shape=SHORT_64, causal=True)
+
 
 WORKLOADS = {
     "sdpa_fwd_fast": lambda: _sdpa("fast", False),
@@ -128,6 +142,11 @@ WORKLOADS = {
     "sdpa_fwd_fast_1k_causal": lambda: _sdpa("fast", False, shape=SHORT, causal=True),
     "sdpa_fwd_cudnn_1k_causal": lambda: _sdpa("cudnn", False, shape=SHORT, causal=True),
     "sdpa_fwd_gluon_persistent_1k_causal": _persistent_forward,
+    "sdpa_fwd_fast_1k_causal_d64": lambda: _sdpa("fast", False, shape=SHORT_64, causal=True),
+    "sdpa_fwd_cudnn_1k_causal_d64": lambda: _sdpa("cudnn", False, shape=SHORT_64, causal=True),
+    "sdpa_fwd_gluon_pingpong_1k_causal_d64": _persistent_pingpong_forward,
+    "sdpa_bwd_1k_causal_d64_fast": lambda: _sdpa("fast", True, shape=SHORT_64, causal=True),
+    "sdpa_bwd_1k_causal_d64_cudnn": lambda: _sdpa("cudnn", True, shape=SHORT_64, causal=True),
     "sdpa_bwd_fast": lambda: _sdpa("fast", True),
     "sdpa_bwd_cudnn": lambda: _sdpa("cudnn", True),
     "sdpa_bwd_fast_atomic": lambda: _sdpa("fast", True),

@@ -136,10 +136,12 @@ def measure(cfgs, B, H, L, causal, D=128, dtype=torch.bfloat16, mask_kind="none"
 def _config(text):
     """"BLOCK_M,BLOCK_N,STAGES,num_warps[,WS]" -> sdpa_fwd_gluon.CONFIG (WS 1: the
     warp-specialized kernel; 2: its ping-pong form, sdpa_fwd_gluon.PINGPONG; 3: its
-    persistent program, sdpa_fwd_gluon.PERSISTENT)."""
+    persistent program, sdpa_fwd_gluon.PERSISTENT; 4: that with ping-pong consumers,
+    sdpa_fwd_gluon.PERSISTENT_PINGPONG)."""
     c = [int(x) for x in text.split(",")]
     ws = c[4] if len(c) > 4 else 0
-    return (*c[:4], ws if ws in (sdpa_fwd_gluon.PINGPONG, sdpa_fwd_gluon.PERSISTENT)
+    g = sdpa_fwd_gluon
+    return (*c[:4], ws if ws in (g.PINGPONG, g.PERSISTENT, g.PERSISTENT_PINGPONG)
             else bool(ws))
 
 

@@ -584,14 +584,19 @@ def test_persistent_program_on_small_calls(case, persistent_everywhere, gen, mon
 
 @pytest.mark.skipif(os.environ.get("ATTENTION_ORACLE_GLUON_VARIANTS", "0") in ("", "0"),
                     reason="set ATTENTION_ORACLE_GLUON_VARIANTS=1 to check the other Gluon configs")
-@pytest.mark.parametrize("L,S,D", [(1000, 997, 64), (777, 300, 40), (300, 777, 64), (1, 129, 64)])
+@pytest.mark.parametrize("L,S,D", [(1000, 997, 64), (777, 300, 40), (300, 777, 64), (1, 129, 64),
+                                   (1000, 997, 128)])
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_persistent_program_in_three_stages_at_head_dim_64(L, S, D, is_causal, gen,
-                                                            monkeypatch):
-    """The persistent program with a three-stage key ring (timed faster than two at D 64 on the
-    H200, docs/PERFORMANCE.md; not the default until this passes there): 4 programs, several
-    pairs of query blocks each, ragged lengths both ways, a head dim below the tile's."""
-    monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", (128, 128, 3, 4, sdpa_fwd_gluon.PERSISTENT))
+@pytest.mark.parametrize("config", [(128, 128, 3, 4, 3), (128, 128, 2, 4, 4), (128, 128, 3, 4, 4)],
+                         ids=["three_stages", "pingpong", "three_stages_pingpong"])
+def test_persistent_program_variants(config, L, S, D, is_causal, gen, monkeypatch):
+    """The persistent program's variant configs (not the defaults until they pass on the
+    device): a three-stage key ring, and the consumers taking turns to issue their products
+    (PERSISTENT_PINGPONG: the turns counted on across a program's blocks, a block of n tiles
+    n + 1 rounds; 7 blocks a row at L 777, whose middle one pairs with none). 4 programs,
+    several pairs of query blocks each, ragged lengths both ways, a head dim below the tile's."""
+    assert config[4] in (sdpa_fwd_gluon.PERSISTENT, sdpa_fwd_gluon.PERSISTENT_PINGPONG)
+    monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", config)
     monkeypatch.setattr(sdpa_fwd_gluon, "_sm_count", lambda device: 4)
     monkeypatch.setattr(sdpa_fwd_gluon, "_PREPARED", {})
     q = randn(2, 3, L, D, dtype=torch.bfloat16, gen=gen)

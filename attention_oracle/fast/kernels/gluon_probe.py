@@ -91,7 +91,8 @@ def _sdpa_fwd(head_dim, causal, pingpong=False, config=None, mask="*fp32"):
     kernel = {(True, False): g.sdpa_fwd_gluon_ws_kernel, (False, False): g.sdpa_fwd_gluon_kernel,
               (True, True): g.sdpa_fwd_gluon_ws_masked_kernel,
               (False, True): g.sdpa_fwd_gluon_masked_kernel}[bool(ws), mask != "*fp32"]
-    if ws == g.PERSISTENT:
+    if ws in (g.PERSISTENT, g.PERSISTENT_PINGPONG):
+        pingpong = pingpong or ws == g.PERSISTENT_PINGPONG
         kernel = g.sdpa_fwd_gluon_ws_persistent_kernel
     signature = dict(_SDPA_SCALARS, Mask=mask,
                      q_desc=_descriptor(64 if ws and bm == 192 else bm, head_dim),
@@ -137,6 +138,7 @@ def _sdpa_bwd_fp32(head_dim, causal):
 THREE_CONSUMERS = (192, 128, 2, 4, True)
 # the default tile as a persistent program
 PERSISTENT_TILE = (128, 128, 2, 4, 3)  # sdpa_fwd_gluon.PERSISTENT
+PERSISTENT_PINGPONG_TILE = (128, 128, 2, 4, 4)  # sdpa_fwd_gluon.PERSISTENT_PINGPONG
 
 
 def variants():
@@ -164,6 +166,10 @@ def variants():
         "sdpa_fwd_d128_bool_mask": lambda: _sdpa_fwd(128, False, mask="*u8"),
         "sdpa_fwd_d128_persistent": lambda: _sdpa_fwd(128, False, config=PERSISTENT_TILE),
         "sdpa_fwd_d64_causal_persistent": lambda: _sdpa_fwd(64, True, config=PERSISTENT_TILE),
+        "sdpa_fwd_d64_causal_persistent_pingpong": lambda: _sdpa_fwd(
+            64, True, config=PERSISTENT_PINGPONG_TILE),
+        "sdpa_fwd_d128_persistent_pingpong": lambda: _sdpa_fwd(
+            128, False, config=PERSISTENT_PINGPONG_TILE),
         "sdpa_fwd_d256_causal": lambda: _sdpa_fwd(256, True,
                                                   config=sdpa_fwd_gluon.TILE_CONFIGS[256]),
         "sdpa_fwd_d64_add_mask": lambda: _sdpa_fwd(64, False, mask="*bf16"),

@@ -86,6 +86,11 @@ PINGPONG = 2
 # and 4k (causal L 1k 0.82 -> 0.88 of cuDNN), 0.94-1.04x at 16k (docs/PERFORMANCE.md "Gluon
 # forward: the persistent program by pairs of query blocks")
 PERSISTENT = 3
+# WS=PERSISTENT_PINGPONG: the persistent program with its two consumers taking turns to issue
+# their products (FA3's ping-pong; at D 64 a tile's exponentials take the MUFU about as long
+# as its two products take the tensor cores, so one consumer's softmax can run under the
+# other's products); not yet timed
+PERSISTENT_PINGPONG = 4
 # each head-dim tile's config (tile_config): the persistent program; at 256 columns 64-key
 # stages (128-key ones would need 320 KiB of shared memory; this one 197 KiB, no spills
 # offline, sm_90a). Three stages at 64 columns timed 1.04-1.07x two causal on the H200 and
@@ -431,14 +436,14 @@ if GLUON_AVAILABLE:
         mbarrier.wait(q_bar.index(0), 0)
         _consume_item(o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_tile, q_rows, k_ring, v_ring,
                       k_full, v_full, k_empty, v_empty, turn, q_bar, -1, z1, z2, h, pid_bh,
-                      start_m, free_hi, n_tiles, L, S, qk_scale, 0, ROW0, CAUSAL, ROWS, BLOCK_N,
-                      HEAD_D, STAGES, ME, NEXT, PINGPONG, False)
+                      start_m, free_hi, n_tiles, L, S, qk_scale, 0, 0, ROW0, CAUSAL, ROWS,
+                      BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG, False)
         tma.store_wait(pendings=0)
 
     @gluon.jit
     def _consume_item(o_desc, Stats, s_stat, Mask, s_mm, s_mn, q_tile, q_rows, k_ring, v_ring,
                       k_full, v_full, k_empty, v_empty, turn, q_empty, prev_qb, z1, z2, h, pid_bh,
-                      start_m, free_hi, n_tiles, L, S, qk_scale, it0, ROW0: gl.constexpr,
+                      start_m, free_hi, n_tiles, L, S, qk_scale, it0, rnd0, ROW0: gl.constexpr,
                       CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
                       HEAD_D: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr,
                       NEXT: gl.constexpr, PINGPONG: gl.constexpr, RELEASE_LAST: gl.constexpr):
@@ -452,7 +457,10 @@ if GLUON_AVAILABLE:
         first product is issued, that store is waited for and the buffer freed on
         ``q_empty``, the wait overlapping that product instead of ending the block before (no
         change beyond the benchmark's noise on an H100: docs/PERFORMANCE.md "Gluon forward:
-        the persistent program by pairs of query blocks")."""
+        the persistent program by pairs of query blocks"). Under PINGPONG its rounds (n_tiles
+        + 1: S_0, then S_j with P_{j-1} V_{j-1}, then the last P.V) are ``rnd0``, ``rnd0 +
+        1``, ...: the count of rounds of the blocks before it, so the turns run on across a
+        persistent program's blocks (both consumers take the same blocks)."""
         dtype: gl.constexpr = q_rows.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -471,7 +479,7 @@ if GLUON_AVAILABLE:
         first = it0 % STAGES
         mbarrier.wait(k_full.index(first), (it0 // STAGES) & 1)
         if PINGPONG:
-            _take_turn(turn, ME, 0)
+            _take_turn(turn, ME, rnd0)
         s_tok = warpgroup_mma(q_rows, _tile_view(k_ring, first, BLOCK_N, HEAD_D).permute((1, 0)),
                               s_zero, use_acc=False, is_async=True)
         if PINGPONG:
@@ -496,7 +504,7 @@ if GLUON_AVAILABLE:
             mbarrier.wait(k_full.index(stage), ((it0 + j) // STAGES) & 1)
             k_t = _tile_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0))
             if PINGPONG:
-                _take_turn(turn, ME, j)
+                _take_turn(turn, ME, rnd0 + j)
             s_tok = warpgroup_mma(q_rows, k_t, s_zero, use_acc=False, is_async=True)
             acc = acc * alpha_o[:, None]
             mbarrier.wait(v_full.index(prev), ((it0 + j - 1) // STAGES) & 1)
@@ -524,7 +532,7 @@ if GLUON_AVAILABLE:
         acc = acc * alpha_o[:, None]
         mbarrier.wait(v_full.index(last), ((it0 + n_tiles - 1) // STAGES) & 1)
         if PINGPONG:
-            _take_turn(turn, ME, n_tiles)
+            _take_turn(turn, ME, rnd0 + n_tiles)
         o_tok = warpgroup_mma(p_op, _tile_view(v_ring, last, BLOCK_N, HEAD_D), acc,
                               is_async=True)
         if PINGPONG:
@@ -798,10 +806,12 @@ if GLUON_AVAILABLE:
         """Consumer ROW0 // ROWS over the program's query blocks: :func:`_consume_item` on its
         rows of each; a block's Q buffer (holding its out until the TMA store has read it) is
         freed for the block two ahead early in the next block (``_consume_item``'s
-        ``prev_qb``)."""
+        ``prev_qb``). Two ``turn`` barriers: the consumers take turns to issue their products
+        (PINGPONG), their rounds counted on across blocks (a block of n tiles has n + 1)."""
         BLOCK_M: gl.constexpr = q_smem.shape[4]
         ME: gl.constexpr = ROW0 // ROWS
         NEXT: gl.constexpr = (ME + 1) % (BLOCK_M // ROWS)
+        PINGPONG: gl.constexpr = turn.shape[0] > 1
         it = 0
         t = 0
         prev_qb = -1
@@ -820,8 +830,8 @@ if GLUON_AVAILABLE:
                     _consume_item(o_desc, Stats, s_stat, Stats, s_stat, s_stat, q_tile, q_rows,
                                   k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn,
                                   q_empty, prev_qb, z1, z2, h, pid_bh, start_m, free_hi, n_tiles,
-                                  L, S, qk_scale, it, ROW0, CAUSAL, ROWS, BLOCK_N, HEAD_D,
-                                  STAGES, ME, NEXT, False, True)
+                                  L, S, qk_scale, it, it + t, ROW0, CAUSAL, ROWS, BLOCK_N, HEAD_D,
+                                  STAGES, ME, NEXT, PINGPONG, True)
                     prev_qb = qb
                     it += n_tiles
                     t += 1
@@ -861,8 +871,8 @@ if GLUON_AVAILABLE:
         (:func:`_pair_item`: n_bh * cdiv(n_m, 2) pairs of the n_m = cdiv(L, BLOCK_M) blocks
         a row); BLOCK_M 128 (two consumers), Q in
         two buffers (a block's Q loads while the block before runs), the K/V rings' stages
-        counted on across blocks; unmasked (PINGPONG must stay False: the consumers' turns
-        are not counted across blocks)."""
+        counted on across blocks; unmasked. PINGPONG (CONFIG's WS = PERSISTENT_PINGPONG): the
+        consumers take turns to issue their products, their rounds counted across blocks."""
         ROWS: gl.constexpr = 64
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
@@ -876,7 +886,9 @@ if GLUON_AVAILABLE:
         v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())  # unused
+        # the consumers' turns: two barriers under PINGPONG, else one unused
+        turn = gl.allocate_shared_memory(gl.int64, [2 if PINGPONG else 1, 1],
+                                         mbarrier.MBarrierLayout())
         for i in gl.static_range(2):
             mbarrier.init(q_full.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=2)
@@ -885,7 +897,8 @@ if GLUON_AVAILABLE:
             mbarrier.init(v_full.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=2)
             mbarrier.init(v_empty.index(i), count=2)
-        mbarrier.init(turn.index(0), count=1)
+        for i in gl.static_range(2 if PINGPONG else 1):
+            mbarrier.init(turn.index(i), count=1)
         fence_async_shared()
         n_m = gl.cdiv(L, BLOCK_M)
         # the program's place in the grid, taken here and passed: every partition walks the
@@ -979,7 +992,7 @@ def persistent_runs(q_shape, device):
     program under its tile's config (:func:`tile_config`): at least as many pairs of query
     blocks as the device has SMs (fewer run the one-block kernel, :func:`_prepare`)."""
     block_m, _, _, _, ws = tile_config(tile_dim(q_shape[-1]))
-    if ws != PERSISTENT:
+    if ws not in (PERSISTENT, PERSISTENT_PINGPONG):
         return False
     blocks = -(-q_shape[-2] // block_m)
     pairs = -(-blocks // 2)
@@ -1082,12 +1095,12 @@ def _prepare(query, key, value, out, stats, gluon_plan):
     meta = dict(CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=tile_dim(D),
                 STAGES=stages, num_warps=warps)
     if ws:
-        meta["PINGPONG"] = ws == PINGPONG
+        meta["PINGPONG"] = ws in (PINGPONG, PERSISTENT_PINGPONG)
     # (launcher, grid, trailing arguments) of an unmasked and a masked call: an unmasked
     # launch carries no mask arguments; the persistent program takes masked calls to the
     # warp-specialized kernel
     masked = (_WS_MASKED_LAUNCH if ws else _MASKED_LAUNCH, grid, ())
-    if ws == PERSISTENT:
+    if ws in (PERSISTENT, PERSISTENT_PINGPONG):
         if block_m != 128:
             raise ValueError(f"the persistent program takes two consumers (BLOCK_M 128), not "
                              f"BLOCK_M {block_m}")
