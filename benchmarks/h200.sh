@@ -53,8 +53,9 @@
 #                three-stage persistent forward (ATTENTION_ORACLE_GLUON_VARIANTS=1), then
 #                benchmarks.causal_order (sections 0, 32 and 128 MiB; D 64, 128; L 1k, 4k) and
 #                benchmarks.sdpa_gluon at D 64 with two and three stages (L 1k-16k, causal and not)
-#   pingpong     the persistent Gluon forward with ping-pong consumers (PERSISTENT_PINGPONG): its
-#                variant tests, benchmarks.sdpa_gluon beside the default (D 64, 128; PINGPONG_SHAPES,
+#   fwdforms     the persistent Gluon forward's variant forms: ping-pong consumers
+#                (PERSISTENT_PINGPONG), the causal diagonal's half tile (PERSISTENT_HALF), both: their
+#                variant tests, benchmarks.sdpa_gluon beside the default (D 64, 128; FORMS_SHAPES,
 #                L 1k and 4k), Nsight Compute on D 64's causal L 1k forward and backward (fast, cuDNN)
 #   tunevar      the Triton backward's tuning run to run (docs/FINDINGS.md F91): TUNE_RUNS (4)
 #                runs of benchmarks.sdpa_gluon_bwd at D 64 L 1k causal, each from an empty Triton
@@ -466,20 +467,21 @@ task_order() {
     note "benchmarks.sdpa_gluon D 64, two and three stages: exit $?"; grep -v "^{" "$d/gluon.log" | tail -16
 }
 
-# the persistent forward's ping-pong consumers (PERSISTENT_PINGPONG) beside the default: the
-# variant tests, benchmarks.sdpa_gluon (default, ping-pong, ping-pong on three stages; D 64 and
-# 128, L 1k and 4k), then Nsight Compute on the causal L 1k rows at D 64 (forward: fast, cuDNN,
-# the ping-pong program; backward: fast, cuDNN) when ncu is there
-task_pingpong() {
+# the persistent forward's variant forms beside the default: the variant tests, then
+# benchmarks.sdpa_gluon with the default, its ping-pong consumers (PERSISTENT_PINGPONG), the
+# causal diagonal's half tile (PERSISTENT_HALF) and both (D 64 and 128, L 1k and 4k), then
+# Nsight Compute on the causal L 1k rows at D 64 (forward: fast, cuDNN, the ping-pong program;
+# backward: fast, cuDNN) when ncu is there
+task_fwdforms() {
     local d=$1
     ATTENTION_ORACLE_GLUON_VARIANTS=1 timeout 150 "$PY" -m pytest -p no:cacheprovider -q -n 8 -rfE \
         --tb=short "$TESTS/test_fast_sdpa_gluon.py" -k "persistent_program_variants" \
         > "$d/tests.log" 2>&1
     note "persistent variant tests: exit $?"; tail -3 "$d/tests.log" | cut -c1-300
-    timeout "${PINGPONG_S:-240}" "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,3 \
-        128,128,2,4,4 128,128,3,4,4 --shapes "${PINGPONG_SHAPES:-0,1}" --dims 64,128 \
-        --json "$d/gluon_pingpong.json" > "$d/gluon.log" 2>&1
-    note "benchmarks.sdpa_gluon, persistent and ping-pong: exit $?"; grep -v "^{" "$d/gluon.log" | tail -30
+    timeout "${FORMS_S:-240}" "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,3 \
+        128,128,2,4,4 128,128,2,4,5 128,128,2,4,6 --shapes "${FORMS_SHAPES:-0,1}" --dims 64,128 \
+        --json "$d/gluon_forms.json" > "$d/gluon.log" 2>&1
+    note "benchmarks.sdpa_gluon, the persistent forms: exit $?"; grep -v "^{" "$d/gluon.log" | tail -30
     if command -v ncu > /dev/null; then
         timeout 150 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
             --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
@@ -562,7 +564,7 @@ task_prefetch() {
 }
 
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,order,pingpong,tunevar,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,order,fwdforms,tunevar,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
     exit 2
 }
 
@@ -574,7 +576,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|pingpong|tunevar|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|fwdforms|tunevar|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done

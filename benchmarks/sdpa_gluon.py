@@ -137,12 +137,12 @@ def _config(text):
     """"BLOCK_M,BLOCK_N,STAGES,num_warps[,WS]" -> sdpa_fwd_gluon.CONFIG (WS 1: the
     warp-specialized kernel; 2: its ping-pong form, sdpa_fwd_gluon.PINGPONG; 3: its
     persistent program, sdpa_fwd_gluon.PERSISTENT; 4: that with ping-pong consumers,
-    sdpa_fwd_gluon.PERSISTENT_PINGPONG)."""
+    PERSISTENT_PINGPONG; 5 and 6: those two with the causal diagonal's half tile,
+    PERSISTENT_HALF and PERSISTENT_PINGPONG_HALF)."""
     c = [int(x) for x in text.split(",")]
     ws = c[4] if len(c) > 4 else 0
     g = sdpa_fwd_gluon
-    return (*c[:4], ws if ws in (g.PINGPONG, g.PERSISTENT, g.PERSISTENT_PINGPONG)
-            else bool(ws))
+    return (*c[:4], ws if ws == g.PINGPONG or ws in g.PERSISTENT_FORMS else bool(ws))
 
 
 def host_overhead(D=128):

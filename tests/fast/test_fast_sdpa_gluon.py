@@ -587,15 +587,20 @@ def test_persistent_program_on_small_calls(case, persistent_everywhere, gen, mon
 @pytest.mark.parametrize("L,S,D", [(1000, 997, 64), (777, 300, 40), (300, 777, 64), (1, 129, 64),
                                    (1000, 997, 128)])
 @pytest.mark.parametrize("is_causal", [False, True])
-@pytest.mark.parametrize("config", [(128, 128, 3, 4, 3), (128, 128, 2, 4, 4), (128, 128, 3, 4, 4)],
-                         ids=["three_stages", "pingpong", "three_stages_pingpong"])
+@pytest.mark.parametrize("config", [(128, 128, 3, 4, 3), (128, 128, 2, 4, 4), (128, 128, 3, 4, 4),
+                                    (128, 128, 2, 4, 5), (128, 128, 2, 4, 6)],
+                         ids=["three_stages", "pingpong", "three_stages_pingpong", "half_diagonal",
+                              "pingpong_half_diagonal"])
 def test_persistent_program_variants(config, L, S, D, is_causal, gen, monkeypatch):
     """The persistent program's variant configs (not the defaults until they pass on the
-    device): a three-stage key ring, and the consumers taking turns to issue their products
+    device): a three-stage key ring; the consumers taking turns to issue their products
     (PERSISTENT_PINGPONG: the turns counted on across a program's blocks, a block of n tiles
-    n + 1 rounds; 7 blocks a row at L 777, whose middle one pairs with none). 4 programs,
-    several pairs of query blocks each, ragged lengths both ways, a head dim below the tile's."""
-    assert config[4] in (sdpa_fwd_gluon.PERSISTENT, sdpa_fwd_gluon.PERSISTENT_PINGPONG)
+    n + 1 rounds; 7 blocks a row at L 777, whose middle one pairs with none); the first
+    consumer's causal diagonal tile on its first half of keys (PERSISTENT_HALF: after full
+    tiles, alone where a block has one key tile (L 1), and not at all where the block's last
+    tile ends before its rows (S 300 < L 777)). 4 programs, several pairs of query blocks each,
+    ragged lengths both ways, a head dim below the tile's."""
+    assert config[4] in sdpa_fwd_gluon.PERSISTENT_FORMS
     monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", config)
     monkeypatch.setattr(sdpa_fwd_gluon, "_sm_count", lambda device: 4)
     monkeypatch.setattr(sdpa_fwd_gluon, "_PREPARED", {})

@@ -91,8 +91,8 @@ def _sdpa_fwd(head_dim, causal, pingpong=False, config=None, mask="*fp32"):
     kernel = {(True, False): g.sdpa_fwd_gluon_ws_kernel, (False, False): g.sdpa_fwd_gluon_kernel,
               (True, True): g.sdpa_fwd_gluon_ws_masked_kernel,
               (False, True): g.sdpa_fwd_gluon_masked_kernel}[bool(ws), mask != "*fp32"]
-    if ws in (g.PERSISTENT, g.PERSISTENT_PINGPONG):
-        pingpong = pingpong or ws == g.PERSISTENT_PINGPONG
+    if ws in g.PERSISTENT_FORMS:
+        pingpong = pingpong or ws in g.PINGPONG_FORMS
         kernel = g.sdpa_fwd_gluon_ws_persistent_kernel
     signature = dict(_SDPA_SCALARS, Mask=mask,
                      q_desc=_descriptor(64 if ws and bm == 192 else bm, head_dim),
@@ -102,6 +102,8 @@ def _sdpa_fwd(head_dim, causal, pingpong=False, config=None, mask="*fp32"):
                       num_warps=warps)
     if ws:
         constexprs["PINGPONG"] = pingpong
+    if ws in (g.PERSISTENT_HALF, g.PERSISTENT_PINGPONG_HALF):
+        constexprs["HALF_DIAG"] = True
     return _compile(kernel, signature, constexprs, ["Stats", "Mask"])
 
 
@@ -139,6 +141,7 @@ THREE_CONSUMERS = (192, 128, 2, 4, True)
 # the default tile as a persistent program
 PERSISTENT_TILE = (128, 128, 2, 4, 3)  # sdpa_fwd_gluon.PERSISTENT
 PERSISTENT_PINGPONG_TILE = (128, 128, 2, 4, 4)  # sdpa_fwd_gluon.PERSISTENT_PINGPONG
+PERSISTENT_HALF_TILE = (128, 128, 2, 4, 5)  # sdpa_fwd_gluon.PERSISTENT_HALF
 
 
 def variants():
@@ -170,6 +173,10 @@ def variants():
             64, True, config=PERSISTENT_PINGPONG_TILE),
         "sdpa_fwd_d128_persistent_pingpong": lambda: _sdpa_fwd(
             128, False, config=PERSISTENT_PINGPONG_TILE),
+        "sdpa_fwd_d64_causal_persistent_half": lambda: _sdpa_fwd(
+            64, True, config=PERSISTENT_HALF_TILE),
+        "sdpa_fwd_d128_causal_persistent_half": lambda: _sdpa_fwd(
+            128, True, config=PERSISTENT_HALF_TILE),
         "sdpa_fwd_d256_causal": lambda: _sdpa_fwd(256, True,
                                                   config=sdpa_fwd_gluon.TILE_CONFIGS[256]),
         "sdpa_fwd_d64_add_mask": lambda: _sdpa_fwd(64, False, mask="*bf16"),

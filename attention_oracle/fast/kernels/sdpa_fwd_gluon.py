@@ -91,6 +91,15 @@ PERSISTENT = 3
 # as its two products take the tensor cores, so one consumer's softmax can run under the
 # other's products); not yet timed
 PERSISTENT_PINGPONG = 4
+# WS=PERSISTENT_HALF (and PERSISTENT_PINGPONG_HALF, with ping-pong consumers): the persistent
+# program whose first consumer computes each causal diagonal key tile on the first half of its
+# keys (its 64 rows see no key past them; a quarter of the diagonal tile's products and
+# exponentials, about 6% of a causal L 1k forward's); not yet timed
+PERSISTENT_HALF = 5
+PERSISTENT_PINGPONG_HALF = 6
+# the persistent forms, and those with ping-pong consumers
+PERSISTENT_FORMS = (PERSISTENT, PERSISTENT_PINGPONG, PERSISTENT_HALF, PERSISTENT_PINGPONG_HALF)
+PINGPONG_FORMS = (PINGPONG, PERSISTENT_PINGPONG, PERSISTENT_PINGPONG_HALF)
 # each head-dim tile's config (tile_config): the persistent program; at 256 columns 64-key
 # stages (128-key ones would need 320 KiB of shared memory; this one 197 KiB, no spills
 # offline, sm_90a). Three stages at 64 columns timed 1.04-1.07x two causal on the H200 and
@@ -446,7 +455,8 @@ if GLUON_AVAILABLE:
                       start_m, free_hi, n_tiles, L, S, qk_scale, it0, rnd0, ROW0: gl.constexpr,
                       CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
                       HEAD_D: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr,
-                      NEXT: gl.constexpr, PINGPONG: gl.constexpr, RELEASE_LAST: gl.constexpr):
+                      NEXT: gl.constexpr, PINGPONG: gl.constexpr, RELEASE_LAST: gl.constexpr,
+                      HALF_DIAG: gl.constexpr = False):
         """:func:`_ws_consumer`'s work on one query block whose Q (``q_rows``, this
         consumer's rows, in ``q_tile``) has landed: its key tiles are the rings' it0, it0 + 1,
         ... (the count of tiles taken before it: a persistent program's blocks share the
@@ -460,7 +470,11 @@ if GLUON_AVAILABLE:
         the persistent program by pairs of query blocks"). Under PINGPONG its rounds (n_tiles
         + 1: S_0, then S_j with P_{j-1} V_{j-1}, then the last P.V) are ``rnd0``, ``rnd0 +
         1``, ...: the count of rounds of the blocks before it, so the turns run on across a
-        persistent program's blocks (both consumers take the same blocks)."""
+        persistent program's blocks (both consumers take the same blocks). HALF_DIAG (causal):
+        a consumer whose rows all end before the middle of the block's last key tile (the first
+        of two 64-row consumers on a 128 x 128 block: the diagonal tile) computes that tile on
+        its first BLOCK_N / 2 keys alone, the others all masked for its rows
+        (:func:`_half_tile_last`, :func:`_half_tile_only`)."""
         dtype: gl.constexpr = q_rows.dtype
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -476,70 +490,86 @@ if GLUON_AVAILABLE:
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.zeros([ROWS], gl.float32, layout=row_s)
 
-        first = it0 % STAGES
-        mbarrier.wait(k_full.index(first), (it0 // STAGES) & 1)
-        if PINGPONG:
-            _take_turn(turn, ME, rnd0)
-        s_tok = warpgroup_mma(q_rows, _tile_view(k_ring, first, BLOCK_N, HEAD_D).permute((1, 0)),
-                              s_zero, use_acc=False, is_async=True)
-        if PINGPONG:
-            _release(turn, NEXT)
-        if prev_qb >= 0:
-            tma.store_wait(pendings=0)
-            _release(q_empty, prev_qb)
-        s = warpgroup_mma_wait(0, deps=(s_tok, ))
-        _release(k_empty, first)
-        if free_hi > 0:
-            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
-                                               s_mn, s_layout, False, CAUSAL, ROWS, BLOCK_N)
+        # the diagonal tile on its first half of keys (HALF_DIAG): n_full full tiles before it
+        n_full = n_tiles
+        if HALF_DIAG and CAUSAL and ROWS * 2 == BLOCK_N:
+            n_full = n_tiles - (row_m + ROWS <= (n_tiles - 1) * BLOCK_N + ROWS).to(gl.int32)
+        if n_full == 0:  # the block's one key tile is its diagonal
+            acc, m_i, l_i = _half_tile_only(
+                q_rows, k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, q_empty, prev_qb,
+                acc, m_i, l_i, row_m, L, S, qk_scale, Mask, s_mm, s_mn, it0, rnd0, CAUSAL, ROWS,
+                BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG, RELEASE_LAST)
         else:
-            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
-                                               s_mn, s_layout, True, CAUSAL, ROWS, BLOCK_N)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        alpha_o = gl.convert_layout(alpha, row_o)
-
-        for j in range(1, n_tiles):
-            stage = (it0 + j) % STAGES
-            prev = (it0 + j - 1) % STAGES
-            mbarrier.wait(k_full.index(stage), ((it0 + j) // STAGES) & 1)
-            k_t = _tile_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0))
+            first = it0 % STAGES
+            mbarrier.wait(k_full.index(first), (it0 // STAGES) & 1)
             if PINGPONG:
-                _take_turn(turn, ME, rnd0 + j)
-            s_tok = warpgroup_mma(q_rows, k_t, s_zero, use_acc=False, is_async=True)
-            acc = acc * alpha_o[:, None]
-            mbarrier.wait(v_full.index(prev), ((it0 + j - 1) // STAGES) & 1)
-            o_tok = warpgroup_mma(p_op, _tile_view(v_ring, prev, BLOCK_N, HEAD_D), acc,
-                                  is_async=True)
+                _take_turn(turn, ME, rnd0)
+            s_tok = warpgroup_mma(q_rows, _tile_view(k_ring, first, BLOCK_N, HEAD_D).permute((1, 0)),
+                                  s_zero, use_acc=False, is_async=True)
             if PINGPONG:
                 _release(turn, NEXT)
-            s = warpgroup_mma_wait(1, deps=(s_tok, ))
-            _release(k_empty, stage)
-            start_n = j * BLOCK_N
-            if start_n < free_hi:
-                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, L, S, qk_scale,
-                                                   Mask, s_mm, s_mn, s_layout, False, CAUSAL, ROWS,
-                                                   BLOCK_N)
+            if prev_qb >= 0:
+                tma.store_wait(pendings=0)
+                _release(q_empty, prev_qb)
+            s = warpgroup_mma_wait(0, deps=(s_tok, ))
+            _release(k_empty, first)
+            if free_hi > 0:
+                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
+                                                   s_mn, s_layout, False, CAUSAL, ROWS, BLOCK_N)
             else:
-                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, L, S, qk_scale,
-                                                   Mask, s_mm, s_mn, s_layout, True, CAUSAL, ROWS,
-                                                   BLOCK_N)
-            acc = warpgroup_mma_wait(0, deps=(o_tok, ))
-            _release(v_empty, prev)
+                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
+                                                   s_mn, s_layout, True, CAUSAL, ROWS, BLOCK_N)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             alpha_o = gl.convert_layout(alpha, row_o)
 
-        last = (it0 + n_tiles - 1) % STAGES
-        acc = acc * alpha_o[:, None]
-        mbarrier.wait(v_full.index(last), ((it0 + n_tiles - 1) // STAGES) & 1)
-        if PINGPONG:
-            _take_turn(turn, ME, rnd0 + n_tiles)
-        o_tok = warpgroup_mma(p_op, _tile_view(v_ring, last, BLOCK_N, HEAD_D), acc,
-                              is_async=True)
-        if PINGPONG:
-            _release(turn, NEXT)
-        acc = warpgroup_mma_wait(0, deps=(o_tok, ))
-        if RELEASE_LAST:
-            _release(v_empty, last)
+            for j in range(1, n_full):
+                stage = (it0 + j) % STAGES
+                prev = (it0 + j - 1) % STAGES
+                mbarrier.wait(k_full.index(stage), ((it0 + j) // STAGES) & 1)
+                k_t = _tile_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0))
+                if PINGPONG:
+                    _take_turn(turn, ME, rnd0 + j)
+                s_tok = warpgroup_mma(q_rows, k_t, s_zero, use_acc=False, is_async=True)
+                acc = acc * alpha_o[:, None]
+                mbarrier.wait(v_full.index(prev), ((it0 + j - 1) // STAGES) & 1)
+                o_tok = warpgroup_mma(p_op, _tile_view(v_ring, prev, BLOCK_N, HEAD_D), acc,
+                                      is_async=True)
+                if PINGPONG:
+                    _release(turn, NEXT)
+                s = warpgroup_mma_wait(1, deps=(s_tok, ))
+                _release(k_empty, stage)
+                start_n = j * BLOCK_N
+                if start_n < free_hi:
+                    p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, L, S, qk_scale,
+                                                       Mask, s_mm, s_mn, s_layout, False, CAUSAL, ROWS,
+                                                       BLOCK_N)
+                else:
+                    p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, L, S, qk_scale,
+                                                       Mask, s_mm, s_mn, s_layout, True, CAUSAL, ROWS,
+                                                       BLOCK_N)
+                acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+                _release(v_empty, prev)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+                alpha_o = gl.convert_layout(alpha, row_o)
+
+            if n_full < n_tiles:  # the diagonal's first half, after P_{n_full - 1} V_{n_full - 1}
+                acc, m_i, l_i = _half_tile_last(
+                    q_rows, k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, acc, p_op,
+                    alpha_o, m_i, l_i, row_m, L, S, qk_scale, Mask, s_mm, s_mn, it0, rnd0, n_full,
+                    CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG, RELEASE_LAST)
+            else:
+                last = (it0 + n_tiles - 1) % STAGES
+                acc = acc * alpha_o[:, None]
+                mbarrier.wait(v_full.index(last), ((it0 + n_tiles - 1) // STAGES) & 1)
+                if PINGPONG:
+                    _take_turn(turn, ME, rnd0 + n_tiles)
+                o_tok = warpgroup_mma(p_op, _tile_view(v_ring, last, BLOCK_N, HEAD_D), acc,
+                                      is_async=True)
+                if PINGPONG:
+                    _release(turn, NEXT)
+                acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+                if RELEASE_LAST:
+                    _release(v_empty, last)
 
         l_o = gl.convert_layout(l_i, row_o)
         out = acc / gl.where(l_o == 0.0, 1.0, l_o)[:, None]
@@ -550,6 +580,120 @@ if GLUON_AVAILABLE:
         tma.async_copy_shared_to_global(o_desc, [z1, z2, h, row_m, 0], q_tile)
         offs_m = row_m + gl.arange(0, ROWS, layout=row_s)
         _store_row_stats(Stats, s_stat, Mask, pid_bh, offs_m, L, m_i, l_i)
+
+    @gluon.jit
+    def _half_view(ring, stage, BLOCK: gl.constexpr, HEAD_D: gl.constexpr):
+        """The first BLOCK / 2 rows of one stage of a TMA ring (:func:`_tile_view`)."""
+        return _tile_view(ring, stage, BLOCK, HEAD_D).slice(0, BLOCK // 2)
+
+    @gluon.jit
+    def _half_softmax(s, m_i, l_i, row_m, start_n, L, S, qk_scale, Mask, s_mm, s_mn,
+                      h_layout: gl.constexpr, row_s: gl.constexpr, CAUSAL: gl.constexpr,
+                      ROWS: gl.constexpr, HALF: gl.constexpr):
+        """:func:`_tile_softmax` (masked) of a diagonal half tile ``s [ROWS, HALF]``, the row
+        statistics taken from and returned in the full tiles' row layout ``row_s``."""
+        row_h: gl.constexpr = gl.SliceLayout(1, h_layout)
+        p, alpha, m_h, l_h = _tile_softmax(s, gl.convert_layout(m_i, row_h),
+                                           gl.convert_layout(l_i, row_h), row_m, start_n, L, S,
+                                           qk_scale, Mask, s_mm, s_mn, h_layout, True, CAUSAL,
+                                           ROWS, HALF)
+        return p, alpha, gl.convert_layout(m_h, row_s), gl.convert_layout(l_h, row_s)
+
+    @gluon.jit
+    def _half_tile_last(q_rows, k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, acc, p_op,
+                        alpha_o, m_i, l_i, row_m, L, S, qk_scale, Mask, s_mm, s_mn, it0, rnd0,
+                        n_full, CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                        HEAD_D: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr,
+                        NEXT: gl.constexpr, PINGPONG: gl.constexpr, RELEASE_LAST: gl.constexpr):
+        """:func:`_consume_item`'s last two rounds where its last key tile (ring item it0 +
+        n_full, keys from n_full * BLOCK_N) is the diagonal whose first half alone this
+        consumer's rows see: S on that half with the P.V of the tile before (``p_op``,
+        ``alpha_o`` its rescale), then P.V on the half. Returns (acc, m_i, l_i)."""
+        HALF: gl.constexpr = BLOCK_N // 2
+        dtype: gl.constexpr = q_rows.dtype
+        h_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
+        p_layout: gl.constexpr = p_op.type.layout
+        row_o: gl.constexpr = alpha_o.type.layout
+        row_s: gl.constexpr = m_i.type.layout
+        stage = (it0 + n_full) % STAGES
+        prev = (it0 + n_full - 1) % STAGES
+        mbarrier.wait(k_full.index(stage), ((it0 + n_full) // STAGES) & 1)
+        if PINGPONG:
+            _take_turn(turn, ME, rnd0 + n_full)
+        s_tok = warpgroup_mma(q_rows, _half_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0)),
+                              gl.zeros([ROWS, HALF], gl.float32, layout=h_layout), use_acc=False,
+                              is_async=True)
+        acc = acc * alpha_o[:, None]
+        mbarrier.wait(v_full.index(prev), ((it0 + n_full - 1) // STAGES) & 1)
+        o_tok = warpgroup_mma(p_op, _tile_view(v_ring, prev, BLOCK_N, HEAD_D), acc, is_async=True)
+        if PINGPONG:
+            _release(turn, NEXT)
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))
+        _release(k_empty, stage)
+        p, alpha, m_i, l_i = _half_softmax(s, m_i, l_i, row_m, n_full * BLOCK_N, L, S, qk_scale,
+                                           Mask, s_mm, s_mn, h_layout, row_s, CAUSAL, ROWS, HALF)
+        acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+        _release(v_empty, prev)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        ph_op = gl.convert_layout(p.to(dtype), p_layout)
+        mbarrier.wait(v_full.index(stage), ((it0 + n_full) // STAGES) & 1)
+        if PINGPONG:
+            _take_turn(turn, ME, rnd0 + n_full + 1)
+        o_tok = warpgroup_mma(ph_op, _half_view(v_ring, stage, BLOCK_N, HEAD_D), acc,
+                              is_async=True)
+        if PINGPONG:
+            _release(turn, NEXT)
+        acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+        if RELEASE_LAST:
+            _release(v_empty, stage)
+        return acc, m_i, l_i
+
+    @gluon.jit
+    def _half_tile_only(q_rows, k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, q_empty,
+                        prev_qb, acc, m_i, l_i, row_m, L, S, qk_scale, Mask, s_mm, s_mn, it0, rnd0,
+                        CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+                        HEAD_D: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr,
+                        NEXT: gl.constexpr, PINGPONG: gl.constexpr, RELEASE_LAST: gl.constexpr):
+        """:func:`_consume_item`'s two rounds where its one key tile (ring item it0, keys from
+        0) is the diagonal whose first half alone this consumer's rows see; frees the block
+        before's Q buffer (``prev_qb``) as the full-tile path does. Returns (acc, m_i, l_i)
+        (``acc`` zero on entry)."""
+        HALF: gl.constexpr = BLOCK_N // 2
+        dtype: gl.constexpr = q_rows.dtype
+        h_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout,
+                                                     k_width=2)
+        row_s: gl.constexpr = m_i.type.layout
+        stage = it0 % STAGES
+        mbarrier.wait(k_full.index(stage), (it0 // STAGES) & 1)
+        if PINGPONG:
+            _take_turn(turn, ME, rnd0)
+        s_tok = warpgroup_mma(q_rows, _half_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0)),
+                              gl.zeros([ROWS, HALF], gl.float32, layout=h_layout), use_acc=False,
+                              is_async=True)
+        if PINGPONG:
+            _release(turn, NEXT)
+        if prev_qb >= 0:
+            tma.store_wait(pendings=0)
+            _release(q_empty, prev_qb)
+        s = warpgroup_mma_wait(0, deps=(s_tok, ))
+        _release(k_empty, stage)
+        p, alpha, m_i, l_i = _half_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
+                                           s_mn, h_layout, row_s, CAUSAL, ROWS, HALF)
+        ph_op = gl.convert_layout(p.to(dtype), p_layout)
+        mbarrier.wait(v_full.index(stage), (it0 // STAGES) & 1)
+        if PINGPONG:
+            _take_turn(turn, ME, rnd0 + 1)
+        o_tok = warpgroup_mma(ph_op, _half_view(v_ring, stage, BLOCK_N, HEAD_D), acc,
+                              use_acc=False, is_async=True)
+        if PINGPONG:
+            _release(turn, NEXT)
+        acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+        if RELEASE_LAST:
+            _release(v_empty, stage)
+        return acc, m_i, l_i
 
     @gluon.jit
     def _take_turn(turn, me, rnd):
@@ -802,12 +946,14 @@ if GLUON_AVAILABLE:
                             qk_scale, n_bh, n_m, pid, n_prog, ROW0: gl.constexpr,
                             CAUSAL: gl.constexpr,
                             ROWS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                            STAGES: gl.constexpr):
+                            STAGES: gl.constexpr, HALF_DIAG: gl.constexpr = False):
         """Consumer ROW0 // ROWS over the program's query blocks: :func:`_consume_item` on its
         rows of each; a block's Q buffer (holding its out until the TMA store has read it) is
         freed for the block two ahead early in the next block (``_consume_item``'s
         ``prev_qb``). Two ``turn`` barriers: the consumers take turns to issue their products
-        (PINGPONG), their rounds counted on across blocks (a block of n tiles has n + 1)."""
+        (PINGPONG), their rounds counted on across blocks (a block of n tiles has n + 1).
+        HALF_DIAG: the first consumer takes each causal diagonal tile on its first half of keys
+        (:func:`_consume_item`)."""
         BLOCK_M: gl.constexpr = q_smem.shape[4]
         ME: gl.constexpr = ROW0 // ROWS
         NEXT: gl.constexpr = (ME + 1) % (BLOCK_M // ROWS)
@@ -831,7 +977,7 @@ if GLUON_AVAILABLE:
                                   k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn,
                                   q_empty, prev_qb, z1, z2, h, pid_bh, start_m, free_hi, n_tiles,
                                   L, S, qk_scale, it, it + t, ROW0, CAUSAL, ROWS, BLOCK_N, HEAD_D,
-                                  STAGES, ME, NEXT, PINGPONG, True)
+                                  STAGES, ME, NEXT, PINGPONG, True, HALF_DIAG)
                     prev_qb = qb
                     it += n_tiles
                     t += 1
@@ -865,14 +1011,18 @@ if GLUON_AVAILABLE:
                                             CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                                             BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                                             STAGES: gl.constexpr, num_warps: gl.constexpr,
-                                            PINGPONG: gl.constexpr = False):
+                                            PINGPONG: gl.constexpr = False,
+                                            HALF_DIAG: gl.constexpr = False):
         """:func:`_ws_program` as a persistent program (CONFIG's WS = PERSISTENT): grid (at
         most one program an SM); program p takes the pairs of query blocks p, p + grid, ...
         (:func:`_pair_item`: n_bh * cdiv(n_m, 2) pairs of the n_m = cdiv(L, BLOCK_M) blocks
         a row); BLOCK_M 128 (two consumers), Q in
         two buffers (a block's Q loads while the block before runs), the K/V rings' stages
         counted on across blocks; unmasked. PINGPONG (CONFIG's WS = PERSISTENT_PINGPONG): the
-        consumers take turns to issue their products, their rounds counted across blocks."""
+        consumers take turns to issue their products, their rounds counted across blocks.
+        HALF_DIAG (WS = PERSISTENT_HALF or PERSISTENT_PINGPONG_HALF), causal: the first consumer
+        computes each diagonal key tile on the first 64 keys its rows see (the default
+        partition; the second consumer's rows see the whole tile)."""
         ROWS: gl.constexpr = 64
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
@@ -914,7 +1064,7 @@ if GLUON_AVAILABLE:
         if CAUSAL:
             gl.warp_specialize([
                 (_persistent_consume,
-                 consumer_args + (0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES)),
+                 consumer_args + (0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, HALF_DIAG)),
                 (_persistent_consumer_hi_causal, consumer_args),
                 (_persistent_producer_causal, producer_args),
             ], [4, 1], [WORKER_REGS, PRODUCER_REGS])
@@ -992,7 +1142,7 @@ def persistent_runs(q_shape, device):
     program under its tile's config (:func:`tile_config`): at least as many pairs of query
     blocks as the device has SMs (fewer run the one-block kernel, :func:`_prepare`)."""
     block_m, _, _, _, ws = tile_config(tile_dim(q_shape[-1]))
-    if ws not in (PERSISTENT, PERSISTENT_PINGPONG):
+    if ws not in PERSISTENT_FORMS:
         return False
     blocks = -(-q_shape[-2] // block_m)
     pairs = -(-blocks // 2)
@@ -1095,12 +1245,14 @@ def _prepare(query, key, value, out, stats, gluon_plan):
     meta = dict(CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_D=tile_dim(D),
                 STAGES=stages, num_warps=warps)
     if ws:
-        meta["PINGPONG"] = ws in (PINGPONG, PERSISTENT_PINGPONG)
+        meta["PINGPONG"] = ws in PINGPONG_FORMS
+    if ws in (PERSISTENT_HALF, PERSISTENT_PINGPONG_HALF):
+        meta["HALF_DIAG"] = True
     # (launcher, grid, trailing arguments) of an unmasked and a masked call: an unmasked
     # launch carries no mask arguments; the persistent program takes masked calls to the
     # warp-specialized kernel
     masked = (_WS_MASKED_LAUNCH if ws else _MASKED_LAUNCH, grid, ())
-    if ws in (PERSISTENT, PERSISTENT_PINGPONG):
+    if ws in PERSISTENT_FORMS:
         if block_m != 128:
             raise ValueError(f"the persistent program takes two consumers (BLOCK_M 128), not "
                              f"BLOCK_M {block_m}")
