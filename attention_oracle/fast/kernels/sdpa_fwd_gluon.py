@@ -490,11 +490,17 @@ if GLUON_AVAILABLE:
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.zeros([ROWS], gl.float32, layout=row_s)
 
-        # the diagonal tile on its first half of keys (HALF_DIAG): n_full full tiles before it
+        # the diagonal tile on its first half of keys (HALF_DIAG): n_full full tiles before it.
+        # Without HALF_DIAG half_only and half_last stay constexpr False, so that the half
+        # tile's code is not compiled into the kernel at all
         n_full = n_tiles
+        half_only = False
+        half_last = False
         if HALF_DIAG and CAUSAL and ROWS * 2 == BLOCK_N:
             n_full = n_tiles - (row_m + ROWS <= (n_tiles - 1) * BLOCK_N + ROWS).to(gl.int32)
-        if n_full == 0:  # the block's one key tile is its diagonal
+            half_only = n_full == 0
+            half_last = n_full < n_tiles
+        if half_only:  # the block's one key tile is its diagonal
             acc, m_i, l_i = _half_tile_only(
                 q_rows, k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, q_empty, prev_qb,
                 acc, m_i, l_i, row_m, L, S, qk_scale, Mask, s_mm, s_mn, it0, rnd0, CAUSAL, ROWS,
@@ -552,7 +558,7 @@ if GLUON_AVAILABLE:
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
                 alpha_o = gl.convert_layout(alpha, row_o)
 
-            if n_full < n_tiles:  # the diagonal's first half, after P_{n_full - 1} V_{n_full - 1}
+            if half_last:  # the diagonal's first half, after P_{n_full - 1} V_{n_full - 1}
                 acc, m_i, l_i = _half_tile_last(
                     q_rows, k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, acc, p_op,
                     alpha_o, m_i, l_i, row_m, L, S, qk_scale, Mask, s_mm, s_mn, it0, rnd0, n_full,
