@@ -474,19 +474,19 @@ task_order() {
 # backward: fast, cuDNN) when ncu is there
 task_fwdforms() {
     local d=$1
-    ATTENTION_ORACLE_GLUON_VARIANTS=1 timeout 150 "$PY" -m pytest -p no:cacheprovider -q -n 8 -rfE \
-        --tb=short "$TESTS/test_fast_sdpa_gluon.py" -k "persistent_program_variants" \
+    ATTENTION_ORACLE_GLUON_VARIANTS=1 timeout "${FORMS_TESTS_S:-150}" "$PY" -m pytest -p no:cacheprovider \
+        -q -n 12 -rfE --tb=short "$TESTS/test_fast_sdpa_gluon.py" -k "persistent_program_variants" \
         > "$d/tests.log" 2>&1
     note "persistent variant tests: exit $?"; tail -3 "$d/tests.log" | cut -c1-300
     timeout "${FORMS_S:-240}" "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,3 \
         128,128,2,4,4 128,128,2,4,5 128,128,2,4,6 --shapes "${FORMS_SHAPES:-0,1}" --dims 64,128 \
-        --json "$d/gluon_forms.json" > "$d/gluon.log" 2>&1
+        --rounds "${FORMS_ROUNDS:-3}" --json "$d/gluon_forms.json" > "$d/gluon.log" 2>&1
     note "benchmarks.sdpa_gluon, the persistent forms: exit $?"; grep -v "^{" "$d/gluon.log" | tail -30
     if command -v ncu > /dev/null; then
-        timeout 150 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+        timeout "${FORMS_NCU_S:-150}" ncu --clock-control none --profile-from-start off --section SpeedOfLight \
             --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
             --section MemoryWorkloadAnalysis --section Occupancy "$PY" -m benchmarks.profile_kernels \
-            --only sdpa_fwd_fast_1k_causal_d64,sdpa_fwd_cudnn_1k_causal_d64,sdpa_bwd_1k_causal_d64_fast,sdpa_bwd_1k_causal_d64_cudnn,sdpa_fwd_gluon_pingpong_1k_causal_d64 \
+            --only "${FORMS_NCU:-sdpa_fwd_fast_1k_causal_d64,sdpa_fwd_cudnn_1k_causal_d64,sdpa_bwd_1k_causal_d64_fast,sdpa_bwd_1k_causal_d64_cudnn,sdpa_fwd_gluon_pingpong_1k_causal_d64}" \
             > "$d/ncu.txt" 2>&1
         note "ncu: exit $?"
         grep -E "^== workload|^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|Issue Slots Busy|No Eligible|Eligible Warps|Registers Per|Achieved Occupancy|Grid Size|Block Size" \
