@@ -475,11 +475,11 @@ task_order() {
 task_fwdforms() {
     local d=$1
     ATTENTION_ORACLE_GLUON_VARIANTS=1 timeout "${FORMS_TESTS_S:-150}" "$PY" -m pytest -p no:cacheprovider \
-        -q -n 12 -rfE --tb=short "$TESTS/test_fast_sdpa_gluon.py" -k "persistent_program_variants" \
+        -q -n 12 -rfE --tb=short "$TESTS/test_fast_sdpa_gluon.py" -k "${FORMS_TESTS_K:-persistent_program_variants}" \
         > "$d/tests.log" 2>&1
     note "persistent variant tests: exit $?"; tail -3 "$d/tests.log" | cut -c1-300
-    timeout "${FORMS_S:-240}" "$PY" -m benchmarks.sdpa_gluon --configs 128,128,2,4,3 \
-        128,128,2,4,4 128,128,2,4,5 128,128,2,4,6 --shapes "${FORMS_SHAPES:-0,1}" --dims "${FORMS_DIMS:-64,128}" \
+    timeout "${FORMS_S:-240}" "$PY" -m benchmarks.sdpa_gluon --configs ${FORMS_CONFIGS:-128,128,2,4,3 \
+        128,128,2,4,4 128,128,2,4,5 128,128,2,4,6} --shapes "${FORMS_SHAPES:-0,1}" --dims "${FORMS_DIMS:-64,128}" \
         --rounds "${FORMS_ROUNDS:-3}" --json "$d/gluon_forms.json" > "$d/gluon.log" 2>&1
     note "benchmarks.sdpa_gluon, the persistent forms: exit $?"; grep -v "^{" "$d/gluon.log" | tail -30
     if command -v ncu > /dev/null; then
