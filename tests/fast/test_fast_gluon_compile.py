@@ -92,17 +92,38 @@ EXPECTED_FORMS = {
 }
 
 
-@pytest.fixture(scope="module")
-def probed():
-    """gluon_probe --json over every variant, in a fresh interpreter without TRITON_INTERPRET."""
+def _fresh_python(args, timeout):
+    """Python with ``args`` in a fresh interpreter outside Triton's CPU interpreter (which the
+    suite's own tests run under on a machine without a GPU), from the repository root."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-m", "attention_oracle.fast.kernels.gluon_probe",
-                        "--json"], capture_output=True, text=True, env=env, cwd=root,
-                       timeout=900)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
+                          cwd=root, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def probed():
+    """gluon_probe --json over every variant, in a fresh interpreter without TRITON_INTERPRET."""
+    r = _fresh_python(["-m", "attention_oracle.fast.kernels.gluon_probe", "--json"], 900)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@needs_gluon
+def test_the_probe_refuses_an_unnamed_constexpr():
+    """A constexpr argument the probe does not name would compile as a runtime integer, its
+    default ignored, and the figures would be another kernel's (docs/FINDINGS.md F92: the
+    persistent forward's default compiled with its half-tile code in): the probe refuses it."""
+    r = _fresh_python(["-c",
+        "from attention_oracle.fast.kernels import gluon_probe as gp, sdpa_fwd_gluon as g\n"
+        "try:\n"
+        "    gp._compile(g.sdpa_fwd_gluon_ws_persistent_kernel, {}, dict(CAUSAL=True, "
+        "BLOCK_M=128, BLOCK_N=128, HEAD_D=64, STAGES=2, num_warps=4, PINGPONG=False), [])\n"
+        "except ValueError as exc:\n"
+        "    print('refused:', exc)\n"], 300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused:" in r.stdout and "HALF_DIAG" in r.stdout, r.stdout
 
 
 @needs_gluon

@@ -62,6 +62,9 @@ _SDPA_SCALARS = dict(Stats="*fp32", Delta="*fp32", DQ="*fp32", DK=_BF16, DV=_BF1
 def _compile(kernel, signature, constexprs, divisible):
     """The compiled kernel for sm_90 (``signature``: non-constexpr argument types)."""
     names = kernel.arg_names
+    unnamed = [p.name for p in kernel.params if p.is_constexpr and p.name not in constexprs]
+    if unnamed:  # an unnamed one would compile as a runtime i32, its default ignored (F92)
+        raise ValueError(f"{kernel.fn.__name__}: constexpr arguments {unnamed} not given")
     sig = {n: signature.get(n, "constexpr" if n in constexprs else "i32") for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n in divisible}
     src = GluonASTSource(fn=kernel, signature=sig, attrs=attrs,
@@ -102,8 +105,8 @@ def _sdpa_fwd(head_dim, causal, pingpong=False, config=None, mask="*fp32"):
                       num_warps=warps)
     if ws:
         constexprs["PINGPONG"] = pingpong
-    if ws in (g.PERSISTENT_HALF, g.PERSISTENT_PINGPONG_HALF):
-        constexprs["HALF_DIAG"] = True
+    if ws in g.PERSISTENT_FORMS:  # named, or the probe would take it for a runtime integer
+        constexprs["HALF_DIAG"] = ws in (g.PERSISTENT_HALF, g.PERSISTENT_PINGPONG_HALF)
     return _compile(kernel, signature, constexprs, ["Stats", "Mask"])
 
 

@@ -480,102 +480,36 @@ if GLUON_AVAILABLE:
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_D, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         row_m = start_m + ROW0
 
-        s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
         acc = gl.zeros([ROWS, HEAD_D], gl.float32, layout=o_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_s)
         l_i = gl.zeros([ROWS], gl.float32, layout=row_s)
 
-        # the diagonal tile on its first half of keys (HALF_DIAG): n_full full tiles before it.
-        # Without HALF_DIAG half_only and half_last stay constexpr False, so that the half
-        # tile's code is not compiled into the kernel at all
-        n_full = n_tiles
-        half_only = False
-        half_last = False
-        if HALF_DIAG and CAUSAL and ROWS * 2 == BLOCK_N:
+        # HALF_DIAG: the diagonal tile on its first half of keys, after n_full full tiles (a
+        # constexpr branch: without it the half tile's code is not in the kernel at all)
+        TRIM: gl.constexpr = HALF_DIAG and CAUSAL and ROWS * 2 == BLOCK_N
+        if TRIM:
             n_full = n_tiles - (row_m + ROWS <= (n_tiles - 1) * BLOCK_N + ROWS).to(gl.int32)
-            half_only = n_full == 0
-            half_last = n_full < n_tiles
-        if half_only:  # the block's one key tile is its diagonal
-            acc, m_i, l_i = _half_tile_only(
-                q_rows, k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, q_empty, prev_qb,
-                acc, m_i, l_i, row_m, L, S, qk_scale, Mask, s_mm, s_mn, it0, rnd0, CAUSAL, ROWS,
-                BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG, RELEASE_LAST)
-        else:
-            first = it0 % STAGES
-            mbarrier.wait(k_full.index(first), (it0 // STAGES) & 1)
-            if PINGPONG:
-                _take_turn(turn, ME, rnd0)
-            s_tok = warpgroup_mma(q_rows, _tile_view(k_ring, first, BLOCK_N, HEAD_D).permute((1, 0)),
-                                  s_zero, use_acc=False, is_async=True)
-            if PINGPONG:
-                _release(turn, NEXT)
-            if prev_qb >= 0:
-                tma.store_wait(pendings=0)
-                _release(q_empty, prev_qb)
-            s = warpgroup_mma_wait(0, deps=(s_tok, ))
-            _release(k_empty, first)
-            if free_hi > 0:
-                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
-                                                   s_mn, s_layout, False, CAUSAL, ROWS, BLOCK_N)
-            else:
-                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
-                                                   s_mn, s_layout, True, CAUSAL, ROWS, BLOCK_N)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            alpha_o = gl.convert_layout(alpha, row_o)
-
-            for j in range(1, n_full):
-                stage = (it0 + j) % STAGES
-                prev = (it0 + j - 1) % STAGES
-                mbarrier.wait(k_full.index(stage), ((it0 + j) // STAGES) & 1)
-                k_t = _tile_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0))
-                if PINGPONG:
-                    _take_turn(turn, ME, rnd0 + j)
-                s_tok = warpgroup_mma(q_rows, k_t, s_zero, use_acc=False, is_async=True)
-                acc = acc * alpha_o[:, None]
-                mbarrier.wait(v_full.index(prev), ((it0 + j - 1) // STAGES) & 1)
-                o_tok = warpgroup_mma(p_op, _tile_view(v_ring, prev, BLOCK_N, HEAD_D), acc,
-                                      is_async=True)
-                if PINGPONG:
-                    _release(turn, NEXT)
-                s = warpgroup_mma_wait(1, deps=(s_tok, ))
-                _release(k_empty, stage)
-                start_n = j * BLOCK_N
-                if start_n < free_hi:
-                    p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, L, S, qk_scale,
-                                                       Mask, s_mm, s_mn, s_layout, False, CAUSAL, ROWS,
-                                                       BLOCK_N)
-                else:
-                    p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, L, S, qk_scale,
-                                                       Mask, s_mm, s_mn, s_layout, True, CAUSAL, ROWS,
-                                                       BLOCK_N)
-                acc = warpgroup_mma_wait(0, deps=(o_tok, ))
-                _release(v_empty, prev)
-                p_op = gl.convert_layout(p.to(dtype), p_layout)
-                alpha_o = gl.convert_layout(alpha, row_o)
-
-            if half_last:  # the diagonal's first half, after P_{n_full - 1} V_{n_full - 1}
-                acc, m_i, l_i = _half_tile_last(
-                    q_rows, k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, acc, p_op,
-                    alpha_o, m_i, l_i, row_m, L, S, qk_scale, Mask, s_mm, s_mn, it0, rnd0, n_full,
+            if n_full == 0:  # the block's one key tile is its diagonal
+                acc, m_i, l_i = _half_tile_only(
+                    q_rows, k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, q_empty,
+                    prev_qb, acc, m_i, l_i, row_m, L, S, qk_scale, Mask, s_mm, s_mn, it0, rnd0,
                     CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG, RELEASE_LAST)
             else:
-                last = (it0 + n_tiles - 1) % STAGES
-                acc = acc * alpha_o[:, None]
-                mbarrier.wait(v_full.index(last), ((it0 + n_tiles - 1) // STAGES) & 1)
-                if PINGPONG:
-                    _take_turn(turn, ME, rnd0 + n_tiles)
-                o_tok = warpgroup_mma(p_op, _tile_view(v_ring, last, BLOCK_N, HEAD_D), acc,
-                                      is_async=True)
-                if PINGPONG:
-                    _release(turn, NEXT)
-                acc = warpgroup_mma_wait(0, deps=(o_tok, ))
-                if RELEASE_LAST:
-                    _release(v_empty, last)
+                acc, m_i, l_i = _full_tiles(
+                    q_rows, k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, q_empty,
+                    prev_qb, acc, m_i, l_i, row_m, free_hi, n_full, n_tiles, L, S, qk_scale, Mask,
+                    s_mm, s_mn, it0, rnd0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, ME, NEXT,
+                    PINGPONG, RELEASE_LAST, True)
+        else:
+            acc, m_i, l_i = _full_tiles(
+                q_rows, k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, q_empty, prev_qb,
+                acc, m_i, l_i, row_m, free_hi, n_tiles, n_tiles, L, S, qk_scale, Mask, s_mm, s_mn,
+                it0, rnd0, CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG,
+                RELEASE_LAST, False)
 
         l_o = gl.convert_layout(l_i, row_o)
         out = acc / gl.where(l_o == 0.0, 1.0, l_o)[:, None]
@@ -586,6 +520,115 @@ if GLUON_AVAILABLE:
         tma.async_copy_shared_to_global(o_desc, [z1, z2, h, row_m, 0], q_tile)
         offs_m = row_m + gl.arange(0, ROWS, layout=row_s)
         _store_row_stats(Stats, s_stat, Mask, pid_bh, offs_m, L, m_i, l_i)
+
+    @gluon.jit
+    def _full_tiles(q_rows, k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, q_empty,
+                    prev_qb, acc, m_i, l_i, row_m, free_hi, n_full, n_tiles, L, S, qk_scale, Mask,
+                    s_mm, s_mn, it0, rnd0, CAUSAL: gl.constexpr, ROWS: gl.constexpr,
+                    BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                    ME: gl.constexpr, NEXT: gl.constexpr, PINGPONG: gl.constexpr,
+                    RELEASE_LAST: gl.constexpr, HALF_LAST: gl.constexpr):
+        """:func:`_consume_item`'s rounds over its key tiles (ring items it0, it0 + 1, ...) with
+        FA3's intra-warpgroup overlap: S_0, then S_j with P_{j-1} V_{j-1}, then the last P.V.
+        The first ``n_full`` (>= 1) tiles are full; under HALF_LAST a last tile past them
+        (n_full < n_tiles) is the diagonal taken on its first half (:func:`_half_tile_last`).
+        Frees the block before's Q buffer (``prev_qb``) once S_0 is issued. Returns (acc, m_i,
+        l_i)."""
+        dtype: gl.constexpr = q_rows.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout,
+                                                     k_width=2)
+        row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+        s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+        first = it0 % STAGES
+        mbarrier.wait(k_full.index(first), (it0 // STAGES) & 1)
+        if PINGPONG:
+            _take_turn(turn, ME, rnd0)
+        s_tok = warpgroup_mma(q_rows, _tile_view(k_ring, first, BLOCK_N, HEAD_D).permute((1, 0)),
+                              s_zero, use_acc=False, is_async=True)
+        if PINGPONG:
+            _release(turn, NEXT)
+        if prev_qb >= 0:
+            tma.store_wait(pendings=0)
+            _release(q_empty, prev_qb)
+        s = warpgroup_mma_wait(0, deps=(s_tok, ))
+        _release(k_empty, first)
+        if free_hi > 0:
+            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
+                                               s_mn, s_layout, False, CAUSAL, ROWS, BLOCK_N)
+        else:
+            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
+                                               s_mn, s_layout, True, CAUSAL, ROWS, BLOCK_N)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        alpha_o = gl.convert_layout(alpha, row_o)
+
+        for j in range(1, n_full):
+            stage = (it0 + j) % STAGES
+            prev = (it0 + j - 1) % STAGES
+            mbarrier.wait(k_full.index(stage), ((it0 + j) // STAGES) & 1)
+            k_t = _tile_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0))
+            if PINGPONG:
+                _take_turn(turn, ME, rnd0 + j)
+            s_tok = warpgroup_mma(q_rows, k_t, s_zero, use_acc=False, is_async=True)
+            acc = acc * alpha_o[:, None]
+            mbarrier.wait(v_full.index(prev), ((it0 + j - 1) // STAGES) & 1)
+            o_tok = warpgroup_mma(p_op, _tile_view(v_ring, prev, BLOCK_N, HEAD_D), acc,
+                                  is_async=True)
+            if PINGPONG:
+                _release(turn, NEXT)
+            s = warpgroup_mma_wait(1, deps=(s_tok, ))
+            _release(k_empty, stage)
+            start_n = j * BLOCK_N
+            if start_n < free_hi:
+                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, L, S, qk_scale,
+                                                   Mask, s_mm, s_mn, s_layout, False, CAUSAL, ROWS,
+                                                   BLOCK_N)
+            else:
+                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, L, S, qk_scale,
+                                                   Mask, s_mm, s_mn, s_layout, True, CAUSAL, ROWS,
+                                                   BLOCK_N)
+            acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+            _release(v_empty, prev)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            alpha_o = gl.convert_layout(alpha, row_o)
+
+        if HALF_LAST:
+            if n_full < n_tiles:  # the diagonal's first half, after P_{n_full-1} V_{n_full-1}
+                acc, m_i, l_i = _half_tile_last(
+                    q_rows, k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, acc, p_op,
+                    alpha_o, m_i, l_i, row_m, L, S, qk_scale, Mask, s_mm, s_mn, it0, rnd0, n_full,
+                    CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG, RELEASE_LAST)
+            else:
+                acc = _last_pv(acc, p_op, alpha_o, v_ring, v_full, v_empty, turn, it0 + n_tiles - 1,
+                               rnd0 + n_tiles, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG,
+                               RELEASE_LAST)
+        else:
+            acc = _last_pv(acc, p_op, alpha_o, v_ring, v_full, v_empty, turn, it0 + n_tiles - 1,
+                           rnd0 + n_tiles, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG,
+                           RELEASE_LAST)
+        return acc, m_i, l_i
+
+    @gluon.jit
+    def _last_pv(acc, p_op, alpha_o, v_ring, v_full, v_empty, turn, it, rnd,
+                 BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                 ME: gl.constexpr, NEXT: gl.constexpr, PINGPONG: gl.constexpr,
+                 RELEASE_LAST: gl.constexpr):
+        """A block's last round on a full key tile (ring item ``it``, round ``rnd``): acc
+        rescaled by ``alpha_o``, += P V, waited for; frees the V stage under RELEASE_LAST."""
+        last = it % STAGES
+        acc = acc * alpha_o[:, None]
+        mbarrier.wait(v_full.index(last), (it // STAGES) & 1)
+        if PINGPONG:
+            _take_turn(turn, ME, rnd)
+        o_tok = warpgroup_mma(p_op, _tile_view(v_ring, last, BLOCK_N, HEAD_D), acc,
+                              is_async=True)
+        if PINGPONG:
+            _release(turn, NEXT)
+        acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+        if RELEASE_LAST:
+            _release(v_empty, last)
+        return acc
 
     @gluon.jit
     def _half_view(ring, stage, BLOCK: gl.constexpr, HEAD_D: gl.constexpr):
@@ -606,6 +649,38 @@ if GLUON_AVAILABLE:
         return p, alpha, gl.convert_layout(m_h, row_s), gl.convert_layout(l_h, row_s)
 
     @gluon.jit
+    def _half_scores(q_rows, k_ring, stage, h_layout: gl.constexpr, ROWS: gl.constexpr,
+                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr):
+        """S = Q K^T of this consumer's rows on the first BLOCK_N / 2 keys of ring ``stage``,
+        issued asynchronously: its token."""
+        k_t = _half_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0))
+        return warpgroup_mma(q_rows, k_t, gl.zeros([ROWS, BLOCK_N // 2], gl.float32,
+                                                   layout=h_layout),
+                             use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _half_pv(p, acc, v_ring, v_full, v_empty, turn, it, rnd, p_layout: gl.constexpr,
+                 USE_ACC: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                 STAGES: gl.constexpr, ME: gl.constexpr, NEXT: gl.constexpr,
+                 PINGPONG: gl.constexpr, RELEASE_LAST: gl.constexpr):
+        """A block's last round on a diagonal half tile (ring item ``it``, round ``rnd``):
+        ``acc`` (+)= P V on the first BLOCK_N / 2 keys, waited for; frees the V stage under
+        RELEASE_LAST."""
+        ph_op = gl.convert_layout(p.to(v_ring.dtype), p_layout)
+        stage = it % STAGES
+        mbarrier.wait(v_full.index(stage), (it // STAGES) & 1)
+        if PINGPONG:
+            _take_turn(turn, ME, rnd)
+        o_tok = warpgroup_mma(ph_op, _half_view(v_ring, stage, BLOCK_N, HEAD_D), acc,
+                              use_acc=USE_ACC, is_async=True)
+        if PINGPONG:
+            _release(turn, NEXT)
+        acc = warpgroup_mma_wait(0, deps=(o_tok, ))
+        if RELEASE_LAST:
+            _release(v_empty, stage)
+        return acc
+
+    @gluon.jit
     def _half_tile_last(q_rows, k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, acc, p_op,
                         alpha_o, m_i, l_i, row_m, L, S, qk_scale, Mask, s_mm, s_mn, it0, rnd0,
                         n_full, CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -615,44 +690,31 @@ if GLUON_AVAILABLE:
         n_full, keys from n_full * BLOCK_N) is the diagonal whose first half alone this
         consumer's rows see: S on that half with the P.V of the tile before (``p_op``,
         ``alpha_o`` its rescale), then P.V on the half. Returns (acc, m_i, l_i)."""
-        HALF: gl.constexpr = BLOCK_N // 2
-        dtype: gl.constexpr = q_rows.dtype
         h_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
-        p_layout: gl.constexpr = p_op.type.layout
-        row_o: gl.constexpr = alpha_o.type.layout
-        row_s: gl.constexpr = m_i.type.layout
-        stage = (it0 + n_full) % STAGES
-        prev = (it0 + n_full - 1) % STAGES
-        mbarrier.wait(k_full.index(stage), ((it0 + n_full) // STAGES) & 1)
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N // 2, 16])
+        it = it0 + n_full
+        stage = it % STAGES
+        prev = (it - 1) % STAGES
+        mbarrier.wait(k_full.index(stage), (it // STAGES) & 1)
         if PINGPONG:
             _take_turn(turn, ME, rnd0 + n_full)
-        s_tok = warpgroup_mma(q_rows, _half_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0)),
-                              gl.zeros([ROWS, HALF], gl.float32, layout=h_layout), use_acc=False,
-                              is_async=True)
+        s_tok = _half_scores(q_rows, k_ring, stage, h_layout, ROWS, BLOCK_N, HEAD_D)
         acc = acc * alpha_o[:, None]
-        mbarrier.wait(v_full.index(prev), ((it0 + n_full - 1) // STAGES) & 1)
+        mbarrier.wait(v_full.index(prev), ((it - 1) // STAGES) & 1)
         o_tok = warpgroup_mma(p_op, _tile_view(v_ring, prev, BLOCK_N, HEAD_D), acc, is_async=True)
         if PINGPONG:
             _release(turn, NEXT)
         s = warpgroup_mma_wait(1, deps=(s_tok, ))
         _release(k_empty, stage)
         p, alpha, m_i, l_i = _half_softmax(s, m_i, l_i, row_m, n_full * BLOCK_N, L, S, qk_scale,
-                                           Mask, s_mm, s_mn, h_layout, row_s, CAUSAL, ROWS, HALF)
+                                           Mask, s_mm, s_mn, h_layout, m_i.type.layout, CAUSAL,
+                                           ROWS, BLOCK_N // 2)
         acc = warpgroup_mma_wait(0, deps=(o_tok, ))
         _release(v_empty, prev)
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        ph_op = gl.convert_layout(p.to(dtype), p_layout)
-        mbarrier.wait(v_full.index(stage), ((it0 + n_full) // STAGES) & 1)
-        if PINGPONG:
-            _take_turn(turn, ME, rnd0 + n_full + 1)
-        o_tok = warpgroup_mma(ph_op, _half_view(v_ring, stage, BLOCK_N, HEAD_D), acc,
-                              is_async=True)
-        if PINGPONG:
-            _release(turn, NEXT)
-        acc = warpgroup_mma_wait(0, deps=(o_tok, ))
-        if RELEASE_LAST:
-            _release(v_empty, stage)
+        acc = acc * gl.convert_layout(alpha, alpha_o.type.layout)[:, None]
+        acc = _half_pv(p, acc, v_ring, v_full, v_empty, turn, it, rnd0 + n_full + 1,
+                       p_op.type.layout, True, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG,
+                       RELEASE_LAST)
         return acc, m_i, l_i
 
     @gluon.jit
@@ -664,21 +726,16 @@ if GLUON_AVAILABLE:
         """:func:`_consume_item`'s two rounds where its one key tile (ring item it0, keys from
         0) is the diagonal whose first half alone this consumer's rows see; frees the block
         before's Q buffer (``prev_qb``) as the full-tile path does. Returns (acc, m_i, l_i)
-        (``acc`` zero on entry)."""
-        HALF: gl.constexpr = BLOCK_N // 2
-        dtype: gl.constexpr = q_rows.dtype
+        (``acc`` zero on entry, not read)."""
         h_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF, 16])
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N // 2, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout,
                                                      k_width=2)
-        row_s: gl.constexpr = m_i.type.layout
         stage = it0 % STAGES
         mbarrier.wait(k_full.index(stage), (it0 // STAGES) & 1)
         if PINGPONG:
             _take_turn(turn, ME, rnd0)
-        s_tok = warpgroup_mma(q_rows, _half_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0)),
-                              gl.zeros([ROWS, HALF], gl.float32, layout=h_layout), use_acc=False,
-                              is_async=True)
+        s_tok = _half_scores(q_rows, k_ring, stage, h_layout, ROWS, BLOCK_N, HEAD_D)
         if PINGPONG:
             _release(turn, NEXT)
         if prev_qb >= 0:
@@ -687,18 +744,10 @@ if GLUON_AVAILABLE:
         s = warpgroup_mma_wait(0, deps=(s_tok, ))
         _release(k_empty, stage)
         p, alpha, m_i, l_i = _half_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
-                                           s_mn, h_layout, row_s, CAUSAL, ROWS, HALF)
-        ph_op = gl.convert_layout(p.to(dtype), p_layout)
-        mbarrier.wait(v_full.index(stage), (it0 // STAGES) & 1)
-        if PINGPONG:
-            _take_turn(turn, ME, rnd0 + 1)
-        o_tok = warpgroup_mma(ph_op, _half_view(v_ring, stage, BLOCK_N, HEAD_D), acc,
-                              use_acc=False, is_async=True)
-        if PINGPONG:
-            _release(turn, NEXT)
-        acc = warpgroup_mma_wait(0, deps=(o_tok, ))
-        if RELEASE_LAST:
-            _release(v_empty, stage)
+                                           s_mn, h_layout, m_i.type.layout, CAUSAL, ROWS,
+                                           BLOCK_N // 2)
+        acc = _half_pv(p, acc, v_ring, v_full, v_empty, turn, it0, rnd0 + 1, p_layout, False,
+                       BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG, RELEASE_LAST)
         return acc, m_i, l_i
 
     @gluon.jit
