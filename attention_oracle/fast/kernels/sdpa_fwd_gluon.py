@@ -541,19 +541,8 @@ if GLUON_AVAILABLE:
                                                      k_width=2)
         row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
         s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-        first = it0 % STAGES
-        mbarrier.wait(k_full.index(first), (it0 // STAGES) & 1)
-        if PINGPONG:
-            _take_turn(turn, ME, rnd0)
-        s_tok = warpgroup_mma(q_rows, _tile_view(k_ring, first, BLOCK_N, HEAD_D).permute((1, 0)),
-                              s_zero, use_acc=False, is_async=True)
-        if PINGPONG:
-            _release(turn, NEXT)
-        if prev_qb >= 0:
-            tma.store_wait(pendings=0)
-            _release(q_empty, prev_qb)
-        s = warpgroup_mma_wait(0, deps=(s_tok, ))
-        _release(k_empty, first)
+        s = _first_scores(q_rows, k_ring, k_full, k_empty, turn, q_empty, prev_qb, s_zero, it0,
+                          rnd0, False, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG)
         if free_hi > 0:
             p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
                                                s_mn, s_layout, False, CAUSAL, ROWS, BLOCK_N)
@@ -600,29 +589,32 @@ if GLUON_AVAILABLE:
                     alpha_o, m_i, l_i, row_m, L, S, qk_scale, Mask, s_mm, s_mn, it0, rnd0, n_full,
                     CAUSAL, ROWS, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG, RELEASE_LAST)
             else:
-                acc = _last_pv(acc, p_op, alpha_o, v_ring, v_full, v_empty, turn, it0 + n_tiles - 1,
-                               rnd0 + n_tiles, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG,
-                               RELEASE_LAST)
+                acc = _last_pv(acc * alpha_o[:, None], p_op, v_ring, v_full, v_empty, turn,
+                               it0 + n_tiles - 1, rnd0 + n_tiles, True, False, BLOCK_N, HEAD_D,
+                               STAGES, ME, NEXT, PINGPONG, RELEASE_LAST)
         else:
-            acc = _last_pv(acc, p_op, alpha_o, v_ring, v_full, v_empty, turn, it0 + n_tiles - 1,
-                           rnd0 + n_tiles, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG,
-                           RELEASE_LAST)
+            acc = _last_pv(acc * alpha_o[:, None], p_op, v_ring, v_full, v_empty, turn,
+                           it0 + n_tiles - 1, rnd0 + n_tiles, True, False, BLOCK_N, HEAD_D,
+                           STAGES, ME, NEXT, PINGPONG, RELEASE_LAST)
         return acc, m_i, l_i
 
     @gluon.jit
-    def _last_pv(acc, p_op, alpha_o, v_ring, v_full, v_empty, turn, it, rnd,
-                 BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
-                 ME: gl.constexpr, NEXT: gl.constexpr, PINGPONG: gl.constexpr,
-                 RELEASE_LAST: gl.constexpr):
-        """A block's last round on a full key tile (ring item ``it``, round ``rnd``): acc
-        rescaled by ``alpha_o``, += P V, waited for; frees the V stage under RELEASE_LAST."""
+    def _last_pv(acc, p_op, v_ring, v_full, v_empty, turn, it, rnd, USE_ACC: gl.constexpr,
+                 HALF: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                 STAGES: gl.constexpr, ME: gl.constexpr, NEXT: gl.constexpr,
+                 PINGPONG: gl.constexpr, RELEASE_LAST: gl.constexpr):
+        """A block's last round (ring item ``it``, round ``rnd``): ``acc`` (+)= P V on the key
+        tile, or on its first BLOCK_N / 2 keys (HALF, a diagonal half tile), waited for; frees
+        the V stage under RELEASE_LAST."""
         last = it % STAGES
-        acc = acc * alpha_o[:, None]
         mbarrier.wait(v_full.index(last), (it // STAGES) & 1)
         if PINGPONG:
             _take_turn(turn, ME, rnd)
-        o_tok = warpgroup_mma(p_op, _tile_view(v_ring, last, BLOCK_N, HEAD_D), acc,
-                              is_async=True)
+        if HALF:
+            v_tile = _half_view(v_ring, last, BLOCK_N, HEAD_D)
+        else:
+            v_tile = _tile_view(v_ring, last, BLOCK_N, HEAD_D)
+        o_tok = warpgroup_mma(p_op, v_tile, acc, use_acc=USE_ACC, is_async=True)
         if PINGPONG:
             _release(turn, NEXT)
         acc = warpgroup_mma_wait(0, deps=(o_tok, ))
@@ -649,36 +641,32 @@ if GLUON_AVAILABLE:
         return p, alpha, gl.convert_layout(m_h, row_s), gl.convert_layout(l_h, row_s)
 
     @gluon.jit
-    def _half_scores(q_rows, k_ring, stage, h_layout: gl.constexpr, ROWS: gl.constexpr,
-                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr):
-        """S = Q K^T of this consumer's rows on the first BLOCK_N / 2 keys of ring ``stage``,
-        issued asynchronously: its token."""
-        k_t = _half_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0))
-        return warpgroup_mma(q_rows, k_t, gl.zeros([ROWS, BLOCK_N // 2], gl.float32,
-                                                   layout=h_layout),
-                             use_acc=False, is_async=True)
-
-    @gluon.jit
-    def _half_pv(p, acc, v_ring, v_full, v_empty, turn, it, rnd, p_layout: gl.constexpr,
-                 USE_ACC: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                 STAGES: gl.constexpr, ME: gl.constexpr, NEXT: gl.constexpr,
-                 PINGPONG: gl.constexpr, RELEASE_LAST: gl.constexpr):
-        """A block's last round on a diagonal half tile (ring item ``it``, round ``rnd``):
-        ``acc`` (+)= P V on the first BLOCK_N / 2 keys, waited for; frees the V stage under
-        RELEASE_LAST."""
-        ph_op = gl.convert_layout(p.to(v_ring.dtype), p_layout)
-        stage = it % STAGES
-        mbarrier.wait(v_full.index(stage), (it // STAGES) & 1)
+    def _first_scores(q_rows, k_ring, k_full, k_empty, turn, q_empty, prev_qb, s_zero, it0, rnd0,
+                      HALF: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                      STAGES: gl.constexpr, ME: gl.constexpr, NEXT: gl.constexpr,
+                      PINGPONG: gl.constexpr):
+        """A block's first round (ring item it0, round rnd0): S_0 = Q K_0^T on the key tile,
+        or on its first BLOCK_N / 2 keys (HALF; ``s_zero`` of that shape), waited for; the
+        block before's Q buffer (``prev_qb`` >= 0) freed once its out has left, while S_0
+        runs; the K stage freed."""
+        first = it0 % STAGES
+        mbarrier.wait(k_full.index(first), (it0 // STAGES) & 1)
         if PINGPONG:
-            _take_turn(turn, ME, rnd)
-        o_tok = warpgroup_mma(ph_op, _half_view(v_ring, stage, BLOCK_N, HEAD_D), acc,
-                              use_acc=USE_ACC, is_async=True)
+            _take_turn(turn, ME, rnd0)
+        if HALF:
+            k_tile = _half_view(k_ring, first, BLOCK_N, HEAD_D)
+        else:
+            k_tile = _tile_view(k_ring, first, BLOCK_N, HEAD_D)
+        s_tok = warpgroup_mma(q_rows, k_tile.permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
         if PINGPONG:
             _release(turn, NEXT)
-        acc = warpgroup_mma_wait(0, deps=(o_tok, ))
-        if RELEASE_LAST:
-            _release(v_empty, stage)
-        return acc
+        if prev_qb >= 0:
+            tma.store_wait(pendings=0)
+            _release(q_empty, prev_qb)
+        s = warpgroup_mma_wait(0, deps=(s_tok, ))
+        _release(k_empty, first)
+        return s
 
     @gluon.jit
     def _half_tile_last(q_rows, k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, acc, p_op,
@@ -698,7 +686,9 @@ if GLUON_AVAILABLE:
         mbarrier.wait(k_full.index(stage), (it // STAGES) & 1)
         if PINGPONG:
             _take_turn(turn, ME, rnd0 + n_full)
-        s_tok = _half_scores(q_rows, k_ring, stage, h_layout, ROWS, BLOCK_N, HEAD_D)
+        s_tok = warpgroup_mma(q_rows, _half_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0)),
+                              gl.zeros([ROWS, BLOCK_N // 2], gl.float32, layout=h_layout),
+                              use_acc=False, is_async=True)
         acc = acc * alpha_o[:, None]
         mbarrier.wait(v_full.index(prev), ((it - 1) // STAGES) & 1)
         o_tok = warpgroup_mma(p_op, _tile_view(v_ring, prev, BLOCK_N, HEAD_D), acc, is_async=True)
@@ -712,9 +702,9 @@ if GLUON_AVAILABLE:
         acc = warpgroup_mma_wait(0, deps=(o_tok, ))
         _release(v_empty, prev)
         acc = acc * gl.convert_layout(alpha, alpha_o.type.layout)[:, None]
-        acc = _half_pv(p, acc, v_ring, v_full, v_empty, turn, it, rnd0 + n_full + 1,
-                       p_op.type.layout, True, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG,
-                       RELEASE_LAST)
+        ph_op = gl.convert_layout(p.to(q_rows.dtype), p_op.type.layout)
+        acc = _last_pv(acc, ph_op, v_ring, v_full, v_empty, turn, it, rnd0 + n_full + 1, True,
+                       True, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG, RELEASE_LAST)
         return acc, m_i, l_i
 
     @gluon.jit
@@ -731,23 +721,15 @@ if GLUON_AVAILABLE:
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N // 2, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout,
                                                      k_width=2)
-        stage = it0 % STAGES
-        mbarrier.wait(k_full.index(stage), (it0 // STAGES) & 1)
-        if PINGPONG:
-            _take_turn(turn, ME, rnd0)
-        s_tok = _half_scores(q_rows, k_ring, stage, h_layout, ROWS, BLOCK_N, HEAD_D)
-        if PINGPONG:
-            _release(turn, NEXT)
-        if prev_qb >= 0:
-            tma.store_wait(pendings=0)
-            _release(q_empty, prev_qb)
-        s = warpgroup_mma_wait(0, deps=(s_tok, ))
-        _release(k_empty, stage)
+        s = _first_scores(q_rows, k_ring, k_full, k_empty, turn, q_empty, prev_qb,
+                          gl.zeros([ROWS, BLOCK_N // 2], gl.float32, layout=h_layout), it0, rnd0,
+                          True, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG)
         p, alpha, m_i, l_i = _half_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
                                            s_mn, h_layout, m_i.type.layout, CAUSAL, ROWS,
                                            BLOCK_N // 2)
-        acc = _half_pv(p, acc, v_ring, v_full, v_empty, turn, it0, rnd0 + 1, p_layout, False,
-                       BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG, RELEASE_LAST)
+        acc = _last_pv(acc, gl.convert_layout(p.to(q_rows.dtype), p_layout), v_ring, v_full,
+                       v_empty, turn, it0, rnd0 + 1, False, True, BLOCK_N, HEAD_D, STAGES, ME,
+                       NEXT, PINGPONG, RELEASE_LAST)
         return acc, m_i, l_i
 
     @gluon.jit
