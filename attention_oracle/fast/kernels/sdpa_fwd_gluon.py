@@ -553,21 +553,9 @@ if GLUON_AVAILABLE:
         alpha_o = gl.convert_layout(alpha, row_o)
 
         for j in range(1, n_full):
-            stage = (it0 + j) % STAGES
-            prev = (it0 + j - 1) % STAGES
-            mbarrier.wait(k_full.index(stage), ((it0 + j) // STAGES) & 1)
-            k_t = _tile_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0))
-            if PINGPONG:
-                _take_turn(turn, ME, rnd0 + j)
-            s_tok = warpgroup_mma(q_rows, k_t, s_zero, use_acc=False, is_async=True)
-            acc = acc * alpha_o[:, None]
-            mbarrier.wait(v_full.index(prev), ((it0 + j - 1) // STAGES) & 1)
-            o_tok = warpgroup_mma(p_op, _tile_view(v_ring, prev, BLOCK_N, HEAD_D), acc,
-                                  is_async=True)
-            if PINGPONG:
-                _release(turn, NEXT)
-            s = warpgroup_mma_wait(1, deps=(s_tok, ))
-            _release(k_empty, stage)
+            s, o_tok = _scores_beside_pv(q_rows, k_ring, v_ring, k_full, v_full, k_empty, turn,
+                                         acc, alpha_o, p_op, s_zero, it0 + j, rnd0 + j,
+                                         False, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG)
             start_n = j * BLOCK_N
             if start_n < free_hi:
                 p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, L, S, qk_scale,
@@ -578,7 +566,7 @@ if GLUON_AVAILABLE:
                                                    Mask, s_mm, s_mn, s_layout, True, CAUSAL, ROWS,
                                                    BLOCK_N)
             acc = warpgroup_mma_wait(0, deps=(o_tok, ))
-            _release(v_empty, prev)
+            _release(v_empty, (it0 + j - 1) % STAGES)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             alpha_o = gl.convert_layout(alpha, row_o)
 
@@ -610,11 +598,7 @@ if GLUON_AVAILABLE:
         mbarrier.wait(v_full.index(last), (it // STAGES) & 1)
         if PINGPONG:
             _take_turn(turn, ME, rnd)
-        if HALF:
-            v_tile = _half_view(v_ring, last, BLOCK_N, HEAD_D)
-        else:
-            v_tile = _tile_view(v_ring, last, BLOCK_N, HEAD_D)
-        o_tok = warpgroup_mma(p_op, v_tile, acc, use_acc=USE_ACC, is_async=True)
+        o_tok = warpgroup_mma(p_op, _stage_view(v_ring, last, HALF, BLOCK_N, HEAD_D), acc, use_acc=USE_ACC, is_async=True)
         if PINGPONG:
             _release(turn, NEXT)
         acc = warpgroup_mma_wait(0, deps=(o_tok, ))
@@ -623,9 +607,12 @@ if GLUON_AVAILABLE:
         return acc
 
     @gluon.jit
-    def _half_view(ring, stage, BLOCK: gl.constexpr, HEAD_D: gl.constexpr):
-        """The first BLOCK / 2 rows of one stage of a TMA ring (:func:`_tile_view`)."""
-        return _tile_view(ring, stage, BLOCK, HEAD_D).slice(0, BLOCK // 2)
+    def _stage_view(ring, stage, HALF: gl.constexpr, BLOCK: gl.constexpr, HEAD_D: gl.constexpr):
+        """:func:`_tile_view` of one ring stage, or its first BLOCK / 2 rows (HALF)."""
+        tile = _tile_view(ring, stage, BLOCK, HEAD_D)
+        if HALF:
+            tile = tile.slice(0, BLOCK // 2)
+        return tile
 
     @gluon.jit
     def _half_softmax(s, m_i, l_i, row_m, start_n, L, S, qk_scale, Mask, s_mm, s_mn,
@@ -653,12 +640,8 @@ if GLUON_AVAILABLE:
         mbarrier.wait(k_full.index(first), (it0 // STAGES) & 1)
         if PINGPONG:
             _take_turn(turn, ME, rnd0)
-        if HALF:
-            k_tile = _half_view(k_ring, first, BLOCK_N, HEAD_D)
-        else:
-            k_tile = _tile_view(k_ring, first, BLOCK_N, HEAD_D)
-        s_tok = warpgroup_mma(q_rows, k_tile.permute((1, 0)), s_zero, use_acc=False,
-                              is_async=True)
+        k_t = _stage_view(k_ring, first, HALF, BLOCK_N, HEAD_D).permute((1, 0))
+        s_tok = warpgroup_mma(q_rows, k_t, s_zero, use_acc=False, is_async=True)
         if PINGPONG:
             _release(turn, NEXT)
         if prev_qb >= 0:
@@ -667,6 +650,32 @@ if GLUON_AVAILABLE:
         s = warpgroup_mma_wait(0, deps=(s_tok, ))
         _release(k_empty, first)
         return s
+
+    @gluon.jit
+    def _scores_beside_pv(q_rows, k_ring, v_ring, k_full, v_full, k_empty, turn, acc, alpha_o,
+                          p_op, s_zero, it, rnd, HALF: gl.constexpr, BLOCK_N: gl.constexpr,
+                          HEAD_D: gl.constexpr, STAGES: gl.constexpr, ME: gl.constexpr,
+                          NEXT: gl.constexpr, PINGPONG: gl.constexpr):
+        """A middle round (ring item ``it``, round ``rnd``): S_j = Q K_j^T on the key tile, or
+        on its first BLOCK_N / 2 keys (HALF; ``s_zero`` of that shape), then ``acc`` rescaled
+        by ``alpha_o`` += P_{j-1} V_{j-1} from ring item it - 1 (the rescale runs under S_j). Returns (S_j, waited for, its K
+        stage freed; the P.V's token, still running)."""
+        stage = it % STAGES
+        prev = (it - 1) % STAGES
+        mbarrier.wait(k_full.index(stage), (it // STAGES) & 1)
+        k_t = _stage_view(k_ring, stage, HALF, BLOCK_N, HEAD_D).permute((1, 0))
+        if PINGPONG:
+            _take_turn(turn, ME, rnd)
+        s_tok = warpgroup_mma(q_rows, k_t, s_zero, use_acc=False, is_async=True)
+        acc = acc * alpha_o[:, None]
+        mbarrier.wait(v_full.index(prev), ((it - 1) // STAGES) & 1)
+        o_tok = warpgroup_mma(p_op, _tile_view(v_ring, prev, BLOCK_N, HEAD_D), acc,
+                              is_async=True)
+        if PINGPONG:
+            _release(turn, NEXT)
+        s = warpgroup_mma_wait(1, deps=(s_tok, ))
+        _release(k_empty, stage)
+        return s, o_tok
 
     @gluon.jit
     def _half_tile_last(q_rows, k_ring, v_ring, k_full, v_full, k_empty, v_empty, turn, acc, p_op,
@@ -681,26 +690,16 @@ if GLUON_AVAILABLE:
         h_layout: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N // 2, 16])
         it = it0 + n_full
-        stage = it % STAGES
-        prev = (it - 1) % STAGES
-        mbarrier.wait(k_full.index(stage), (it // STAGES) & 1)
-        if PINGPONG:
-            _take_turn(turn, ME, rnd0 + n_full)
-        s_tok = warpgroup_mma(q_rows, _half_view(k_ring, stage, BLOCK_N, HEAD_D).permute((1, 0)),
-                              gl.zeros([ROWS, BLOCK_N // 2], gl.float32, layout=h_layout),
-                              use_acc=False, is_async=True)
-        acc = acc * alpha_o[:, None]
-        mbarrier.wait(v_full.index(prev), ((it - 1) // STAGES) & 1)
-        o_tok = warpgroup_mma(p_op, _tile_view(v_ring, prev, BLOCK_N, HEAD_D), acc, is_async=True)
-        if PINGPONG:
-            _release(turn, NEXT)
-        s = warpgroup_mma_wait(1, deps=(s_tok, ))
-        _release(k_empty, stage)
+        s, o_tok = _scores_beside_pv(q_rows, k_ring, v_ring, k_full, v_full, k_empty, turn,
+                                     acc, alpha_o, p_op,
+                                     gl.zeros([ROWS, BLOCK_N // 2], gl.float32, layout=h_layout),
+                                     it, rnd0 + n_full, True, BLOCK_N, HEAD_D, STAGES, ME, NEXT,
+                                     PINGPONG)
         p, alpha, m_i, l_i = _half_softmax(s, m_i, l_i, row_m, n_full * BLOCK_N, L, S, qk_scale,
                                            Mask, s_mm, s_mn, h_layout, m_i.type.layout, CAUSAL,
                                            ROWS, BLOCK_N // 2)
         acc = warpgroup_mma_wait(0, deps=(o_tok, ))
-        _release(v_empty, prev)
+        _release(v_empty, (it - 1) % STAGES)
         acc = acc * gl.convert_layout(alpha, alpha_o.type.layout)[:, None]
         ph_op = gl.convert_layout(p.to(q_rows.dtype), p_op.type.layout)
         acc = _last_pv(acc, ph_op, v_ring, v_full, v_empty, turn, it, rnd0 + n_full + 1, True,
