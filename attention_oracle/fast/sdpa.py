@@ -492,8 +492,10 @@ def _section(is_causal):
 
 def _fold(scale, dtype, backward):
     """Whether a launch takes the fold (:func:`set_kernel_options`): the kernels' log2-unit
-    fast path needs a positive scale; the backward folds only in 16-bit."""
-    return KERNEL_OPTIONS["fold"] and scale > 0 and not (backward and dtype == torch.float32)
+    fast path needs a positive scale whose fp32 ``scale * log2 e`` is a normal number (a masked
+    tile multiplies a -inf by it); the backward folds only in 16-bit."""
+    return (KERNEL_OPTIONS["fold"] and scale * LOG2E >= 2.0 ** -126
+            and not (backward and dtype == torch.float32))
 
 
 @functools.lru_cache(maxsize=1024)

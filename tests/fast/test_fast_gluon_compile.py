@@ -203,3 +203,35 @@ def test_only_the_prefetch_variants_ask_the_l2(name, probed):
     else:
         assert count == 0, f"{name}: {count} L2 prefetches with PREFETCH 0"
 
+
+
+# a masked tile's softmax as the kernels had it before F93, per warp (the probe's --sass line
+# of sdpa_fwd_d64_causal_persistent then): two compares and an AND a score, the scale as a
+# product before the exponent's difference
+OLD_MASKED_TILE = dict(FADD=132, FSEL=130, ISETP=102, FMNMX=68, FMUL=64, FFMA=2,
+                       **{"MUFU.EX2": 66})
+
+
+def lean_softmax(ops):
+    """Whether a block of a tile's softmax (at least 32 exponentials a thread) compares at
+    most once a score and folds the scale into the exponent's FFMA (a handful of FMULs)."""
+    ex2 = ops.get("MUFU.EX2", 0)
+    return ex2 < 32 or (ops.get("ISETP", 0) <= ex2 and ops.get("FMUL", 0) <= 8)
+
+
+@needs_gluon
+@pytest.mark.parametrize("name", ["sdpa_fwd_d64_causal_persistent", "sdpa_fwd_d128_causal",
+                                  "sdpa_fwd_d64_causal_persistent_half", "sdpa_fwd_d64"])
+def test_a_masked_tile_compares_once_a_score(name):
+    """The causal and bound masks cost one compare and one select a score, the scale folded as
+    on a free tile (docs/FINDINGS.md F93): the machine code of each tile's softmax, free or
+    masked, read by nvdisasm. The control is the masked tile the kernels had before."""
+    assert not lean_softmax(OLD_MASKED_TILE)
+    r = _fresh_python(["-m", "attention_oracle.fast.kernels.gluon_probe", "--sass", name,
+                       "--json"], 600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    blocks = json.loads(r.stdout.strip().splitlines()[-1])
+    softmax = [b for b in blocks if b[2].get("MUFU.EX2", 0) >= 32]
+    assert softmax, f"{name}: no block with a tile's exponentials"
+    heavy = [(hex(addr), n, ops) for addr, n, ops in softmax if not lean_softmax(ops)]
+    assert not heavy, f"{name}: softmax blocks past one compare a score or with the scale apart: {heavy}"

@@ -73,11 +73,15 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_small, q_base, k_base, v_base, mask_base,
 
     FOLD (log2 units, ``qk_scale > 0``): a tile with nothing to mask takes its row max from the
     raw dots and forms ``exp2(qk * qk_scale - m)`` as one FMA per score, not a product then a
-    difference (m is the same: rounding is monotone). EXP2_POLY (0, 2, 4, 8) takes one of
-    every EXP2_POLY of those exponentials on the FMA units (:mod:`.exp2_poly`)."""
+    difference (m is the same: rounding is monotone); a tile with only the bound and causal
+    masks does the same on its kept scores (a masked one -inf, which ``qk_scale > 0`` keeps
+    -inf), one compare a score against the row's last visible key (docs/FINDINGS.md F93).
+    EXP2_POLY (0, 2, 4, 8) takes one of every EXP2_POLY of a free tile's exponentials on the
+    FMA units (:mod:`.exp2_poly`)."""
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     FOLDED: tl.constexpr = FOLD and MASK_KIND == 0 and not DIAG and not CHECK_N and not NATURAL
+    FOLDED_MASKED: tl.constexpr = FOLD and MASK_KIND == 0 and (DIAG or CHECK_N) and not NATURAL
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -90,12 +94,25 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_small, q_base, k_base, v_base, mask_base,
             k, k_small = split_tf32(
                 load_tile(k_base, offs_n, offs_e, s_kn, s_ke, S, E, CHECK_N, CHECK_E), PREC)
             s2 = dot_split(q, q_small, tl.trans(k), tl.trans(k_small), PREC)
-            if not FOLDED:
+            if not FOLDED and not FOLDED_MASKED:
                 s2 = s2 * qk_scale
         if FOLDED:
             m_new = tl.maximum(m_i, tl.max(s2, 1) * qk_scale)  # finite: nothing masked here
             p = exp2_mixed(s2 * qk_scale - m_new[:, None], EXP2_POLY)
             alpha = tl.math.exp2(m_i - m_new)
+        elif FOLDED_MASKED:
+            if DIAG and CHECK_N:
+                last = tl.minimum(offs_m, S - 1)
+            elif DIAG:
+                last = offs_m
+            else:
+                last = tl.zeros_like(offs_m) + (S - 1)
+            s2 = tl.where(offs_n[None, :] <= last[:, None], s2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s2, 1) * qk_scale)
+            # a row that has seen only -inf so far keeps m = -inf; shift by 0 (no inf - inf)
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s2 * qk_scale - m_shift[:, None])
+            alpha = tl.math.exp2(m_i - m_shift)
         else:
             if MASK_KIND != 0:
                 s2 = apply_attn_mask(s2, mask_base, offs_m, offs_n, s_mm, s_mn, L, S,

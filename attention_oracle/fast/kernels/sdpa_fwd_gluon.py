@@ -70,6 +70,8 @@ WORKER_REGS_3 = gl.constexpr(160) if GLUON_AVAILABLE else 160
 PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+# the least scale * log2(e) the kernels take: float32's least normal number
+MIN_QK_SCALE = 2.0 ** -126
 # (BLOCK_M, BLOCK_N, STAGES, num_warps, WS): WS=False is sdpa_fwd_gluon_kernel (num_warps 8:
 # two warpgroups of 64 query rows in lockstep); WS=True is sdpa_fwd_gluon_ws_kernel (num_warps
 # 4 for the first consumer; a second consumer and a producer warp as workers), WS=PINGPONG the
@@ -154,7 +156,23 @@ if GLUON_AVAILABLE:
         (strides s_mm, s_mn) of a boolean mask (read as uint8) or an additive one (the inputs'
         16-bit dtype), or an fp32 stand-in where there is none (gluon_common.mask_kind)."""
         KIND: gl.constexpr = mask_kind(mask_base.dtype.element_ty)
-        if MASKED or KIND == BOOL_MASK or KIND == ADD_MASK:
+        if MASKED and KIND != BOOL_MASK and KIND != ADD_MASK:
+            # the bound and causal masks alone: one compare a score (key <= the row's last
+            # visible key), the scale folded into the exponent's FFMA as on a free tile
+            # (qk_scale > 0: plan; a masked -inf stays -inf): docs/FINDINGS.md F93
+            offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            if CAUSAL:
+                offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+                keep = offs_n[None, :] <= gl.minimum(offs_m, S - 1)[:, None]
+            else:
+                keep = (offs_n < S)[None, :]
+            s_kept = gl.where(keep, s, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s_kept, 1) * qk_scale)
+            # a row with only -inf so far keeps m = -inf; shift by 0 (no inf - inf)
+            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(s_kept * qk_scale - m_shift[:, None])
+            alpha = gl.exp2(m_i - m_shift)
+        elif MASKED or KIND == BOOL_MASK or KIND == ADD_MASK:
             offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
             offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             keep = offs_n[None, :] < S
@@ -1143,9 +1161,12 @@ def plan(shapes, strides, dtype, device, is_causal, scale):
     """The Gluon forward's launch plan for rank-5 operands q, k, v given by their ``shapes`` and
     ``strides`` (three tuples each; the tensors themselves stay with the caller), or None where
     it does not apply: CUDA on sm_90, fp16/bf16, q, k and v of one head dim with a tile
-    (:func:`tile_dim`: a multiple of 8 up to 256), a positive scale, TMA-ready strides, non-empty (masks and dropout never reach it). Data
+    (:func:`tile_dim`: a multiple of 8 up to 256), a positive scale (``scale * log2 e`` at
+    least MIN_QK_SCALE), TMA-ready strides, non-empty (masks and dropout never reach it). Data
     pointers are checked per call: TMA needs 16-byte aligned base addresses (:func:`aligned`)."""
-    if not GLUON_AVAILABLE or not scale > 0 or dtype not in _GL_DTYPES or device.type != "cuda":
+    # a scale whose fp32 qk_scale is a normal number: the masked tiles multiply a -inf by it
+    if (not GLUON_AVAILABLE or not scale * LOG2E >= MIN_QK_SCALE or dtype not in _GL_DTYPES
+            or device.type != "cuda"):
         return None
     qs, ks, vs = shapes
     if tile_dim(qs[-1]) is None or vs[-1] != qs[-1] or 0 in qs or 0 in ks:
