@@ -22,28 +22,25 @@ shared memory each needs (the H200 allows 232448 bytes) and, from the ptxas bund
 Triton, registers and spill bytes; ``--wgmma`` adds the count of each wgmma form in the PTX
 (shape and operand transposes); ``--json`` prints one JSON dict instead (name: shared,
 registers, spills, forms, l2_prefetches, tma_reductions (count, waited at once, bulk
-waits in all), or error). ``--sass NAME`` disassembles one variant (the nvdisasm bundled with
-Triton) and prints its straight-line blocks (cut at labels and branches) that hold a wgmma or
-at least 16 ``MUFU.EX2``: a block's address, its instruction count and its opcodes by count,
-per warp: the work of one key tile's softmax, masked or free, read off the machine code
-(docs/FINDINGS.md F93); with ``--json``, a list of [address, count, {opcode: count}]. Run it outside Triton's CPU interpreter
+waits in all), or error). ``--sass NAME`` disassembles one variant (:mod:`.sass`) and
+prints its straight-line blocks (cut at labels and branches) that hold a wgmma or at least 16
+``MUFU.EX2``: a block's address, its instruction count and its opcodes by count, per warp: the
+work of one key tile's softmax, masked or free, read off the machine code (docs/FINDINGS.md
+F93); with ``--json``, a list of [address, count, {opcode: count}]. Run it outside Triton's CPU interpreter
 (``TRITON_INTERPRET`` unset): under it the standard library's jit functions cannot be
 compiled. Figures come from the local Triton, which may differ from the device's (Triton 3.6
 there): register and spill counts moved between 3.6 and 3.8 (docs/FINDINGS.md F31), so a
 figure near a limit still needs the device.
 """
-import collections
 import json
-import os
 import re
-import subprocess
 import sys
-import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
 
-from .dsa_probe import _bin, _ptxas_usage
+from . import sass
+from .dsa_probe import _ptxas_usage
 from .gluon_common import GLUON_AVAILABLE
 from .sdpa_common import CAUSAL_SECTION_BYTES
 
@@ -255,52 +252,9 @@ def probe(name):
             + (wgmma_forms(ptx), l2_prefetches(ptx), tma_reductions(ptx)))
 
 
-_SASS_LINE = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
-_SASS_LABEL = re.compile(r"^\s*\.L_x_\d+:")
-
-
-def sass_blocks(cubin):
-    """[(address, instruction count, Counter of opcodes)] of the cubin's straight-line blocks,
-    cut before each label and after each branch (``MUFU.EX2`` and ``HGMMA`` counted under
-    those names, other opcodes by their first part)."""
-    nvdisasm = _bin("nvdisasm")
-    if nvdisasm is None:
-        raise RuntimeError("no nvdisasm beside Triton's ptxas")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "kernel.cubin")
-        with open(path, "wb") as f:
-            f.write(cubin)
-        sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True,
-                              check=True).stdout
-    blocks, start, ops = [], None, collections.Counter()
-
-    def close():
-        if ops:
-            blocks.append((start, sum(ops.values()), ops.copy()))
-        ops.clear()
-
-    for line in sass.splitlines():
-        if _SASS_LABEL.match(line):
-            close()
-            continue
-        m = _SASS_LINE.match(line)
-        if not m:
-            continue
-        if not ops:
-            start = int(m.group(1), 16)
-        op = m.group(2)
-        ops["MUFU.EX2" if op.startswith("MUFU.EX2") else op.split(".")[0]] += 1
-        if op.startswith(("BRA", "EXIT", "RET")):
-            close()
-    close()
-    return blocks
-
-
 def tile_blocks(name):
-    """The blocks (:func:`sass_blocks`) of one variant's machine code that do a tile's products
-    or its softmax: a wgmma, or at least 16 ``MUFU.EX2``."""
-    return [(addr, n, ops) for addr, n, ops in sass_blocks(variants()[name]().asm["cubin"])
-            if ops["HGMMA"] or ops["MUFU.EX2"] >= 16]
+    """:func:`.sass.tile_blocks` of one variant's machine code."""
+    return sass.tile_blocks(variants()[name]().asm["cubin"])
 
 
 def main(argv):
@@ -308,9 +262,8 @@ def main(argv):
         blocks = tile_blocks(argv[1])
         if "--json" in argv:
             return print(json.dumps([[addr, n, dict(ops)] for addr, n, ops in blocks]))
-        for addr, n, ops in blocks:
-            top = ", ".join(f"{k} {v}" for k, v in ops.most_common(12))
-            print(f"{addr:#07x}: {n:4} instructions; {top}", flush=True)
+        for line in sass.block_lines(blocks):
+            print(line, flush=True)
         return None
     forms, as_json = "--wgmma" in argv, "--json" in argv
     names = [a for a in argv if a not in ("--wgmma", "--json")] or list(variants())

@@ -4,6 +4,7 @@
     python -m attention_oracle.fast.kernels.sdpa_probe dkdv ieee 64 32,64,4,2
     python -m attention_oracle.fast.kernels.sdpa_probe dkdv+atomic tf32x3 128 32,32,4,2
     python -m attention_oracle.fast.kernels.sdpa_probe fwd+causal bf16 64 128,64,4,3
+    python -m attention_oracle.fast.kernels.sdpa_probe --sass fwd+causal bf16 64 128,64,4,3
 
 Arguments: the kernel (``fwd``, ``dkdv``, ``dq``; ``dkdv+atomic``: the dK/dV kernel with the
 TMA-reduce atomic dQ; ``+causal``: causal, its programs dealt in sections of 32 MiB of heads,
@@ -13,16 +14,20 @@ TMA-reduce atomic dQ; ``+causal``: causal, its programs dealt in sections of 32 
 ``BLOCK_M,BLOCK_N,num_warps,num_stages``. Unmasked; not causal unless named. Prints the shared memory each config needs (the H200
 allows 232448 bytes), from the ptxas bundled with Triton registers and spill bytes, and the
 tensor-core instructions the products took (``wgmma``, ``mma.sync`` or both): Triton gives a
-product wgmma only where its result has a multiple of 64 rows.
+product wgmma only where its result has a multiple of 64 rows. ``--sass`` first: each config's
+machine-code blocks that do a tile's products or softmax, counted by opcode (:mod:`.sass`;
+with ``--json``, one JSON list of [address, count, {opcode: count}] a config).
 Shared-memory figures come from the local Triton, which may lay operands out differently from
 the device's (docs/DESIGN.md "11. fast DSA (Triton)"), so a config near the limit still needs the device.
 """
+import json
 import sys
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from . import sass
 from .dsa_probe import _ptxas_usage
 from .sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel
 from .sdpa_common import TRIED_SECTION_BYTES, chunk_of
@@ -33,11 +38,11 @@ _KERNELS = {"fwd": (sdpa_fwd_kernel, 6), "dkdv": (sdpa_bwd_dkdv_kernel, 11),
 
 
 def compile_for_sm90(which, prec, head_dim, cfg, exp2_poly=0, atomic_dq=0, mma=False,
-                     section=None):
+                     section=None, cubin=False):
     """(shared bytes, registers, spill-store bytes) of one config (``exp2_poly``: the
     forward's EXP2_POLY; ``atomic_dq``: the dK/dV kernel's ATOMIC_DQ; ``section``: None not
     causal, else causal with that SECTION), and with ``mma`` the tensor-core form of its
-    products (:func:`mma_form`)."""
+    products (:func:`mma_form`); with ``cubin``, the compiled machine code alone."""
     autotuned, n_tensors = _KERNELS[which]
     kernel = autotuned.fn.fn
     bm, bn, warps, stages = cfg
@@ -71,6 +76,8 @@ def compile_for_sm90(which, prec, head_dim, cfg, exp2_poly=0, atomic_dq=0, mma=F
                     constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=warps, num_stages=stages))
+    if cubin:
+        return compiled.asm["cubin"]
     usage = (compiled.metadata.shared,) + _ptxas_usage(compiled.asm["ptx"])
     return usage + (mma_form(compiled.asm["ptx"]),) if mma else usage
 
@@ -82,6 +89,8 @@ def mma_form(ptx):
 
 
 def main(argv):
+    show_sass, as_json = argv[:1] == ["--sass"], "--json" in argv
+    argv = [a for a in argv if a not in ("--sass", "--json")]
     name = argv[0] if argv else ""
     section = (TRIED_SECTION_BYTES[0] if "+causal" in name else 0 if "+rows" in name else None)
     which = name.split("+")[0]
@@ -92,6 +101,13 @@ def main(argv):
     for text in argv[3:]:
         cfg = tuple(int(x) for x in text.split(","))
         try:
+            if show_sass:
+                blocks = sass.tile_blocks(compile_for_sm90(
+                    which, prec, head_dim, cfg, atomic_dq=atomic_dq, section=section, cubin=True))
+                print(json.dumps([[a, n, dict(ops)] for a, n, ops in blocks]) if as_json else
+                      "\n".join([f"{argv[0]} {prec} D{head_dim} {cfg}:"]
+                                 + sass.block_lines(blocks)), flush=True)
+                continue
             shared, regs, spills, form = compile_for_sm90(which, prec, head_dim, cfg,
                                                           atomic_dq=atomic_dq, mma=True,
                                                           section=section)
