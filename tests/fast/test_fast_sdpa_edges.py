@@ -164,6 +164,23 @@ def test_scale_beyond_float32_is_refused_by_name(dtype, masked, gen):
     scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=largest)  # taken, not refused
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("scale", [1e-46, 1e-45, 1e-39, 2.0 ** -126],
+                         ids=["zero", "least_subnormal", "subnormal", "least_normal"])
+def test_a_scale_below_the_fold_weights_visible_keys_alike(dtype, scale, gen):
+    """F93: a masked tile folds the scale into its exponent (a masked -inf times
+    ``scale * log2 e``) only where that product is a normal fp32 number; a smaller positive
+    scale (which fp32 holds as 0 or a subnormal) runs unfolded. Every score rounds to 0 there,
+    so each row is the mean of the values its causal mask lets it see (11 keys: a key tile
+    and a bound past it)."""
+    q, k, v = (randn(1, 2, 11, 16, dtype=dtype, gen=gen) for _ in range(3))
+    out = scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    seen = torch.arange(1, 12, dtype=torch.float64, device=v.device)[:, None]
+    want = v.double().cumsum(-2) / seen
+    err = (out.double() - want).abs().max().item()
+    assert err <= 4 * torch.finfo(dtype).eps, f"scale {scale:g}: off by {err:.3g}"
+
+
 @pytest.mark.parametrize("flag,value", [("is_causal", 1), ("is_causal", 1.0),
                                         ("enable_gqa", 0), ("enable_gqa", 0.0)])
 def test_non_bool_flags_refused_after_a_cached_call(flag, value, gen):
