@@ -57,6 +57,12 @@
 #                (PERSISTENT_PINGPONG), the causal diagonal's half tile (PERSISTENT_HALF), both: their
 #                variant tests, benchmarks.sdpa_gluon beside the default (D 64, 128; FORMS_SHAPES,
 #                L 1k and 4k), Nsight Compute on D 64's causal L 1k forward and backward (fast, cuDNN)
+#   base         this tree's SDPA forwards against those of BASE (a commit, default HEAD~1, its
+#                attention_oracle and benchmarks taken by git archive into $OUT/base/tree):
+#                benchmarks.sdpa_gluon (the default config: the Gluon and the Triton forward
+#                beside cuDNN) at D BASE_DIMS (64,128), L 1k and 4k, causal (BASE_CAUSAL, 1),
+#                each tree in turn BASE_ROUNDS (2) times, each run against cuDNN in its own
+#                process; BASE's rows go to logs only (benchmarks.targets reads this tree's)
 #   tunevar      the Triton backward's tuning run to run (docs/FINDINGS.md F91): TUNE_RUNS (4)
 #                runs of benchmarks.sdpa_gluon_bwd at D 64 L 1k causal, each from an empty Triton
 #                cache of its own (so each tunes afresh), with the tiles each picked and each
@@ -494,6 +500,35 @@ task_fwdforms() {
     fi
 }
 
+task_base() {
+    local d=$1 base=${BASE:-HEAD~1} i tree py
+    py=$(command -v "$PY") && py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py")  # from any folder
+    rm -rf "$d/tree" && mkdir -p "$d/tree" || return 1
+    git archive "$base" attention_oracle benchmarks | tar -x -C "$d/tree" || { note "no $base"; return 1; }
+    note "BASE $base = $(git rev-parse --short "$base")"
+    for i in $(seq "${BASE_ROUNDS:-2}"); do
+        for tree in this base; do
+            local dir=. json=(--json "$d/this$i.json")
+            [ "$tree" = base ] && dir=$d/tree json=()
+            (cd "$dir" && PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} timeout "${BASE_S:-120}" "$py" \
+                -m benchmarks.sdpa_gluon --configs "${BASE_CONFIG:-128,128,2,4,3}" --shapes 0,1 \
+                --dims "${BASE_DIMS:-64,128}" --causal "${BASE_CAUSAL:-1}" --rounds 2 "${json[@]}") \
+                > "$d/$tree$i.log" 2>&1
+            note "$tree, round $i: exit $?"
+            grep -h "^{" "$d/$tree$i.log" | "$PY" -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print("  D %d L %d causal %d: gluon %.0f (%.3f of cuDNN queued, %.3f synced), triton %.0f "
+          "(%.3f, %.3f), cuDNN %.0f; err %.1e" % (
+              r["D"], r["L"], r["causal"], r["gluon_queued"], r["gluon_over_cudnn_queued"],
+              r["gluon_over_cudnn_synced"], r["triton_queued"],
+              r["triton_queued"] / r["cudnn_queued"], r["triton_synced"] / r["cudnn_synced"],
+              r["cudnn_queued"], r["err64_gluon"]))'
+        done
+    done
+}
+
 task_tunevar() {
     local d=$1 i
     for i in $(seq "${TUNE_RUNS:-4}"); do
@@ -564,7 +599,7 @@ task_prefetch() {
 }
 
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,order,fwdforms,tunevar,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,order,fwdforms,base,tunevar,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
     exit 2
 }
 
@@ -576,7 +611,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|fwdforms|tunevar|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|fwdforms|base|tunevar|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done
