@@ -53,6 +53,7 @@ from .kernels.sdpa_common import (
     MASK_ADD,
     MASK_BOOL,
     MASK_NONE,
+    MIN_QK_SCALE,
     STATS_LSE,
     CachedLauncher,
     chunk_of,
@@ -494,7 +495,7 @@ def _fold(scale, dtype, backward):
     """Whether a launch takes the fold (:func:`set_kernel_options`): the kernels' log2-unit
     fast path needs a positive scale whose fp32 ``scale * log2 e`` is a normal number (a masked
     tile multiplies a -inf by it); the backward folds only in 16-bit."""
-    return (KERNEL_OPTIONS["fold"] and scale * LOG2E >= 2.0 ** -126
+    return (KERNEL_OPTIONS["fold"] and scale * LOG2E >= MIN_QK_SCALE
             and not (backward and dtype == torch.float32))
 
 

@@ -42,6 +42,9 @@ from ..launch import BoundLaunch, DirectLauncher, on_device_of
 from .accurate_math import exp_accurate, log_accurate
 
 LOG2E = 1.4426950408889634
+# the least scale * log2(e) the log2-unit (folded) kernels take: float32's least normal number,
+# since a masked tile multiplies a -inf by it (docs/FINDINGS.md F93)
+MIN_QK_SCALE = 2.0 ** -126
 LN2 = 0.6931471805599453
 
 MASK_NONE = 0

@@ -38,7 +38,7 @@ import functools
 import torch
 
 from ..launch import DirectLauncher, TmaBoundLaunch, is_sm90, misaligned, on_device_of
-from .sdpa_common import score_count
+from .sdpa_common import MIN_QK_SCALE, score_count
 
 try:  # Gluon is experimental: a Triton without it (or with another API) leaves the path off
     from triton.experimental import gluon
@@ -70,8 +70,6 @@ WORKER_REGS_3 = gl.constexpr(160) if GLUON_AVAILABLE else 160
 PRODUCER_REGS = gl.constexpr(40) if GLUON_AVAILABLE else 40
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-# the least scale * log2(e) the kernels take: float32's least normal number
-MIN_QK_SCALE = 2.0 ** -126
 # (BLOCK_M, BLOCK_N, STAGES, num_warps, WS): WS=False is sdpa_fwd_gluon_kernel (num_warps 8:
 # two warpgroups of 64 query rows in lockstep); WS=True is sdpa_fwd_gluon_ws_kernel (num_warps
 # 4 for the first consumer; a second consumer and a producer warp as workers), WS=PINGPONG the
@@ -1164,7 +1162,6 @@ def plan(shapes, strides, dtype, device, is_causal, scale):
     (:func:`tile_dim`: a multiple of 8 up to 256), a positive scale (``scale * log2 e`` at
     least MIN_QK_SCALE), TMA-ready strides, non-empty (masks and dropout never reach it). Data
     pointers are checked per call: TMA needs 16-byte aligned base addresses (:func:`aligned`)."""
-    # a scale whose fp32 qk_scale is a normal number: the masked tiles multiply a -inf by it
     if (not GLUON_AVAILABLE or not scale * LOG2E >= MIN_QK_SCALE or dtype not in _GL_DTYPES
             or device.type != "cuda"):
         return None
