@@ -204,6 +204,22 @@ if GLUON_AVAILABLE:
         return p, alpha, m_new, l_new
 
     @gluon.jit
+    def _key_tile_softmax(s, m_i, l_i, start_m, start_n, free_hi, L, S, qk_scale, mask_base, s_mm,
+                          s_mn, s_layout: gl.constexpr, CAUSAL: gl.constexpr,
+                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """:func:`_tile_softmax` of the key tile from ``start_n``: unmasked before ``free_hi``
+        (:func:`_key_tiles`), masked from it."""
+        if start_n < free_hi:
+            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, start_n, L, S, qk_scale,
+                                               mask_base, s_mm, s_mn, s_layout, False, CAUSAL,
+                                               BLOCK_M, BLOCK_N)
+        else:
+            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, start_n, L, S, qk_scale,
+                                               mask_base, s_mm, s_mn, s_layout, True, CAUSAL,
+                                               BLOCK_M, BLOCK_N)
+        return p, alpha, m_i, l_i
+
+    @gluon.jit
     def _key_tiles(start_m, S, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    CAUSAL: gl.constexpr):
         """(free_hi, n_tiles) of the query block from row start_m: key tiles [0, free_hi) need
@@ -340,12 +356,9 @@ if GLUON_AVAILABLE:
         k_t = _tile_view(k_ring, 0, BLOCK_N, HEAD_D).permute((1, 0))
         s_tok = warpgroup_mma(q_tile, k_t, s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s_tok, ))
-        if free_hi > 0:
-            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, 0, L, S, qk_scale, Mask, s_mm,
-                                               s_mn, s_layout, False, CAUSAL, BLOCK_M, BLOCK_N)
-        else:
-            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, 0, L, S, qk_scale, Mask, s_mm,
-                                               s_mn, s_layout, True, CAUSAL, BLOCK_M, BLOCK_N)
+        p, alpha, m_i, l_i = _key_tile_softmax(s, m_i, l_i, start_m, 0, free_hi, L, S, qk_scale,
+                                               Mask, s_mm, s_mn, s_layout, CAUSAL, BLOCK_M,
+                                               BLOCK_N)
         partition_barrier()  # both warpgroups are done with K stage 0
         _load_tile(k_desc, k_ring, k_bars, 0, z1, z2, hk, STAGES * BLOCK_N, STAGES < n_tiles)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -363,13 +376,8 @@ if GLUON_AVAILABLE:
             o_tok = warpgroup_mma(p_op, v_tile, acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok, ))
             start_n = j * BLOCK_N
-            if start_n < free_hi:
-                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, start_n, L, S, qk_scale,
-                                                   Mask, s_mm, s_mn, s_layout, False, CAUSAL,
-                                                   BLOCK_M, BLOCK_N)
-            else:
-                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, start_m, start_n, L, S, qk_scale,
-                                                   Mask, s_mm, s_mn, s_layout, True, CAUSAL,
+            p, alpha, m_i, l_i = _key_tile_softmax(s, m_i, l_i, start_m, start_n, free_hi, L, S,
+                                                   qk_scale, Mask, s_mm, s_mn, s_layout, CAUSAL,
                                                    BLOCK_M, BLOCK_N)
             acc = warpgroup_mma_wait(0, deps=(o_tok, ))
             partition_barrier()  # both warpgroups are done with K stage `stage`, V stage `prev`
@@ -559,12 +567,8 @@ if GLUON_AVAILABLE:
         s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
         s = _first_scores(q_rows, k_ring, k_full, k_empty, turn, q_empty, prev_qb, s_zero, it0,
                           rnd0, False, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG)
-        if free_hi > 0:
-            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
-                                               s_mn, s_layout, False, CAUSAL, ROWS, BLOCK_N)
-        else:
-            p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
-                                               s_mn, s_layout, True, CAUSAL, ROWS, BLOCK_N)
+        p, alpha, m_i, l_i = _key_tile_softmax(s, m_i, l_i, row_m, 0, free_hi, L, S, qk_scale,
+                                               Mask, s_mm, s_mn, s_layout, CAUSAL, ROWS, BLOCK_N)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         alpha_o = gl.convert_layout(alpha, row_o)
 
@@ -573,14 +577,9 @@ if GLUON_AVAILABLE:
                                          acc, alpha_o, p_op, s_zero, it0 + j, rnd0 + j,
                                          False, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG)
             start_n = j * BLOCK_N
-            if start_n < free_hi:
-                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, L, S, qk_scale,
-                                                   Mask, s_mm, s_mn, s_layout, False, CAUSAL, ROWS,
-                                                   BLOCK_N)
-            else:
-                p, alpha, m_i, l_i = _tile_softmax(s, m_i, l_i, row_m, start_n, L, S, qk_scale,
-                                                   Mask, s_mm, s_mn, s_layout, True, CAUSAL, ROWS,
-                                                   BLOCK_N)
+            p, alpha, m_i, l_i = _key_tile_softmax(s, m_i, l_i, row_m, start_n, free_hi, L, S,
+                                                   qk_scale, Mask, s_mm, s_mn, s_layout, CAUSAL,
+                                                   ROWS, BLOCK_N)
             acc = warpgroup_mma_wait(0, deps=(o_tok, ))
             _release(v_empty, (it0 + j - 1) % STAGES)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
