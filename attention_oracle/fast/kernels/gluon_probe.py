@@ -26,8 +26,8 @@ waits in all), or error). ``--sass NAME`` disassembles one variant (:mod:`.sass`
 prints its straight-line blocks (cut at labels and branches) that hold a wgmma or at least 16
 ``MUFU.EX2``: a block's address, its instruction count and its opcodes by count, per warp: the
 work of one key tile's softmax, masked or free, read off the machine code (docs/FINDINGS.md
-F93); with ``--json``, a list of [address, count, {opcode: count}]. Run it outside Triton's CPU interpreter
-(``TRITON_INTERPRET`` unset): under it the standard library's jit functions cannot be
+F93); with ``--json``, a list of [address, count, {opcode: count}]. Run it outside Triton's
+CPU interpreter (``TRITON_INTERPRET`` unset): under it the standard library's jit functions cannot be
 compiled. Figures come from the local Triton, which may differ from the device's (Triton 3.6
 there): register and spill counts moved between 3.6 and 3.8 (docs/FINDINGS.md F31), so a
 figure near a limit still needs the device.
@@ -261,7 +261,7 @@ def main(argv):
     if argv[:1] == ["--sass"]:
         blocks = tile_blocks(argv[1])
         if "--json" in argv:
-            return print(json.dumps([[addr, n, dict(ops)] for addr, n, ops in blocks]))
+            return print(sass.blocks_json(blocks))
         for line in sass.block_lines(blocks):
             print(line, flush=True)
         return None

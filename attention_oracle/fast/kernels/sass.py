@@ -3,6 +3,7 @@ nvdisasm bundled with Triton: how many instructions a warp issues for one tile's
 products (docs/FINDINGS.md F93), read offline. The probes (:mod:`.gluon_probe`,
 :mod:`.sdpa_probe`) print them with ``--sass``."""
 import collections
+import json
 import os
 import re
 import subprocess
@@ -62,3 +63,8 @@ def block_lines(blocks):
     """One line a block: its address, instruction count and most frequent opcodes."""
     return [f"{addr:#07x}: {n:4} instructions; "
             + ", ".join(f"{k} {v}" for k, v in ops.most_common(12)) for addr, n, ops in blocks]
+
+
+def blocks_json(blocks):
+    """The blocks as JSON: a list of [address, count, {opcode: count}]."""
+    return json.dumps([[addr, n, dict(ops)] for addr, n, ops in blocks])

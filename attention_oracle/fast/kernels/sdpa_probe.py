@@ -20,7 +20,6 @@ with ``--json``, one JSON list of [address, count, {opcode: count}] a config).
 Shared-memory figures come from the local Triton, which may lay operands out differently from
 the device's (docs/DESIGN.md "11. fast DSA (Triton)"), so a config near the limit still needs the device.
 """
-import json
 import sys
 
 import triton
@@ -104,7 +103,7 @@ def main(argv):
             if show_sass:
                 blocks = sass.tile_blocks(compile_for_sm90(
                     which, prec, head_dim, cfg, atomic_dq=atomic_dq, section=section, cubin=True))
-                print(json.dumps([[a, n, dict(ops)] for a, n, ops in blocks]) if as_json else
+                print(sass.blocks_json(blocks) if as_json else
                       "\n".join([f"{argv[0]} {prec} D{head_dim} {cfg}:"]
                                  + sass.block_lines(blocks)), flush=True)
                 continue
