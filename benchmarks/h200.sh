@@ -62,7 +62,8 @@
 #                benchmarks.sdpa_gluon (the default config: the Gluon and the Triton forward
 #                beside cuDNN) at D BASE_DIMS (64,128), L 1k and 4k, causal (BASE_CAUSAL, 1),
 #                each tree in turn BASE_ROUNDS (2) times, each run against cuDNN in its own
-#                process; BASE's rows go to logs only (benchmarks.targets reads this tree's)
+#                process; BASE's rows go to logs only (benchmarks.targets reads this tree's);
+#                BASE_TREE, a folder with the base's attention_oracle and benchmarks, replaces BASE
 #   tunevar      the Triton backward's tuning run to run (docs/FINDINGS.md F91): TUNE_RUNS (4)
 #                runs of benchmarks.sdpa_gluon_bwd at D 64 L 1k causal, each from an empty Triton
 #                cache of its own (so each tunes afresh), with the tiles each picked and each
@@ -504,8 +505,13 @@ task_base() {
     local d=$1 base=${BASE:-HEAD~1} i tree py
     py=$(command -v "$PY") && py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py")  # from any folder
     rm -rf "$d/tree" && mkdir -p "$d/tree" || return 1
-    git archive "$base" attention_oracle benchmarks | tar -x -C "$d/tree" || { note "no $base"; return 1; }
-    note "BASE $base = $(git rev-parse --short "$base")"
+    if [ -n "${BASE_TREE:-}" ]; then  # a folder holding the base's attention_oracle and benchmarks
+        cp -r "$BASE_TREE"/attention_oracle "$BASE_TREE"/benchmarks "$d/tree" || return 1
+        note "BASE the tree in $BASE_TREE"
+    else
+        git archive "$base" attention_oracle benchmarks | tar -x -C "$d/tree" || { note "no $base"; return 1; }
+        note "BASE $base = $(git rev-parse --short "$base")"
+    fi
     for i in $(seq "${BASE_ROUNDS:-2}"); do
         for tree in this base; do
             local dir=. json=(--json "$d/this$i.json")
