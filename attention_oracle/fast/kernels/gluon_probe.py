@@ -151,6 +151,7 @@ THREE_CONSUMERS = (192, 128, 2, 4, True)
 PERSISTENT_TILE = (128, 128, 2, 4, 3)  # sdpa_fwd_gluon.PERSISTENT
 PERSISTENT_PINGPONG_TILE = (128, 128, 2, 4, 4)  # sdpa_fwd_gluon.PERSISTENT_PINGPONG
 PERSISTENT_HALF_TILE = (128, 128, 2, 4, 5)  # sdpa_fwd_gluon.PERSISTENT_HALF
+PERSISTENT_PINGPONG_HALF_TILE = (128, 128, 2, 4, 6)  # sdpa_fwd_gluon.PERSISTENT_PINGPONG_HALF
 
 
 def variants():
@@ -186,6 +187,8 @@ def variants():
             64, True, config=PERSISTENT_HALF_TILE),
         "sdpa_fwd_d128_causal_persistent_half": lambda: _sdpa_fwd(
             128, True, config=PERSISTENT_HALF_TILE),
+        "sdpa_fwd_d64_causal_persistent_pingpong_half": lambda: _sdpa_fwd(
+            64, True, config=PERSISTENT_PINGPONG_HALF_TILE),
         "sdpa_fwd_d256_causal": lambda: _sdpa_fwd(256, True,
                                                   config=sdpa_fwd_gluon.TILE_CONFIGS[256]),
         "sdpa_fwd_d64_add_mask": lambda: _sdpa_fwd(64, False, mask="*bf16"),

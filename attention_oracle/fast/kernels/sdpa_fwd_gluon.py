@@ -710,9 +710,11 @@ if GLUON_AVAILABLE:
                                      gl.zeros([ROWS, BLOCK_N // 2], gl.float32, layout=h_layout),
                                      it, rnd0 + n_full, True, BLOCK_N, HEAD_D, STAGES, ME, NEXT,
                                      PINGPONG)
+        # a layout passed on must be a constexpr (Triton 3.6 cannot pass a bare one)
+        row_s: gl.constexpr = m_i.type.layout
         p, alpha, m_i, l_i = _half_softmax(s, m_i, l_i, row_m, n_full * BLOCK_N, L, S, qk_scale,
-                                           Mask, s_mm, s_mn, h_layout, m_i.type.layout, CAUSAL,
-                                           ROWS, BLOCK_N // 2)
+                                           Mask, s_mm, s_mn, h_layout, row_s, CAUSAL, ROWS,
+                                           BLOCK_N // 2)
         acc = warpgroup_mma_wait(0, deps=(o_tok, ))
         _release(v_empty, (it - 1) % STAGES)
         acc = acc * gl.convert_layout(alpha, alpha_o.type.layout)[:, None]
@@ -738,9 +740,9 @@ if GLUON_AVAILABLE:
         s = _first_scores(q_rows, k_ring, k_full, k_empty, turn, q_empty, prev_qb,
                           gl.zeros([ROWS, BLOCK_N // 2], gl.float32, layout=h_layout), it0, rnd0,
                           True, BLOCK_N, HEAD_D, STAGES, ME, NEXT, PINGPONG)
+        row_s: gl.constexpr = m_i.type.layout
         p, alpha, m_i, l_i = _half_softmax(s, m_i, l_i, row_m, 0, L, S, qk_scale, Mask, s_mm,
-                                           s_mn, h_layout, m_i.type.layout, CAUSAL, ROWS,
-                                           BLOCK_N // 2)
+                                           s_mn, h_layout, row_s, CAUSAL, ROWS, BLOCK_N // 2)
         acc = _last_pv(acc, gl.convert_layout(p.to(q_rows.dtype), p_layout), v_ring, v_full,
                        v_empty, turn, it0, rnd0 + 1, False, True, BLOCK_N, HEAD_D, STAGES, ME,
                        NEXT, PINGPONG, RELEASE_LAST)
