@@ -8,7 +8,10 @@ Names (all by default): ``dsa_fwd``, ``dsa_fwd_nope``, ``dsa_bwd``, ``dsa_bwd_no
 ``sdpa_fwd_d64``, ``sdpa_fwd_d128``, ``sdpa_fwd_d128_causal``, ``sdpa_fwd_d128_bool_mask``,
 ``sdpa_fwd_d64_add_mask`` (a boolean and an additive mask), ``sdpa_fwd_d256_causal`` (the
 256-column tile's config), ``sdpa_fwd_d128_persistent``, ``sdpa_fwd_d64_causal_persistent``
-(the persistent program), ``sdpa_fwd_d128_pingpong``,
+(the persistent program), ``sdpa_fwd_d64_causal_persistent_pingpong``,
+``sdpa_fwd_d128_persistent_pingpong``, ``sdpa_fwd_d64_causal_persistent_half``,
+``sdpa_fwd_d128_causal_persistent_half``, ``sdpa_fwd_d64_causal_persistent_pingpong_half``
+(its forms), ``sdpa_fwd_d128_pingpong``,
 ``sdpa_fwd_d128_causal_pingpong`` (the forward's opt-in ping-pong form), ``sdpa_bwd_d64``,
 ``sdpa_bwd_d128``, ``sdpa_bwd_d128_causal``, ``sdpa_bwd_d128_bool_mask``,
 ``sdpa_bwd_d64_add_mask``, ``sdpa_bwd_d64_tma``, ``sdpa_bwd_d128_tma``,
