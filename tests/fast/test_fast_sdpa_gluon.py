@@ -601,6 +601,9 @@ def test_persistent_program_variants(config, L, S, D, is_causal, gen, monkeypatc
     tile ends before its rows (S 300 < L 777)). 4 programs, several pairs of query blocks each,
     ragged lengths both ways, a head dim below the tile's."""
     assert config[4] in sdpa_fwd_gluon.PERSISTENT_FORMS
+    if config[2] == 3 and D > 64:
+        pytest.skip("three stages of 128-key tiles past head dim 64 need 262 KB of shared memory "
+                    "(the H100 / H200 allow 227 KB): a form of D 64 alone")
     monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", config)
     monkeypatch.setattr(sdpa_fwd_gluon, "_sm_count", lambda device: 4)
     monkeypatch.setattr(sdpa_fwd_gluon, "_PREPARED", {})

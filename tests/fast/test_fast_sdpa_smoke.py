@@ -1001,11 +1001,16 @@ def test_every_tf32x3_tile_agrees(index):
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # a fresh run of the suite's own tests: no xdist worker's variables, and no ORACLE_IMPL or
+    # PYTEST_ADDOPTS naming implementations (under which the plugin deselects them all)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PYTEST_XDIST") and k not in ("ORACLE_IMPL", "PYTEST_ADDOPTS")}
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p",
                         "no:cacheprovider", __file__, "-k",
                         "test_fp32_tf32x3_tuned_tiles_agree"], cwd=root, capture_output=True,
                        text=True, timeout=600,
-                       env=dict(os.environ, PYTHONPATH=root, SDPA_FORCE_CONFIG=str(index)))
+                       env=dict(env, PYTHONPATH=path, SDPA_FORCE_CONFIG=str(index)))
     assert r.returncode == 0, f"tile {index}: exit {r.returncode}: {r.stdout[-3000:]}"
     assert "2 passed" in r.stdout, f"tile {index}: the forced run judged nothing: {r.stdout[-1500:]}"
 
