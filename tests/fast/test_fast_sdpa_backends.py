@@ -5,6 +5,7 @@ the kernels themselves are checked by test_fast_sdpa_smoke.py and, on sm_90, by
 test_fast_sdpa_gluon.py (``test_auto_takes_gluon_where_faster`` there runs the same rule).
 """
 import contextlib
+import itertools
 
 import pytest
 import torch
@@ -465,24 +466,30 @@ def test_the_persistent_forward_takes_one_program_an_sm_and_leaves_masks_to_the_
     are fewer (one program a block: more SMs busy); a masked call launches the
     warp-specialized kernel on the one-block grid; three consumers are refused with a
     ValueError."""
-    monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", (128, 128, 2, 4, sdpa_fwd_gluon.PERSISTENT))
     # L 1000: 8 query blocks a row, 4 pairs
-    for L, H, sms, persistent in ((1000, 16, 48, True), (1000, 64, 132, True),
-                                  (1000, 16, 132, False), (1100, 12, 60, True)):
+    cases = ((1000, 16, 48, True), (1000, 64, 132, True), (1000, 16, 132, False),
+             (1100, 12, 60, True))
+    for ws, (L, H, sms, persistent) in itertools.product(
+            (sdpa_fwd_gluon.PERSISTENT, sdpa_fwd_gluon.PERSISTENT_HALF), cases):
+        monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", (128, 128, 2, 4, ws))
         monkeypatch.setattr(sdpa_fwd_gluon, "_sm_count", lambda device, sms=sms: sms)
         q = torch.zeros(1, 1, H, L, 128, dtype=torch.bfloat16)
         st = tuple(q.stride())
         plan = ((q.shape,) * 3, (st,) * 3, False, 0.1)
         prepared = sdpa_fwd_gluon._prepare(q, q, q, q, torch.zeros(3, H * L), plan)
-        (plain, pgrid, tail), (masked, mgrid, mtail) = prepared[4]
+        (plain, pgrid, tail), (masked, mgrid, mtail, mmeta) = prepared[4]
         blocks = -(-L // 128)
+        # the half diagonal is the persistent kernel's alone: the one-block kernels take no
+        # HALF_DIAG (a launch naming it raised KeyError)
+        half = persistent and ws == sdpa_fwd_gluon.PERSISTENT_HALF
+        assert prepared[3].get("HALF_DIAG", False) == half
         if persistent:
             assert plain is sdpa_fwd_gluon._WS_PERSISTENT_LAUNCH and pgrid == (sms, )
             assert tail == (H, ) and prepared[1] == pgrid
         else:
             assert plain is sdpa_fwd_gluon._WS_LAUNCH and pgrid == (blocks, H) and tail == ()
         assert masked is sdpa_fwd_gluon._WS_MASKED_LAUNCH and mgrid == (blocks, H)
-        assert mtail == ()
+        assert mtail == () and "HALF_DIAG" not in mmeta
         args = sdpa_fwd_gluon.launch_args(prepared, q, q, q, q, q)
         assert args[-1 - len(tail):] == (0.1 * sdpa_fwd_gluon.LOG2E, *tail)  # qk_scale, tail
     monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", (192, 128, 2, 4, sdpa_fwd_gluon.PERSISTENT))

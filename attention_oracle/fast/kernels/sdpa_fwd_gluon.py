@@ -1301,12 +1301,11 @@ def _prepare(query, key, value, out, stats, gluon_plan):
                 STAGES=stages, num_warps=warps)
     if ws:
         meta["PINGPONG"] = ws in PINGPONG_FORMS
-    if ws in (PERSISTENT_HALF, PERSISTENT_PINGPONG_HALF):
-        meta["HALF_DIAG"] = True
-    # (launcher, grid, trailing arguments) of an unmasked and a masked call: an unmasked
-    # launch carries no mask arguments; the persistent program takes masked calls to the
-    # warp-specialized kernel
-    masked = (_WS_MASKED_LAUNCH if ws else _MASKED_LAUNCH, grid, ())
+    # (launcher, grid, trailing arguments) of an unmasked call, and (launcher, grid, trailing
+    # arguments, meta) of a masked one: an unmasked launch carries no mask arguments; the
+    # persistent program takes masked calls to the warp-specialized one-block kernel
+    masked = (_WS_MASKED_LAUNCH if ws else _MASKED_LAUNCH, grid, (), meta)
+    plain_meta = meta
     if ws in PERSISTENT_FORMS:
         if block_m != 128:
             raise ValueError(f"the persistent program takes two consumers (BLOCK_M 128), not "
@@ -1314,6 +1313,8 @@ def _prepare(query, key, value, out, stats, gluon_plan):
         if persistent_runs(qs, query.device):  # one program an SM over pairs (_pair_item)
             sms = _sm_count(query.device)
             plain = (_WS_PERSISTENT_LAUNCH, (sms, ), (grid[1], ))
+            if ws in (PERSISTENT_HALF, PERSISTENT_PINGPONG_HALF):  # the persistent kernel's own
+                plain_meta = dict(meta, HALF_DIAG=True)
         else:  # fewer pairs than SMs: one program a block keeps more SMs busy
             plain = (_WS_LAUNCH, grid, ())
     else:
@@ -1321,8 +1322,9 @@ def _prepare(query, key, value, out, stats, gluon_plan):
     # an unmasked call's launch with its descriptors expanded here (fast.launch.TmaBoundLaunch),
     # and its non-tensor arguments per Stats row stride as one kept tuple (the same object: the
     # same values)
-    bound = TmaBoundLaunch(plain[0], plain[1], meta, fields, _unchecked, typed=True)
-    return fields, plain[1], (stats.stride(0), ints, scales), meta, (plain, masked), (bound, {})
+    bound = TmaBoundLaunch(plain[0], plain[1], plain_meta, fields, _unchecked, typed=True)
+    return (fields, plain[1], (stats.stride(0), ints, scales), plain_meta, (plain, masked),
+            (bound, {}))
 
 
 @functools.lru_cache(maxsize=16)
@@ -1394,9 +1396,8 @@ def launch(query, key, value, out, stats, gluon_plan, mask=None, s_stat=None):
         return False
     prepared = prepared_plan((gluon_plan, query.dtype, CONFIG, query.device), _prepare,
                              query, key, value, out, stats, gluon_plan)
-    _, _, _, meta, launches, _ = prepared
     args = launch_args(prepared, query, key, value, out, stats, mask)
-    launcher, grid, _ = launches[1]  # the masked kernel's
+    launcher, grid, _, meta = prepared[4][1]  # the masked kernel's
     # Triton launches on the current device: make the tensors' one current first
     on_device_of(stats, launcher, grid, args, meta)
     return True
