@@ -64,6 +64,12 @@
 #                each tree in turn BASE_ROUNDS (2) times, each run against cuDNN in its own
 #                process; BASE's rows go to logs only (benchmarks.targets reads this tree's);
 #                BASE_TREE, a folder with the base's attention_oracle and benchmarks, replaces BASE
+#   form         what making a persistent form the forward's default needs, all under
+#                ATTENTION_ORACLE_FAST_SDPA_FWD_FORM=$FORM (half): fast's SDPA Gluon, smoke, edge
+#                and backend tests, the conformance SDPA checks with the Gluon forward taking
+#                every call it can (FORM_BUDGET, 140 s; OPTIN_CHECK_S, 30 s a check), then
+#                benchmarks.sdpa_gluon's FORM_CONFIGS (the default's and the half form's) beside
+#                cuDNN at D 64 and 128, L 1k and 4k, causal and not
 #   tunevar      the Triton backward's tuning run to run (docs/FINDINGS.md F91): TUNE_RUNS (4)
 #                runs of benchmarks.sdpa_gluon_bwd at D 64 L 1k causal, each from an empty Triton
 #                cache of its own (so each tunes afresh), with the tiles each picked and each
@@ -535,6 +541,27 @@ for line in sys.stdin:
     done
 }
 
+task_form() {
+    local d=$1 form=${FORM:-half}
+    export ATTENTION_ORACLE_FAST_SDPA_FWD_FORM=$form
+    timeout "${FORM_TESTS_S:-240}" "$PY" -m pytest -p no:cacheprovider -q -n 12 -rfE --tb=line \
+        "$TESTS/test_fast_sdpa_gluon.py" "$TESTS/test_fast_sdpa_smoke.py" \
+        "$TESTS/test_fast_sdpa_edges.py" "$TESTS/test_fast_sdpa_backends.py" > "$d/tests.log" 2>&1
+    note "fast's SDPA GPU tests under the form $form: exit $?"
+    grep -E "passed|failed|FAILED|ERROR" "$d/tests.log" | cut -c1-300 | tail -10
+    ATTENTION_ORACLE_FAST_SDPA_FWD=gluon OUT=$d BUDGET=${FORM_BUDGET:-140} WORKERS=${WORKERS:-12} \
+        bash .ci/gpu sdpa_form --impl fast --oracle-check-budget "${OPTIN_CHECK_S:-30}" \
+        attention_oracle/conformance/test_sdpa.py
+    note "conformance SDPA checks under the Gluon forward and the form $form; report $d/sdpa_form.json"
+    # shellcheck disable=SC2086
+    timeout "${FORM_S:-150}" "$PY" -m benchmarks.sdpa_gluon --configs ${FORM_CONFIGS:-128,128,2,4,3 \
+        128,128,2,4,5} --shapes 0,1 --dims 64,128 --causal 0,1 --rounds 2 --json "$d/gluon_form.json" \
+        > "$d/gluon.log" 2>&1
+    note "benchmarks.sdpa_gluon, FORM_CONFIGS (the default's and the half form's): exit $?"
+    grep -v "^{" "$d/gluon.log" | tail -12
+    unset ATTENTION_ORACLE_FAST_SDPA_FWD_FORM
+}
+
 task_tunevar() {
     local d=$1 i
     for i in $(seq "${TUNE_RUNS:-4}"); do
@@ -617,7 +644,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|fwdforms|base|tunevar|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|fwdforms|base|form|tunevar|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done

@@ -6,6 +6,9 @@ test_fast_sdpa_gluon.py (``test_auto_takes_gluon_where_faster`` there runs the s
 """
 import contextlib
 import itertools
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -495,6 +498,23 @@ def test_the_persistent_forward_takes_one_program_an_sm_and_leaves_masks_to_the_
     monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", (192, 128, 2, 4, sdpa_fwd_gluon.PERSISTENT))
     with pytest.raises(ValueError, match="two consumers"):
         sdpa_fwd_gluon._prepare(q, q, q, q, torch.zeros(3, H * L), plan)
+
+
+@pytest.mark.parametrize("form,ws", [("half", 5), ("pingpong_half", 6), ("", 3), ("bad", None)])
+def test_the_persistent_form_is_read_from_the_environment(form, ws):
+    """$ATTENTION_ORACLE_FAST_SDPA_FWD_FORM names the persistent program's form at the 64- and
+    128-column tiles (read at import: a fresh process each); an unknown name is refused by
+    name."""
+    script = ("from attention_oracle.fast.kernels import sdpa_fwd_gluon as g; "
+              "print(g.TILE_CONFIGS[64][4], g.TILE_CONFIGS[128][4], g.TILE_CONFIGS[256][4])")
+    env = dict(os.environ, ATTENTION_ORACLE_FAST_SDPA_FWD_FORM=form)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                       timeout=300)
+    if ws is None:
+        assert r.returncode != 0 and "ATTENTION_ORACLE_FAST_SDPA_FWD_FORM" in r.stderr, r.stderr
+    else:
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout.split() == [str(ws), str(ws), "True"], r.stdout
 
 
 def test_gluon_backward_schedule_rejects_an_unknown_name():

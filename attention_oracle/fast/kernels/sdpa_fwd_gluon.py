@@ -34,6 +34,7 @@ Gluon does not run under Triton's CPU interpreter: CI checks the Triton forward;
 checked on the GPU by ``tests/fast/test_fast_sdpa_gluon.py``.
 """
 import functools
+import os
 
 import torch
 
@@ -89,12 +90,14 @@ PERSISTENT = 3
 # WS=PERSISTENT_PINGPONG: the persistent program with its two consumers taking turns to issue
 # their products (FA3's ping-pong; at D 64 a tile's exponentials take the MUFU about as long
 # as its two products take the tensor cores, so one consumer's softmax can run under the
-# other's products); not yet timed
+# other's products); level with PERSISTENT on an H100 (docs/PERFORMANCE.md "The masked-tile
+# fold and the persistent forms, timed")
 PERSISTENT_PINGPONG = 4
 # WS=PERSISTENT_HALF (and PERSISTENT_PINGPONG_HALF, with ping-pong consumers): the persistent
 # program whose first consumer computes each causal diagonal key tile on the first half of its
 # keys (its 64 rows see no key past them; a quarter of the diagonal tile's products and
-# exponentials, about 6% of a causal L 1k forward's); not yet timed
+# exponentials, about 6% of a causal L 1k forward's); 1-5% ahead of PERSISTENT causal on an
+# H100 (same section), opt-in until the suite passes under it on the device
 PERSISTENT_HALF = 5
 PERSISTENT_PINGPONG_HALF = 6
 # the persistent forms, and those with ping-pong consumers
@@ -105,7 +108,22 @@ PINGPONG_FORMS = (PINGPONG, PERSISTENT_PINGPONG, PERSISTENT_PINGPONG_HALF)
 # offline, sm_90a). Three stages at 64 columns timed 1.04-1.07x two causal on the H200 and
 # level on an H100 (0.96-1.06x, 0.96x at L 16k causal; they pass the GPU tests), 64-key
 # stages up to 18% slower (docs/PERFORMANCE.md "D 64 causal backward at L 1k, ..."): two stay
-TILE_CONFIGS = {64: (128, 128, 2, 4, PERSISTENT), 128: (128, 128, 2, 4, PERSISTENT),
+# the persistent program's form at the 64- and 128-column tiles, by name: read once, at import,
+# from $ATTENTION_ORACLE_FAST_SDPA_FWD_FORM ("persistent" by default; what a device run of the
+# suite under another form sets)
+FORMS = {"persistent": PERSISTENT, "pingpong": PERSISTENT_PINGPONG, "half": PERSISTENT_HALF,
+         "pingpong_half": PERSISTENT_PINGPONG_HALF}
+
+
+def _form(name):
+    if name not in FORMS:
+        raise ValueError(f"ATTENTION_ORACLE_FAST_SDPA_FWD_FORM must be one of {sorted(FORMS)}, "
+                         f"not {name!r}")
+    return FORMS[name]
+
+
+FORM = _form(os.environ.get("ATTENTION_ORACLE_FAST_SDPA_FWD_FORM", "") or "persistent")
+TILE_CONFIGS = {64: (128, 128, 2, 4, FORM), 128: (128, 128, 2, 4, FORM),
                 256: (128, 64, 2, 4, True)}
 # a config every tile but 256 takes in place of its own (benchmarks and tests set one); None:
 # TILE_CONFIGS'
