@@ -61,6 +61,7 @@ from .kernels.sdpa_common import (
     score_count,
     stats_rows,
     tune_bucket,
+    tune_heads,
 )
 from .kernels.sdpa_fwd import sdpa_fwd_kernel
 from .launch import BoundLaunch, BuildGuard, DirectLauncher
@@ -508,15 +509,17 @@ def _fwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, is_causal, natural, 
     HKV, S, EV = k_shape[2], k_shape[3], v_shape[4]
     kind = MASK_NONE if mask_dtype is None else MASK_BOOL if mask_dtype == torch.uint8 else MASK_ADD
     tune_l, tune_s, block_e, block_ev = tune_bucket(L), tune_bucket(S), _block(E), _block(EV)
+    tune_h = tune_heads(Z1 * Z2 * HQ, tune_l)
     meta = dict(CAUSAL=is_causal, MASK_KIND=kind, PREC=prec, NATURAL=natural,
                 CHUNK_E=chunk_of(block_e), BLOCK_E=block_e, BLOCK_EV=block_ev, FOLD=fold,
                 SECTION=section)
     # meta is a function of the key (the launcher's memo relies on it)
-    key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype, natural,
-           prec, fold, section)
+    key = (tune_l, tune_s, tune_h, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype,
+           natural, prec, fold, section)
     ints = (Z2, HQ, HQ // HKV, L, S, E, EV)
     factor = 1.0 if natural or kind == MASK_ADD else LOG2E  # _qk_scale
-    return kind, key, meta, (L, S, E, EV), ("BLOCK_M", L, Z1 * Z2 * HQ), ints, factor, (tune_l, tune_s)
+    return (kind, key, meta, (L, S, E, EV), ("BLOCK_M", L, Z1 * Z2 * HQ), ints, factor,
+            (tune_l, tune_s, tune_h))
 
 
 def _launch_fwd(q, k, v, mask, is_causal, scale):
@@ -574,12 +577,13 @@ def _bwd_plan(q_shape, k_shape, v_shape, dtype, mask_dtype, dout_dtype, is_causa
                 CHUNK_E=chunk_of(block_e), CHUNK_EV=chunk_of(block_ev), BLOCK_E=block_e,
                 BLOCK_EV=block_ev, FOLD=fold, FUSE_DQ=fuse, ATOMIC_DQ=atomic, SECTION=section)
     tune_l, tune_s = tune_bucket(L), tune_bucket(S)
-    key = (tune_l, tune_s, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype,
+    tune_h = tune_heads(Z1 * Z2 * HQ, tune_l)
+    key = (tune_l, tune_s, tune_h, E, EV, block_e, block_ev, is_causal, kind, dtype, mask_dtype,
            dout_dtype, natural, prec, fold, fuse, atomic, section)
     ints = (Z2, HQ, HQ // HKV, L, S, E, EV)
     factor = 1.0 if natural or kind == MASK_ADD else LOG2E
     return (kind, key, meta, (L, S, E, EV), ("BLOCK_N", S, Z1 * Z2 * HKV),
-            ("BLOCK_M", L, Z1 * Z2 * HQ), ints, factor, (tune_l, tune_s), pre_block,
+            ("BLOCK_M", L, Z1 * Z2 * HQ), ints, factor, (tune_l, tune_s, tune_h), pre_block,
             (cdiv(L, pre_block), Z1 * Z2 * HQ),
             {name: x for name, x in meta.items() if name not in ("FUSE_DQ", "ATOMIC_DQ")})
 

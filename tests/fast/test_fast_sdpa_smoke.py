@@ -992,6 +992,33 @@ def _tf32x3_tile_count():
                len(sdpa_bwd._DKDV_TF32X3_ATOMIC))
 
 
+def test_the_tuning_key_tells_a_few_heads_from_many():
+    """A tile tuned on a grid of a few programs (a test's 2 x 3 heads at L 1000) is not kept for
+    a call of 16 x 32 heads at L 1024 (docs/FINDINGS.md F95): the forward's and the backward's
+    tuning keys, and the kernels' TUNE_H, carry a bucket of the query heads in all
+    (``sdpa_common.tune_heads``), capped where the grid holds ~1024 blocks of 128 rows."""
+    import attention_oracle.fast.sdpa as fsdpa
+    from attention_oracle.fast.kernels.sdpa_common import tune_heads
+
+    def fwd(z2, h, length):
+        shape = (1, z2, h, length, 64)
+        return fsdpa._fwd_plan(shape, shape, shape, torch.bfloat16, None, True, False, "tf32",
+                               True, 0)
+
+    def bwd(z2, h, length):
+        shape = (1, z2, h, length, 64)
+        return fsdpa._bwd_plan(shape, shape, shape, torch.bfloat16, None, torch.bfloat16, True,
+                               False, "tf32", False, True, False, False, 0)
+
+    for plan, tunes_at in ((fwd, 7), (bwd, 8)):
+        few, many, more = plan(2, 3, 1000), plan(16, 32, 1024), plan(64, 32, 1024)
+        assert few[1] != many[1] and few[tunes_at] != many[tunes_at], (few[1], many[1])
+        assert many[1] == more[1], "past the cap the key must not split further"
+        assert few[tunes_at] == (1024, 1024, 8) and many[tunes_at] == (1024, 1024, 128)
+    assert [tune_heads(n, 1024) for n in (1, 6, 128, 512)] == [1, 8, 128, 128]
+    assert tune_heads(512, 16384) == 8 and tune_heads(512, 128) == 512
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the tuned tiles run natively only")
 @pytest.mark.parametrize("index", range(_tf32x3_tile_count()))
 def test_every_tf32x3_tile_agrees(index):

@@ -240,7 +240,7 @@ def _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_
     return dk, dv
 
 
-@triton.autotune(configs=_dkdv_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
+@triton.autotune(configs=_dkdv_configs(), key=["TUNE_L", "TUNE_S", "TUNE_H", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                                 "MASK_KIND", "GROUP", "PREC", "FUSE_DQ", "ATOMIC_DQ"],
                  prune_configs_by={"early_config_prune": _dkdv_prune(
                      _make_prune("BLOCK_M", "BLOCK_N", _DKDV_FP32, _DKDV_SAFE, _DKDV_TF32X3,
@@ -249,7 +249,7 @@ def _dkdv_query_loop(dk, dv, k, v, k_small, v_small, k_base, v_base, q_base, do_
                                  _DKDV_TF32X3_ATOMIC, _DKDV_TF32X3_ATOMIC_SAFE))},
                  reset_to_zero=["DQ"], **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
-@triton.jit(do_not_specialize=["Z2", "HQ"])
+@triton.jit(do_not_specialize=["Z2", "HQ", "TUNE_H"])
 def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
                          s_qz1, s_qz2, s_qh, s_qm, s_qe,
                          s_kz1, s_kz2, s_kh, s_kn, s_ke,
@@ -259,7 +259,7 @@ def sdpa_bwd_dkdv_kernel(Q, K, V, Mask, DO, Stats, Delta, DK, DV, O, DQ,
                          s_gkz1, s_gkz2, s_gkh, s_gkn, s_gke,
                          s_gvz1, s_gvz2, s_gvh, s_gvn, s_gve,
                          s_stat, Z2, HQ, GROUP, L, S, E, EV, qk_scale, scale,
-                         TUNE_L, TUNE_S,
+                         TUNE_L, TUNE_S, TUNE_H,
                          CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PREC: tl.constexpr,
                          NATURAL: tl.constexpr, CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
                          BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
@@ -407,12 +407,12 @@ def _dq_key_loop(dq, q, q_small, do, do_small, m, log_l, log_l_lo, delta, q_base
     return dq
 
 
-@triton.autotune(configs=_dq_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
+@triton.autotune(configs=_dq_configs(), key=["TUNE_L", "TUNE_S", "TUNE_H", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                               "MASK_KIND", "PREC"],
                  prune_configs_by={"early_config_prune": _make_prune("BLOCK_N", "BLOCK_M", ((64, 32, 4, 2), (64, 32, 8, 2)), _DQ_SAFE, _DQ_TF32X3, _DQ_TF32X3_SAFE)},
                  **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
-@triton.jit(do_not_specialize=["Z2", "HQ"])
+@triton.jit(do_not_specialize=["Z2", "HQ", "TUNE_H"])
 def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, Stats, Delta, DQ,
                        s_qz1, s_qz2, s_qh, s_qm, s_qe,
                        s_kz1, s_kz2, s_kh, s_kn, s_ke,
@@ -421,7 +421,7 @@ def sdpa_bwd_dq_kernel(Q, K, V, Mask, DO, Stats, Delta, DQ,
                        s_dz1, s_dz2, s_dh, s_dm, s_de,
                        s_gqz1, s_gqz2, s_gqh, s_gqm, s_gqe,
                        s_stat, Z2, HQ, GROUP, L, S, E, EV, qk_scale, scale,
-                       TUNE_L, TUNE_S,
+                       TUNE_L, TUNE_S, TUNE_H,
                        CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PREC: tl.constexpr,
                        NATURAL: tl.constexpr, CHUNK_E: tl.constexpr, CHUNK_EV: tl.constexpr,
                        BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,

@@ -88,6 +88,14 @@ def tune_bucket(n: int) -> int:
     return min(next_pow2(max(int(n), 1)), 16384)
 
 
+def tune_heads(n: int, tune_l: int) -> int:
+    """The autotune key's bucket of a call's query heads in all (Z1 * Z2 * HQ, powers of two),
+    capped where the grid holds ~1024 blocks of 128 query rows (about eight waves on 132 SMs),
+    past which the tiles rank alike: a tile tuned on a grid of a few programs (a test's two
+    sequences of three heads) is not kept for a call of many waves (docs/FINDINGS.md F95)."""
+    return min(next_pow2(max(int(n), 1)), max(1, (1 << 17) // tune_l))
+
+
 def smem_bytes(block_rows_pipelined, block_rows_resident, block_e, block_ev, elsize, stages):
     """Rough shared-memory need of a flash-attention tile loop (for config pruning)."""
     streamed = block_rows_pipelined * (block_e + block_ev) * elsize * stages

@@ -139,11 +139,11 @@ def _fwd_tile_loop(acc, l_i, m_i, q, q_small, q_base, k_base, v_base, mask_base,
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=_fwd_configs(), key=["TUNE_L", "TUNE_S", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
+@triton.autotune(configs=_fwd_configs(), key=["TUNE_L", "TUNE_S", "TUNE_H", "E", "EV", "BLOCK_E", "BLOCK_EV", "CAUSAL",
                                                "MASK_KIND", "PREC"],
                  prune_configs_by={"early_config_prune": _prune_fwd}, **TUNE_KW)
 @triton.heuristics(BOUNDS_HEURISTICS)
-@triton.jit(do_not_specialize=["Z2", "HQ"])
+@triton.jit(do_not_specialize=["Z2", "HQ", "TUNE_H"])
 def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
                     s_qz1, s_qz2, s_qh, s_qm, s_qe,
                     s_kz1, s_kz2, s_kh, s_kn, s_ke,
@@ -151,7 +151,7 @@ def sdpa_fwd_kernel(Q, K, V, Mask, Out, Stats,
                     s_mz1, s_mz2, s_mh, s_mm, s_mn,
                     s_oz1, s_oz2, s_oh, s_om, s_oe,
                     s_stat, Z2, HQ, GROUP, L, S, E, EV, qk_scale,
-                    TUNE_L, TUNE_S,
+                    TUNE_L, TUNE_S, TUNE_H,
                     CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, PREC: tl.constexpr,
                     NATURAL: tl.constexpr, CHUNK_E: tl.constexpr,
                     BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr,
