@@ -70,6 +70,11 @@
 #                every call it can (FORM_BUDGET, 140 s; OPTIN_CHECK_S, 30 s a check), then
 #                benchmarks.sdpa_gluon's FORM_CONFIGS (the default's and the half form's) beside
 #                cuDNN at D 64 and 128, L 1k and 4k, causal and not
+#   tunecarry    whether a tile tuned on a few heads is kept for many (docs/FINDINGS.md F95):
+#                benchmarks/tune_carry.py on this tree and on BASE's (BASE_TREE or BASE, as
+#                base), each first after a call of 2 x 3 heads at L 1000 and then alone, every
+#                run on a fresh Triton cache: the B 16 H 32 L 1k D 64 causal forward's and
+#                step's TFLOP/s and the tiles each ran
 #   tunevar      the Triton backward's tuning run to run (docs/FINDINGS.md F91): TUNE_RUNS (4)
 #                runs of benchmarks.sdpa_gluon_bwd at D 64 L 1k causal, each from an empty Triton
 #                cache of its own (so each tunes afresh), with the tiles each picked and each
@@ -562,6 +567,30 @@ task_form() {
     unset ATTENTION_ORACLE_FAST_SDPA_FWD_FORM
 }
 
+task_tunecarry() {
+    local d=$1 base=${BASE:-HEAD~1} tree first here py
+    py=$(command -v "$PY") && py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py")
+    here=$(pwd)
+    rm -rf "$d/tree" && mkdir -p "$d/tree" || return 1
+    if [ -n "${BASE_TREE:-}" ]; then
+        cp -r "$BASE_TREE"/attention_oracle "$d/tree" || return 1
+    else
+        git archive "$base" attention_oracle | tar -x -C "$d/tree" || { note "no $base"; return 1; }
+    fi
+    for tree in this base; do
+        for first in 2,3,1000 none; do
+            local root=$here
+            [ "$tree" = base ] && root=$d/tree
+            (cd "$root" && TRITON_CACHE_DIR="$d/cache" PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH} \
+                timeout "${CARRY_S:-150}" "$py" "$here/benchmarks/tune_carry.py" --first "$first" \
+                --json "$d/carry.jsonl") > "$d/$tree-$first.log" 2>&1
+            note "$tree, first $first: exit $?"; grep -h "^{" "$d/$tree-$first.log" | cut -c1-400
+            rm -rf "$d/cache"
+        done
+    done
+    rm -rf "$d/tree"
+}
+
 task_tunevar() {
     local d=$1 i
     for i in $(seq "${TUNE_RUNS:-4}"); do
@@ -644,7 +673,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|fwdforms|base|form|tunevar|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|fwdforms|base|form|tunecarry|tunevar|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done
