@@ -661,7 +661,7 @@ task_prefetch() {
 }
 
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,order,fwdforms,base,tunevar,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,order,fwdforms,base,form,tunecarry,tunevar,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
     exit 2
 }
 
