@@ -95,12 +95,14 @@ EXPECTED_FORMS = {
 }
 
 
-def _fresh_python(args, timeout):
+def _fresh_python(args, timeout, first=None):
     """Python with ``args`` in a fresh interpreter outside Triton's CPU interpreter (which the
-    suite's own tests run under on a machine without a GPU), from the repository root."""
+    suite's own tests run under on a machine without a GPU), from the repository root;
+    ``first``: a folder put ahead of it on the path (another Triton)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (first, root, env.get("PYTHONPATH", "")) if p)
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
                           cwd=root, timeout=timeout)
 
@@ -111,6 +113,33 @@ def probed():
     r = _fresh_python(["-m", "attention_oracle.fast.kernels.gluon_probe", "--json"], 900)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# a folder holding the device's Triton (`pip install --target DIR triton==3.6.0`), whose Gluon
+# builds what CI's Triton builds only most of the time (docs/FINDINGS.md F94)
+DEVICE_TRITON = os.environ.get("ATTENTION_ORACLE_DEVICE_TRITON", "")
+
+
+@pytest.mark.skipif(not DEVICE_TRITON, reason="set ATTENTION_ORACLE_DEVICE_TRITON to a folder "
+                    "holding the device's Triton (pip install --target DIR triton==3.6.0) to "
+                    "build every Gluon variant under it too")
+def test_every_variant_builds_under_the_device_triton():
+    """The probe's every variant under the Triton in ATTENTION_ORACLE_DEVICE_TRITON: it builds
+    and fits the H200's shared memory (the half-diagonal forms built under 3.8 and not under
+    3.6, which turned the device's Gluon forward off: F94)."""
+    r = _fresh_python(["-c", "import triton; print(triton.__version__)"], 120, DEVICE_TRITON)
+    assert r.returncode == 0, r.stderr[-2000:]
+    version = r.stdout.strip()
+    r = _fresh_python(["-m", "attention_oracle.fast.kernels.gluon_probe", "--json"], 1800,
+                      DEVICE_TRITON)
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(results) == set(EXPECTED_FORMS), set(results) ^ set(EXPECTED_FORMS)
+    failed = {name: res["error"][:300] for name, res in results.items() if "error" in res}
+    assert not failed, f"under Triton {version}: {failed}"
+    large = {name: res["shared"] for name, res in results.items()
+             if res["shared"] > gluon_probe.SHARED_LIMIT}
+    assert not large, f"under Triton {version}, bytes of shared memory: {large}"
 
 
 @needs_gluon

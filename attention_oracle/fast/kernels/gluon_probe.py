@@ -263,6 +263,17 @@ def tile_blocks(name):
     return sass.tile_blocks(variants()[name]().asm["cubin"])
 
 
+def error_text(exc):
+    """A compile error as text, its innermost cause first: a Gluon CompilationError's own text
+    is the failing source, one frame per jit call, the reason only in the chain of causes."""
+    root = exc
+    while (root.__cause__ or root.__context__) is not None:
+        root = root.__cause__ or root.__context__
+    if root is exc:
+        return repr(exc)[:2000]
+    return f"{type(root).__name__}: {str(root)[:600]} (raised as {repr(exc)[:1200]})"
+
+
 def main(argv):
     if argv[:1] == ["--sass"]:
         blocks = tile_blocks(argv[1])
@@ -285,8 +296,8 @@ def main(argv):
             if forms:
                 line += "; " + ", ".join(f"{k} x{v}" for k, v in sorted(wgmma.items()))
         except Exception as e:  # noqa: BLE001  (a variant the compiler rejects is reported)
-            results[name] = dict(error=repr(e)[:2000])
-            line = f"{name}: error {e!r}"[:400]
+            results[name] = dict(error=error_text(e))
+            line = f"{name}: error {error_text(e)}"[:400]
         if not as_json:
             print(line, flush=True)
     if as_json:
