@@ -103,11 +103,6 @@ PERSISTENT_PINGPONG_HALF = 6
 # the persistent forms, and those with ping-pong consumers
 PERSISTENT_FORMS = (PERSISTENT, PERSISTENT_PINGPONG, PERSISTENT_HALF, PERSISTENT_PINGPONG_HALF)
 PINGPONG_FORMS = (PINGPONG, PERSISTENT_PINGPONG, PERSISTENT_PINGPONG_HALF)
-# each head-dim tile's config (tile_config): the persistent program; at 256 columns 64-key
-# stages (128-key ones would need 320 KiB of shared memory; this one 197 KiB, no spills
-# offline, sm_90a). Three stages at 64 columns timed 1.04-1.07x two causal on the H200 and
-# level on an H100 (0.96-1.06x, 0.96x at L 16k causal; they pass the GPU tests), 64-key
-# stages up to 18% slower (docs/PERFORMANCE.md "D 64 causal backward at L 1k, ..."): two stay
 # the persistent program's form at the 64- and 128-column tiles, by name: read once, at import,
 # from $ATTENTION_ORACLE_FAST_SDPA_FWD_FORM ("persistent" by default; what a device run of the
 # suite under another form sets)
@@ -123,6 +118,11 @@ def _form(name):
 
 
 FORM = _form(os.environ.get("ATTENTION_ORACLE_FAST_SDPA_FWD_FORM", "") or "persistent")
+# each head-dim tile's config (tile_config): the persistent program (in FORM); at 256 columns 64-key
+# stages (128-key ones would need 320 KiB of shared memory; this one 197 KiB, no spills
+# offline, sm_90a). Three stages at 64 columns timed 1.04-1.07x two causal on the H200 and
+# level on an H100 (0.96-1.06x, 0.96x at L 16k causal; they pass the GPU tests), 64-key
+# stages up to 18% slower (docs/PERFORMANCE.md "D 64 causal backward at L 1k, ..."): two stay
 TILE_CONFIGS = {64: (128, 128, 2, 4, FORM), 128: (128, 128, 2, 4, FORM),
                 256: (128, 64, 2, 4, True)}
 # a config every tile but 256 takes in place of its own (benchmarks and tests set one); None:
