@@ -568,7 +568,8 @@ task_form() {
 }
 
 task_tunecarry() {
-    local d=$1 base=${BASE:-HEAD~1} tree first here py
+    local d base=${BASE:-HEAD~1} tree first here py
+    d=$(cd "$1" && pwd) || return 1  # absolute: the runs start in other folders
     py=$(command -v "$PY") && py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py")
     here=$(pwd)
     rm -rf "$d/tree" && mkdir -p "$d/tree" || return 1

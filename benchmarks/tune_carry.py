@@ -15,10 +15,12 @@ Needs CUDA.
 """
 import argparse
 import json
+import os
 
 import torch
 import triton
 
+import attention_oracle
 from attention_oracle.fast import sdpa as fast_sdpa
 from attention_oracle.fast.kernels import sdpa_bwd, sdpa_fwd
 
@@ -65,7 +67,8 @@ def main():
         fwd_ms = triton.testing.do_bench(
             lambda: fast_sdpa.scaled_dot_product_attention(q, k, v, is_causal=causal))
     step_ms = triton.testing.do_bench(lambda: _step(q, k, v, dout, causal))
-    row = dict(first=args.first, then=args.then, D=D, causal=causal,
+    row = dict(package=os.path.dirname(os.path.abspath(attention_oracle.__file__)),
+               first=args.first, then=args.then, D=D, causal=causal,
                fwd_tflops=4 * flops / fwd_ms * 1e-9, step_tflops=14 * flops / step_ms * 1e-9,
                tiles=_tiles())
     print(json.dumps(row), flush=True)
