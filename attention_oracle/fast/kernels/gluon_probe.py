@@ -115,7 +115,7 @@ def _sdpa_fwd(head_dim, causal, pingpong=False, config=None, mask="*fp32"):
     if ws:
         constexprs["PINGPONG"] = pingpong
     if ws in g.PERSISTENT_FORMS:  # named, or the probe would take it for a runtime integer
-        constexprs["HALF_DIAG"] = ws in (g.PERSISTENT_HALF, g.PERSISTENT_PINGPONG_HALF)
+        constexprs["HALF_DIAG"] = ws in g.HALF_FORMS
     return _compile(kernel, signature, constexprs, ["Stats", "Mask"])
 
 

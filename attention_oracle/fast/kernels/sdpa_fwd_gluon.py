@@ -100,9 +100,11 @@ PERSISTENT_PINGPONG = 4
 # H100 (same section), opt-in until the suite passes under it on the device
 PERSISTENT_HALF = 5
 PERSISTENT_PINGPONG_HALF = 6
-# the persistent forms, and those with ping-pong consumers
+# the persistent forms, those with ping-pong consumers, and those with the half diagonal (the
+# persistent kernel's HALF_DIAG)
 PERSISTENT_FORMS = (PERSISTENT, PERSISTENT_PINGPONG, PERSISTENT_HALF, PERSISTENT_PINGPONG_HALF)
 PINGPONG_FORMS = (PINGPONG, PERSISTENT_PINGPONG, PERSISTENT_PINGPONG_HALF)
+HALF_FORMS = (PERSISTENT_HALF, PERSISTENT_PINGPONG_HALF)
 # the persistent program's form at the 64- and 128-column tiles, by name: read once, at import,
 # from $ATTENTION_ORACLE_FAST_SDPA_FWD_FORM ("persistent" by default; what a device run of the
 # suite under another form sets)
@@ -1331,7 +1333,7 @@ def _prepare(query, key, value, out, stats, gluon_plan):
         if persistent_runs(qs, query.device):  # one program an SM over pairs (_pair_item)
             sms = _sm_count(query.device)
             plain = (_WS_PERSISTENT_LAUNCH, (sms, ), (grid[1], ))
-            if ws in (PERSISTENT_HALF, PERSISTENT_PINGPONG_HALF):  # the persistent kernel's own
+            if ws in HALF_FORMS:  # the persistent kernel's own flag
                 plain_meta = dict(meta, HALF_DIAG=True)
         else:  # fewer pairs than SMs: one program a block keeps more SMs busy
             plain = (_WS_LAUNCH, grid, ())
