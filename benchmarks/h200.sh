@@ -512,17 +512,25 @@ task_fwdforms() {
     fi
 }
 
-task_base() {
-    local d=$1 base=${BASE:-HEAD~1} i tree py
-    py=$(command -v "$PY") && py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py")  # from any folder
-    rm -rf "$d/tree" && mkdir -p "$d/tree" || return 1
-    if [ -n "${BASE_TREE:-}" ]; then  # a folder holding the base's attention_oracle and benchmarks
-        cp -r "$BASE_TREE"/attention_oracle "$BASE_TREE"/benchmarks "$d/tree" || return 1
+# base_packages DIR PACKAGE...: the base tree's packages (folders) into DIR, emptied first: from
+# BASE_TREE (a folder holding them) or else BASE (a commit, default HEAD~1) by git archive
+base_packages() {
+    local dir=$1 base=${BASE:-HEAD~1} p
+    shift
+    rm -rf "$dir" && mkdir -p "$dir" || return 1
+    if [ -n "${BASE_TREE:-}" ]; then
+        for p in "$@"; do cp -r "$BASE_TREE/$p" "$dir" || return 1; done
         note "BASE the tree in $BASE_TREE"
     else
-        git archive "$base" attention_oracle benchmarks | tar -x -C "$d/tree" || { note "no $base"; return 1; }
+        git archive "$base" "$@" | tar -x -C "$dir" || { note "no $base"; return 1; }
         note "BASE $base = $(git rev-parse --short "$base")"
     fi
+}
+
+task_base() {
+    local d=$1 i tree py
+    py=$(command -v "$PY") && py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py")  # from any folder
+    base_packages "$d/tree" attention_oracle benchmarks || return 1
     for i in $(seq "${BASE_ROUNDS:-2}"); do
         for tree in this base; do
             local dir=. json=(--json "$d/this$i.json")
@@ -568,22 +576,18 @@ task_form() {
 }
 
 task_tunecarry() {
-    local d base=${BASE:-HEAD~1} tree first here py
-    d=$(cd "$1" && pwd) || return 1  # absolute: the runs start in other folders
+    local d tree first here py
+    d=$(cd "$1" && pwd) || return 1  # absolute: the base's runs start in its folder
     py=$(command -v "$PY") && py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py")
     here=$(pwd)
-    rm -rf "$d/tree" && mkdir -p "$d/tree" || return 1
-    if [ -n "${BASE_TREE:-}" ]; then
-        cp -r "$BASE_TREE"/attention_oracle "$d/tree" || return 1
-    else
-        git archive "$base" attention_oracle | tar -x -C "$d/tree" || { note "no $base"; return 1; }
-    fi
+    base_packages "$d/tree" attention_oracle || return 1
     for tree in this base; do
         for first in 2,3,1000 none; do
             local root=$here
             [ "$tree" = base ] && root=$d/tree
-            (cd "$root" && TRITON_CACHE_DIR="$d/cache" PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH} \
-                timeout "${CARRY_S:-150}" "$py" "$here/benchmarks/tune_carry.py" --first "$first" \
+            # the base's folder holds its attention_oracle alone: this tree's benchmarks after it
+            (cd "$root" && TRITON_CACHE_DIR="$d/cache" PYTHONPATH=$root:$here${PYTHONPATH:+:$PYTHONPATH} \
+                timeout "${CARRY_S:-150}" "$py" -m benchmarks.tune_carry --first "$first" \
                 --json "$d/carry.jsonl") > "$d/$tree-$first.log" 2>&1
             note "$tree, first $first: exit $?"; grep -h "^{" "$d/$tree-$first.log" | cut -c1-400
             rm -rf "$d/cache"

@@ -138,12 +138,15 @@ def fast_settings():
     return {"sdpa": sdpa.settings(), "dsa": dsa.settings()}
 
 
-def tuned_tiles():
-    """The Triton SDPA backward autotuners' picks so far, per kernel: {tuning key: config}
-    (a tuned tile can differ between runs: a benchmark's JSON records which one it timed)."""
-    from attention_oracle.fast.kernels.sdpa_bwd import sdpa_bwd_dkdv_kernel, sdpa_bwd_dq_kernel
-    return {name: {str(key): str(config) for key, config in kernel.cache.items()}
-            for name, kernel in (("dkdv", sdpa_bwd_dkdv_kernel), ("dq", sdpa_bwd_dq_kernel))}
+def tuned_tiles(names=("dkdv", "dq")):
+    """The Triton SDPA autotuners' picks so far, per kernel of ``names`` ("fwd", "dkdv", "dq";
+    the backward's by default): {tuning key: config} (a tuned tile can differ between runs: a
+    benchmark's JSON records which one it timed)."""
+    from attention_oracle.fast.kernels import sdpa_bwd, sdpa_fwd
+    kernels = {"fwd": sdpa_fwd.sdpa_fwd_kernel, "dkdv": sdpa_bwd.sdpa_bwd_dkdv_kernel,
+               "dq": sdpa_bwd.sdpa_bwd_dq_kernel}
+    return {name: {str(key): str(config) for key, config in kernels[name].cache.items()}
+            for name in names}
 
 
 def write_json(path, obj):

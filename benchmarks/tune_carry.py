@@ -1,16 +1,17 @@
 """Whether a Triton SDPA tile tuned on a call of a few heads is kept for a call of many
 (docs/FINDINGS.md F95), in one process on a fresh Triton cache.
 
-    python benchmarks/tune_carry.py [--first 2,3,1000] [--then 16,32,1024] [--dim 64]
+    python -m benchmarks.tune_carry [--first 2,3,1000] [--then 16,32,1024] [--dim 64]
                                     [--causal 1] [--json PATH]
 
 With ``--first B,H,L``: one forward and backward of fast's Triton kernels at that shape (their
 tiles tuned there), then the ``--then`` shape timed; ``--first none``: the ``--then`` shape
 alone (tuned there). Prints one JSON line: the ``--then`` forward's and step's TFLOP/s
 (``triton.testing.do_bench``; FLOPs 4 and 14 x B H L^2 D, halved causal) and the tiles each
-kernel ran at the ``--then`` call. Run as a file path, not ``-m``, so that an older tree's
-``attention_oracle`` first on PYTHONPATH is the one timed (``bash benchmarks/h200.sh
-tunecarry`` runs both orders on this tree and on BASE's, each on a cache of its own).
+kernel ran at the ``--then`` call, and which ``attention_oracle`` it timed: ``bash
+benchmarks/h200.sh tunecarry`` runs both orders on this tree and, from a folder holding an
+older tree's ``attention_oracle`` alone (first on the path, this tree's ``benchmarks`` after
+it), on BASE's, each on a cache of its own.
 Needs CUDA.
 """
 import argparse
@@ -22,7 +23,7 @@ import triton
 
 import attention_oracle
 from attention_oracle.fast import sdpa as fast_sdpa
-from attention_oracle.fast.kernels import sdpa_bwd, sdpa_fwd
+from benchmarks.timing import tuned_tiles
 
 
 def _inputs(B, H, L, D, seed=0):
@@ -34,14 +35,6 @@ def _inputs(B, H, L, D, seed=0):
 def _step(q, k, v, dout, causal):
     out = fast_sdpa.scaled_dot_product_attention(q, k, v, is_causal=causal)
     torch.autograd.grad(out, (q, k, v), dout)
-
-
-def _tiles():
-    """{kernel: [str(config), ...]} of every tuning key the process holds."""
-    kernels = (("fwd", sdpa_fwd.sdpa_fwd_kernel), ("dkdv", sdpa_bwd.sdpa_bwd_dkdv_kernel),
-               ("dq", sdpa_bwd.sdpa_bwd_dq_kernel))
-    return {name: {str(key): str(cfg) for key, cfg in getattr(k, "cache", {}).items()}
-            for name, k in kernels}
 
 
 def main():
@@ -70,7 +63,7 @@ def main():
     row = dict(package=os.path.dirname(os.path.abspath(attention_oracle.__file__)),
                first=args.first, then=args.then, D=D, causal=causal,
                fwd_tflops=4 * flops / fwd_ms * 1e-9, step_tflops=14 * flops / step_ms * 1e-9,
-               tiles=_tiles())
+               tiles=tuned_tiles(("fwd", "dkdv", "dq")))
     print(json.dumps(row), flush=True)
     if args.json:
         with open(args.json, "a") as fh:
