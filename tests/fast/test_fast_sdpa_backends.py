@@ -500,7 +500,8 @@ def test_the_persistent_forward_takes_one_program_an_sm_and_leaves_masks_to_the_
         sdpa_fwd_gluon._prepare(q, q, q, q, torch.zeros(3, H * L), plan)
 
 
-@pytest.mark.parametrize("form,ws", [("half", 5), ("pingpong_half", 6), ("", 3), ("bad", None)])
+@pytest.mark.parametrize("form,ws", [("persistent", 3), ("pingpong_half", 6), ("", 5),
+                                     ("bad", None)])
 def test_the_persistent_form_is_read_from_the_environment(form, ws):
     """$ATTENTION_ORACLE_FAST_SDPA_FWD_FORM names the persistent program's form at the 64- and
     128-column tiles (read at import: a fresh process each); an unknown name is refused by

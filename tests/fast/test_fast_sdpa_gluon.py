@@ -539,7 +539,7 @@ def test_persistent_program_takes_several_query_blocks(is_causal, L, S, gen, mon
     takes several, each block's Q in the buffer of its parity and the K/V ring's stages
     counted on across them; a masked call beside it runs the warp-specialized kernel; the
     Triton backward on its statistics."""
-    monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", (128, 128, 2, 4, sdpa_fwd_gluon.PERSISTENT))
+    monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", (128, 128, 2, 4, sdpa_fwd_gluon.FORM))
     assert 4 * 16 * 4 > torch.cuda.get_device_properties(0).multi_processor_count
     q = randn(4, 16, L, 128, dtype=torch.bfloat16, gen=gen)
     k = randn(4, 16, S, 128, dtype=torch.bfloat16, gen=gen)
@@ -557,7 +557,7 @@ def persistent_everywhere(monkeypatch):
     """The persistent program on every unmasked Gluon call however few its pairs of query
     blocks (a call with fewer pairs than SMs otherwise runs the one-block kernel): an SM count
     of 4, and no plan prepared before under the real one."""
-    monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", (128, 128, 2, 4, sdpa_fwd_gluon.PERSISTENT))
+    monkeypatch.setattr(sdpa_fwd_gluon, "CONFIG", (128, 128, 2, 4, sdpa_fwd_gluon.FORM))
     monkeypatch.setattr(sdpa_fwd_gluon, "_sm_count", lambda device: 4)
     monkeypatch.setattr(sdpa_fwd_gluon, "_PREPARED", {})
 
@@ -593,18 +593,19 @@ def test_persistent_program_on_small_calls(case, persistent_everywhere, gen, mon
                                    (1000, 997, 128)])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("config", [(128, 128, 3, 4, 3), (128, 128, 2, 4, 4), (128, 128, 3, 4, 4),
-                                    (128, 128, 2, 4, 5), (128, 128, 2, 4, 6)],
-                         ids=["three_stages", "pingpong", "three_stages_pingpong", "half_diagonal",
+                                    (128, 128, 2, 4, 3), (128, 128, 2, 4, 6)],
+                         ids=["three_stages", "pingpong", "three_stages_pingpong", "full_diagonal",
                               "pingpong_half_diagonal"])
 def test_persistent_program_variants(config, L, S, D, is_causal, gen, monkeypatch):
-    """The persistent program's variant configs (not the defaults until they pass on the
-    device): a three-stage key ring; the consumers taking turns to issue their products
+    """The persistent program's configs other than the default (PERSISTENT_HALF, the first
+    consumer's causal diagonal tile on its first half of keys; the default's tests run it): a
+    three-stage key ring; the consumers taking turns to issue their products
     (PERSISTENT_PINGPONG: the turns counted on across a program's blocks, a block of n tiles
-    n + 1 rounds; 7 blocks a row at L 777, whose middle one pairs with none); the first
-    consumer's causal diagonal tile on its first half of keys (PERSISTENT_HALF: after full
-    tiles, alone where a block has one key tile (L 1), and not at all where the block's last
-    tile ends before its rows (S 300 < L 777)). 4 programs, several pairs of query blocks each,
-    ragged lengths both ways, a head dim below the tile's."""
+    n + 1 rounds; 7 blocks a row at L 777, whose middle one pairs with none); the full diagonal
+    tile (PERSISTENT, the default before); ping-pong with the half diagonal (after full tiles,
+    alone where a block has one key tile (L 1), and not at all where the block's last tile ends
+    before its rows (S 300 < L 777)). 4 programs, several pairs of query blocks each, ragged
+    lengths both ways, a head dim below the tile's."""
     assert config[4] in sdpa_fwd_gluon.PERSISTENT_FORMS
     if config[2] == 3 and D > 64:
         pytest.skip("three stages of 128-key tiles past head dim 64 need 262 KB of shared memory "

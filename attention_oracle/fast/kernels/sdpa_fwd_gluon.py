@@ -19,8 +19,9 @@ producer warp issues every TMA load; the two 64-row consumer warpgroups are sepa
 partitions that free each ring stage through an empty mbarrier of count 2, so they never wait
 for each other (in the plain kernel both warpgroups meet at CTA barriers each tile). The
 default config runs it as a persistent program (``sdpa_fwd_gluon_ws_persistent_kernel``: one
-an SM over pairs of query blocks, a heavy causal block with a light one) on unmasked calls,
-and as one program a query block on masked ones.
+an SM over pairs of query blocks, a heavy causal block with a light one; its first consumer
+computes each causal diagonal tile on half its keys) on unmasked calls, and as one program a
+query block on masked ones.
 
 Writes ``out`` (rank 5, contiguous, through a TMA store) and the saved row statistics
 ``Stats [3, Z1*Z2*HQ*L]`` as the Triton forward does: m (log2 units), log2 l and the public
@@ -97,7 +98,9 @@ PERSISTENT_PINGPONG = 4
 # program whose first consumer computes each causal diagonal key tile on the first half of its
 # keys (its 64 rows see no key past them; a quarter of the diagonal tile's products and
 # exponentials, about 6% of a causal L 1k forward's); 1-5% ahead of PERSISTENT causal on an
-# H100 (same section), opt-in until the suite passes under it on the device
+# H100 (same section), 3-8% in alternated runs (docs/PERFORMANCE.md "The half-diagonal form as
+# the default"): the default form since fast's SDPA GPU tests and the conformance SDPA checks
+# passed under it on the device
 PERSISTENT_HALF = 5
 PERSISTENT_PINGPONG_HALF = 6
 # the persistent forms, those with ping-pong consumers, and those with the half diagonal (the
@@ -106,7 +109,7 @@ PERSISTENT_FORMS = (PERSISTENT, PERSISTENT_PINGPONG, PERSISTENT_HALF, PERSISTENT
 PINGPONG_FORMS = (PINGPONG, PERSISTENT_PINGPONG, PERSISTENT_PINGPONG_HALF)
 HALF_FORMS = (PERSISTENT_HALF, PERSISTENT_PINGPONG_HALF)
 # the persistent program's form at the 64- and 128-column tiles, by name: read once, at import,
-# from $ATTENTION_ORACLE_FAST_SDPA_FWD_FORM ("persistent" by default; what a device run of the
+# from $ATTENTION_ORACLE_FAST_SDPA_FWD_FORM ("half" by default; what a device run of the
 # suite under another form sets)
 FORMS = {"persistent": PERSISTENT, "pingpong": PERSISTENT_PINGPONG, "half": PERSISTENT_HALF,
          "pingpong_half": PERSISTENT_PINGPONG_HALF}
@@ -119,7 +122,7 @@ def _form(name):
     return FORMS[name]
 
 
-FORM = _form(os.environ.get("ATTENTION_ORACLE_FAST_SDPA_FWD_FORM", "") or "persistent")
+FORM = _form(os.environ.get("ATTENTION_ORACLE_FAST_SDPA_FWD_FORM", "") or "half")
 # each head-dim tile's config (tile_config): the persistent program (in FORM); at 256 columns 64-key
 # stages (128-key ones would need 320 KiB of shared memory; this one 197 KiB, no spills
 # offline, sm_90a). Three stages at 64 columns timed 1.04-1.07x two causal on the H200 and
