@@ -65,10 +65,11 @@
 #                process; BASE's rows go to logs only (benchmarks.targets reads this tree's);
 #                BASE_TREE, a folder with the base's attention_oracle and benchmarks, replaces BASE
 #   form         what making a persistent form the forward's default needs, all under
-#                ATTENTION_ORACLE_FAST_SDPA_FWD_FORM=$FORM (half): fast's SDPA Gluon, smoke, edge
-#                and backend tests, the conformance SDPA checks with the Gluon forward taking
-#                every call it can (FORM_BUDGET, 140 s; OPTIN_CHECK_S, 30 s a check), then
-#                benchmarks.sdpa_gluon's FORM_CONFIGS (the default's and the half form's) beside
+#                ATTENTION_ORACLE_FAST_SDPA_FWD_FORM=$FORM (half, the default since): fast's
+#                SDPA Gluon, smoke, edge and backend tests, the conformance SDPA checks with
+#                the Gluon forward taking every call it can (FORM_BUDGET, 140 s; OPTIN_CHECK_S,
+#                30 s a check), then benchmarks.sdpa_gluon's FORM_CONFIGS (the full and the
+#                half diagonal's) beside
 #                cuDNN at D 64 and 128, L 1k and 4k, causal and not
 #   tunecarry    whether a tile tuned on a few heads is kept for many (docs/FINDINGS.md F95):
 #                benchmarks/tune_carry.py on this tree and on BASE's (BASE_TREE or BASE, as
@@ -570,7 +571,7 @@ task_form() {
     timeout "${FORM_S:-150}" "$PY" -m benchmarks.sdpa_gluon --configs ${FORM_CONFIGS:-128,128,2,4,3 \
         128,128,2,4,5} --shapes 0,1 --dims 64,128 --causal 0,1 --rounds 2 --json "$d/gluon_form.json" \
         > "$d/gluon.log" 2>&1
-    note "benchmarks.sdpa_gluon, FORM_CONFIGS (the default's and the half form's): exit $?"
+    note "benchmarks.sdpa_gluon, FORM_CONFIGS (the full and the half diagonal's): exit $?"
     grep -v "^{" "$d/gluon.log" | tail -12
     unset ATTENTION_ORACLE_FAST_SDPA_FWD_FORM
 }
