@@ -150,7 +150,7 @@ def _sdpa_bwd_fp32(head_dim, causal):
 
 # FA3's head-dim-64 tile: 192 query rows, three consumer warpgroups
 THREE_CONSUMERS = (192, 128, 2, 4, True)
-# the default tile as a persistent program
+# the default tile as a persistent program: the full diagonal, then the forms (the half one the default)
 PERSISTENT_TILE = (128, 128, 2, 4, 3)  # sdpa_fwd_gluon.PERSISTENT
 PERSISTENT_PINGPONG_TILE = (128, 128, 2, 4, 4)  # sdpa_fwd_gluon.PERSISTENT_PINGPONG
 PERSISTENT_HALF_TILE = (128, 128, 2, 4, 5)  # sdpa_fwd_gluon.PERSISTENT_HALF

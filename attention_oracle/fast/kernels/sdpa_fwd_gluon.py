@@ -84,9 +84,9 @@ PINGPONG = 2
 # query blocks in turn, Q double-buffered so that the next block's Q and keys load while this
 # one ends; two consumers; unmasked calls, a masked one runs the one-block WS kernel, and so
 # does a call with fewer pairs of blocks than SMs, which one program a block spreads wider). The
-# default config: on an H100 at D 128 it is 1.05-1.10x the one-block kernel queued at L 1k
-# and 4k (causal L 1k 0.82 -> 0.88 of cuDNN), 0.94-1.04x at 16k (docs/PERFORMANCE.md "Gluon
-# forward: the persistent program by pairs of query blocks")
+# default config until PERSISTENT_HALF: on an H100 at D 128 it is 1.05-1.10x the one-block
+# kernel queued at L 1k and 4k (causal L 1k 0.82 -> 0.88 of cuDNN), 0.94-1.04x at 16k
+# (docs/PERFORMANCE.md "Gluon forward: the persistent program by pairs of query blocks")
 PERSISTENT = 3
 # WS=PERSISTENT_PINGPONG: the persistent program with its two consumers taking turns to issue
 # their products (FA3's ping-pong; at D 64 a tile's exponentials take the MUFU about as long
