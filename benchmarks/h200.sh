@@ -69,8 +69,7 @@
 #                SDPA Gluon, smoke, edge and backend tests, the conformance SDPA checks with
 #                the Gluon forward taking every call it can (FORM_BUDGET, 140 s; OPTIN_CHECK_S,
 #                30 s a check), then benchmarks.sdpa_gluon's FORM_CONFIGS (the full and the
-#                half diagonal's) beside
-#                cuDNN at D 64 and 128, L 1k and 4k, causal and not
+#                half diagonal's) beside cuDNN at D 64 and 128, L 1k and 4k, causal and not
 #   tunecarry    whether a tile tuned on a few heads is kept for many (docs/FINDINGS.md F95):
 #                benchmarks/tune_carry.py on this tree and on BASE's (BASE_TREE or BASE, as
 #                base), each first after a call of 2 x 3 heads at L 1000 and then alone, every
