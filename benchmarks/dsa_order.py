@@ -1,0 +1,147 @@
+"""Does the order of a row's slots change how fast the DSA kernels gather?
+
+    python -m benchmarks.dsa_order [--problems packed_glm_a,doc_16384] [--reps 5]
+        [--concurrency 132,264] [--backward] [--out out/dsa_order.json]
+
+The kernels walk a row's slots in the order given. ``benchmarks.dsa``'s rows come from
+``torch.topk`` over random scores: random order, so the programs on the GPU at one time gather
+rows from anywhere in their documents, and a document's rows larger than the L2 miss it
+(packed_glm_a: 57-68k keys, 65-78 MB of rows). Each ordering below holds the same slots per
+row (the valid ones first, as the compacted rows have them; only their order changes):
+
+* ``given``: as ``benchmarks.dsa`` makes them;
+* ``ascending``: each row's valid slots sorted by key;
+* ``rotated_N``: sorted, then rotated left by ``(t mod N) / N`` of the row's valid slots
+  (token t): if programs start one after another, N at a time, the programs on the GPU at
+  one time then walk the same part of the keys together (N: the programs resident at once);
+* ``descending``: sorted by key, largest first.
+
+Per problem and ordering: the forward (no grad) and, with ``--backward``, the backward of the
+defaults, timed queued (do_bench) and synced, TFLOP/s over valid slots, and the largest
+difference of out (and of dq) from the ``given`` order's (the sums run in another order: a
+rounding difference, not a wrong result). The cost of sorting the rows on the device is timed
+beside (``torch.sort`` of the valid slots).
+"""
+import argparse
+import json
+
+import torch
+
+from .dsa import BWD_FLOP, FWD_FLOP, fast_forward, leaves, named_problem, tflops
+from .timing import fast_settings, queued_ms, synced_ms
+
+_BIG = torch.iinfo(torch.int32).max
+
+
+def ascending(rows, lengths):
+    """Each row's first ``lengths[t]`` slots sorted by key (int32 ``[T, K]``), the rest kept."""
+    K = rows.shape[1]
+    valid = torch.arange(K, device=rows.device)[None, :] < lengths[:, None]
+    keyed = torch.where(valid, rows, _BIG)
+    keyed, _ = keyed.sort(dim=1)
+    return torch.where(valid, keyed, rows)
+
+
+def rotated(rows, lengths, concurrency):
+    """:func:`ascending`, then row t rotated left by ``(t mod concurrency) / concurrency`` of
+    its valid slots."""
+    rows = ascending(rows, lengths)
+    T, K = rows.shape
+    n = lengths.to(torch.int64).clamp(min=1)[:, None]
+    t = torch.arange(T, device=rows.device, dtype=torch.int64)[:, None]
+    shift = (t % concurrency) * n // concurrency
+    j = torch.arange(K, device=rows.device, dtype=torch.int64)[None, :]
+    src = torch.where(j < n, (j + shift) % n, j)
+    return rows.gather(1, src)
+
+
+def descending(rows, lengths):
+    """Each row's valid slots sorted by key, largest first."""
+    K = rows.shape[1]
+    valid = torch.arange(K, device=rows.device)[None, :] < lengths[:, None]
+    keyed = torch.where(valid, rows, -1)
+    keyed, _ = keyed.sort(dim=1, descending=True)
+    return torch.where(valid, keyed, rows)
+
+
+def orderings(rows, lengths, concurrencies):
+    yield "given", rows
+    yield "ascending", ascending(rows, lengths)
+    for n in concurrencies:
+        yield f"rotated_{n}", rotated(rows, lengths, n)
+    yield "descending", descending(rows, lengths)
+
+
+def same_slots(a, b, lengths):
+    """Whether two orderings hold the same multiset of valid slots per row."""
+    return bool(torch.equal(ascending(a, lengths), ascending(b, lengths)))
+
+
+def measure(p, reps, concurrencies, backward):
+    xs = leaves(p)
+    flop_f, flop_b = FWD_FLOP * p["valid"], BWD_FLOP * p["valid"]
+    row = {}
+    base_out = base_dq = None
+    for name, rows in orderings(p["rows"], p["lengths"], concurrencies):
+        assert same_slots(rows, p["rows"], p["lengths"]), name
+        with torch.no_grad():
+            out = fast_forward(p, xs, rows=rows)
+
+            def fwd():
+                return fast_forward(p, xs, rows=rows)
+
+            q, s = queued_ms(fwd, rep_ms=max(40, 10 * reps)), synced_ms(fwd, reps)
+        r = dict(fwd_queued_tflops=tflops(flop_f, q), fwd_synced_tflops=tflops(flop_f, s),
+                 fwd_queued_ms=q, fwd_synced_ms=s)
+        base_out = out if base_out is None else base_out
+        r["out_max_diff"] = float((out.float() - base_out.float()).abs().max())
+        if backward:
+            graph_out = fast_forward(p, xs, rows=rows)
+
+            def bwd():
+                return torch.autograd.grad(graph_out, xs, p["dout"], retain_graph=True)
+
+            dq = bwd()[0]
+            q, s = queued_ms(bwd, rep_ms=max(40, 10 * reps)), synced_ms(bwd, reps)
+            r.update(bwd_queued_tflops=tflops(flop_b, q), bwd_synced_tflops=tflops(flop_b, s),
+                     bwd_queued_ms=q, bwd_synced_ms=s)
+            base_dq = dq if base_dq is None else base_dq
+            r["dq_max_diff"] = float((dq.float() - base_dq.float()).abs().max())
+            del graph_out, dq
+        row[name] = r
+        line = f"{p['name']:>13} {name:>13}: forward {r['fwd_queued_tflops']:6.1f} " \
+               f"({r['fwd_synced_tflops']:6.1f}) TFLOP/s queued (synced)"
+        if backward:
+            line += f", backward {r['bwd_queued_tflops']:6.1f} ({r['bwd_synced_tflops']:6.1f})"
+        print(line + f"; out max diff {r['out_max_diff']:.2e}", flush=True)
+    sort = lambda: ascending(p["rows"], p["lengths"])  # noqa: E731
+    row["sort_ms"] = dict(queued=queued_ms(sort), synced=synced_ms(sort, reps))
+    print(f"{p['name']:>13} sorting the rows: {row['sort_ms']['queued']:.3f} ms queued, "
+          f"{row['sort_ms']['synced']:.3f} synced", flush=True)
+    return row
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--problems", default="packed_glm_a,doc_16384")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--concurrency", default="132,264",
+                    help="programs resident at once for the rotated orders (comma-separated)")
+    ap.add_argument("--backward", action="store_true")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    concurrencies = [int(c) for c in args.concurrency.split(",") if c]
+    result = dict(settings=fast_settings(), device=torch.cuda.get_device_name(), problems={})
+    for name in args.problems.split(","):
+        p = named_problem(name, gen)
+        result["problems"][name] = measure(p, args.reps, concurrencies, args.backward)
+        del p
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
