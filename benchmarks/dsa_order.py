@@ -16,16 +16,22 @@ row (the valid ones first, as the compacted rows have them; only their order cha
   one time then walk the same part of the keys together (N: the programs resident at once);
 * ``descending``: sorted by key, largest first.
 
+These run with fast's own slot order off (``fast.dsa.set_slot_order("off")``); then the given
+rows run under each of fast's settings (``fast_backward``: the backward orders its rows,
+``fast_on``: the forward too, :func:`fast.dsa.slot_order`), the ordering's launch timed
+beside.
+
 Per problem and ordering: the forward (no grad) and, with ``--backward``, the backward of the
 defaults, timed queued (do_bench) and synced, TFLOP/s over valid slots, and the largest
 difference of out (and of dq) from the ``given`` order's (the sums run in another order: a
-rounding difference, not a wrong result). The cost of sorting the rows on the device is timed
-beside (``torch.sort`` of the valid slots).
+rounding difference, not a wrong result).
 """
 import argparse
 import json
 
 import torch
+
+import attention_oracle.fast.dsa as fdsa
 
 from .dsa import BWD_FLOP, FWD_FLOP, fast_forward, leaves, named_problem, tflops
 from .timing import fast_settings, queued_ms, synced_ms
@@ -65,11 +71,14 @@ def descending(rows, lengths):
 
 
 def orderings(rows, lengths, concurrencies):
-    yield "given", rows
-    yield "ascending", ascending(rows, lengths)
+    """(name, rows, fast's slot order setting) of every run."""
+    yield "given", rows, "off"
+    yield "ascending", ascending(rows, lengths), "off"
     for n in concurrencies:
-        yield f"rotated_{n}", rotated(rows, lengths, n)
-    yield "descending", descending(rows, lengths)
+        yield f"rotated_{n}", rotated(rows, lengths, n), "off"
+    yield "descending", descending(rows, lengths), "off"
+    for setting in ("backward", "on"):
+        yield f"fast_{setting}", rows, setting
 
 
 def same_slots(a, b, lengths):
@@ -82,8 +91,10 @@ def measure(p, reps, concurrencies, backward):
     flop_f, flop_b = FWD_FLOP * p["valid"], BWD_FLOP * p["valid"]
     row = {}
     base_out = base_dq = None
-    for name, rows in orderings(p["rows"], p["lengths"], concurrencies):
+    previous = fdsa.set_slot_order("off")
+    for name, rows, setting in orderings(p["rows"], p["lengths"], concurrencies):
         assert same_slots(rows, p["rows"], p["lengths"]), name
+        fdsa.set_slot_order(setting)
         with torch.no_grad():
             out = fast_forward(p, xs, rows=rows)
 
@@ -114,10 +125,12 @@ def measure(p, reps, concurrencies, backward):
         if backward:
             line += f", backward {r['bwd_queued_tflops']:6.1f} ({r['bwd_synced_tflops']:6.1f})"
         print(line + f"; out max diff {r['out_max_diff']:.2e}", flush=True)
-    sort = lambda: ascending(p["rows"], p["lengths"])  # noqa: E731
-    row["sort_ms"] = dict(queued=queued_ms(sort), synced=synced_ms(sort, reps))
-    print(f"{p['name']:>13} sorting the rows: {row['sort_ms']['queued']:.3f} ms queued, "
-          f"{row['sort_ms']['synced']:.3f} synced", flush=True)
+    fdsa.set_slot_order(previous)
+    for what, fn in (("slot_order", lambda: fdsa.slot_order(p["rows"], p["lengths"], p["S"])),
+                     ("torch_sort", lambda: ascending(p["rows"], p["lengths"]))):
+        row[f"{what}_ms"] = dict(queued=queued_ms(fn), synced=synced_ms(fn, reps))
+        print(f"{p['name']:>13} {what}: {row[f'{what}_ms']['queued']:.3f} ms queued, "
+              f"{row[f'{what}_ms']['synced']:.3f} synced", flush=True)
     return row
 
 

@@ -52,7 +52,7 @@ from triton.runtime.errors import OutOfResources
 from ..validation import FLOAT_DTYPES, check_dsa_inputs, check_flags, key_rows
 from .guards import first_order_only, resolved_neg
 from .host import Choice, cdiv, check_device, check_scale, next_pow2, slot_offsets_pass_int32
-from .index import offset_rows, pdl_on
+from .index import _multiprocessors, offset_rows, pdl_on
 from .kernels import dsa_bwd_gluon, dsa_fwd_gluon
 from .kernels.dsa_bwd import (
     dsa_bwd_kernel,
@@ -61,6 +61,7 @@ from .kernels.dsa_bwd import (
     dsa_fp32_delta_kernel,
 )
 from .kernels.dsa_fwd import dsa_fp32_pv_kernel, dsa_fp32_scores_kernel, dsa_fwd_kernel
+from .kernels.slot_order import slot_order_kernel
 from .launch import BuildGuard, DirectLauncher
 
 FP32_MODES = ("acc64", "tf32x3", "tf32x3_exp2", "bf16x6")
@@ -68,6 +69,17 @@ _FP32 = Choice("ATTENTION_ORACLE_FAST_DSA_FP32", FP32_MODES, "bf16x6")
 FWD_BACKENDS = ("triton", "gluon")
 _FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_FWD", FWD_BACKENDS, "gluon")
 BWD_BACKENDS = ("triton", "gluon")
+# the slot order (kernels/slot_order.py): "off", "backward" (the backward's rows ordered before
+# its launch) or "on" (the forward's too, the ordered rows kept for the backward)
+ORDERS = ("off", "backward", "on")
+_ORDER = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER", ORDERS, "off")
+# calls ordered: at least ORDER_MIN_SLOTS slots (T * K; below it the launch's host time is not
+# repaid) and at most ORDER_MAX_K a row (one sort a program); ORDER_CONCURRENCY the programs
+# resident at once that the rotation assumes (None: the device's multiprocessors, one DSA
+# program an SM)
+ORDER_MIN_SLOTS = 1 << 22
+ORDER_MAX_K = 4096
+ORDER_CONCURRENCY = None
 _BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_BWD", BWD_BACKENDS, "gluon")
 # the Gluon kernels, turned off for the process if they fail to build on this Triton
 GLUON_FWD = BuildGuard("fast.dsa's Gluon forward (kernels/dsa_fwd_gluon.py)")
@@ -102,12 +114,19 @@ def set_fp32_mode(mode):
     return _FP32.set(mode)
 
 
+def set_slot_order(order):
+    """Where later calls order their slots, one of ``ORDERS``; returns the previous setting.
+    Default: $ATTENTION_ORACLE_FAST_DSA_ORDER or "off"."""
+    return _ORDER.set(order)
+
+
 def settings():
     """The process-wide options later calls run under, by name (what a benchmark records
     beside its figures)."""
     return {"forward_backend": _FWD_BACKEND.value, "backward_backend": _BWD_BACKEND.value,
-            "fp32_mode": _FP32.value, "prefetch_ahead": {"forward": dsa_fwd_gluon.PREFETCH,
-                                                         "backward": dsa_bwd_gluon.PREFETCH}}
+            "fp32_mode": _FP32.value, "slot_order": _ORDER.value,
+            "prefetch_ahead": {"forward": dsa_fwd_gluon.PREFETCH,
+                               "backward": dsa_bwd_gluon.PREFETCH}}
 
 
 def _bf16x6(dtype):
@@ -624,6 +643,33 @@ def slot_offsets_fit(indices):
     return indices.contiguous() if slot_offsets_pass_int32(indices) else indices
 
 
+_ORDER_LAUNCH = DirectLauncher(slot_order_kernel, n_tensors=4)
+
+
+def _orders(where, indices, S):
+    """Whether a call's rows are put in the slot order at `where` ("forward", "backward")."""
+    T, K = indices.shape
+    return (_ORDER.value == "on" or _ORDER.value == where) and T * K >= ORDER_MIN_SLOTS \
+        and 0 < K <= ORDER_MAX_K and S < 2 ** 31
+
+
+def slot_order(indices, topk_length, S):
+    """(rows int32 [T, K], lengths int32 [T]): each row's valid slots (``s < topk_length[t]``
+    where given, ``0 <= indices[t, s] < S``) ascending by key, rotated left by
+    ``(t mod C) * n // C`` of its n valid slots (C: ``ORDER_CONCURRENCY`` or the device's
+    multiprocessors), then -1 (kernels/slot_order.py). The same valid slots a row."""
+    T, K = indices.shape
+    out = torch.empty((T, K), dtype=torch.int32, device=indices.device)
+    lengths = torch.empty((T,), dtype=torch.int32, device=indices.device)
+    concurrency = ORDER_CONCURRENCY or _multiprocessors(indices.device)
+    block_k = next_pow2(K)
+    _ORDER_LAUNCH[(T,)](indices, topk_length if topk_length is not None else indices, out, lengths,
+                        K, S, indices.stride(0), indices.stride(1), concurrency,
+                        HAS_LEN=topk_length is not None, BLOCK_K=block_k,
+                        num_warps=4 if block_k <= 2048 else 8)
+    return out, lengths
+
+
 def _attend(q, q_rope, kv, k_rope, indices, topk_length, scale):
     """(out, lse): through autograd only where a gradient is needed (no Function node, and its
     cost, on the inference path). The kernels read topk_length by its data pointer alone: a
@@ -637,6 +683,8 @@ def _attend(q, q_rope, kv, k_rope, indices, topk_length, scale):
     if topk_length is not None:
         topk_length = topk_length.contiguous()
     indices = slot_offsets_fit(indices)
+    if _orders("forward", indices, kv.shape[0]):
+        indices, topk_length = slot_order(indices, topk_length, kv.shape[0])
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad
                                        for x in (q, q_rope, kv, k_rope)):
         return _DsaFunction.apply(q, q_rope, kv, k_rope, indices, topk_length, scale)
@@ -661,6 +709,8 @@ class _DsaFunction(torch.autograd.Function):
             dout = torch.zeros_like(out)
         elif dout.is_neg():
             dout, = resolved_neg(dout)
+        if _ORDER.value == "backward" and _orders("backward", indices, kv.shape[0]):
+            indices, topk_length = slot_order(indices, topk_length, kv.shape[0])
         grads = _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, ctx.scale)
         if torch.is_grad_enabled():  # create_graph=True: the gradients may be differentiated
             grads = first_order_only("fast DSA", grads, (q, q_rope, kv, k_rope, dout))

@@ -1507,3 +1507,59 @@ def test_default_forward_wgmma_pipelined(tmp_path):
 def dsa_probe_ptxas():
     from attention_oracle.fast.kernels import dsa_probe
     return dsa_probe._bin("ptxas-blackwell", "ptxas")
+
+
+# ----------------------------------------------------------------------------- slot order
+
+def slot_order_reference(idx, topk_length, S, concurrency):
+    """fast.dsa.slot_order in torch: valid slots ascending, rotated left by (t mod C) n // C."""
+    T, K = idx.shape
+    valid = (idx >= 0) & (idx < S)
+    if topk_length is not None:
+        valid &= torch.arange(K, device=idx.device)[None, :] < topk_length[:, None].long()
+    out = torch.full((T, K), -1, dtype=torch.int32)
+    n = valid.sum(1)
+    for t in range(T):
+        keys = idx[t][valid[t]].long().sort().values.cpu()
+        shift = (t % concurrency) * int(n[t]) // concurrency
+        out[t, :int(n[t])] = keys.roll(-shift).int()
+    return out, n.int().cpu()
+
+
+@pytest.mark.parametrize("K", [1, 37, 64])
+@pytest.mark.parametrize("with_len", [False, True])
+def test_slot_order_sorts_and_rotates_valid_slots(K, with_len, monkeypatch):
+    """Holes (-1, -3), keys past S, duplicates, lengths past K and 0, an int64 K-major view."""
+    monkeypatch.setattr(fdsa, "ORDER_CONCURRENCY", 3)
+    c = make_case(T=7, H=1, DL=8, DR=0, S=29, K=K, dtype=torch.float32, seed=K, hole_rate=0.4,
+                  with_len=with_len)
+    idx = c["idx"].long().t().contiguous().t()  # strides (1, T)
+    rows, lengths = fdsa.slot_order(idx, c["topk_length"], 29)
+    want, want_n = slot_order_reference(idx, c["topk_length"], 29, 3)
+    assert torch.equal(lengths.cpu(), want_n)
+    assert torch.equal(rows.cpu(), want), f"rows {rows.cpu()} != {want}"
+
+
+@pytest.mark.parametrize("order", ["on", "backward"])
+def test_ordered_slots_agree(order, monkeypatch):
+    """The forward and backward with their rows put in the slot order (every call here: the
+    size floor at 0, three programs a rotation) against float64, empty rows exact."""
+    monkeypatch.setattr(fdsa, "ORDER_MIN_SLOTS", 0)
+    monkeypatch.setattr(fdsa, "ORDER_CONCURRENCY", 3)
+    previous = fdsa.set_slot_order(order)
+    try:
+        c = make_case(T=7, H=3, DL=40, DR=24, S=23, K=37, dtype=torch.float32, seed=3,
+                      with_len=True)
+        out, lse, grads = check_case(c)
+        assert_empty_rows_exact(c, out, lse, grads)
+    finally:
+        fdsa.set_slot_order(previous)
+
+
+def test_slot_order_size_floor():
+    """Calls below ORDER_MIN_SLOTS slots keep their rows (no launch for small calls)."""
+    idx = torch.zeros(4, 8, dtype=torch.int32)
+    assert not fdsa._orders("forward", idx, 10)
+    big = torch.zeros(fdsa.ORDER_MIN_SLOTS // 2048, 2048, dtype=torch.int32)
+    assert fdsa._orders("forward", big, 10) == (fdsa.settings()["slot_order"] == "on")
+    assert not fdsa._orders("forward", torch.zeros(1 << 12, fdsa.ORDER_MAX_K + 1), 10)
