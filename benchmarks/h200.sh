@@ -90,6 +90,11 @@
 #                most), then benchmarks.dsa_gluon --backward and benchmarks.sdpa_gluon_bwd at L 4k
 #   prefetch     the Gluon DSA kernels' L2 prefetch of key rows (PREFETCH): its GPU tests, then
 #                benchmarks.dsa_gluon forward and --backward with --prefetch 1,2 (0, 1, 2 ahead)
+#   slotorder    the DSA slot order (docs/FINDINGS.md F96): benchmarks.dsa_order --backward (the
+#                same slots in other orders, fast's settings "backward" and "on", the ordering's
+#                launch), then under ATTENTION_ORACLE_FAST_DSA_ORDER=$SLOT_ORDER (on):
+#                benchmarks.dsa --quick --only fast, fast's DSA GPU tests (Gluon and smoke) and
+#                the conformance DSA fixtures at full size (SLOT_BUDGET, 150 s)
 #   overhead     host time per call: fast and torch timed in turn (--pairs), direct vs Triton
 #                launches, and where a Python backward's time goes (benchmarks.host_threads)
 #   calibration  the calibration report on CUDA: negative controls, correct built-ins, the rule
@@ -665,8 +670,25 @@ task_prefetch() {
     note "benchmarks.dsa_gluon --backward --prefetch 1,2: exit $?"; cut -c1-300 "$d/bwd.log"
 }
 
+task_slotorder() {
+    local d=$1
+    timeout 200 "$PY" -m benchmarks.dsa_order --backward --concurrency "${SLOT_C:-132}" \
+        --out "$d/dsa_order.json" > "$d/order.log" 2>&1
+    note "benchmarks.dsa_order: exit $?"; cut -c1-200 "$d/order.log" | tail -22
+    export ATTENTION_ORACLE_FAST_DSA_ORDER=${SLOT_ORDER:-on}
+    timeout 200 "$PY" -m benchmarks.dsa --quick --only fast --out "$d/dsa.json" > "$d/dsa.log" 2>&1
+    note "benchmarks.dsa --quick --only fast: exit $?"; grep -E "doc_|packed" "$d/dsa.log" | tail -8 | cut -c1-200
+    timeout 150 "$PY" -m pytest -q -p no:cacheprovider -n 8 "$TESTS/test_fast_dsa_gluon.py" \
+        "$TESTS/test_fast_dsa_smoke.py" > "$d/tests.log" 2>&1
+    note "fast's DSA GPU tests: exit $?"; tail -4 "$d/tests.log" | cut -c1-300
+    OUT=$d BUDGET=${SLOT_BUDGET:-150} bash .ci/gpu conf_fixtures --impl fast \
+        attention_oracle/conformance/test_dsa_fixtures.py
+    note "conformance DSA fixtures: report $d/conf_fixtures.json"
+    unset ATTENTION_ORACLE_FAST_DSA_ORDER
+}
+
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,order,fwdforms,base,form,tunecarry,tunevar,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,order,fwdforms,base,form,tunecarry,tunevar,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,slotorder,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
     exit 2
 }
 
@@ -678,7 +700,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|fwdforms|base|form|tunecarry|tunevar|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|fwdforms|base|form|tunecarry|tunevar|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|slotorder|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done
