@@ -178,6 +178,29 @@ def test_gluon_backward_agrees(name, dtype, dout_layout, monkeypatch):
 
 
 @gpu
+@pytest.mark.parametrize("order", ["on", "backward"])
+@pytest.mark.parametrize("name", ["production", "two_head_blocks", "nope", "all_holes"])
+def test_gluon_kernels_on_ordered_slots(name, order, monkeypatch):
+    """Both Gluon kernels on rows in the slot order (fast.dsa.slot_order; every call ordered
+    here: the size floor at 0, 5 programs a rotation), every gradient under the rule."""
+    monkeypatch.setattr(fdsa, "ORDER_MIN_SLOTS", 0)
+    monkeypatch.setattr(fdsa, "ORDER_CONCURRENCY", 5)
+    T, H, DR, S, K, holes, with_len = CASES[name]
+    c = make_case(T=T, H=H, DL=512, DR=DR, S=S, K=K, dtype=torch.bfloat16,
+                  seed=list(CASES).index(name), hole_rate=holes, with_len=with_len)
+    if DR:
+        c = trainer_layout(c, torch.bfloat16)
+    previous = fdsa.set_slot_order(order)
+    try:
+        with gluon_forward(monkeypatch) as fwd_calls, gluon_backward(monkeypatch) as calls:
+            out, lse, grads = check_case(c, dout_layout="head_major")
+    finally:
+        fdsa.set_slot_order(previous)
+    assert fwd_calls and calls, "a Gluon kernel did not run"
+    assert_empty_rows_exact(c, out, lse, grads)
+
+
+@gpu
 def test_gluon_backward_duplicates_int64_indices_and_broadcast_dout(monkeypatch):
     """Every slot of a row naming one key (its gradient the sum of all of them), int64
     indices and lengths past int32, a stride-0 dout."""
