@@ -1,7 +1,7 @@
 """Does the order of a row's slots change how fast the DSA kernels gather?
 
     python -m benchmarks.dsa_order [--problems packed_glm_a,doc_16384] [--reps 5]
-        [--concurrency 132,264] [--backward] [--out out/dsa_order.json]
+        [--concurrency 132,264] [--backward] [--only given,fast_backward] [--out FILE]
 
 The kernels walk a row's slots in the order given. ``benchmarks.dsa``'s rows come from
 ``torch.topk`` over random scores: random order, so the programs on the GPU at one time gather
@@ -86,13 +86,15 @@ def same_slots(a, b, lengths):
     return bool(torch.equal(ascending(a, lengths), ascending(b, lengths)))
 
 
-def measure(p, reps, concurrencies, backward):
+def measure(p, reps, concurrencies, backward, only=None):
     xs = leaves(p)
     flop_f, flop_b = FWD_FLOP * p["valid"], BWD_FLOP * p["valid"]
     row = {}
     base_out = base_dq = None
     previous = fdsa.set_slot_order("off")
     for name, rows, setting in orderings(p["rows"], p["lengths"], concurrencies):
+        if only and name not in only:
+            continue
         assert same_slots(rows, p["rows"], p["lengths"]), name
         fdsa.set_slot_order(setting)
         with torch.no_grad():
@@ -141,6 +143,8 @@ def main(argv=None):
     ap.add_argument("--concurrency", default="132,264",
                     help="programs resident at once for the rotated orders (comma-separated)")
     ap.add_argument("--backward", action="store_true")
+    ap.add_argument("--only", default="", help="these orderings alone (comma-separated names, "
+                    "e.g. given,fast_backward)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -148,7 +152,8 @@ def main(argv=None):
     result = dict(settings=fast_settings(), device=torch.cuda.get_device_name(), problems={})
     for name in args.problems.split(","):
         p = named_problem(name, gen)
-        result["problems"][name] = measure(p, args.reps, concurrencies, args.backward)
+        result["problems"][name] = measure(p, args.reps, concurrencies, args.backward,
+                                           [o for o in args.only.split(",") if o])
         del p
         torch.cuda.empty_cache()
     if args.out:

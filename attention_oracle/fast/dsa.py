@@ -70,15 +70,20 @@ FWD_BACKENDS = ("triton", "gluon")
 _FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_FWD", FWD_BACKENDS, "gluon")
 BWD_BACKENDS = ("triton", "gluon")
 # the slot order (kernels/slot_order.py): "off", "backward" (the backward's rows ordered before
-# its launch) or "on" (the forward's too, the ordered rows kept for the backward)
+# its launch; the default: packed_glm_a's Gluon backward 157.6 -> 203.1 TFLOP/s on an H100, the
+# ordering's 2 ms included, docs/FINDINGS.md F96) or "on" (the forward's too, the ordered rows
+# kept for the backward: the ordering costs the forward more than it saves there)
 ORDERS = ("off", "backward", "on")
-_ORDER = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER", ORDERS, "off")
+_ORDER = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER", ORDERS, "backward")
 # calls ordered: at least ORDER_MIN_SLOTS slots (T * K; below it the launch's host time is not
-# repaid) and at most ORDER_MAX_K a row (one sort a program); ORDER_CONCURRENCY the programs
+# repaid), at most ORDER_MAX_K a row (one sort a program), and key rows (latent and rope) of
+# more bytes than ORDER_MIN_KEY_BYTES (None: the device's L2; rows the L2 holds gain nothing,
+# doc_16384's 19 MB lost 1% of the backward to the ordering); ORDER_CONCURRENCY the programs
 # resident at once that the rotation assumes (None: the device's multiprocessors, one DSA
 # program an SM)
 ORDER_MIN_SLOTS = 1 << 22
 ORDER_MAX_K = 4096
+ORDER_MIN_KEY_BYTES = None
 ORDER_CONCURRENCY = None
 _BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_BWD", BWD_BACKENDS, "gluon")
 # the Gluon kernels, turned off for the process if they fail to build on this Triton
@@ -116,7 +121,7 @@ def set_fp32_mode(mode):
 
 def set_slot_order(order):
     """Where later calls order their slots, one of ``ORDERS``; returns the previous setting.
-    Default: $ATTENTION_ORACLE_FAST_DSA_ORDER or "off"."""
+    Default: $ATTENTION_ORACLE_FAST_DSA_ORDER or "backward"."""
     return _ORDER.set(order)
 
 
@@ -646,11 +651,24 @@ def slot_offsets_fit(indices):
 _ORDER_LAUNCH = DirectLauncher(slot_order_kernel, n_tensors=4)
 
 
-def _orders(where, indices, S):
+def _l2_bytes(device):
+    """The device's L2 in bytes (0 for the CPU interpreter)."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).L2_cache_size
+
+
+def _orders(where, indices, kv, k_rope):
     """Whether a call's rows are put in the slot order at `where` ("forward", "backward")."""
     T, K = indices.shape
-    return (_ORDER.value == "on" or _ORDER.value == where) and T * K >= ORDER_MIN_SLOTS \
-        and 0 < K <= ORDER_MAX_K and S < 2 ** 31
+    S = kv.shape[0]
+    if not ((_ORDER.value == "on" or _ORDER.value == where) and T * K >= ORDER_MIN_SLOTS
+            and 0 < K <= ORDER_MAX_K and S < 2 ** 31):
+        return False
+    row_bytes = kv.shape[1] * kv.element_size() + (0 if k_rope is None else
+                                                   k_rope.shape[1] * k_rope.element_size())
+    floor = _l2_bytes(kv.device) if ORDER_MIN_KEY_BYTES is None else ORDER_MIN_KEY_BYTES
+    return S * row_bytes > floor
 
 
 def slot_order(indices, topk_length, S):
@@ -683,7 +701,7 @@ def _attend(q, q_rope, kv, k_rope, indices, topk_length, scale):
     if topk_length is not None:
         topk_length = topk_length.contiguous()
     indices = slot_offsets_fit(indices)
-    if _orders("forward", indices, kv.shape[0]):
+    if _orders("forward", indices, kv, k_rope):
         indices, topk_length = slot_order(indices, topk_length, kv.shape[0])
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad
                                        for x in (q, q_rope, kv, k_rope)):
@@ -709,7 +727,7 @@ class _DsaFunction(torch.autograd.Function):
             dout = torch.zeros_like(out)
         elif dout.is_neg():
             dout, = resolved_neg(dout)
-        if _ORDER.value == "backward" and _orders("backward", indices, kv.shape[0]):
+        if _ORDER.value == "backward" and _orders("backward", indices, kv, k_rope):
             indices, topk_length = slot_order(indices, topk_length, kv.shape[0])
         grads = _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, ctx.scale)
         if torch.is_grad_enabled():  # create_graph=True: the gradients may be differentiated

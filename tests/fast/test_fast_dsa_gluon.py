@@ -182,8 +182,9 @@ def test_gluon_backward_agrees(name, dtype, dout_layout, monkeypatch):
 @pytest.mark.parametrize("name", ["production", "two_head_blocks", "nope", "all_holes"])
 def test_gluon_kernels_on_ordered_slots(name, order, monkeypatch):
     """Both Gluon kernels on rows in the slot order (fast.dsa.slot_order; every call ordered
-    here: the size floor at 0, 5 programs a rotation), every gradient under the rule."""
+    here: the size floors at 0, 5 programs a rotation), every gradient under the rule."""
     monkeypatch.setattr(fdsa, "ORDER_MIN_SLOTS", 0)
+    monkeypatch.setattr(fdsa, "ORDER_MIN_KEY_BYTES", 0)
     monkeypatch.setattr(fdsa, "ORDER_CONCURRENCY", 5)
     T, H, DR, S, K, holes, with_len = CASES[name]
     c = make_case(T=T, H=H, DL=512, DR=DR, S=S, K=K, dtype=torch.bfloat16,

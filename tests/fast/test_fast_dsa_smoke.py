@@ -1544,8 +1544,9 @@ def test_slot_order_sorts_and_rotates_valid_slots(K, with_len, monkeypatch):
 @pytest.mark.parametrize("order", ["on", "backward"])
 def test_ordered_slots_agree(order, monkeypatch):
     """The forward and backward with their rows put in the slot order (every call here: the
-    size floor at 0, three programs a rotation) against float64, empty rows exact."""
+    size floors at 0, three programs a rotation) against float64, empty rows exact."""
     monkeypatch.setattr(fdsa, "ORDER_MIN_SLOTS", 0)
+    monkeypatch.setattr(fdsa, "ORDER_MIN_KEY_BYTES", 0)
     monkeypatch.setattr(fdsa, "ORDER_CONCURRENCY", 3)
     previous = fdsa.set_slot_order(order)
     try:
@@ -1557,10 +1558,30 @@ def test_ordered_slots_agree(order, monkeypatch):
         fdsa.set_slot_order(previous)
 
 
-def test_slot_order_size_floor():
-    """Calls below ORDER_MIN_SLOTS slots keep their rows (no launch for small calls)."""
-    idx = torch.zeros(4, 8, dtype=torch.int32)
-    assert not fdsa._orders("forward", idx, 10)
+def test_slot_order_floors():
+    """Calls below ORDER_MIN_SLOTS slots, with rows past ORDER_MAX_K, or whose key rows fit
+    ORDER_MIN_KEY_BYTES keep their rows; the others are ordered where the setting says."""
+    kv, kr = torch.zeros(10, 8), torch.zeros(10, 2)
     big = torch.zeros(fdsa.ORDER_MIN_SLOTS // 2048, 2048, dtype=torch.int32)
-    assert fdsa._orders("forward", big, 10) == (fdsa.settings()["slot_order"] == "on")
-    assert not fdsa._orders("forward", torch.zeros(1 << 12, fdsa.ORDER_MAX_K + 1), 10)
+    previous = fdsa.set_slot_order("backward")
+    try:
+        assert not fdsa._orders("forward", big, kv, kr)
+        assert fdsa._orders("backward", big, kv, kr)  # the CPU: no L2 to fit
+        assert not fdsa._orders("backward", torch.zeros(4, 8, dtype=torch.int32), kv, kr)
+        assert not fdsa._orders("backward", torch.zeros(1 << 12, fdsa.ORDER_MAX_K + 1), kv, kr)
+        fdsa.set_slot_order("on")
+        assert fdsa._orders("forward", big, kv, kr)
+        fdsa.ORDER_MIN_KEY_BYTES, floor = 10 * 40, fdsa.ORDER_MIN_KEY_BYTES
+        try:  # 10 rows of 8 + 2 fp32 channels: 400 bytes, not past 400
+            assert not fdsa._orders("forward", big, kv, kr)
+            assert fdsa._orders("forward", big, torch.zeros(11, 8), kr)
+        finally:
+            fdsa.ORDER_MIN_KEY_BYTES = floor
+    finally:
+        fdsa.set_slot_order(previous)
+
+
+def test_slot_order_default_is_the_backward():
+    assert fdsa.ORDERS == ("off", "backward", "on")
+    if "ATTENTION_ORACLE_FAST_DSA_ORDER" not in os.environ:
+        assert fdsa.settings()["slot_order"] == "backward"
