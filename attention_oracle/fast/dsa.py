@@ -69,6 +69,7 @@ _FP32 = Choice("ATTENTION_ORACLE_FAST_DSA_FP32", FP32_MODES, "bf16x6")
 FWD_BACKENDS = ("triton", "gluon")
 _FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_FWD", FWD_BACKENDS, "gluon")
 BWD_BACKENDS = ("triton", "gluon")
+_BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_BWD", BWD_BACKENDS, "gluon")
 # the slot order (kernels/slot_order.py): "off", "backward" (the backward's rows ordered before
 # its launch; the default: packed_glm_a's Gluon backward 157.6 -> 203.1 TFLOP/s on an H100, the
 # ordering's 2 ms included, docs/FINDINGS.md F96) or "on" (the forward's too, the ordered rows
@@ -85,7 +86,6 @@ ORDER_MIN_SLOTS = 1 << 22
 ORDER_MAX_K = 4096
 ORDER_MIN_KEY_BYTES = None
 ORDER_CONCURRENCY = None
-_BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_BWD", BWD_BACKENDS, "gluon")
 # the Gluon kernels, turned off for the process if they fail to build on this Triton
 GLUON_FWD = BuildGuard("fast.dsa's Gluon forward (kernels/dsa_fwd_gluon.py)")
 GLUON_BWD = BuildGuard("fast.dsa's Gluon backward (kernels/dsa_bwd_gluon.py)")
@@ -658,11 +658,16 @@ def _l2_bytes(device):
     return torch.cuda.get_device_properties(device).L2_cache_size
 
 
+# the setting under which each step orders its rows ("on" orders before the forward, whose
+# ordered rows the backward keeps)
+_ORDERED_AT = {"forward": "on", "backward": "backward"}
+
+
 def _orders(where, indices, kv, k_rope):
     """Whether a call's rows are put in the slot order at `where` ("forward", "backward")."""
     T, K = indices.shape
     S = kv.shape[0]
-    if not ((_ORDER.value == "on" or _ORDER.value == where) and T * K >= ORDER_MIN_SLOTS
+    if not (_ORDER.value == _ORDERED_AT[where] and T * K >= ORDER_MIN_SLOTS
             and 0 < K <= ORDER_MAX_K and S < 2 ** 31):
         return False
     row_bytes = kv.shape[1] * kv.element_size() + (0 if k_rope is None else
@@ -727,7 +732,7 @@ class _DsaFunction(torch.autograd.Function):
             dout = torch.zeros_like(out)
         elif dout.is_neg():
             dout, = resolved_neg(dout)
-        if _ORDER.value == "backward" and _orders("backward", indices, kv, k_rope):
+        if _orders("backward", indices, kv, k_rope):
             indices, topk_length = slot_order(indices, topk_length, kv.shape[0])
         grads = _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, ctx.scale)
         if torch.is_grad_enabled():  # create_graph=True: the gradients may be differentiated
