@@ -1529,13 +1529,15 @@ def slot_order_reference(idx, topk_length, S, concurrency):
 # a full-size row (2048 slots, and a padded 4096-slot sort) takes minutes in the interpreter
 @pytest.mark.parametrize("K", [1, 37, 64] + ([2048, 3000] if DEVICE == "cuda" else []))
 @pytest.mark.parametrize("with_len", [False, True])
-def test_slot_order_sorts_and_rotates_valid_slots(K, with_len, monkeypatch):
-    """Holes (-1, -3), keys past S, duplicates, lengths past K and 0, an int64 K-major view."""
+@pytest.mark.parametrize("per", [1, 4])
+def test_slot_order_sorts_and_rotates_valid_slots(K, with_len, per, monkeypatch):
+    """Holes (-1, -3), keys past S, duplicates, lengths past K and 0, an int64 K-major view;
+    one row a program and four (7 rows: the last program's past T)."""
     monkeypatch.setattr(fdsa, "ORDER_CONCURRENCY", 3)
     c = make_case(T=7, H=1, DL=8, DR=0, S=29, K=K, dtype=torch.float32, seed=K, hole_rate=0.4,
                   with_len=with_len)
     idx = c["idx"].long().t().contiguous().t()  # strides (1, T)
-    rows, lengths = fdsa.slot_order(idx, c["topk_length"], 29)
+    rows, lengths = fdsa.slot_order(idx, c["topk_length"], 29, rows=per)
     want, want_n = slot_order_reference(idx, c["topk_length"], 29, 3)
     assert torch.equal(lengths.cpu(), want_n)
     assert torch.equal(rows.cpu(), want), f"rows {rows.cpu()} != {want}"

@@ -24,19 +24,27 @@ _SENTINEL = tl.constexpr(2147483647)  # sorts after every valid key (S < 2**31)
 
 
 @triton.jit
-def slot_order_kernel(rows_ptr, len_ptr, out_ptr, out_len_ptr, K, S, stride_rt, stride_rk, C,
-                      HAS_LEN: tl.constexpr, BLOCK_K: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+def slot_order_kernel(rows_ptr, len_ptr, out_ptr, out_len_ptr, T, K, S, stride_rt, stride_rk, C,
+                      HAS_LEN: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr):
+    """ROWS rows a program, each sorted alone (a [ROWS, BLOCK_K] block sorted along its last
+    axis)."""
+    t = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
     offs = tl.arange(0, BLOCK_K)
-    in_row = offs < K
+    row_ok = t < T
+    in_row = row_ok[:, None] & (offs[None, :] < K)
     if HAS_LEN:
-        in_row = in_row & (offs < tl.load(len_ptr + t))
-    key = tl.load(rows_ptr + t * stride_rt + offs * stride_rk, mask=in_row, other=-1)
+        length = tl.load(len_ptr + t, mask=row_ok, other=0)
+        in_row = in_row & (offs[None, :] < length[:, None])
+    key = tl.load(rows_ptr + t[:, None] * stride_rt + offs[None, :] * stride_rk, mask=in_row,
+                  other=-1)
     valid = in_row & (key >= 0) & (key < S)
     key = tl.where(valid, key, _SENTINEL).to(tl.int32)
-    n = tl.sum(valid.to(tl.int32), axis=0)
+    n = tl.sum(valid.to(tl.int32), axis=1)
     ordered = tl.sort(key)
-    shift = ((t % C) * n // C).to(tl.int32)
-    dest = tl.where(offs < n, tl.where(offs >= shift, offs - shift, offs - shift + n), offs)
-    tl.store(out_ptr + t * K + dest, tl.where(offs < n, ordered, -1), mask=offs < K)
-    tl.store(out_len_ptr + t, n)
+    shift = ((t % C) * n // C).to(tl.int32)[:, None]
+    n2 = n[:, None]
+    slot = offs[None, :]
+    dest = tl.where(slot < n2, tl.where(slot >= shift, slot - shift, slot - shift + n2), slot)
+    tl.store(out_ptr + t[:, None] * K + dest, tl.where(slot < n2, ordered, -1),
+             mask=row_ok[:, None] & (slot < K))
+    tl.store(out_len_ptr + t, n, mask=row_ok)
