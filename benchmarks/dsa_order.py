@@ -2,7 +2,7 @@
 
     python -m benchmarks.dsa_order [--problems packed_glm_a,doc_16384] [--reps 5]
         [--concurrency 132,264] [--backward] [--only given,fast_backward]
-        [--launches 1x1,4x1,4x2] [--out FILE]
+        [--warps 1,2,4] [--out FILE]
 
 The kernels walk a row's slots in the order given. ``benchmarks.dsa``'s rows come from
 ``torch.topk`` over random scores: random order, so the programs on the GPU at one time gather
@@ -20,8 +20,8 @@ row (the valid ones first, as the compacted rows have them; only their order cha
 These run with fast's own slot order off (``fast.dsa.set_slot_order("off")``); then the given
 rows run under each of fast's settings (``fast_backward``: the backward orders its rows,
 ``fast_on``: the forward too, :func:`fast.dsa.slot_order`), the ordering's launch timed
-beside (``--launches WxR,...``: also under those launches, W warps and R rows a program, each
-checked to give the default launch's rows; ``--only none`` times the ordering alone).
+beside (``--warps 1,2,...``: also launched with those warps a row, each checked to give the
+default launch's rows; ``--only none`` times the ordering alone).
 
 Per problem and ordering: the forward (no grad) and, with ``--backward``, the backward of the
 defaults, timed queued (do_bench) and synced, TFLOP/s over valid slots, and the largest
@@ -88,7 +88,7 @@ def same_slots(a, b, lengths):
     return bool(torch.equal(ascending(a, lengths), ascending(b, lengths)))
 
 
-def measure(p, reps, concurrencies, backward, only=None, launches=None):
+def measure(p, reps, concurrencies, backward, only=None, warps=None):
     xs = leaves(p)
     flop_f, flop_b = FWD_FLOP * p["valid"], BWD_FLOP * p["valid"]
     row = {}
@@ -133,12 +133,12 @@ def measure(p, reps, concurrencies, backward, only=None, launches=None):
     timed = [("slot_order", lambda: fdsa.slot_order(p["rows"], p["lengths"], p["S"])),
              ("torch_sort", lambda: ascending(p["rows"], p["lengths"]))]
     want = fdsa.slot_order(p["rows"], p["lengths"], p["S"])
-    for w, r in launches or ():
-        def order(w=w, r=r):
-            return fdsa.slot_order(p["rows"], p["lengths"], p["S"], num_warps=w, rows=r)
+    for w in warps or ():
+        def order(w=w):
+            return fdsa.slot_order(p["rows"], p["lengths"], p["S"], num_warps=w)
         got = order()
-        assert all(torch.equal(a, b) for a, b in zip(got, want)), f"launch {w}x{r} differs"
-        timed.append((f"slot_order_{w}x{r}", order))
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), f"{w} warps differ"
+        timed.append((f"slot_order_{w}warps", order))
     for what, fn in timed:
         row[f"{what}_ms"] = dict(queued=queued_ms(fn), synced=synced_ms(fn, reps))
         print(f"{p['name']:>13} {what}: {row[f'{what}_ms']['queued']:.3f} ms queued, "
@@ -155,8 +155,8 @@ def main(argv=None):
     ap.add_argument("--backward", action="store_true")
     ap.add_argument("--only", default="", help="these orderings alone (comma-separated names, "
                     "e.g. given,fast_backward)")
-    ap.add_argument("--launches", default="", help="the ordering kernel also timed under "
-                    "these launches: WARPSxROWS a program, comma-separated (e.g. 1x1,4x2)")
+    ap.add_argument("--warps", default="", help="the ordering kernel also timed with these "
+                    "warps a row (comma-separated)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -166,8 +166,7 @@ def main(argv=None):
         p = named_problem(name, gen)
         result["problems"][name] = measure(p, args.reps, concurrencies, args.backward,
                                            [o for o in args.only.split(",") if o],
-                                           [tuple(map(int, x.split("x")))
-                                            for x in args.launches.split(",") if x])
+                                           [int(w) for w in args.warps.split(",") if w])
         del p
         torch.cuda.empty_cache()
     if args.out:

@@ -86,8 +86,7 @@ ORDER_MIN_SLOTS = 1 << 22
 ORDER_MAX_K = 4096
 ORDER_MIN_KEY_BYTES = None
 ORDER_CONCURRENCY = None
-# the ordering kernel's launch by padded row length: (num_warps, rows a program)
-ORDER_LAUNCH = {}
+ORDER_MAX_S = 1 << 30  # the ordering kernel sorts keys as (key - pivot) mod 2**30
 # the Gluon kernels, turned off for the process if they fail to build on this Triton
 GLUON_FWD = BuildGuard("fast.dsa's Gluon forward (kernels/dsa_fwd_gluon.py)")
 GLUON_BWD = BuildGuard("fast.dsa's Gluon backward (kernels/dsa_bwd_gluon.py)")
@@ -670,7 +669,7 @@ def _orders(where, indices, kv, k_rope):
     T, K = indices.shape
     S = kv.shape[0]
     if not (_ORDER.value == _ORDERED_AT[where] and T * K >= ORDER_MIN_SLOTS
-            and 0 < K <= ORDER_MAX_K and S < 2 ** 31):
+            and 0 < K <= ORDER_MAX_K and S <= ORDER_MAX_S):
         return False
     row_bytes = kv.shape[1] * kv.element_size() + (0 if k_rope is None else
                                                    k_rope.shape[1] * k_rope.element_size())
@@ -678,29 +677,27 @@ def _orders(where, indices, kv, k_rope):
     return S * row_bytes > floor
 
 
-def slot_order(indices, topk_length, S, num_warps=None, rows=None):
-    """(rows int32 [T, K], lengths int32 [T]): each row's valid slots (``s < topk_length[t]``
-    where given, ``0 <= indices[t, s] < S``) ascending by key, rotated left by
-    ``(t mod C) * n // C`` of its n valid slots (C: ``ORDER_CONCURRENCY`` or the device's
-    multiprocessors), then -1 (kernels/slot_order.py). The same valid slots a row.
-    ``num_warps``, ``rows`` (rows a program): the launch, default :func:`order_launch`."""
+def slot_order(indices, topk_length, S, num_warps=None):
+    """(rows int32 [T, K], lengths int32 [T]): each row's n valid slots (``s < topk_length[t]``
+    where given, ``0 <= indices[t, s] < S``) in key order from the pivot key
+    ``lo + (hi - lo + 1) * (t mod C) // C`` (lo, hi: the row's least and greatest valid key;
+    C: ``ORDER_CONCURRENCY`` or the device's multiprocessors), those below it last, then -1
+    (kernels/slot_order.py). The same valid slots a row. ``S <= 2**30``. ``num_warps``: the
+    launch, default one warp a 2048 keys."""
+    if S > ORDER_MAX_S:
+        raise ValueError(f"S: slot_order takes at most {ORDER_MAX_S} keys, got {S}")
     T, K = indices.shape
     out = torch.empty((T, K), dtype=torch.int32, device=indices.device)
     lengths = torch.empty((T,), dtype=torch.int32, device=indices.device)
     concurrency = ORDER_CONCURRENCY or _multiprocessors(indices.device)
-    block_k = next_pow2(K)
-    warps, per = order_launch(block_k)
-    warps, per = num_warps or warps, rows or per
-    _ORDER_LAUNCH[(-(-T // per),)](
-        indices, topk_length if topk_length is not None else indices, out, lengths,
-        T, K, S, indices.stride(0), indices.stride(1), concurrency,
-        HAS_LEN=topk_length is not None, BLOCK_K=block_k, ROWS=per, num_warps=warps)
+    block_k = max(2, next_pow2(K))
+    warps = num_warps or max(1, block_k // 2048)
+    _ORDER_LAUNCH[(T,)](indices, topk_length if topk_length is not None else indices, out, lengths,
+                        K, S, indices.stride(0), indices.stride(1), concurrency,
+                        HAS_LEN=topk_length is not None, BLOCK_K=block_k,
+                        LANES=min(32 * warps, block_k), LOG_K=block_k.bit_length() - 1,
+                        num_warps=warps)
     return out, lengths
-
-
-def order_launch(block_k):
-    """(num_warps, rows a program) of the ordering kernel for rows padded to ``block_k``."""
-    return ORDER_LAUNCH.get(block_k, (4 if block_k <= 2048 else 8, 1))
 
 
 def _attend(q, q_rope, kv, k_rope, indices, topk_length, scale):

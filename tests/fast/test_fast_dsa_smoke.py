@@ -1512,7 +1512,8 @@ def dsa_probe_ptxas():
 # ----------------------------------------------------------------------------- slot order
 
 def slot_order_reference(idx, topk_length, S, concurrency):
-    """fast.dsa.slot_order in torch: valid slots ascending, rotated left by (t mod C) n // C."""
+    """fast.dsa.slot_order in torch: valid slots ascending from the pivot key
+    lo + (hi - lo + 1) (t mod C) // C, the keys below it after."""
     T, K = idx.shape
     valid = (idx >= 0) & (idx < S)
     if topk_length is not None:
@@ -1521,26 +1522,42 @@ def slot_order_reference(idx, topk_length, S, concurrency):
     n = valid.sum(1)
     for t in range(T):
         keys = idx[t][valid[t]].long().sort().values.cpu()
-        shift = (t % concurrency) * int(n[t]) // concurrency
-        out[t, :int(n[t])] = keys.roll(-shift).int()
+        if len(keys):
+            lo, hi = int(keys[0]), int(keys[-1])
+            pivot = lo + (hi - lo + 1) * (t % concurrency) // concurrency
+            keys = torch.cat([keys[keys >= pivot], keys[keys < pivot]])
+        out[t, :int(n[t])] = keys.int()
     return out, n.int().cpu()
 
 
 # a full-size row (2048 slots, and a padded 4096-slot sort) takes minutes in the interpreter
 @pytest.mark.parametrize("K", [1, 37, 64] + ([2048, 3000] if DEVICE == "cuda" else []))
 @pytest.mark.parametrize("with_len", [False, True])
-@pytest.mark.parametrize("per", [1, 4])
-def test_slot_order_sorts_and_rotates_valid_slots(K, with_len, per, monkeypatch):
-    """Holes (-1, -3), keys past S, duplicates, lengths past K and 0, an int64 K-major view;
-    one row a program and four (7 rows: the last program's past T)."""
+def test_slot_order_sorts_and_rotates_valid_slots(K, with_len, monkeypatch):
+    """Holes (-1, -3), keys past S, duplicates, lengths past K and 0, an int64 K-major view."""
     monkeypatch.setattr(fdsa, "ORDER_CONCURRENCY", 3)
     c = make_case(T=7, H=1, DL=8, DR=0, S=29, K=K, dtype=torch.float32, seed=K, hole_rate=0.4,
                   with_len=with_len)
     idx = c["idx"].long().t().contiguous().t()  # strides (1, T)
-    rows, lengths = fdsa.slot_order(idx, c["topk_length"], 29, rows=per)
+    rows, lengths = fdsa.slot_order(idx, c["topk_length"], 29)
     want, want_n = slot_order_reference(idx, c["topk_length"], 29, 3)
     assert torch.equal(lengths.cpu(), want_n)
     assert torch.equal(rows.cpu(), want), f"rows {rows.cpu()} != {want}"
+
+
+def test_slot_order_refuses_keys_past_its_wrap():
+    """The ordering sorts keys as (key - pivot) mod 2**30: more keys is a ValueError naming S,
+    and such calls keep their rows."""
+    idx = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="S"):
+        fdsa.slot_order(idx, None, fdsa.ORDER_MAX_S + 1)
+    previous = fdsa.set_slot_order("backward")
+    try:
+        big = torch.zeros(fdsa.ORDER_MIN_SLOTS // 2048, 2048, dtype=torch.int32)
+        kv = torch.zeros(fdsa.ORDER_MAX_S + 1, 1).expand(-1, 8)
+        assert not fdsa._orders("backward", big, kv, None)
+    finally:
+        fdsa.set_slot_order(previous)
 
 
 @pytest.mark.parametrize("order", ["on", "backward"])

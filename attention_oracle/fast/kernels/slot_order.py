@@ -1,50 +1,96 @@
-"""Triton kernel behind ``fast.dsa``'s slot order: each row's valid slots sorted by key and
-rotated by its token's place among the programs resident at once.
+"""Triton kernel behind ``fast.dsa``'s slot order: each row's valid slots sorted by key from a
+pivot key that depends on the token's place among the programs resident at once.
 
 The DSA kernels gather a row's key rows in slot order, one program a token, about one program
 an SM resident at once. Rows in a top-k's order (random over the document) make the resident
 programs gather from the whole document at once; where its rows exceed the L2 (packed_glm_a:
 documents of 57-68k keys, 65-78 MB of rows) half the gathers and key-gradient atomics went
 to DRAM (docs/FINDINGS.md F96). Sorted, every row walks its document from the first key to the
-last; rotated left by ``(t mod C) / C`` of its ``n`` valid slots (``C`` the resident
-programs), the programs that start one after another walk the same stretch of keys together,
-so the L2 holds what they share.
+last; started at the fraction ``(t mod C) / C`` of its key range (``C`` the resident
+programs) and wrapped around, the programs that start one after another walk the same stretch
+of keys together, so the L2 holds what they share.
 
 Per row t of ``rows [T, K]`` (int32 or int64, any strides): slot s is valid iff
-``s < lengths[t]`` (with HAS_LEN) and ``0 <= rows[t, s] < S``, the kernels' rule. Writes
-``out [T, K]`` int32 contiguous: the ``n`` valid keys ascending, rotated left by
-``shift = (t mod C) * n // C`` (slot j holds sorted key ``(j + shift) mod n``), then -1;
-``out_len [T]`` int32 = n. The same multiset of valid keys a row (duplicates kept), so
-every sum the kernels form is the same sum in another order.
+``s < lengths[t]`` (with HAS_LEN) and ``0 <= rows[t, s] < S``, the kernels' rule. With ``lo``,
+``hi`` the row's least and greatest valid key and ``pivot = lo + (hi - lo + 1) * (t mod C) // C``,
+writes ``out [T, K]`` int32 contiguous: the ``n`` valid keys, those ``>= pivot`` ascending and
+then those ``< pivot`` ascending, then -1; ``out_len [T]`` int32 = n. The same multiset of
+valid keys a row (duplicates kept), so every sum the kernels form is the same sum in another
+order. ``S <= 2**30``: keys are sorted as ``(key - pivot) mod 2**30``.
+
+The sort is a bitonic network of its own rather than ``tl.sort``: the row is held with each
+thread's keys on the low bits of the index (a transposed load), so 51 of a 2048-key sort's 66
+rounds exchange registers, not lanes; a descending run is sorted as an ascending run of
+complemented keys, so every round is a min and a max with no select on the direction (a third
+of ``tl.sort``'s instructions at one warp a row; docs/PERFORMANCE.md).
 """
 import triton
 import triton.language as tl
 
-_SENTINEL = tl.constexpr(2147483647)  # sorts after every valid key (S < 2**31)
+_SENTINEL = tl.constexpr(2147483647)  # sorts after every valid key
+_WRAP = tl.constexpr(1 << 30)  # keys are sorted as (key - pivot) mod _WRAP; S <= _WRAP
 
 
 @triton.jit
-def slot_order_kernel(rows_ptr, len_ptr, out_ptr, out_len_ptr, T, K, S, stride_rt, stride_rk, C,
-                      HAS_LEN: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr):
-    """ROWS rows a program, each sorted alone (a [ROWS, BLOCK_K] block sorted along its last
-    axis)."""
-    t = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
-    offs = tl.arange(0, BLOCK_K)
-    row_ok = t < T
-    in_row = row_ok[:, None] & (offs[None, :] < K)
+def _xor(a, b):
+    return a ^ b
+
+
+@triton.jit
+def _bit(N: tl.constexpr, j: tl.constexpr):
+    """Bit j of the flat index, as a [2] * N hypercube's broadcastable 0/1 (axis N-1-j)."""
+    return tl.reshape(tl.arange(0, 2), [1] * (N - j - 1) + [2] + [1] * j)
+
+
+@triton.jit
+def _min_max_round(x, N: tl.constexpr, j: tl.constexpr):
+    """One ascending compare-exchange round on bit j: each pair's low element keeps the min."""
+    partner = x ^ tl.reduce(x, N - 1 - j, _xor, keep_dims=True)
+    return tl.where(_bit(N, j) == 1, tl.maximum(x, partner), tl.minimum(x, partner))
+
+
+@triton.jit
+def _bitonic_sort(x, N: tl.constexpr):
+    """x: int32 [2] * N hypercube, sorted ascending along the flat index. Stage s sorts runs of
+    2**s, descending where index bit s is set: those runs' keys complemented (~x reverses the
+    order) and sorted ascending, then complemented back."""
+    for s in tl.static_range(1, N + 1):
+        if s < N:
+            flip = -_bit(N, s)  # all ones where bit s is set
+            x = x ^ flip
+        for r in tl.static_range(s):
+            x = _min_max_round(x, N, s - 1 - r)
+        if s < N:
+            x = x ^ flip
+    return x
+
+
+@triton.jit(do_not_specialize=["stride_rk"])
+def slot_order_kernel(rows_ptr, len_ptr, out_ptr, out_len_ptr, K, S, stride_rt, stride_rk, C,
+                      HAS_LEN: tl.constexpr, BLOCK_K: tl.constexpr, LANES: tl.constexpr,
+                      LOG_K: tl.constexpr):
+    """One row a program, ``BLOCK_K = 2**LOG_K >= K`` keys: X[i, j] = row[i * LANES + j],
+    lanes along j (coalesced loads; stride_rk is not specialised, so the load keeps one key a
+    lane), sorted as trans(X) flattened, whose low bits (i) are each thread's registers."""
+    t = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK_K // LANES)[:, None]
+    j = tl.arange(0, LANES)[None, :]
+    offs = i * LANES + j
+    in_row = offs < K
     if HAS_LEN:
-        length = tl.load(len_ptr + t, mask=row_ok, other=0)
-        in_row = in_row & (offs[None, :] < length[:, None])
-    key = tl.load(rows_ptr + t[:, None] * stride_rt + offs[None, :] * stride_rk, mask=in_row,
-                  other=-1)
+        in_row = in_row & (offs < tl.load(len_ptr + t))
+    key = tl.load(rows_ptr + t * stride_rt + offs * stride_rk, mask=in_row, other=-1)
     valid = in_row & (key >= 0) & (key < S)
-    key = tl.where(valid, key, _SENTINEL).to(tl.int32)
-    n = tl.sum(valid.to(tl.int32), axis=1)
-    ordered = tl.sort(key)
-    shift = ((t % C) * n // C).to(tl.int32)[:, None]
-    n2 = n[:, None]
-    slot = offs[None, :]
-    dest = tl.where(slot < n2, tl.where(slot >= shift, slot - shift, slot - shift + n2), slot)
-    tl.store(out_ptr + t[:, None] * K + dest, tl.where(slot < n2, ordered, -1),
-             mask=row_ok[:, None] & (slot < K))
-    tl.store(out_len_ptr + t, n, mask=row_ok)
+    key = key.to(tl.int32)
+    n = tl.sum(tl.sum(valid.to(tl.int32), axis=1), axis=0)
+    lo = tl.min(tl.min(tl.where(valid, key, _SENTINEL), axis=1), axis=0)
+    hi = tl.max(tl.max(tl.where(valid, key, -1), axis=1), axis=0)
+    pivot = (lo + (hi - lo + 1).to(tl.int64) * (t % C) // C).to(tl.int32)
+    rel = tl.where(key >= pivot, key - pivot, key - pivot + _WRAP)
+    rel = tl.where(valid, rel, _SENTINEL)
+    cube = tl.reshape(tl.trans(rel), [2] * LOG_K)
+    ordered = tl.reshape(_bitonic_sort(cube, LOG_K), [BLOCK_K])
+    k = tl.arange(0, BLOCK_K)
+    keys = (ordered + pivot) & (_WRAP - 1)
+    tl.store(out_ptr + t * K + k, tl.where(k < n, keys, -1), mask=k < K)
+    tl.store(out_len_ptr + t, n)
