@@ -1554,7 +1554,7 @@ def test_slot_order_refuses_keys_past_its_wrap():
     previous = fdsa.set_slot_order("backward")
     try:
         big = torch.zeros(fdsa.ORDER_MIN_SLOTS // 2048, 2048, dtype=torch.int32)
-        kv = torch.zeros(fdsa.ORDER_MAX_S + 1, 1).expand(-1, 8)
+        kv = torch.zeros(1, 8).expand(fdsa.ORDER_MAX_S + 1, 8)  # no memory
         assert not fdsa._orders("backward", big, kv, None)
     finally:
         fdsa.set_slot_order(previous)
