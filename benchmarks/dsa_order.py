@@ -15,6 +15,8 @@ row (the valid ones first, as the compacted rows have them; only their order cha
 * ``rotated_N``: sorted, then rotated left by ``(t mod N) / N`` of the row's valid slots
   (token t): if programs start one after another, N at a time, the programs on the GPU at
   one time then walk the same part of the keys together (N: the programs resident at once);
+* ``pivoted_N``: fast's own order (:func:`fast.dsa.slot_order` with ``N`` programs resident),
+  made before the call: sorted, from the key at ``(t mod N) / N`` of the row's key range;
 * ``descending``: sorted by key, largest first.
 
 These run with fast's own slot order off (``fast.dsa.set_slot_order("off")``); then the given
@@ -63,6 +65,16 @@ def rotated(rows, lengths, concurrency):
     return rows.gather(1, src)
 
 
+def pivoted(rows, lengths, S, concurrency):
+    """fast's own slot order (:func:`fast.dsa.slot_order`: valid keys ascending from a pivot
+    at ``(t mod concurrency) / concurrency`` of the row's key range) made before the call."""
+    saved, fdsa.ORDER_CONCURRENCY = fdsa.ORDER_CONCURRENCY, concurrency
+    try:
+        return fdsa.slot_order(rows, lengths, S)[0]
+    finally:
+        fdsa.ORDER_CONCURRENCY = saved
+
+
 def descending(rows, lengths):
     """Each row's valid slots sorted by key, largest first."""
     K = rows.shape[1]
@@ -72,12 +84,13 @@ def descending(rows, lengths):
     return torch.where(valid, keyed, rows)
 
 
-def orderings(rows, lengths, concurrencies):
+def orderings(rows, lengths, S, concurrencies):
     """(name, rows, fast's slot order setting) of every run."""
     yield "given", rows, "off"
     yield "ascending", ascending(rows, lengths), "off"
     for n in concurrencies:
         yield f"rotated_{n}", rotated(rows, lengths, n), "off"
+        yield f"pivoted_{n}", pivoted(rows, lengths, S, n), "off"
     yield "descending", descending(rows, lengths), "off"
     for setting in ("backward", "on"):
         yield f"fast_{setting}", rows, setting
@@ -94,7 +107,7 @@ def measure(p, reps, concurrencies, backward, only=None, warps=None):
     row = {}
     base_out = base_dq = None
     previous = fdsa.set_slot_order("off")
-    for name, rows, setting in orderings(p["rows"], p["lengths"], concurrencies):
+    for name, rows, setting in orderings(p["rows"], p["lengths"], p["S"], concurrencies):
         if only and name not in only:
             continue
         assert same_slots(rows, p["rows"], p["lengths"]), name
