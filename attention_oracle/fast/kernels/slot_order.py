@@ -21,8 +21,9 @@ order. ``S <= 2**30``: keys are sorted as ``(key - pivot) mod 2**30``.
 The sort is a bitonic network of its own rather than ``tl.sort``: the row is held with each
 thread's keys on the low bits of the index (a transposed load), so 51 of a 2048-key sort's 66
 rounds exchange registers, not lanes; a descending run is sorted as an ascending run of
-complemented keys, so every round is a min and a max with no select on the direction (a third
-of ``tl.sort``'s instructions at one warp a row; docs/PERFORMANCE.md).
+complemented keys, so every round is a min and a max with no select on the direction (9.3k
+instructions a row against ``tl.sort``'s 16.1k at one warp; 0.74-0.78 ms on 16k x 2048 slots
+on an H100 against 0.86 and, at four warps, 2.2; docs/PERFORMANCE.md).
 """
 import triton
 import triton.language as tl
