@@ -71,16 +71,16 @@ _FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_FWD", FWD_BACKENDS, "gluon")
 BWD_BACKENDS = ("triton", "gluon")
 _BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_BWD", BWD_BACKENDS, "gluon")
 # the slot order (kernels/slot_order.py): "off", "backward" (the backward's rows ordered before
-# its launch; the default: packed_glm_a's Gluon backward 157.6 -> 203.1 TFLOP/s on an H100, the
-# ordering's 2 ms included, docs/FINDINGS.md F96) or "on" (the forward's too, the ordered rows
-# kept for the backward: the ordering costs the forward more than it saves there)
+# its launch; the default: packed_glm_a's Gluon backward 157 -> 219 TFLOP/s on an H100, the
+# ordering's 0.75 ms included, docs/FINDINGS.md F96) or "on" (the forward's too, the ordered rows
+# kept for the backward: no faster forward measured yet)
 ORDERS = ("off", "backward", "on")
 _ORDER = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER", ORDERS, "backward")
 # calls ordered: at least ORDER_MIN_SLOTS slots (T * K; below it the launch's host time is not
 # repaid), at most ORDER_MAX_K a row (one sort a program), and key rows (latent and rope) of
 # more bytes than ORDER_MIN_KEY_BYTES (None: the device's L2; rows the L2 holds gain nothing,
 # doc_16384's 19 MB lost 1% of the backward to the ordering); ORDER_CONCURRENCY the programs
-# resident at once that the rotation assumes (None: the device's multiprocessors, one DSA
+# resident at once that the pivot assumes (None: the device's multiprocessors, one DSA
 # program an SM)
 ORDER_MIN_SLOTS = 1 << 22
 ORDER_MAX_K = 4096
