@@ -692,12 +692,10 @@ def slot_order(indices, topk_length, S, num_warps=None):
     concurrency = ORDER_CONCURRENCY or _multiprocessors(indices.device)
     block_k = max(2, next_pow2(K))
     warps = num_warps or max(1, block_k // 2048)
-    lanes = min(32 * warps, block_k)
-    shuffles = indices.device.type == "cuda" and warps == 1 and block_k >= 64
     _ORDER_LAUNCH[(T,)](indices, topk_length if topk_length is not None else indices, out, lengths,
                         K, S, indices.stride(0), indices.stride(1), concurrency,
                         HAS_LEN=topk_length is not None, BLOCK_K=block_k,
-                        LANES=lanes, LOG_K=block_k.bit_length() - 1, SHUFFLES=shuffles,
+                        LANES=min(32 * warps, block_k), LOG_K=block_k.bit_length() - 1,
                         num_warps=warps)
     return out, lengths
 

@@ -66,52 +66,13 @@ def _bitonic_sort(x, N: tl.constexpr):
     return x
 
 
-@triton.jit
-def _lane_partner(x, lane_mask):
-    """x's element in lane ``lane ^ lane_mask`` at the same register (a butterfly shuffle)."""
-    m = tl.full(x.shape, 0, tl.int32) + lane_mask
-    return tl.inline_asm_elementwise("shfl.sync.bfly.b32 $0, $1, $2, 0x1f, 0xffffffff;",
-                                     "=r,r,r", [x, m], dtype=tl.int32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _bitonic_sort_by_shuffles(x, LOG_R: tl.constexpr, N: tl.constexpr):
-    """``_bitonic_sort`` of x [32, 2**LOG_R] int32 held one row a lane (flat index
-    lane * 2**LOG_R + register, one warp): the stages inside a thread's registers unrolled, the
-    later ones in a loop whose lane rounds are shuffles, so the code is a third the size (the
-    unrolled network's 150 KB of straight-line code outgrows the instruction cache)."""
-    R: tl.constexpr = x.shape[1]
-    lane = tl.arange(0, 32)[:, None]  # flat >> LOG_R
-    cube = tl.reshape(x, [2] * N)
-    for s in tl.static_range(1, LOG_R + 1):
-        cube = cube ^ -_bit(N, s)
-        for r in tl.static_range(s):
-            cube = _min_max_round(cube, N, s - 1 - r)
-        cube = cube ^ -_bit(N, s)
-    x = tl.reshape(cube, [32, R])
-    for s in range(LOG_R + 1, N + 1):
-        desc = -((lane >> (s - LOG_R)) & 1)
-        x = x ^ desc
-        for d in range(s - LOG_R):
-            b = s - 1 - d
-            partner = _lane_partner(x, 1 << (b - LOG_R))
-            right = ((lane >> (b - LOG_R)) & 1) == 1
-            x = tl.where(right, tl.maximum(x, partner), tl.minimum(x, partner))
-        cube = tl.reshape(x, [2] * N)
-        for r in tl.static_range(LOG_R):
-            cube = _min_max_round(cube, N, LOG_R - 1 - r)
-        x = tl.reshape(cube, [32, R]) ^ desc
-    return x
-
-
 @triton.jit(do_not_specialize=["stride_rk"])
 def slot_order_kernel(rows_ptr, len_ptr, out_ptr, out_len_ptr, K, S, stride_rt, stride_rk, C,
                       HAS_LEN: tl.constexpr, BLOCK_K: tl.constexpr, LANES: tl.constexpr,
-                      LOG_K: tl.constexpr, SHUFFLES: tl.constexpr):
+                      LOG_K: tl.constexpr):
     """One row a program, ``BLOCK_K = 2**LOG_K >= K`` keys: X[i, j] = row[i * LANES + j],
     lanes along j (coalesced loads; stride_rk is not specialised, so the load keeps one key a
-    lane), sorted as trans(X) flattened, whose low bits (i) are each thread's registers.
-    SHUFFLES (one warp, LANES 32, on a GPU): ``_bitonic_sort_by_shuffles``."""
+    lane), sorted as trans(X) flattened, whose low bits (i) are each thread's registers."""
     t = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK_K // LANES)[:, None]
     j = tl.arange(0, LANES)[None, :]
@@ -128,11 +89,8 @@ def slot_order_kernel(rows_ptr, len_ptr, out_ptr, out_len_ptr, K, S, stride_rt, 
     pivot = (lo + (hi - lo + 1).to(tl.int64) * (t % C) // C).to(tl.int32)
     rel = tl.where(key >= pivot, key - pivot, key - pivot + _WRAP)
     rel = tl.where(valid, rel, _SENTINEL)
-    if SHUFFLES:
-        ordered = tl.reshape(_bitonic_sort_by_shuffles(tl.trans(rel), LOG_K - 5, LOG_K), [BLOCK_K])
-    else:
-        cube = tl.reshape(tl.trans(rel), [2] * LOG_K)
-        ordered = tl.reshape(_bitonic_sort(cube, LOG_K), [BLOCK_K])
+    cube = tl.reshape(tl.trans(rel), [2] * LOG_K)
+    ordered = tl.reshape(_bitonic_sort(cube, LOG_K), [BLOCK_K])
     k = tl.arange(0, BLOCK_K)
     keys = (ordered + pivot) & (_WRAP - 1)
     tl.store(out_ptr + t * K + k, tl.where(k < n, keys, -1), mask=k < K)
