@@ -145,7 +145,7 @@ def measure(p, reps, concurrencies, backward, only=None, warps=None):
     fdsa.set_slot_order(previous)
     timed = [("slot_order", lambda: fdsa.slot_order(p["rows"], p["lengths"], p["S"])),
              ("torch_sort", lambda: ascending(p["rows"], p["lengths"]))]
-    want = fdsa.slot_order(p["rows"], p["lengths"], p["S"])
+    want = fdsa.slot_order(p["rows"], p["lengths"], p["S"]) if warps else None
     for w in warps or ():
         def order(w=w):
             return fdsa.slot_order(p["rows"], p["lengths"], p["S"], num_warps=w)
