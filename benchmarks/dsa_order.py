@@ -2,7 +2,7 @@
 
     python -m benchmarks.dsa_order [--problems packed_glm_a,doc_16384] [--reps 5]
         [--concurrency 132,264] [--backward] [--only given,fast_backward]
-        [--warps 1,2,4] [--out FILE]
+        [--warps 1,2,4] [--forms loop] [--out FILE]
 
 The kernels walk a row's slots in the order given. ``benchmarks.dsa``'s rows come from
 ``torch.topk`` over random scores: random order, so the programs on the GPU at one time gather
@@ -22,8 +22,10 @@ row (the valid ones first, as the compacted rows have them; only their order cha
 These run with fast's own slot order off (``fast.dsa.set_slot_order("off")``); then the given
 rows run under each of fast's settings (``fast_backward``: the backward orders its rows,
 ``fast_on``: the forward too, :func:`fast.dsa.slot_order`), the ordering's launch timed
-beside (``--warps 1,2,...``: also launched with those warps a row, each checked to give the
-default launch's rows; ``--only none`` times the ordering alone).
+beside (``--warps 1,2,...``: also launched with those warps a row; ``--forms loop,...``: also
+in those forms of the kernel, ``fast.dsa.ORDER_FORMS``; each checked to give the default
+launch's rows; ``--only none`` times the ordering alone). The settings' ordering runs in the
+process's form: ``ATTENTION_ORACLE_FAST_DSA_ORDER_FORM=loop`` times the DSA calls under it.
 
 Per problem and ordering: the forward (no grad) and, with ``--backward``, the backward of the
 defaults, timed queued (do_bench) and synced, TFLOP/s over valid slots, and the largest
@@ -101,7 +103,7 @@ def same_slots(a, b, lengths):
     return bool(torch.equal(ascending(a, lengths), ascending(b, lengths)))
 
 
-def measure(p, reps, concurrencies, backward, only=None, warps=None):
+def measure(p, reps, concurrencies, backward, only=None, warps=None, forms=None):
     xs = leaves(p)
     flop_f, flop_b = FWD_FLOP * p["valid"], BWD_FLOP * p["valid"]
     row = {}
@@ -145,13 +147,15 @@ def measure(p, reps, concurrencies, backward, only=None, warps=None):
     fdsa.set_slot_order(previous)
     timed = [("slot_order", lambda: fdsa.slot_order(p["rows"], p["lengths"], p["S"])),
              ("torch_sort", lambda: ascending(p["rows"], p["lengths"]))]
-    want = fdsa.slot_order(p["rows"], p["lengths"], p["S"]) if warps else None
-    for w in warps or ():
-        def order(w=w):
-            return fdsa.slot_order(p["rows"], p["lengths"], p["S"], num_warps=w)
+    launches = [(f"{w}warps", dict(num_warps=w)) for w in warps or ()]
+    launches += [(f, dict(form=f)) for f in forms or ()]
+    want = fdsa.slot_order(p["rows"], p["lengths"], p["S"]) if launches else None
+    for what, kwargs in launches:
+        def order(kwargs=kwargs):
+            return fdsa.slot_order(p["rows"], p["lengths"], p["S"], **kwargs)
         got = order()
-        assert all(torch.equal(a, b) for a, b in zip(got, want)), f"{w} warps differ"
-        timed.append((f"slot_order_{w}warps", order))
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), f"{what}: rows differ"
+        timed.append((f"slot_order_{what}", order))
     for what, fn in timed:
         row[f"{what}_ms"] = dict(queued=queued_ms(fn), synced=synced_ms(fn, reps))
         print(f"{p['name']:>13} {what}: {row[f'{what}_ms']['queued']:.3f} ms queued, "
@@ -170,6 +174,8 @@ def main(argv=None):
                     "e.g. given,fast_backward)")
     ap.add_argument("--warps", default="", help="the ordering kernel also timed with these "
                     "warps a row (comma-separated)")
+    ap.add_argument("--forms", default="", help="the ordering kernel also timed in these forms "
+                    "(comma-separated, of fast.dsa.ORDER_FORMS)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -179,7 +185,8 @@ def main(argv=None):
         p = named_problem(name, gen)
         result["problems"][name] = measure(p, args.reps, concurrencies, args.backward,
                                            [o for o in args.only.split(",") if o],
-                                           [int(w) for w in args.warps.split(",") if w])
+                                           [int(w) for w in args.warps.split(",") if w],
+                                           [f for f in args.forms.split(",") if f])
         del p
         torch.cuda.empty_cache()
     if args.out:

@@ -76,6 +76,11 @@ _BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_BWD", BWD_BACKENDS, "gluon")
 # kept for the backward: no faster forward measured yet)
 ORDERS = ("off", "backward", "on")
 _ORDER = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER", ORDERS, "backward")
+# the ordering kernel's form (kernels/slot_order.py; the same rows): "network" (the whole
+# network unrolled, the default: 0.74-0.78 ms on 16k x 2048 slots on an H100) or "loop" (the
+# stages past a thread's registers in a loop: 5.0k instructions against 9.4k; not yet timed)
+ORDER_FORMS = ("network", "loop")
+_ORDER_FORM = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER_FORM", ORDER_FORMS, "network")
 # calls ordered: at least ORDER_MIN_SLOTS slots (T * K; below it the launch's host time is not
 # repaid), at most ORDER_MAX_K a row (one sort a program), and key rows (latent and rope) of
 # more bytes than ORDER_MIN_KEY_BYTES (None: the device's L2; rows the L2 holds gain nothing,
@@ -126,11 +131,19 @@ def set_slot_order(order):
     return _ORDER.set(order)
 
 
+def set_slot_order_form(form):
+    """The ordering kernel's form in later calls, one of ``ORDER_FORMS`` (both give the same
+    rows); returns the previous form. Default: $ATTENTION_ORACLE_FAST_DSA_ORDER_FORM or
+    "network"."""
+    return _ORDER_FORM.set(form)
+
+
 def settings():
     """The process-wide options later calls run under, by name (what a benchmark records
     beside its figures)."""
     return {"forward_backend": _FWD_BACKEND.value, "backward_backend": _BWD_BACKEND.value,
             "fp32_mode": _FP32.value, "slot_order": _ORDER.value,
+            "slot_order_form": _ORDER_FORM.value,
             "prefetch_ahead": {"forward": dsa_fwd_gluon.PREFETCH,
                                "backward": dsa_bwd_gluon.PREFETCH}}
 
@@ -677,15 +690,19 @@ def _orders(where, indices, kv, k_rope):
     return S * row_bytes > floor
 
 
-def slot_order(indices, topk_length, S, num_warps=None):
+def slot_order(indices, topk_length, S, num_warps=None, form=None):
     """(rows int32 [T, K], lengths int32 [T]): each row's n valid slots (``s < topk_length[t]``
     where given, ``0 <= indices[t, s] < S``) in key order from the pivot key
     ``lo + (hi - lo + 1) * (t mod C) // C`` (lo, hi: the row's least and greatest valid key;
     C: ``ORDER_CONCURRENCY`` or the device's multiprocessors), those below it last, then -1
     (kernels/slot_order.py). The same valid slots a row. ``S <= 2**30``. ``num_warps``: the
-    launch, default one warp a 2048 keys."""
+    launch, default one warp a 2048 keys; ``form``: one of ``ORDER_FORMS``, default the
+    process's (:func:`set_slot_order_form`)."""
     if S > ORDER_MAX_S:
         raise ValueError(f"S: slot_order takes at most {ORDER_MAX_S} keys, got {S}")
+    form = form or _ORDER_FORM.value
+    if form not in ORDER_FORMS:
+        raise ValueError(f"form: one of {ORDER_FORMS}, got {form!r}")
     T, K = indices.shape
     out = torch.empty((T, K), dtype=torch.int32, device=indices.device)
     lengths = torch.empty((T,), dtype=torch.int32, device=indices.device)
@@ -696,7 +713,7 @@ def slot_order(indices, topk_length, S, num_warps=None):
                         K, S, indices.stride(0), indices.stride(1), concurrency,
                         HAS_LEN=topk_length is not None, BLOCK_K=block_k,
                         LANES=min(32 * warps, block_k), LOG_K=block_k.bit_length() - 1,
-                        num_warps=warps)
+                        LOOP=form == "loop", num_warps=warps)
     return out, lengths
 
 

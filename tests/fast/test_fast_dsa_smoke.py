@@ -1530,16 +1530,19 @@ def slot_order_reference(idx, topk_length, S, concurrency):
     return out, n.int().cpu()
 
 
-# a full-size row (2048 slots, and a padded 4096-slot sort) takes minutes in the interpreter
-@pytest.mark.parametrize("K", [1, 37, 64] + ([2048, 3000] if DEVICE == "cuda" else []))
+# a full-size row (2048 slots, and a padded 4096-slot sort) takes minutes in the interpreter;
+# 200 slots (a 256-key sort) puts three register stages before the loop form's lane stages
+@pytest.mark.parametrize("K", [1, 37, 64, 200] + ([2048, 3000] if DEVICE == "cuda" else []))
 @pytest.mark.parametrize("with_len", [False, True])
-def test_slot_order_sorts_and_rotates_valid_slots(K, with_len, monkeypatch):
-    """Holes (-1, -3), keys past S, duplicates, lengths past K and 0, an int64 K-major view."""
+@pytest.mark.parametrize("form", fdsa.ORDER_FORMS)
+def test_slot_order_sorts_and_rotates_valid_slots(K, with_len, form, monkeypatch):
+    """Holes (-1, -3), keys past S, duplicates, lengths past K and 0, an int64 K-major view;
+    each form of the ordering kernel."""
     monkeypatch.setattr(fdsa, "ORDER_CONCURRENCY", 3)
     c = make_case(T=7, H=1, DL=8, DR=0, S=29, K=K, dtype=torch.float32, seed=K, hole_rate=0.4,
                   with_len=with_len)
     idx = c["idx"].long().t().contiguous().t()  # strides (1, T)
-    rows, lengths = fdsa.slot_order(idx, c["topk_length"], 29)
+    rows, lengths = fdsa.slot_order(idx, c["topk_length"], 29, form=form)
     want, want_n = slot_order_reference(idx, c["topk_length"], 29, 3)
     assert torch.equal(lengths.cpu(), want_n)
     assert torch.equal(rows.cpu(), want), f"rows {rows.cpu()} != {want}"
@@ -1547,10 +1550,12 @@ def test_slot_order_sorts_and_rotates_valid_slots(K, with_len, monkeypatch):
 
 def test_slot_order_refuses_keys_past_its_wrap():
     """The ordering sorts keys as (key - pivot) mod 2**30: more keys is a ValueError naming S,
-    and such calls keep their rows."""
+    and such calls keep their rows; an unknown form is a ValueError naming form."""
     idx = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match="S"):
         fdsa.slot_order(idx, None, fdsa.ORDER_MAX_S + 1)
+    with pytest.raises(ValueError, match="form"):
+        fdsa.slot_order(idx, None, 8, form="bubble")
     previous = fdsa.set_slot_order("backward")
     try:
         big = torch.zeros(fdsa.ORDER_MIN_SLOTS // 2048, 2048, dtype=torch.int32)

@@ -23,7 +23,10 @@ thread's keys on the low bits of the index (a transposed load), so 51 of a 2048-
 rounds exchange registers, not lanes; a descending run is sorted as an ascending run of
 complemented keys, so every round is a min and a max with no select on the direction (9.3k
 instructions a row against ``tl.sort``'s 16.1k at one warp; 0.74-0.78 ms on 16k x 2048 slots
-on an H100 against 0.86 and, at four warps, 2.2; docs/PERFORMANCE.md).
+on an H100 against 0.86 and, at four warps, 2.2; docs/PERFORMANCE.md). Unrolled, that is
+150 KB of straight-line code a row; the LOOP form runs the stages past a thread's registers
+in a loop (5.0k instructions, about 10.7k executed a row against the network's 9.4k), which
+can only be faster where fetching the network's instructions is what limits it.
 """
 import triton
 import triton.language as tl
@@ -51,11 +54,12 @@ def _min_max_round(x, N: tl.constexpr, j: tl.constexpr):
 
 
 @triton.jit
-def _bitonic_sort(x, N: tl.constexpr):
-    """x: int32 [2] * N hypercube, sorted ascending along the flat index. Stage s sorts runs of
-    2**s, descending where index bit s is set: those runs' keys complemented (~x reverses the
-    order) and sorted ascending, then complemented back."""
-    for s in tl.static_range(1, N + 1):
+def _sort_stages(x, N: tl.constexpr, STAGES: tl.constexpr):
+    """Stages 1..STAGES of the network on an int32 [2] * N hypercube, so every run of
+    2**STAGES is sorted along the flat index (STAGES = N: all of it, ascending). Stage s sorts
+    runs of 2**s, descending where index bit s is set: those runs' keys complemented (~x
+    reverses the order) and sorted ascending, then complemented back."""
+    for s in tl.static_range(1, STAGES + 1):
         if s < N:
             flip = -_bit(N, s)  # all ones where bit s is set
             x = x ^ flip
@@ -66,15 +70,40 @@ def _bitonic_sort(x, N: tl.constexpr):
     return x
 
 
+@triton.jit
+def _lane_stages(x, LANES: tl.constexpr, R: tl.constexpr, N: tl.constexpr, LOG_R: tl.constexpr):
+    """Stages LOG_R+1..N of the network on x [LANES, R] (flat index lane * R + register; each
+    run of 2**LOG_R sorted by the stages before) in a loop, so the code stays small: each
+    stage's rounds on lane bits exchange x with a gather along the lane axis (warp shuffles
+    at one warp), its rounds on register bits are unrolled."""
+    lane = tl.arange(0, LANES)[:, None]
+    for s in range(LOG_R + 1, N + 1):
+        flip = -((lane >> (s - LOG_R)) & 1)  # 0 at the last stage
+        x = x ^ flip
+        for d in range(s - LOG_R):
+            b = s - LOG_R - 1 - d  # this round's lane bit
+            partner = tl.gather(x, tl.broadcast_to(lane ^ (1 << b), [LANES, R]), 0)
+            x = tl.where(((lane >> b) & 1) == 1, tl.maximum(x, partner), tl.minimum(x, partner))
+        cube = tl.reshape(x, [2] * N)
+        for r in tl.static_range(LOG_R):
+            cube = _min_max_round(cube, N, LOG_R - 1 - r)
+        x = tl.reshape(cube, [LANES, R]) ^ flip
+    return x
+
+
 @triton.jit(do_not_specialize=["stride_rk"])
 def slot_order_kernel(rows_ptr, len_ptr, out_ptr, out_len_ptr, K, S, stride_rt, stride_rk, C,
                       HAS_LEN: tl.constexpr, BLOCK_K: tl.constexpr, LANES: tl.constexpr,
-                      LOG_K: tl.constexpr):
+                      LOG_K: tl.constexpr, LOOP: tl.constexpr):
     """One row a program, ``BLOCK_K = 2**LOG_K >= K`` keys: X[i, j] = row[i * LANES + j],
     lanes along j (coalesced loads; stride_rk is not specialised, so the load keeps one key a
-    lane), sorted as trans(X) flattened, whose low bits (i) are each thread's registers."""
+    lane), sorted as trans(X) [LANES, R] flattened, whose low bits (R's) are each thread's
+    registers. LOOP: the stages past the registers in a loop (:func:`_lane_stages`), else
+    the whole network unrolled."""
+    R: tl.constexpr = BLOCK_K // LANES
+    LOG_R: tl.constexpr = LOG_K - (LANES.bit_length() - 1)
     t = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK_K // LANES)[:, None]
+    i = tl.arange(0, R)[:, None]
     j = tl.arange(0, LANES)[None, :]
     offs = i * LANES + j
     in_row = offs < K
@@ -83,14 +112,20 @@ def slot_order_kernel(rows_ptr, len_ptr, out_ptr, out_len_ptr, K, S, stride_rt, 
     key = tl.load(rows_ptr + t * stride_rt + offs * stride_rk, mask=in_row, other=-1)
     valid = in_row & (key >= 0) & (key < S)
     key = key.to(tl.int32)
-    n = tl.sum(tl.sum(valid.to(tl.int32), axis=1), axis=0)
-    lo = tl.min(tl.min(tl.where(valid, key, _SENTINEL), axis=1), axis=0)
-    hi = tl.max(tl.max(tl.where(valid, key, -1), axis=1), axis=0)
+    # each thread's registers (axis 0) first: one lane reduction each, not one a register
+    n = tl.sum(tl.sum(valid.to(tl.int32), axis=0), axis=0)
+    lo = tl.min(tl.min(tl.where(valid, key, _SENTINEL), axis=0), axis=0)
+    hi = tl.max(tl.max(tl.where(valid, key, -1), axis=0), axis=0)
     pivot = (lo + (hi - lo + 1).to(tl.int64) * (t % C) // C).to(tl.int32)
     rel = tl.where(key >= pivot, key - pivot, key - pivot + _WRAP)
     rel = tl.where(valid, rel, _SENTINEL)
     cube = tl.reshape(tl.trans(rel), [2] * LOG_K)
-    ordered = tl.reshape(_bitonic_sort(cube, LOG_K), [BLOCK_K])
+    if LOOP:
+        x = _lane_stages(tl.reshape(_sort_stages(cube, LOG_K, LOG_R), [LANES, R]),
+                         LANES, R, LOG_K, LOG_R)
+    else:
+        x = _sort_stages(cube, LOG_K, LOG_K)
+    ordered = tl.reshape(x, [BLOCK_K])
     k = tl.arange(0, BLOCK_K)
     keys = (ordered + pivot) & (_WRAP - 1)
     tl.store(out_ptr + t * K + k, tl.where(k < n, keys, -1), mask=k < K)
