@@ -95,6 +95,12 @@
 #                launch), then under ATTENTION_ORACLE_FAST_DSA_ORDER=$SLOT_ORDER (on):
 #                benchmarks.dsa --quick --only fast, fast's DSA GPU tests (Gluon and smoke) and
 #                the conformance DSA fixtures at full size (SLOT_BUDGET, 150 s)
+#   orderform    the ordering kernel's forms (fast.dsa.ORDER_FORMS): its GPU tests in each form,
+#                benchmarks.dsa_order --only none --forms loop twice (the forms timed in turn on
+#                packed_glm_a's rows, checked equal), then under
+#                ATTENTION_ORACLE_FAST_DSA_ORDER_FORM=$ORDER_FORM (loop): benchmarks.dsa_order
+#                --backward (as given, fast's order before the call, "backward", "on") and
+#                benchmarks.dsa --quick --only fast
 #   overhead     host time per call: fast and torch timed in turn (--pairs), direct vs Triton
 #                launches, and where a Python backward's time goes (benchmarks.host_threads)
 #   calibration  the calibration report on CUDA: negative controls, correct built-ins, the rule
@@ -687,8 +693,29 @@ task_slotorder() {
     unset ATTENTION_ORACLE_FAST_DSA_ORDER
 }
 
+task_orderform() {
+    local d=$1
+    timeout 120 "$PY" -m pytest -q -p no:cacheprovider -n 8 "$TESTS/test_fast_dsa_smoke.py" \
+        -k slot_order > "$d/tests.log" 2>&1
+    note "the ordering kernel's GPU tests: exit $?"; tail -3 "$d/tests.log" | cut -c1-300
+    for round in 1 2; do
+        timeout 90 "$PY" -m benchmarks.dsa_order --problems packed_glm_a --only none --forms loop \
+            --reps 10 --out "$d/forms_$round.json" > "$d/forms_$round.log" 2>&1
+        note "benchmarks.dsa_order --forms loop, round $round: exit $?"; cut -c1-200 "$d/forms_$round.log" | tail -3
+    done
+    export ATTENTION_ORACLE_FAST_DSA_ORDER_FORM=${ORDER_FORM:-loop}
+    timeout 180 "$PY" -m benchmarks.dsa_order --problems packed_glm_a --backward --reps 10 \
+        --only given,pivoted_132,fast_backward,fast_on --concurrency 132 \
+        --out "$d/dsa_order.json" > "$d/order.log" 2>&1
+    note "benchmarks.dsa_order --backward, form $ATTENTION_ORACLE_FAST_DSA_ORDER_FORM: exit $?"
+    cut -c1-200 "$d/order.log" | tail -6
+    timeout 200 "$PY" -m benchmarks.dsa --quick --only fast --out "$d/dsa.json" > "$d/dsa.log" 2>&1
+    note "benchmarks.dsa --quick --only fast: exit $?"; grep -E "doc_|packed" "$d/dsa.log" | tail -8 | cut -c1-200
+    unset ATTENTION_ORACLE_FAST_DSA_ORDER_FORM
+}
+
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,order,fwdforms,base,form,tunecarry,tunevar,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,slotorder,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,order,fwdforms,base,form,tunecarry,tunevar,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,slotorder,orderform,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
     exit 2
 }
 
@@ -700,7 +727,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|fwdforms|base|form|tunecarry|tunevar|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|slotorder|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|fwdforms|base|form|tunecarry|tunevar|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|slotorder|orderform|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done
