@@ -96,11 +96,10 @@
 #                benchmarks.dsa --quick --only fast, fast's DSA GPU tests (Gluon and smoke) and
 #                the conformance DSA fixtures at full size (SLOT_BUDGET, 150 s)
 #   orderform    the ordering kernel's forms (fast.dsa.ORDER_FORMS): its GPU tests in each form,
-#                benchmarks.dsa_order --only none --forms loop twice (the forms timed in turn on
-#                packed_glm_a's rows, checked equal), then under
-#                ATTENTION_ORACLE_FAST_DSA_ORDER_FORM=$ORDER_FORM (loop): benchmarks.dsa_order
-#                --backward (as given, fast's order before the call, "backward", "on") and
-#                benchmarks.dsa --quick --only fast
+#                benchmarks.dsa_order --only none --forms loop,runs twice (the forms timed in
+#                turn on packed_glm_a's rows, checked), then under each of ORDER_FORMS ("runs
+#                loop") benchmarks.dsa_order --backward (as given, "backward", "on"), and under
+#                the first benchmarks.dsa --quick --only fast
 #   overhead     host time per call: fast and torch timed in turn (--pairs), direct vs Triton
 #                launches, and where a Python backward's time goes (benchmarks.host_threads)
 #   calibration  the calibration report on CUDA: negative controls, correct built-ins, the rule
@@ -694,24 +693,26 @@ task_slotorder() {
 }
 
 task_orderform() {
-    local d=$1
+    local d=$1 form
     timeout 120 "$PY" -m pytest -q -p no:cacheprovider -n 8 "$TESTS/test_fast_dsa_smoke.py" \
-        -k slot_order > "$d/tests.log" 2>&1
+        -k "slot_order or ordered" > "$d/tests.log" 2>&1
     note "the ordering kernel's GPU tests: exit $?"; tail -3 "$d/tests.log" | cut -c1-300
     for round in 1 2; do
-        timeout 90 "$PY" -m benchmarks.dsa_order --problems packed_glm_a --only none --forms loop \
-            --reps 10 --out "$d/forms_$round.json" > "$d/forms_$round.log" 2>&1
-        note "benchmarks.dsa_order --forms loop, round $round: exit $?"; cut -c1-200 "$d/forms_$round.log" | tail -3
+        timeout 90 "$PY" -m benchmarks.dsa_order --problems packed_glm_a --only none \
+            --forms loop,runs --reps 10 --out "$d/forms_$round.json" > "$d/forms_$round.log" 2>&1
+        note "benchmarks.dsa_order --forms loop,runs, round $round: exit $?"
+        cut -c1-200 "$d/forms_$round.log" | tail -4
     done
-    export ATTENTION_ORACLE_FAST_DSA_ORDER_FORM=${ORDER_FORM:-loop}
-    timeout 180 "$PY" -m benchmarks.dsa_order --problems packed_glm_a --backward --reps 10 \
-        --only given,pivoted_132,fast_backward,fast_on --concurrency 132 \
-        --out "$d/dsa_order.json" > "$d/order.log" 2>&1
-    note "benchmarks.dsa_order --backward, form $ATTENTION_ORACLE_FAST_DSA_ORDER_FORM: exit $?"
-    cut -c1-200 "$d/order.log" | tail -6
-    timeout 200 "$PY" -m benchmarks.dsa --quick --only fast --out "$d/dsa.json" > "$d/dsa.log" 2>&1
-    note "benchmarks.dsa --quick --only fast: exit $?"; grep -E "doc_|packed" "$d/dsa.log" | tail -8 | cut -c1-200
-    unset ATTENTION_ORACLE_FAST_DSA_ORDER_FORM
+    for form in ${ORDER_FORMS:-runs loop}; do
+        ATTENTION_ORACLE_FAST_DSA_ORDER_FORM=$form timeout 150 "$PY" -m benchmarks.dsa_order \
+            --problems packed_glm_a --backward --reps 5 --only given,fast_backward,fast_on \
+            --out "$d/dsa_order_$form.json" > "$d/order_$form.log" 2>&1
+        note "benchmarks.dsa_order --backward, form $form: exit $?"; cut -c1-200 "$d/order_$form.log" | tail -5
+    done
+    form=${ORDER_FORMS:-runs}; form=${form%% *}
+    ATTENTION_ORACLE_FAST_DSA_ORDER_FORM=$form timeout 200 "$PY" -m benchmarks.dsa --quick \
+        --only fast --out "$d/dsa.json" > "$d/dsa.log" 2>&1
+    note "benchmarks.dsa --quick --only fast, form $form: exit $?"; grep -E "doc_|packed" "$d/dsa.log" | tail -8 | cut -c1-200
 }
 
 usage() {

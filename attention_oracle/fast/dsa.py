@@ -76,11 +76,14 @@ _BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_BWD", BWD_BACKENDS, "gluon")
 # kept for the backward: no faster forward measured yet)
 ORDERS = ("off", "backward", "on")
 _ORDER = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER", ORDERS, "backward")
-# the ordering kernel's form (kernels/slot_order.py; the same rows): "network" (the whole
-# network unrolled, the default: 0.74-0.78 ms on 16k x 2048 slots on an H100) or "loop" (the
-# stages past a thread's registers in a loop: 5.0k instructions against 9.4k; not yet timed)
-ORDER_FORMS = ("network", "loop")
+# the ordering kernel's form (kernels/slot_order.py): "network" (the row sorted by the whole
+# network unrolled, the default: 0.74-0.78 ms on 16k x 2048 slots on an H100), "loop" (the same
+# rows, the stages past a thread's registers in a loop: 5.0k instructions against 9.4k) or
+# "runs" (another order: the row's slots s = lane (mod LANES) sorted a run of RUN_KEYS each,
+# interleaved rank by rank; no exchange between lanes); the last two not yet timed
+ORDER_FORMS = ("network", "loop", "runs")
 _ORDER_FORM = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER_FORM", ORDER_FORMS, "network")
+RUN_KEYS = 64
 # calls ordered: at least ORDER_MIN_SLOTS slots (T * K; below it the launch's host time is not
 # repaid), at most ORDER_MAX_K a row (one sort a program), and key rows (latent and rope) of
 # more bytes than ORDER_MIN_KEY_BYTES (None: the device's L2; rows the L2 holds gain nothing,
@@ -132,8 +135,8 @@ def set_slot_order(order):
 
 
 def set_slot_order_form(form):
-    """The ordering kernel's form in later calls, one of ``ORDER_FORMS`` (both give the same
-    rows); returns the previous form. Default: $ATTENTION_ORACLE_FAST_DSA_ORDER_FORM or
+    """The ordering kernel's form in later calls, one of ``ORDER_FORMS`` ("network" and "loop"
+    give the same rows, "runs" another order of the same keys); returns the previous form. Default: $ATTENTION_ORACLE_FAST_DSA_ORDER_FORM or
     "network"."""
     return _ORDER_FORM.set(form)
 
@@ -690,6 +693,14 @@ def _orders(where, indices, kv, k_rope):
     return S * row_bytes > floor
 
 
+def _order_lanes(form, block_k, warps):
+    """The ordering kernel's lanes: the sorting forms' threads of the launch; "runs" defines
+    its order by them, so there they depend on the row alone (runs of 64 keys)."""
+    if form == "runs":
+        return max(1, block_k // RUN_KEYS)
+    return min(32 * warps, block_k)
+
+
 def slot_order(indices, topk_length, S, num_warps=None, form=None):
     """(rows int32 [T, K], lengths int32 [T]): each row's n valid slots (``s < topk_length[t]``
     where given, ``0 <= indices[t, s] < S``) in key order from the pivot key
@@ -697,7 +708,10 @@ def slot_order(indices, topk_length, S, num_warps=None, form=None):
     C: ``ORDER_CONCURRENCY`` or the device's multiprocessors), those below it last, then -1
     (kernels/slot_order.py). The same valid slots a row. ``S <= 2**30``. ``num_warps``: the
     launch, default one warp a 2048 keys; ``form``: one of ``ORDER_FORMS``, default the
-    process's (:func:`set_slot_order_form`)."""
+    process's (:func:`set_slot_order_form`). The "runs" form writes another order: samples
+    of RUN_KEYS slots (slot s in sample s mod L), each sorted from the pivot, rank by rank,
+    -1 where a sample has run out; a compacted row stays so, other rows keep holes inside
+    their length (the end of their last valid key)."""
     if S > ORDER_MAX_S:
         raise ValueError(f"S: slot_order takes at most {ORDER_MAX_S} keys, got {S}")
     form = form or _ORDER_FORM.value
@@ -712,8 +726,9 @@ def slot_order(indices, topk_length, S, num_warps=None, form=None):
     _ORDER_LAUNCH[(T,)](indices, topk_length if topk_length is not None else indices, out, lengths,
                         K, S, indices.stride(0), indices.stride(1), concurrency,
                         HAS_LEN=topk_length is not None, BLOCK_K=block_k,
-                        LANES=min(32 * warps, block_k), LOG_K=block_k.bit_length() - 1,
-                        LOOP=form == "loop", num_warps=warps)
+                        LANES=_order_lanes(form, block_k, warps),
+                        LOG_K=block_k.bit_length() - 1, FORM=ORDER_FORMS.index(form),
+                        num_warps=warps)
     return out, lengths
 
 

@@ -1530,6 +1530,36 @@ def slot_order_reference(idx, topk_length, S, concurrency):
     return out, n.int().cpu()
 
 
+def slot_order_runs_reference(idx, topk_length, S, concurrency):
+    """fast.dsa.slot_order's "runs" form in torch: with the pivot's keys (rel = key - pivot
+    mod 2**30), the row padded to a power of two P >= 2 and L = max(1, P / 64) samples, sample
+    l holding slots l, l + L, ...: each sample ascending by rel, invalid slots last, written
+    rank-major (position r * L + l), -1 where a sample has no r-th valid slot; the length the
+    end of the last valid one."""
+    T, K = idx.shape
+    valid = (idx >= 0) & (idx < S)
+    if topk_length is not None:
+        valid &= torch.arange(K, device=idx.device)[None, :] < topk_length[:, None].long()
+    idx, valid = idx.long().cpu(), valid.cpu()
+    P = max(2, 1 << (K - 1).bit_length())
+    L = max(1, P // 64)
+    out = torch.full((T, K), -1, dtype=torch.int32)
+    n = torch.zeros(T, dtype=torch.int32)
+    for t in range(T):
+        if not valid[t].any():
+            continue
+        keys = idx[t][valid[t]]
+        lo, hi = int(keys.min()), int(keys.max())
+        pivot = lo + (hi - lo + 1) * (t % concurrency) // concurrency
+        rel = torch.full((P,), 1 << 40, dtype=torch.long)
+        rel[:K] = torch.where(valid[t], (idx[t] - pivot) % (1 << 30), 1 << 40)
+        ranked = rel.reshape(P // L, L).sort(dim=0).values.reshape(-1)[:K]  # [r, l] flattened
+        ok = ranked < (1 << 30)
+        out[t] = torch.where(ok, (ranked + pivot) % (1 << 30), -1).int()
+        n[t] = int(ok.nonzero().max()) + 1
+    return out, n
+
+
 # a full-size row (2048 slots, and a padded 4096-slot sort) takes minutes in the interpreter;
 # 200 slots (a 256-key sort) puts three register stages before the loop form's lane stages
 @pytest.mark.parametrize("K", [1, 37, 64, 200] + ([2048, 3000] if DEVICE == "cuda" else []))
@@ -1543,9 +1573,29 @@ def test_slot_order_sorts_and_rotates_valid_slots(K, with_len, form, monkeypatch
                   with_len=with_len)
     idx = c["idx"].long().t().contiguous().t()  # strides (1, T)
     rows, lengths = fdsa.slot_order(idx, c["topk_length"], 29, form=form)
-    want, want_n = slot_order_reference(idx, c["topk_length"], 29, 3)
+    reference = slot_order_runs_reference if form == "runs" else slot_order_reference
+    want, want_n = reference(idx, c["topk_length"], 29, 3)
     assert torch.equal(lengths.cpu(), want_n)
     assert torch.equal(rows.cpu(), want), f"rows {rows.cpu()} != {want}"
+
+
+@pytest.mark.parametrize("K", [200, 300] + ([2048, 3000] if DEVICE == "cuda" else []))
+def test_slot_order_runs_keep_compacted_rows_compact(K, monkeypatch):
+    """Rows whose valid slots come first (index preparation's compacted rows) stay so in the
+    "runs" form: the same valid keys first, -1 after, the same lengths."""
+    monkeypatch.setattr(fdsa, "ORDER_CONCURRENCY", 5)
+    g = torch.Generator().manual_seed(K)
+    T, S = 9, 5000
+    idx = torch.randint(0, S, (T, K), generator=g, dtype=torch.int32).to(DEVICE)
+    n = torch.randint(0, K + 1, (T,), generator=g, dtype=torch.int32)
+    n[0], n[1] = 0, K
+    rows, lengths = fdsa.slot_order(idx, n.to(DEVICE), S, form="runs")
+    rows, lengths = rows.cpu(), lengths.cpu()
+    assert torch.equal(lengths, n)
+    for t in range(T):
+        m = int(n[t])
+        assert (rows[t, m:] == -1).all(), t
+        assert torch.equal(rows[t, :m].sort().values, idx[t, :m].cpu().sort().values), t
 
 
 def test_slot_order_refuses_keys_past_its_wrap():
@@ -1565,21 +1615,24 @@ def test_slot_order_refuses_keys_past_its_wrap():
         fdsa.set_slot_order(previous)
 
 
-@pytest.mark.parametrize("order", ["on", "backward"])
-def test_ordered_slots_agree(order, monkeypatch):
+@pytest.mark.parametrize("order,form,K", [("on", "network", 37), ("backward", "network", 37),
+                                          ("on", "runs", 100), ("backward", "runs", 100)])
+def test_ordered_slots_agree(order, form, K, monkeypatch):
     """The forward and backward with their rows put in the slot order (every call here: the
-    size floors at 0, three programs a rotation) against float64, empty rows exact."""
+    size floors at 0, three programs a rotation) against float64, empty rows exact; the
+    "runs" form on rows of two samples, so rows with holes keep holes inside their length."""
     monkeypatch.setattr(fdsa, "ORDER_MIN_SLOTS", 0)
     monkeypatch.setattr(fdsa, "ORDER_MIN_KEY_BYTES", 0)
     monkeypatch.setattr(fdsa, "ORDER_CONCURRENCY", 3)
-    previous = fdsa.set_slot_order(order)
+    previous = fdsa.set_slot_order(order), fdsa.set_slot_order_form(form)
     try:
-        c = make_case(T=7, H=3, DL=40, DR=24, S=23, K=37, dtype=torch.float32, seed=3,
+        c = make_case(T=7, H=3, DL=40, DR=24, S=23, K=K, dtype=torch.float32, seed=3,
                       with_len=True)
         out, lse, grads = check_case(c)
         assert_empty_rows_exact(c, out, lse, grads)
     finally:
-        fdsa.set_slot_order(previous)
+        fdsa.set_slot_order(previous[0])
+        fdsa.set_slot_order_form(previous[1])
 
 
 def test_slot_order_floors():

@@ -13,7 +13,7 @@ of keys together, so the L2 holds what they share.
 Per row t of ``rows [T, K]`` (int32 or int64, any strides): slot s is valid iff
 ``s < lengths[t]`` (with HAS_LEN) and ``0 <= rows[t, s] < S``, the kernels' rule. With ``lo``,
 ``hi`` the row's least and greatest valid key and ``pivot = lo + (hi - lo + 1) * (t mod C) // C``,
-writes ``out [T, K]`` int32 contiguous: the ``n`` valid keys, those ``>= pivot`` ascending and
+FORM 0 and 1 write ``out [T, K]`` int32 contiguous: the ``n`` valid keys, those ``>= pivot`` ascending and
 then those ``< pivot`` ascending, then -1; ``out_len [T]`` int32 = n. The same multiset of
 valid keys a row (duplicates kept), so every sum the kernels form is the same sum in another
 order. ``S <= 2**30``: keys are sorted as ``(key - pivot) mod 2**30``.
@@ -24,9 +24,19 @@ rounds exchange registers, not lanes; a descending run is sorted as an ascending
 complemented keys, so every round is a min and a max with no select on the direction (9.3k
 instructions a row against ``tl.sort``'s 16.1k at one warp; 0.74-0.78 ms on 16k x 2048 slots
 on an H100 against 0.86 and, at four warps, 2.2; docs/PERFORMANCE.md). Unrolled, that is
-150 KB of straight-line code a row; the LOOP form runs the stages past a thread's registers
-in a loop (5.0k instructions, about 10.7k executed a row against the network's 9.4k), which
-can only be faster where fetching the network's instructions is what limits it.
+150 KB of straight-line code a row; FORM 1 runs the stages past a thread's registers in a loop
+(5.0k instructions, about 10.7k executed a row against the network's 9.4k), which can only be
+faster where fetching the network's instructions is what limits it.
+
+FORM 2 ("runs") does not sort the row. Sample l holds the slots l, l + L, l + 2L, ... (the
+lanes of the transposed load, L = BLOCK_K / 64 of them, 64 keys each). Each sample is sorted
+from the pivot in its thread's registers, with no exchange between lanes, and the samples are
+written rank by rank: position r * L + l, -1 where sample l has no r-th valid key. Top-k rows
+are random over the document, so each sample's r-th key lies near the quantile r / 64 of the
+row's range. The row then walks its keys from the pivot about as the sorted row does: a model
+of the L2 gives the same hit rate (benchmarks/dsa_l2_model.py). It takes 3.8k instructions a
+row. A compacted row (its valid slots first) stays compacted with the same length. Another
+row keeps its holes inside its length, which is the end of its last valid key.
 """
 import triton
 import triton.language as tl
@@ -54,18 +64,20 @@ def _min_max_round(x, N: tl.constexpr, j: tl.constexpr):
 
 
 @triton.jit
-def _sort_stages(x, N: tl.constexpr, STAGES: tl.constexpr):
+def _sort_stages(x, N: tl.constexpr, STAGES: tl.constexpr, ALTERNATE: tl.constexpr):
     """Stages 1..STAGES of the network on an int32 [2] * N hypercube, so every run of
     2**STAGES is sorted along the flat index (STAGES = N: all of it, ascending). Stage s sorts
     runs of 2**s, descending where index bit s is set: those runs' keys complemented (~x
-    reverses the order) and sorted ascending, then complemented back."""
+    reverses the order) and sorted ascending, then complemented back. ALTERNATE: the last
+    stage too (its runs alternate, ready for the next stage's merge), else it sorts every run
+    ascending."""
     for s in tl.static_range(1, STAGES + 1):
-        if s < N:
+        if s < N and (s < STAGES or ALTERNATE):
             flip = -_bit(N, s)  # all ones where bit s is set
             x = x ^ flip
         for r in tl.static_range(s):
             x = _min_max_round(x, N, s - 1 - r)
-        if s < N:
+        if s < N and (s < STAGES or ALTERNATE):
             x = x ^ flip
     return x
 
@@ -91,15 +103,31 @@ def _lane_stages(x, LANES: tl.constexpr, R: tl.constexpr, N: tl.constexpr, LOG_R
     return x
 
 
+@triton.jit
+def _store_runs(out_row, x, K, LANES: tl.constexpr, R: tl.constexpr):
+    """Stores x [LANES, R] (each lane's keys ascending, invalid ones last as _SENTINEL, valid
+    ones absolute) rank-major: position r * LANES + lane, -1 where a lane has no r-th key.
+    Returns the end of the last valid key. A lane holds the row's slots lane + i * LANES, so
+    where the valid slots were the row's first n (a compacted row), its valid keys are its
+    ranks r with r * LANES + lane < n: the first n positions, and the end is n."""
+    y = tl.trans(x)  # [R, LANES]
+    p = tl.arange(0, R)[:, None] * LANES + tl.arange(0, LANES)[None, :]
+    ok = y != _SENTINEL
+    tl.store(out_row + p, tl.where(ok, y, -1), mask=p < K)
+    return tl.max(tl.max(tl.where(ok, p + 1, 0), axis=0), axis=0)
+
+
 @triton.jit(do_not_specialize=["stride_rk"])
 def slot_order_kernel(rows_ptr, len_ptr, out_ptr, out_len_ptr, K, S, stride_rt, stride_rk, C,
                       HAS_LEN: tl.constexpr, BLOCK_K: tl.constexpr, LANES: tl.constexpr,
-                      LOG_K: tl.constexpr, LOOP: tl.constexpr):
+                      LOG_K: tl.constexpr, FORM: tl.constexpr):
     """One row a program, ``BLOCK_K = 2**LOG_K >= K`` keys: X[i, j] = row[i * LANES + j],
     lanes along j (coalesced loads; stride_rk is not specialised, so the load keeps one key a
-    lane), sorted as trans(X) [LANES, R] flattened, whose low bits (R's) are each thread's
-    registers. LOOP: the stages past the registers in a loop (:func:`_lane_stages`), else
-    the whole network unrolled."""
+    lane), held as trans(X) [LANES, R] whose flat index's low bits (R's) are each thread's
+    registers. FORM 0: the whole network unrolled; 1: the stages past the registers in a loop
+    (:func:`_lane_stages`); both sort the row, its n valid keys first, out_len n. 2: each
+    lane's R keys sorted, stored rank-major (:func:`_store_runs`), out_len the end of the last
+    valid key."""
     R: tl.constexpr = BLOCK_K // LANES
     LOG_R: tl.constexpr = LOG_K - (LANES.bit_length() - 1)
     t = tl.program_id(0).to(tl.int64)
@@ -120,13 +148,18 @@ def slot_order_kernel(rows_ptr, len_ptr, out_ptr, out_len_ptr, K, S, stride_rt, 
     rel = tl.where(key >= pivot, key - pivot, key - pivot + _WRAP)
     rel = tl.where(valid, rel, _SENTINEL)
     cube = tl.reshape(tl.trans(rel), [2] * LOG_K)
-    if LOOP:
-        x = _lane_stages(tl.reshape(_sort_stages(cube, LOG_K, LOG_R), [LANES, R]),
-                         LANES, R, LOG_K, LOG_R)
+    if FORM == 2:
+        x = tl.reshape(_sort_stages(cube, LOG_K, LOG_R, False), [LANES, R])
+        x = tl.where(x != _SENTINEL, (x + pivot) & (_WRAP - 1), _SENTINEL)
+        n = _store_runs(out_ptr + t * K, x, K, LANES, R)
     else:
-        x = _sort_stages(cube, LOG_K, LOG_K)
-    ordered = tl.reshape(x, [BLOCK_K])
-    k = tl.arange(0, BLOCK_K)
-    keys = (ordered + pivot) & (_WRAP - 1)
-    tl.store(out_ptr + t * K + k, tl.where(k < n, keys, -1), mask=k < K)
+        if FORM == 1:
+            x = _lane_stages(tl.reshape(_sort_stages(cube, LOG_K, LOG_R, True), [LANES, R]),
+                             LANES, R, LOG_K, LOG_R)
+        else:
+            x = _sort_stages(cube, LOG_K, LOG_K, True)
+        ordered = tl.reshape(x, [BLOCK_K])
+        k = tl.arange(0, BLOCK_K)
+        keys = (ordered + pivot) & (_WRAP - 1)
+        tl.store(out_ptr + t * K + k, tl.where(k < n, keys, -1), mask=k < K)
     tl.store(out_len_ptr + t, n)
