@@ -71,18 +71,18 @@ _FWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_FWD", FWD_BACKENDS, "gluon")
 BWD_BACKENDS = ("triton", "gluon")
 _BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_BWD", BWD_BACKENDS, "gluon")
 # the slot order (kernels/slot_order.py): "off", "backward" (the backward's rows ordered before
-# its launch; the default: packed_glm_a's Gluon backward 157 -> 219 TFLOP/s on an H100, the
-# ordering's 0.75 ms included, docs/FINDINGS.md F96) or "on" (the forward's too, the ordered rows
-# kept for the backward: no faster forward measured yet)
+# its launch) or "on" (the default: the forward's rows ordered, and kept for the backward; on
+# an H100 packed_glm_a's forward 422-426 -> 434-444 TFLOP/s queued in three alternated rounds,
+# the backward 157 -> 214, the ordering's 0.41 ms included; docs/FINDINGS.md F96)
 ORDERS = ("off", "backward", "on")
-_ORDER = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER", ORDERS, "backward")
+_ORDER = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER", ORDERS, "on")
 # the ordering kernel's form (kernels/slot_order.py): "network" (the row sorted by the whole
-# network unrolled, the default: 0.74-0.78 ms on 16k x 2048 slots on an H100), "loop" (the same
-# rows, the stages past a thread's registers in a loop: 5.0k instructions against 9.4k) or
-# "runs" (another order: the row's slots s = lane (mod LANES) sorted a run of RUN_KEYS each,
-# interleaved rank by rank; no exchange between lanes); the last two not yet timed
+# network unrolled: 0.58-0.60 ms on 16k x 2048 slots on an H100), "loop" (the default, the same
+# rows, the stages past a thread's registers in a loop: 0.41-0.43 ms) or "runs" (another order:
+# the row's slots s = lane (mod LANES) sorted a run of RUN_KEYS each, interleaved rank by
+# rank: 0.27-0.28 ms, but packed_glm_a's backward 199.5 against the sorted rows' 209.7, F97)
 ORDER_FORMS = ("network", "loop", "runs")
-_ORDER_FORM = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER_FORM", ORDER_FORMS, "network")
+_ORDER_FORM = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER_FORM", ORDER_FORMS, "loop")
 RUN_KEYS = 64
 # calls ordered: at least ORDER_MIN_SLOTS slots (T * K; below it the launch's host time is not
 # repaid), at most ORDER_MAX_K a row (one sort a program), and key rows (latent and rope) of
@@ -130,14 +130,14 @@ def set_fp32_mode(mode):
 
 def set_slot_order(order):
     """Where later calls order their slots, one of ``ORDERS``; returns the previous setting.
-    Default: $ATTENTION_ORACLE_FAST_DSA_ORDER or "backward"."""
+    Default: $ATTENTION_ORACLE_FAST_DSA_ORDER or "on"."""
     return _ORDER.set(order)
 
 
 def set_slot_order_form(form):
     """The ordering kernel's form in later calls, one of ``ORDER_FORMS`` ("network" and "loop"
-    give the same rows, "runs" another order of the same keys); returns the previous form. Default: $ATTENTION_ORACLE_FAST_DSA_ORDER_FORM or
-    "network"."""
+    give the same rows, "runs" another order of the same keys); returns the previous form.
+    Default: $ATTENTION_ORACLE_FAST_DSA_ORDER_FORM or "loop"."""
     return _ORDER_FORM.set(form)
 
 

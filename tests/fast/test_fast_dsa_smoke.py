@@ -1658,7 +1658,9 @@ def test_slot_order_floors():
         fdsa.set_slot_order(previous)
 
 
-def test_slot_order_default_is_the_backward():
+def test_slot_order_default_is_on_in_the_loop_form():
     assert fdsa.ORDERS == ("off", "backward", "on")
     if "ATTENTION_ORACLE_FAST_DSA_ORDER" not in os.environ:
-        assert fdsa.settings()["slot_order"] == "backward"
+        assert fdsa.settings()["slot_order"] == "on"
+    if "ATTENTION_ORACLE_FAST_DSA_ORDER_FORM" not in os.environ:
+        assert fdsa.settings()["slot_order_form"] == "loop"

@@ -23,10 +23,12 @@ thread's keys on the low bits of the index (a transposed load), so 51 of a 2048-
 rounds exchange registers, not lanes; a descending run is sorted as an ascending run of
 complemented keys, so every round is a min and a max with no select on the direction (9.3k
 instructions a row against ``tl.sort``'s 16.1k at one warp; 0.74-0.78 ms on 16k x 2048 slots
-on an H100 against 0.86 and, at four warps, 2.2; docs/PERFORMANCE.md). Unrolled, that is
-150 KB of straight-line code a row; FORM 1 runs the stages past a thread's registers in a loop
-(5.0k instructions, about 10.7k executed a row against the network's 9.4k), which can only be
-faster where fetching the network's instructions is what limits it.
+on an H100 against 0.86 and, at four warps, 2.2, and 0.58-0.60 with its warp reductions
+reordered; docs/PERFORMANCE.md). Unrolled, that is
+150 KB of straight-line code a row; FORM 1 ("loop", fast's default) runs the stages past a
+thread's registers in a loop (5.0k instructions, about 10.7k executed a row against the
+network's 9.4k): fetching the network's instructions was its limit, and the loop takes
+0.41-0.43 ms against 0.58-0.60 on an H100.
 
 FORM 2 ("runs") does not sort the row. Sample l holds the slots l, l + L, l + 2L, ... (the
 lanes of the transposed load, L = BLOCK_K / 64 of them, 64 keys each). Each sample is sorted
@@ -35,7 +37,8 @@ written rank by rank: position r * L + l, -1 where sample l has no r-th valid ke
 are random over the document, so each sample's r-th key lies near the quantile r / 64 of the
 row's range. The row then walks its keys from the pivot about as the sorted row does: a model
 of the L2 gives the same hit rate (benchmarks/dsa_l2_model.py). It takes 3.8k instructions a
-row. A compacted row (its valid slots first) stays compacted with the same length. Another
+row, 0.27-0.28 ms on an H100, but the DSA backward gains less on it than on sorted rows
+(docs/FINDINGS.md F97). A compacted row (its valid slots first) stays compacted with the same length. Another
 row keeps its holes inside its length, which is the end of its last valid key.
 """
 import triton
