@@ -38,8 +38,9 @@ are random over the document, so each sample's r-th key lies near the quantile r
 row's range. The row then walks its keys from the pivot about as the sorted row does: a model
 of the L2 gives the same hit rate (benchmarks/dsa_l2_model.py). It takes 3.8k instructions a
 row, 0.27-0.28 ms on an H100, but the DSA backward gains less on it than on sorted rows
-(docs/FINDINGS.md F97). A compacted row (its valid slots first) stays compacted with the same length. Another
-row keeps its holes inside its length, which is the end of its last valid key.
+(docs/FINDINGS.md F97). A compacted row (its valid slots first) stays compacted with the
+same length. Another row keeps its holes inside its length, which is the end of its last
+valid key.
 """
 import triton
 import triton.language as tl
