@@ -65,11 +65,11 @@ def runs(rows, concurrency, run_keys, k=TOPK):
     out = []
     samples = max(1, k // run_keys)
     for t, keys in enumerate(rows):
+        perm = np.argsort(relative(keys, t, concurrency), kind="stable")
         order = np.full(k, _NONE)
-        order[:len(keys)] = np.argsort(np.argsort(relative(keys, t, concurrency), kind="stable"))
+        order[perm] = np.arange(len(keys))  # each slot's rank from the pivot
         ranked = np.sort(order.reshape(-1, samples), axis=0).reshape(-1)
-        sorted_keys = keys[np.argsort(relative(keys, t, concurrency), kind="stable")]
-        out.append(sorted_keys[ranked[ranked != _NONE]])
+        out.append(keys[perm][ranked[ranked != _NONE]])
     return out
 
 

@@ -24,8 +24,9 @@ rows run under each of fast's settings (``fast_backward``: the backward orders i
 ``fast_on``: the forward too, :func:`fast.dsa.slot_order`), the ordering's launch timed
 beside (``--warps 1,2,...``: also launched with those warps a row; ``--forms loop,...``: also
 in those forms of the kernel, ``fast.dsa.ORDER_FORMS``; each checked to give the default
-launch's rows, "runs" (another order) the same keys a row; ``--only none`` times the ordering alone). The settings' ordering runs in the
-process's form: ``ATTENTION_ORACLE_FAST_DSA_ORDER_FORM=loop`` times the DSA calls under it.
+launch's rows, "runs" (another order) the same keys a row; ``--only none`` times the ordering
+alone). The settings' ordering runs in the process's form:
+``ATTENTION_ORACLE_FAST_DSA_ORDER_FORM=runs`` times the DSA calls under it.
 
 Per problem and ordering: the forward (no grad) and, with ``--backward``, the backward of the
 defaults, timed queued (do_bench) and synced, TFLOP/s over valid slots, and the largest
