@@ -2,7 +2,7 @@
 
     python -m benchmarks.dsa_order [--problems packed_glm_a,doc_16384] [--reps 5]
         [--concurrency 132,264] [--backward] [--only given,fast_backward]
-        [--warps 1,2,4] [--forms loop] [--out FILE]
+        [--warps 1,2,4] [--forms loop] [--step-forms loop:loop,runs:loop --rounds 3] [--out FILE]
 
 The kernels walk a row's slots in the order given. ``benchmarks.dsa``'s rows come from
 ``torch.topk`` over random scores: random order, so the programs on the GPU at one time gather
@@ -25,8 +25,9 @@ rows run under each of fast's settings (``fast_backward``: the backward orders i
 beside (``--warps 1,2,...``: also launched with those warps a row; ``--forms loop,...``: also
 in those forms of the kernel, ``fast.dsa.ORDER_FORMS``; each checked to give the default
 launch's rows, "runs" (another order) the same keys a row; ``--only none`` times the ordering
-alone). The settings' ordering runs in the process's form:
-``ATTENTION_ORACLE_FAST_DSA_ORDER_FORM=runs`` times the DSA calls under it.
+alone). The settings' ordering runs in the process's forms
+(``ATTENTION_ORACLE_FAST_DSA_ORDER_FORM=runs`` and ``..._BACKWARD_ORDER_FORM``), or in turn
+under each forward:backward pair of ``--step-forms``, ``--rounds`` times (alternated rounds).
 
 Per problem and ordering: the forward (no grad) and, with ``--backward``, the backward of the
 defaults, timed queued (do_bench) and synced, TFLOP/s over valid slots, and the largest
@@ -173,6 +174,19 @@ def measure(p, reps, concurrencies, backward, only=None, warps=None, forms=None)
     return row
 
 
+def run_under(forward_form, backward_form, round_, run):
+    """``run()`` with the forward's rows ordered in one form and the backward's in another."""
+    print(f"round {round_}: forward form {forward_form}, backward form {backward_form}",
+          flush=True)
+    previous = (fdsa.set_slot_order_form(forward_form),
+                fdsa.set_slot_order_form(backward_form, step="backward"))
+    try:
+        return run()
+    finally:
+        fdsa.set_slot_order_form(previous[0])
+        fdsa.set_slot_order_form(previous[1], step="backward")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--problems", default="packed_glm_a,doc_16384")
@@ -186,17 +200,30 @@ def main(argv=None):
                     "warps a row (comma-separated)")
     ap.add_argument("--forms", default="", help="the ordering kernel also timed in these forms "
                     "(comma-separated, of fast.dsa.ORDER_FORMS)")
+    ap.add_argument("--step-forms", default="", help="comma-separated forward:backward pairs "
+                    "of fast.dsa.ORDER_FORMS (e.g. loop:loop,runs:loop): the orderings timed "
+                    "under each pair's forms in turn, --rounds times")
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     gen = torch.Generator(device="cuda").manual_seed(0)
     concurrencies = [int(c) for c in args.concurrency.split(",") if c]
     result = dict(settings=fast_settings(), device=torch.cuda.get_device_name(), problems={})
+    pairs = [tuple(pair.split(":")) for pair in args.step_forms.split(",") if pair]
     for name in args.problems.split(","):
         p = named_problem(name, gen)
-        result["problems"][name] = measure(p, args.reps, concurrencies, args.backward,
-                                           [o for o in args.only.split(",") if o],
-                                           [int(w) for w in args.warps.split(",") if w],
-                                           [f for f in args.forms.split(",") if f])
+
+        def run(p=p):
+            return measure(p, args.reps, concurrencies, args.backward,
+                           [o for o in args.only.split(",") if o],
+                           [int(w) for w in args.warps.split(",") if w],
+                           [f for f in args.forms.split(",") if f])
+        if not pairs:
+            result["problems"][name] = run()
+        else:
+            result["problems"][name] = [
+                dict(round=r, forward_form=f, backward_form=b, row=run_under(f, b, r, run))
+                for r in range(1, args.rounds + 1) for f, b in pairs]
         del p
         torch.cuda.empty_cache()
     if args.out:

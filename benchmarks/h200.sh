@@ -100,6 +100,11 @@
 #                turn on packed_glm_a's rows, checked), then under each of ORDER_FORMS ("runs
 #                loop") benchmarks.dsa_order --backward (as given, "backward", "on"), and under
 #                the first benchmarks.dsa --quick --only fast
+#   orderpair    the forward's and the backward's ordering forms: the ordering GPU tests, then
+#                benchmarks.dsa_order --backward --step-forms $PAIRS (loop:loop,runs:loop) in 3
+#                alternated rounds on packed_glm_a (as given, "on"), then under the forms of
+#                PAIR (runs:loop) benchmarks.dsa --only fast (QUICK=1: --quick) and the
+#                conformance DSA fixtures at full size (NO_FIXTURES=1: not)
 #   overhead     host time per call: fast and torch timed in turn (--pairs), direct vs Triton
 #                launches, and where a Python backward's time goes (benchmarks.host_threads)
 #   calibration  the calibration report on CUDA: negative controls, correct built-ins, the rule
@@ -715,8 +720,29 @@ task_orderform() {
     note "benchmarks.dsa --quick --only fast, form $form: exit $?"; grep -E "doc_|packed" "$d/dsa.log" | tail -8 | cut -c1-200
 }
 
+task_orderpair() {
+    local d=$1 pair=${PAIR:-runs:loop}
+    timeout 120 "$PY" -m pytest -q -p no:cacheprovider -n 8 "$TESTS/test_fast_dsa_smoke.py" \
+        -k "slot_order or ordered or orders_rows" > "$d/tests.log" 2>&1
+    note "the ordering GPU tests: exit $?"; tail -3 "$d/tests.log" | cut -c1-300
+    timeout 240 "$PY" -m benchmarks.dsa_order --problems packed_glm_a --backward --reps 10 \
+        --only given,fast_on --step-forms "${PAIRS:-loop:loop,runs:loop}" --rounds 3 \
+        --out "$d/pairs.json" > "$d/pairs.log" 2>&1
+    note "benchmarks.dsa_order --step-forms, 3 rounds: exit $?"; grep -v "^ *$" "$d/pairs.log" | tail -20 | cut -c1-200
+    export ATTENTION_ORACLE_FAST_DSA_ORDER_FORM=${pair%%:*}
+    export ATTENTION_ORACLE_FAST_DSA_BACKWARD_ORDER_FORM=${pair##*:}
+    timeout 300 "$PY" -m benchmarks.dsa ${QUICK:+--quick} --only fast --out "$d/dsa.json" \
+        > "$d/dsa.log" 2>&1
+    note "benchmarks.dsa --only fast, forms $pair: exit $?"; grep -E "doc_|packed" "$d/dsa.log" | tail -8 | cut -c1-200
+    [ -n "$NO_FIXTURES" ] || {
+        OUT=$d BUDGET=${SLOT_BUDGET:-150} bash .ci/gpu conf_fixtures --impl fast \
+            attention_oracle/conformance/test_dsa_fixtures.py
+        note "conformance DSA fixtures, forms $pair: report $d/conf_fixtures.json"; }
+    unset ATTENTION_ORACLE_FAST_DSA_ORDER_FORM ATTENTION_ORACLE_FAST_DSA_BACKWARD_ORDER_FORM
+}
+
 usage() {
-    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,order,fwdforms,base,form,tunecarry,tunevar,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,slotorder,orderform,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
+    echo "usage: [OUT=dir] bash benchmarks/h200.sh {sdpa,gluonfwd,gluoncover,gluontime,persistent,order,fwdforms,base,form,tunecarry,tunevar,index,fp32,dsa,dsabwd,sdpabwd,bwddefault,newbwd,prefetch,slotorder,orderform,orderpair,overhead,calibration,check,conformance,profile,optin,all,id} ..." >&2
     exit 2
 }
 

@@ -77,12 +77,16 @@ _BWD_BACKEND = Choice("ATTENTION_ORACLE_FAST_DSA_BWD", BWD_BACKENDS, "gluon")
 ORDERS = ("off", "backward", "on")
 _ORDER = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER", ORDERS, "on")
 # the ordering kernel's form (kernels/slot_order.py): "network" (the row sorted by the whole
-# network unrolled: 0.58-0.60 ms on 16k x 2048 slots on an H100), "loop" (the default, the same
-# rows, the stages past a thread's registers in a loop: 0.41-0.43 ms) or "runs" (another order:
-# the row's slots s = lane (mod LANES) sorted a run of RUN_KEYS each, interleaved rank by
-# rank: 0.27-0.28 ms, but packed_glm_a's backward 199.5 against the sorted rows' 209.7, F97)
+# network unrolled: 0.58-0.60 ms on 16k x 2048 slots on an H100), "loop" (the same rows, the
+# stages past a thread's registers in a loop: 0.41-0.43 ms) or "runs" (another order: the
+# row's slots s = lane (mod LANES) sorted a run of RUN_KEYS each, interleaved rank by rank:
+# 0.27-0.28 ms, but packed_glm_a's backward 199.5 against the sorted rows' 209.7, F97); one
+# form for the forward's rows, one for the backward's, which orders the forward's rows again
+# only where they are in another order
 ORDER_FORMS = ("network", "loop", "runs")
 _ORDER_FORM = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER_FORM", ORDER_FORMS, "loop")
+_BACKWARD_ORDER_FORM = Choice("ATTENTION_ORACLE_FAST_DSA_BACKWARD_ORDER_FORM", ORDER_FORMS, "loop")
+_ROWS_OF = {"network": "sorted", "loop": "sorted", "runs": "runs"}  # the order a form writes
 RUN_KEYS = 64
 # calls ordered: at least ORDER_MIN_SLOTS slots (T * K; below it the launch's host time is not
 # repaid), at most ORDER_MAX_K a row (one sort a program), and key rows (latent and rope) of
@@ -134,11 +138,17 @@ def set_slot_order(order):
     return _ORDER.set(order)
 
 
-def set_slot_order_form(form):
-    """The ordering kernel's form in later calls, one of ``ORDER_FORMS`` ("network" and "loop"
-    give the same rows, "runs" another order of the same keys); returns the previous form.
-    Default: $ATTENTION_ORACLE_FAST_DSA_ORDER_FORM or "loop"."""
-    return _ORDER_FORM.set(form)
+def set_slot_order_form(form, step="forward"):
+    """The ordering kernel's form for `step`'s rows ("forward" or "backward") in later calls,
+    one of ``ORDER_FORMS`` ("network" and "loop" give the same rows, "runs" another order of
+    the same keys); returns the previous form. Under "on" the backward keeps the forward's
+    rows where its form gives the same order, and orders them again where not. Defaults:
+    $ATTENTION_ORACLE_FAST_DSA_ORDER_FORM or "loop" (forward),
+    $ATTENTION_ORACLE_FAST_DSA_BACKWARD_ORDER_FORM or "loop" (backward)."""
+    forms = {"forward": _ORDER_FORM, "backward": _BACKWARD_ORDER_FORM}
+    if step not in forms:
+        raise ValueError(f"step: 'forward' or 'backward', got {step!r}")
+    return forms[step].set(form)
 
 
 def settings():
@@ -147,6 +157,7 @@ def settings():
     return {"forward_backend": _FWD_BACKEND.value, "backward_backend": _BWD_BACKEND.value,
             "fp32_mode": _FP32.value, "slot_order": _ORDER.value,
             "slot_order_form": _ORDER_FORM.value,
+            "backward_slot_order_form": _BACKWARD_ORDER_FORM.value,
             "prefetch_ahead": {"forward": dsa_fwd_gluon.PREFETCH,
                                "backward": dsa_bwd_gluon.PREFETCH}}
 
@@ -708,7 +719,7 @@ def slot_order(indices, topk_length, S, num_warps=None, form=None):
     C: ``ORDER_CONCURRENCY`` or the device's multiprocessors), those below it last, then -1
     (kernels/slot_order.py). The same valid slots a row. ``S <= 2**30``. ``num_warps``: the
     launch, default one warp a 2048 keys; ``form``: one of ``ORDER_FORMS``, default the
-    process's (:func:`set_slot_order_form`). The "runs" form writes another order: samples
+    forward's (:func:`set_slot_order_form`). The "runs" form writes another order: samples
     of RUN_KEYS slots (slot s in sample s mod L), each sorted from the pivot, rank by rank,
     -1 where a sample has run out; a compacted row stays so, other rows keep holes inside
     their length (the end of their last valid key)."""
@@ -745,22 +756,34 @@ def _attend(q, q_rope, kv, k_rope, indices, topk_length, scale):
     if topk_length is not None:
         topk_length = topk_length.contiguous()
     indices = slot_offsets_fit(indices)
+    rows = None  # the order the rows are in: None (as given), or _ROWS_OF's
     if _orders("forward", indices, kv, k_rope):
         indices, topk_length = slot_order(indices, topk_length, kv.shape[0])
+        rows = _ROWS_OF[_ORDER_FORM.value]
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad
                                        for x in (q, q_rope, kv, k_rope)):
-        return _DsaFunction.apply(q, q_rope, kv, k_rope, indices, topk_length, scale)
+        return _DsaFunction.apply(q, q_rope, kv, k_rope, indices, topk_length, scale, rows)
     return _forward(q, q_rope, kv, k_rope, indices, topk_length, scale)
+
+
+def _backward_rows(indices, topk_length, kv, k_rope, rows):
+    """(indices, topk_length) the backward runs on: the forward's rows, or those ordered in the
+    backward's form where the setting says ("backward"; "on" where the forward's rows are in
+    another order than that form's)."""
+    form = _BACKWARD_ORDER_FORM.value
+    if rows is not None and rows != _ROWS_OF[form] or _orders("backward", indices, kv, k_rope):
+        return slot_order(indices, topk_length, kv.shape[0], form=form)
+    return indices, topk_length
 
 
 class _DsaFunction(torch.autograd.Function):
     """Autograd wrapper; k_rope/q_rope are None for NoPE."""
 
     @staticmethod
-    def forward(ctx, q, q_rope, kv, k_rope, indices, topk_length, scale):
+    def forward(ctx, q, q_rope, kv, k_rope, indices, topk_length, scale, rows):
         out, lse = _forward(q, q_rope, kv, k_rope, indices, topk_length, scale)
         ctx.save_for_backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse)
-        ctx.scale = scale
+        ctx.scale, ctx.rows = scale, rows
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -771,12 +794,11 @@ class _DsaFunction(torch.autograd.Function):
             dout = torch.zeros_like(out)
         elif dout.is_neg():
             dout, = resolved_neg(dout)
-        if _orders("backward", indices, kv, k_rope):
-            indices, topk_length = slot_order(indices, topk_length, kv.shape[0])
+        indices, topk_length = _backward_rows(indices, topk_length, kv, k_rope, ctx.rows)
         grads = _backward(q, q_rope, kv, k_rope, indices, topk_length, out, lse, dout, ctx.scale)
         if torch.is_grad_enabled():  # create_graph=True: the gradients may be differentiated
             grads = first_order_only("fast DSA", grads, (q, q_rope, kv, k_rope, dout))
-        return (*grads, None, None, None)
+        return (*grads, None, None, None, None)
 
 
 def dsa_sparse_attention_nope(q, kv, indices, *, topk_length=None, softmax_scale=None,

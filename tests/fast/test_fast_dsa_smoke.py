@@ -1615,24 +1615,68 @@ def test_slot_order_refuses_keys_past_its_wrap():
         fdsa.set_slot_order(previous)
 
 
-@pytest.mark.parametrize("order,form,K", [("on", "network", 37), ("backward", "network", 37),
-                                          ("on", "runs", 100), ("backward", "runs", 100)])
-def test_ordered_slots_agree(order, form, K, monkeypatch):
+@pytest.fixture
+def order_settings():
+    """Restores the slot order and both steps' forms after a test that sets them."""
+    previous = (fdsa.set_slot_order("on"), fdsa.set_slot_order_form("loop"),
+                fdsa.set_slot_order_form("loop", step="backward"))
+    yield
+    fdsa.set_slot_order(previous[0])
+    fdsa.set_slot_order_form(previous[1])
+    fdsa.set_slot_order_form(previous[2], step="backward")
+
+
+@pytest.mark.parametrize("order,form,backward_form,K", [
+    ("on", "network", "loop", 37), ("backward", "network", "network", 37),
+    ("on", "runs", "runs", 100), ("backward", "runs", "runs", 100), ("on", "runs", "loop", 100)])
+def test_ordered_slots_agree(order, form, backward_form, K, monkeypatch, order_settings):
     """The forward and backward with their rows put in the slot order (every call here: the
     size floors at 0, three programs a rotation) against float64, empty rows exact; the
-    "runs" form on rows of two samples, so rows with holes keep holes inside their length."""
+    "runs" form on rows of two samples, so rows with holes keep holes inside their length;
+    the backward ordering the forward's "runs" rows again."""
     monkeypatch.setattr(fdsa, "ORDER_MIN_SLOTS", 0)
     monkeypatch.setattr(fdsa, "ORDER_MIN_KEY_BYTES", 0)
     monkeypatch.setattr(fdsa, "ORDER_CONCURRENCY", 3)
-    previous = fdsa.set_slot_order(order), fdsa.set_slot_order_form(form)
-    try:
-        c = make_case(T=7, H=3, DL=40, DR=24, S=23, K=K, dtype=torch.float32, seed=3,
-                      with_len=True)
-        out, lse, grads = check_case(c)
-        assert_empty_rows_exact(c, out, lse, grads)
-    finally:
-        fdsa.set_slot_order(previous[0])
-        fdsa.set_slot_order_form(previous[1])
+    fdsa.set_slot_order(order)
+    fdsa.set_slot_order_form(form)
+    fdsa.set_slot_order_form(backward_form, step="backward")
+    c = make_case(T=7, H=3, DL=40, DR=24, S=23, K=K, dtype=torch.float32, seed=3, with_len=True)
+    out, lse, grads = check_case(c)
+    assert_empty_rows_exact(c, out, lse, grads)
+
+
+@pytest.mark.parametrize("order,form,backward_form,orderings", [
+    ("on", "loop", "loop", [("forward", "loop")]),
+    ("on", "network", "loop", [("forward", "network")]),  # the same rows: kept
+    ("on", "runs", "loop", [("forward", "runs"), ("backward", "loop")]),
+    ("on", "loop", "runs", [("forward", "loop"), ("backward", "runs")]),
+    ("backward", "runs", "loop", [("backward", "loop")]),
+    ("off", "runs", "loop", [])])
+def test_backward_orders_rows_again_only_in_another_order(order, form, backward_form, orderings,
+                                                          monkeypatch, order_settings):
+    """Which step launches the ordering, in which form: the backward keeps the forward's rows
+    where its form writes the same order, and its rows are in its own form's order."""
+    monkeypatch.setattr(fdsa, "ORDER_MIN_SLOTS", 0)
+    monkeypatch.setattr(fdsa, "ORDER_MIN_KEY_BYTES", 0)
+    launched, step = [], ["forward"]
+    ordering = fdsa.slot_order
+
+    def spy(indices, topk_length, S, num_warps=None, form=None):
+        launched.append((step[0], form or fdsa.settings()["slot_order_form"]))
+        return ordering(indices, topk_length, S, num_warps=num_warps, form=form)
+
+    monkeypatch.setattr(fdsa, "slot_order", spy)
+    fdsa.set_slot_order(order)
+    fdsa.set_slot_order_form(form)
+    fdsa.set_slot_order_form(backward_form, step="backward")
+    c = make_case(T=5, H=2, DL=16, DR=0, S=19, K=40, dtype=torch.float32, seed=1)
+    q, kv = (c[n].clone().requires_grad_() for n in ("q", "kv"))
+    out = fdsa.dsa_sparse_attention_nope(q, kv, c["idx"])
+    step[0] = "backward"
+    out.sum().backward()
+    assert launched == orderings
+    with pytest.raises(ValueError, match="step"):
+        fdsa.set_slot_order_form("loop", step="both")
 
 
 def test_slot_order_floors():
@@ -1664,3 +1708,5 @@ def test_slot_order_default_is_on_in_the_loop_form():
         assert fdsa.settings()["slot_order"] == "on"
     if "ATTENTION_ORACLE_FAST_DSA_ORDER_FORM" not in os.environ:
         assert fdsa.settings()["slot_order_form"] == "loop"
+    if "ATTENTION_ORACLE_FAST_DSA_BACKWARD_ORDER_FORM" not in os.environ:
+        assert fdsa.settings()["backward_slot_order_form"] == "loop"
