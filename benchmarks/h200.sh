@@ -754,7 +754,7 @@ tasks=()
 for t in "$@"; do
     case $t in
         all) tasks+=(check conformance overhead sdpa dsa calibration);;
-        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|fwdforms|base|form|tunecarry|tunevar|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|slotorder|orderform|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
+        sdpa|gluonfwd|gluoncover|gluontime|persistent|order|fwdforms|base|form|tunecarry|tunevar|index|fp32|dsa|dsabwd|sdpabwd|bwddefault|newbwd|prefetch|slotorder|orderform|orderpair|overhead|calibration|check|conformance|profile|optin) tasks+=("$t");;
         *) usage;;
     esac
 done
