@@ -80,11 +80,14 @@ _ORDER = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER", ORDERS, "on")
 # network unrolled: 0.58-0.60 ms on 16k x 2048 slots on an H100), "loop" (the same rows, the
 # stages past a thread's registers in a loop: 0.41-0.43 ms) or "runs" (another order: the
 # row's slots s = lane (mod LANES) sorted a run of RUN_KEYS each, interleaved rank by rank:
-# 0.27-0.28 ms, but packed_glm_a's backward 199.5 against the sorted rows' 209.7, F97); one
-# form for the forward's rows, one for the backward's, which orders the forward's rows again
-# only where they are in another order
+# 0.27-0.28 ms, but packed_glm_a's backward 199.5 against the sorted rows' 209.7, F97). Two
+# settings: the form of calls that record no backward (default "runs": packed_glm_a's
+# forward 1-2% ahead of "loop" in alternated rounds on an H100, docs/PERFORMANCE.md), and the
+# backward's form (default "loop"), in which a call that records a backward orders its rows
+# once, before its forward; the backward orders them again only where they are in another
+# order (the setting changed between the steps)
 ORDER_FORMS = ("network", "loop", "runs")
-_ORDER_FORM = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER_FORM", ORDER_FORMS, "loop")
+_ORDER_FORM = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER_FORM", ORDER_FORMS, "runs")
 _BACKWARD_ORDER_FORM = Choice("ATTENTION_ORACLE_FAST_DSA_BACKWARD_ORDER_FORM", ORDER_FORMS, "loop")
 _ROWS_OF = {"network": "sorted", "loop": "sorted", "runs": "runs"}  # the order a form writes
 RUN_KEYS = 64
@@ -139,12 +142,12 @@ def set_slot_order(order):
 
 
 def set_slot_order_form(form, step="forward"):
-    """The ordering kernel's form for `step`'s rows ("forward" or "backward") in later calls,
-    one of ``ORDER_FORMS`` ("network" and "loop" give the same rows, "runs" another order of
-    the same keys); returns the previous form. Under "on" the backward keeps the forward's
-    rows where its form gives the same order, and orders them again where not. Defaults:
-    $ATTENTION_ORACLE_FAST_DSA_ORDER_FORM or "loop" (forward),
-    $ATTENTION_ORACLE_FAST_DSA_BACKWARD_ORDER_FORM or "loop" (backward)."""
+    """The ordering kernel's form in later calls, one of ``ORDER_FORMS`` ("network" and
+    "loop" give the same rows, "runs" another order of the same keys), for `step`: "forward"
+    (calls that record no backward) or "backward" (the backward's rows: under "on" a call that
+    records a backward orders its rows in this form before its forward, and the backward keeps
+    them). Returns the previous form. Defaults: $ATTENTION_ORACLE_FAST_DSA_ORDER_FORM or "runs"
+    (forward), $ATTENTION_ORACLE_FAST_DSA_BACKWARD_ORDER_FORM or "loop" (backward)."""
     forms = {"forward": _ORDER_FORM, "backward": _BACKWARD_ORDER_FORM}
     if step not in forms:
         raise ValueError(f"step: 'forward' or 'backward', got {step!r}")
@@ -756,12 +759,15 @@ def _attend(q, q_rope, kv, k_rope, indices, topk_length, scale):
     if topk_length is not None:
         topk_length = topk_length.contiguous()
     indices = slot_offsets_fit(indices)
+    grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad
+                                           for x in (q, q_rope, kv, k_rope))
     rows = None  # the order the rows are in: None (as given), or _ROWS_OF's
     if _orders("forward", indices, kv, k_rope):
-        indices, topk_length = slot_order(indices, topk_length, kv.shape[0])
-        rows = _ROWS_OF[_ORDER_FORM.value]
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad
-                                       for x in (q, q_rope, kv, k_rope)):
+        # a call that records a backward orders once, in the backward's form
+        form = (_BACKWARD_ORDER_FORM if grad else _ORDER_FORM).value
+        indices, topk_length = slot_order(indices, topk_length, kv.shape[0], form=form)
+        rows = _ROWS_OF[form]
+    if grad:
         return _DsaFunction.apply(q, q_rope, kv, k_rope, indices, topk_length, scale, rows)
     return _forward(q, q_rope, kv, k_rope, indices, topk_length, scale)
 
@@ -769,7 +775,7 @@ def _attend(q, q_rope, kv, k_rope, indices, topk_length, scale):
 def _backward_rows(indices, topk_length, kv, k_rope, rows):
     """(indices, topk_length) the backward runs on: the forward's rows, or those ordered in the
     backward's form where the setting says ("backward"; "on" where the forward's rows are in
-    another order than that form's)."""
+    another order than that form's: the form changed between the steps)."""
     form = _BACKWARD_ORDER_FORM.value
     if rows is not None and rows != _ROWS_OF[form] or _orders("backward", indices, kv, k_rope):
         return slot_order(indices, topk_length, kv.shape[0], form=form)

@@ -1645,17 +1645,19 @@ def test_ordered_slots_agree(order, form, backward_form, K, monkeypatch, order_s
     assert_empty_rows_exact(c, out, lse, grads)
 
 
-@pytest.mark.parametrize("order,form,backward_form,orderings", [
-    ("on", "loop", "loop", [("forward", "loop")]),
-    ("on", "network", "loop", [("forward", "network")]),  # the same rows: kept
-    ("on", "runs", "loop", [("forward", "runs"), ("backward", "loop")]),
-    ("on", "loop", "runs", [("forward", "loop"), ("backward", "runs")]),
-    ("backward", "runs", "loop", [("backward", "loop")]),
-    ("off", "runs", "loop", [])])
-def test_backward_orders_rows_again_only_in_another_order(order, form, backward_form, orderings,
-                                                          monkeypatch, order_settings):
-    """Which step launches the ordering, in which form: the backward keeps the forward's rows
-    where its form writes the same order, and its rows are in its own form's order."""
+@pytest.mark.parametrize("order,form,backward_form,change,orderings", [
+    ("on", "runs", "loop", None, [("forward", "loop")]),  # a call with a backward: its form
+    ("on", "loop", "runs", None, [("forward", "runs")]),
+    ("on", "runs", "loop", "network", [("forward", "loop")]),  # the same rows: kept
+    ("on", "runs", "loop", "runs", [("forward", "loop"), ("backward", "runs")]),
+    ("on", "loop", "runs", "loop", [("forward", "runs"), ("backward", "loop")]),
+    ("backward", "runs", "loop", None, [("backward", "loop")]),
+    ("off", "runs", "loop", None, [])])
+def test_backward_orders_rows_once_in_its_form(order, form, backward_form, change, orderings,
+                                               monkeypatch, order_settings):
+    """Which step launches the ordering, in which form: a call that records a backward orders
+    its rows once, in the backward's form; the backward orders them again only where the
+    setting changed to another order between the steps (``change``)."""
     monkeypatch.setattr(fdsa, "ORDER_MIN_SLOTS", 0)
     monkeypatch.setattr(fdsa, "ORDER_MIN_KEY_BYTES", 0)
     launched, step = [], ["forward"]
@@ -1673,10 +1675,35 @@ def test_backward_orders_rows_again_only_in_another_order(order, form, backward_
     q, kv = (c[n].clone().requires_grad_() for n in ("q", "kv"))
     out = fdsa.dsa_sparse_attention_nope(q, kv, c["idx"])
     step[0] = "backward"
+    if change:
+        fdsa.set_slot_order_form(change, step="backward")
     out.sum().backward()
     assert launched == orderings
     with pytest.raises(ValueError, match="step"):
         fdsa.set_slot_order_form("loop", step="both")
+
+
+@pytest.mark.parametrize("form", ["runs", "loop"])
+def test_calls_without_backward_order_in_the_forward_form(form, monkeypatch, order_settings):
+    """Under "on" a call that records no backward (no grad, or no input that needs one) orders
+    its rows in the forward's form."""
+    monkeypatch.setattr(fdsa, "ORDER_MIN_SLOTS", 0)
+    monkeypatch.setattr(fdsa, "ORDER_MIN_KEY_BYTES", 0)
+    launched = []
+    ordering = fdsa.slot_order
+
+    def spy(indices, topk_length, S, num_warps=None, form=None):
+        launched.append(form)
+        return ordering(indices, topk_length, S, num_warps=num_warps, form=form)
+
+    monkeypatch.setattr(fdsa, "slot_order", spy)
+    fdsa.set_slot_order_form(form)
+    fdsa.set_slot_order_form("network", step="backward")
+    c = make_case(T=5, H=2, DL=16, DR=0, S=19, K=40, dtype=torch.float32, seed=1)
+    fdsa.dsa_sparse_attention_nope(c["q"], c["kv"], c["idx"])
+    with torch.no_grad():
+        fdsa.dsa_sparse_attention_nope(c["q"].clone().requires_grad_(), c["kv"], c["idx"])
+    assert launched == [form, form]
 
 
 def test_slot_order_floors():
@@ -1702,11 +1729,12 @@ def test_slot_order_floors():
         fdsa.set_slot_order(previous)
 
 
-def test_slot_order_default_is_on_in_the_loop_form():
+def test_slot_order_defaults():
+    """"on"; calls with no backward in the "runs" form, the backward's rows in "loop"."""
     assert fdsa.ORDERS == ("off", "backward", "on")
     if "ATTENTION_ORACLE_FAST_DSA_ORDER" not in os.environ:
         assert fdsa.settings()["slot_order"] == "on"
     if "ATTENTION_ORACLE_FAST_DSA_ORDER_FORM" not in os.environ:
-        assert fdsa.settings()["slot_order_form"] == "loop"
+        assert fdsa.settings()["slot_order_form"] == "runs"
     if "ATTENTION_ORACLE_FAST_DSA_BACKWARD_ORDER_FORM" not in os.environ:
         assert fdsa.settings()["backward_slot_order_form"] == "loop"
