@@ -723,7 +723,7 @@ task_orderform() {
 task_orderpair() {
     local d=$1 pair=${PAIR:-runs:loop}
     timeout 120 "$PY" -m pytest -q -p no:cacheprovider -n 8 "$TESTS/test_fast_dsa_smoke.py" \
-        -k "slot_order or ordered or orders_rows" > "$d/tests.log" 2>&1
+        -k "slot_order or ordered or orders_rows or without_backward" > "$d/tests.log" 2>&1
     note "the ordering GPU tests: exit $?"; tail -3 "$d/tests.log" | cut -c1-300
     timeout 240 "$PY" -m benchmarks.dsa_order --problems packed_glm_a --backward --reps 10 \
         --only given,fast_on --step-forms "${PAIRS:-loop:loop,runs:loop}" --rounds 3 \
