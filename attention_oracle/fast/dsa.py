@@ -81,13 +81,14 @@ _ORDER = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER", ORDERS, "on")
 # stages past a thread's registers in a loop: 0.41-0.43 ms) or "runs" (another order: the
 # row's slots s = lane (mod LANES) sorted a run of RUN_KEYS each, interleaved rank by rank:
 # 0.27-0.28 ms, but packed_glm_a's backward 199.5 against the sorted rows' 209.7, F97). Two
-# settings: the form of calls that record no backward (default "runs": packed_glm_a's
-# forward 1-2% ahead of "loop" in alternated rounds on an H100, docs/PERFORMANCE.md), and the
-# backward's form (default "loop"), in which a call that records a backward orders its rows
-# once, before its forward; the backward orders them again only where they are in another
-# order (the setting changed between the steps)
+# settings: the form of calls that record no backward (default "loop"; "runs" put
+# packed_glm_a's forward 1-2% ahead of "loop" in alternated rounds on an H100,
+# docs/PERFORMANCE.md, and becomes the default once the suite passes under it on the GPU), and
+# the backward's form (default "loop"), in which a call that records a backward orders its
+# rows once, before its forward; the backward orders them again only where they are in
+# another order (the setting changed between the steps)
 ORDER_FORMS = ("network", "loop", "runs")
-_ORDER_FORM = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER_FORM", ORDER_FORMS, "runs")
+_ORDER_FORM = Choice("ATTENTION_ORACLE_FAST_DSA_ORDER_FORM", ORDER_FORMS, "loop")
 _BACKWARD_ORDER_FORM = Choice("ATTENTION_ORACLE_FAST_DSA_BACKWARD_ORDER_FORM", ORDER_FORMS, "loop")
 _ROWS_OF = {"network": "sorted", "loop": "sorted", "runs": "runs"}  # the order a form writes
 RUN_KEYS = 64
@@ -146,7 +147,7 @@ def set_slot_order_form(form, step="forward"):
     "loop" give the same rows, "runs" another order of the same keys), for `step`: "forward"
     (calls that record no backward) or "backward" (the backward's rows: under "on" a call that
     records a backward orders its rows in this form before its forward, and the backward keeps
-    them). Returns the previous form. Defaults: $ATTENTION_ORACLE_FAST_DSA_ORDER_FORM or "runs"
+    them). Returns the previous form. Defaults: $ATTENTION_ORACLE_FAST_DSA_ORDER_FORM or "loop"
     (forward), $ATTENTION_ORACLE_FAST_DSA_BACKWARD_ORDER_FORM or "loop" (backward)."""
     forms = {"forward": _ORDER_FORM, "backward": _BACKWARD_ORDER_FORM}
     if step not in forms:

@@ -1730,11 +1730,11 @@ def test_slot_order_floors():
 
 
 def test_slot_order_defaults():
-    """"on"; calls with no backward in the "runs" form, the backward's rows in "loop"."""
+    """"on"; both steps' rows in the "loop" form."""
     assert fdsa.ORDERS == ("off", "backward", "on")
     if "ATTENTION_ORACLE_FAST_DSA_ORDER" not in os.environ:
         assert fdsa.settings()["slot_order"] == "on"
     if "ATTENTION_ORACLE_FAST_DSA_ORDER_FORM" not in os.environ:
-        assert fdsa.settings()["slot_order_form"] == "runs"
+        assert fdsa.settings()["slot_order_form"] == "loop"
     if "ATTENTION_ORACLE_FAST_DSA_BACKWARD_ORDER_FORM" not in os.environ:
         assert fdsa.settings()["backward_slot_order_form"] == "loop"
