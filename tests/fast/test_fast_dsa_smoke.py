@@ -1645,6 +1645,21 @@ def test_ordered_slots_agree(order, form, backward_form, K, monkeypatch, order_s
     assert_empty_rows_exact(c, out, lse, grads)
 
 
+def orderings_launched(monkeypatch):
+    """The forms of the ordering launches from here on, in order (every call ordered: the
+    size floors at 0)."""
+    monkeypatch.setattr(fdsa, "ORDER_MIN_SLOTS", 0)
+    monkeypatch.setattr(fdsa, "ORDER_MIN_KEY_BYTES", 0)
+    launched, ordering = [], fdsa.slot_order
+
+    def spy(indices, topk_length, S, num_warps=None, form=None):
+        launched.append(form or fdsa.settings()["slot_order_form"])
+        return ordering(indices, topk_length, S, num_warps=num_warps, form=form)
+
+    monkeypatch.setattr(fdsa, "slot_order", spy)
+    return launched
+
+
 @pytest.mark.parametrize("order,form,backward_form,change,orderings", [
     ("on", "runs", "loop", None, [("forward", "loop")]),  # a call with a backward: its form
     ("on", "loop", "runs", None, [("forward", "runs")]),
@@ -1658,27 +1673,19 @@ def test_backward_orders_rows_once_in_its_form(order, form, backward_form, chang
     """Which step launches the ordering, in which form: a call that records a backward orders
     its rows once, in the backward's form; the backward orders them again only where the
     setting changed to another order between the steps (``change``)."""
-    monkeypatch.setattr(fdsa, "ORDER_MIN_SLOTS", 0)
-    monkeypatch.setattr(fdsa, "ORDER_MIN_KEY_BYTES", 0)
-    launched, step = [], ["forward"]
-    ordering = fdsa.slot_order
-
-    def spy(indices, topk_length, S, num_warps=None, form=None):
-        launched.append((step[0], form or fdsa.settings()["slot_order_form"]))
-        return ordering(indices, topk_length, S, num_warps=num_warps, form=form)
-
-    monkeypatch.setattr(fdsa, "slot_order", spy)
+    launched = orderings_launched(monkeypatch)
     fdsa.set_slot_order(order)
     fdsa.set_slot_order_form(form)
     fdsa.set_slot_order_form(backward_form, step="backward")
     c = make_case(T=5, H=2, DL=16, DR=0, S=19, K=40, dtype=torch.float32, seed=1)
     q, kv = (c[n].clone().requires_grad_() for n in ("q", "kv"))
     out = fdsa.dsa_sparse_attention_nope(q, kv, c["idx"])
-    step[0] = "backward"
+    before = len(launched)
     if change:
         fdsa.set_slot_order_form(change, step="backward")
     out.sum().backward()
-    assert launched == orderings
+    steps = ["forward"] * before + ["backward"] * (len(launched) - before)
+    assert list(zip(steps, launched)) == orderings
     with pytest.raises(ValueError, match="step"):
         fdsa.set_slot_order_form("loop", step="both")
 
@@ -1687,16 +1694,7 @@ def test_backward_orders_rows_once_in_its_form(order, form, backward_form, chang
 def test_calls_without_backward_order_in_the_forward_form(form, monkeypatch, order_settings):
     """Under "on" a call that records no backward (no grad, or no input that needs one) orders
     its rows in the forward's form."""
-    monkeypatch.setattr(fdsa, "ORDER_MIN_SLOTS", 0)
-    monkeypatch.setattr(fdsa, "ORDER_MIN_KEY_BYTES", 0)
-    launched = []
-    ordering = fdsa.slot_order
-
-    def spy(indices, topk_length, S, num_warps=None, form=None):
-        launched.append(form)
-        return ordering(indices, topk_length, S, num_warps=num_warps, form=form)
-
-    monkeypatch.setattr(fdsa, "slot_order", spy)
+    launched = orderings_launched(monkeypatch)
     fdsa.set_slot_order_form(form)
     fdsa.set_slot_order_form("network", step="backward")
     c = make_case(T=5, H=2, DL=16, DR=0, S=19, K=40, dtype=torch.float32, seed=1)
