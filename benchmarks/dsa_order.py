@@ -210,14 +210,14 @@ def main(argv=None):
     concurrencies = [int(c) for c in args.concurrency.split(",") if c]
     result = dict(settings=fast_settings(), device=torch.cuda.get_device_name(), problems={})
     pairs = [tuple(pair.split(":")) for pair in args.step_forms.split(",") if pair]
+    only = [o for o in args.only.split(",") if o]
+    warps = [int(w) for w in args.warps.split(",") if w]
+    forms = [f for f in args.forms.split(",") if f]
     for name in args.problems.split(","):
         p = named_problem(name, gen)
 
         def run(p=p):
-            return measure(p, args.reps, concurrencies, args.backward,
-                           [o for o in args.only.split(",") if o],
-                           [int(w) for w in args.warps.split(",") if w],
-                           [f for f in args.forms.split(",") if f])
+            return measure(p, args.reps, concurrencies, args.backward, only, warps, forms)
         if not pairs:
             result["problems"][name] = run()
         else:

@@ -778,7 +778,7 @@ def _backward_rows(indices, topk_length, kv, k_rope, rows):
     backward's form where the setting says ("backward"; "on" where the forward's rows are in
     another order than that form's: the form changed between the steps)."""
     form = _BACKWARD_ORDER_FORM.value
-    if rows is not None and rows != _ROWS_OF[form] or _orders("backward", indices, kv, k_rope):
+    if (rows is not None and rows != _ROWS_OF[form]) or _orders("backward", indices, kv, k_rope):
         return slot_order(indices, topk_length, kv.shape[0], form=form)
     return indices, topk_length
 

@@ -14,9 +14,9 @@ Per row t of ``rows [T, K]`` (int32 or int64, any strides): slot s is valid iff
 ``s < lengths[t]`` (with HAS_LEN) and ``0 <= rows[t, s] < S``, the kernels' rule. With ``lo``,
 ``hi`` the row's least and greatest valid key and ``pivot = lo + (hi - lo + 1) * (t mod C) // C``,
 FORM 0 and 1 write ``out [T, K]`` int32 contiguous: the ``n`` valid keys, those ``>= pivot``
-ascending and then those ``< pivot`` ascending, then -1; ``out_len [T]`` int32 = n. The same multiset of
-valid keys a row (duplicates kept), so every sum the kernels form is the same sum in another
-order. ``S <= 2**30``: keys are sorted as ``(key - pivot) mod 2**30``.
+ascending and then those ``< pivot`` ascending, then -1; ``out_len [T]`` int32 = n. The same
+multiset of valid keys a row (duplicates kept), so every sum the kernels form is the same sum
+in another order. ``S <= 2**30``: keys are sorted as ``(key - pivot) mod 2**30``.
 
 The sort is a bitonic network of its own rather than ``tl.sort``: the row is held with each
 thread's keys on the low bits of the index (a transposed load), so 51 of a 2048-key sort's 66
@@ -24,9 +24,9 @@ rounds exchange registers, not lanes; a descending run is sorted as an ascending
 complemented keys, so every round is a min and a max with no select on the direction (9.3k
 instructions a row against ``tl.sort``'s 16.1k at one warp; 0.74-0.78 ms on 16k x 2048 slots
 on an H100 against 0.86 and, at four warps, 2.2, and 0.58-0.60 with its warp reductions
-reordered; docs/PERFORMANCE.md). Unrolled, that is 150 KB of straight-line code a row; FORM 1 ("loop", fast's default) runs the stages past a
-thread's registers in a loop (5.0k instructions, about 10.7k executed a row against the
-network's 9.4k): fetching the network's instructions was its limit, and the loop takes
+reordered; docs/PERFORMANCE.md). Unrolled, that is 150 KB of straight-line code a row; FORM 1
+("loop", fast's default) runs the stages past a thread's registers in a loop (5.0k
+instructions, about 10.7k executed a row against the network's 9.4k): fetching the network's instructions was its limit, and the loop takes
 0.41-0.43 ms against 0.58-0.60 on an H100.
 
 FORM 2 ("runs") does not sort the row. Sample l holds the slots l, l + L, l + 2L, ... (the
